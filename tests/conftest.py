@@ -1,0 +1,35 @@
+"""Shared fixtures: one tiny random-weight VLM per family, built once per test session."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vrh_interp.model import VLM, wrap
+from vrh_interp.testing.tiny import TINY_FAMILIES, build_tiny
+
+torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
+
+_BUILT: dict[str, VLM] = {}
+
+
+def tiny_vlm(family: str) -> VLM:
+    """The wrapped tiny fixture of ``family`` (cached: building takes seconds)."""
+    if family not in _BUILT:
+        tiny = build_tiny(family, seed=0)
+        _BUILT[family] = wrap(tiny.model, tiny.processor)
+    return _BUILT[family]
+
+
+def noise_image(width: int, height: int, seed: int = 0) -> Image.Image:
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, size=(height, width, 3), dtype=np.uint8))
+
+
+@pytest.fixture(params=TINY_FAMILIES)
+def family(request: pytest.FixtureRequest) -> str:
+    return request.param

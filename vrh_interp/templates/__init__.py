@@ -1,0 +1,51 @@
+"""nnsight trace templates: reusable interventions on the language backbone's attention heads.
+
+Each template is a small frozen dataclass of plain data (module paths, head indices, positions) with
+methods that act on an nnsight model envoy INSIDE a trace. Holding no model and no vrh_interp handle,
+a template pickles by value into a remote (NDIF) request, and it works inside a user's own
+``model.trace(...)`` / ``model.generate(...)`` exactly as inside our one-call helpers.
+
+nnsight requires requests in execution order, so several templates at once are applied layer by layer,
+and inside a layer by site: first the attention call's inputs (readout), then the output projection's
+input (capture, ablation, patching). ``apply_in_order`` does that for any mix of templates.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence
+
+
+class LayerTemplate(Protocol):
+    """A template acting at the attention sites of some layers."""
+
+    def layers(self) -> Sequence[int]: ...
+
+    def at_attention_call(self, model: Any, layer: int) -> Any: ...
+
+    def at_output_projection(self, model: Any, layer: int) -> Any: ...
+
+
+def module_at(root: Any, path: str) -> Any:
+    """Resolve a dotted module path (``model.language_model.layers.3.self_attn``) on a module or envoy."""
+    obj = root
+    for part in path.split("."):
+        obj = obj[int(part)] if part.isdigit() else getattr(obj, part)
+    return obj
+
+
+def apply_in_order(model: Any, templates: Sequence[LayerTemplate]) -> list[dict[int, Any]]:
+    """Apply every template at its layers, in the order a forward pass reaches each site.
+
+    Returns, per template, ``{layer: value}`` for the sites that produced a value (readouts, captures);
+    the caller decides what to ``nnsight.save``.
+    """
+    results: list[dict[int, Any]] = [{} for _ in templates]
+    layers = sorted({layer for t in templates for layer in t.layers()})
+    for layer in layers:
+        for site in ("at_attention_call", "at_output_projection"):
+            for index, template in enumerate(templates):
+                if layer in template.layers():
+                    value = getattr(template, site)(model, layer)
+                    if value is not None:
+                        results[index][layer] = value
+    return results

@@ -1,0 +1,1 @@
+"""Tiny random-weight VLMs built offline from configs, for tests, benchmarks and recipes."""
