@@ -19,7 +19,8 @@ def decoder_layers(model: Any) -> Any:
 
 def text_geometry(model: Any) -> tuple[int, int]:
     tc = model.config.get_text_config()
-    return tc.num_attention_heads, tc.head_dim
+    # Qwen2-VL / Qwen2.5-VL / GLM-4V text configs have no head_dim: their attention uses hidden // heads
+    return tc.num_attention_heads, getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
 
 
 @contextmanager

@@ -105,6 +105,11 @@ def run_generate(vlm: VLM, encoding: Mapping[str, Any], templates: Sequence[Laye
     generate_kwargs.setdefault("do_sample", False)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_OPEN_LOOP_WARNING)
+        if not templates:  # an iter loop that touches no module would never advance
+            with model.generate(**dict(encoding), max_new_tokens=max_new_tokens, remote=remote,
+                                **generate_kwargs) as tracer:
+                ids = nnsight.save(tracer.result)
+            return GenerateResult(ids=ids, steps=[])
         with model.generate(max_new_tokens=max_new_tokens, remote=remote, **generate_kwargs) as tracer:
             with tracer.invoke(**dict(encoding)):
                 steps = nnsight.save([])

@@ -160,3 +160,53 @@ def eager_attention_rows(model: Any, encoding: Mapping[str, Any], rows: torch.Te
             b, h, _, k = att.shape
             out.append(torch.gather(att, 2, index[:, None, :, None].expand(b, h, index.shape[1], k)).float())
     return torch.stack(out)
+
+
+@dataclass(frozen=True)
+class RegionAttentionReadout:
+    """Readout reduced in the trace to what head scoring needs, per row: ``[batch, heads, rows, 3]``.
+
+    The three numbers per (row, head) are: attention mass on the region's keys, attention mass on all
+    visual keys, and 1.0 if the most-attended key (argmax over every key the row can see) lies in the
+    region. ``region_mask`` / ``visual_mask`` are ``[batch, prompt_len]`` booleans over prompt positions;
+    keys added during generation are text, never visual. With ``visual_rows_of`` set to a prefill row
+    index, that row's attention over the visual keys is also returned (for spatial-entropy scores).
+    Only these reductions leave the trace: no [rows x S] map is kept, which also keeps remote results small.
+    """
+
+    rows_readout: AttentionRowsReadout
+    region_mask: torch.Tensor
+    visual_mask: torch.Tensor
+    last_row_map: bool = False
+
+    def layers(self) -> Sequence[int]:
+        return self.rows_readout.layers()
+
+    def at_attention_call(self, model: Any, layer: int) -> Any:
+        probs = self.rows_readout.at_attention_call(model, layer)  # [b, H, r, k]
+        stats = self.reduce(probs)
+        if self.last_row_map and probs.shape[-1] == self.region_mask.shape[1]:
+            return stats, probs[:, :, -1].clone()
+        return stats
+
+    def reduce(self, probs: torch.Tensor) -> torch.Tensor:
+        keys = probs.shape[-1]
+        region = _pad_keys(self.region_mask, keys).to(probs.device)
+        visual = _pad_keys(self.visual_mask, keys).to(probs.device)
+        region_mass = (probs * region[:, None, None, :]).sum(-1)
+        visual_mass = (probs * visual[:, None, None, :]).sum(-1)
+        top = probs.argmax(dim=-1)
+        hit = torch.gather(region[:, None, None, :].expand(-1, probs.shape[1], probs.shape[2], -1), 3,
+                           top[..., None]).squeeze(-1).float()
+        return torch.stack([region_mass, visual_mass, hit], dim=-1)
+
+    def at_output_projection(self, model: Any, layer: int) -> None:
+        return None
+
+
+def _pad_keys(mask: torch.Tensor, keys: int) -> torch.Tensor:
+    """A [batch, prompt_len] key mask extended (False) or cut to ``keys`` columns."""
+    if mask.shape[1] >= keys:
+        return mask[:, :keys]
+    pad = torch.zeros(mask.shape[0], keys - mask.shape[1], dtype=mask.dtype, device=mask.device)
+    return torch.cat([mask, pad], dim=1)

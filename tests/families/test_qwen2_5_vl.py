@@ -1,0 +1,181 @@
+"""Qwen2.5-VL adapter: fixture, head geometry, layout experiment, prompt, JSON boxes in resized-input pixels."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+from transformers import Qwen2_5_VLForConditionalGeneration, Qwen2VLImageProcessorPil
+from transformers.image_utils import PILImageResampling
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+from tests.conftest import noise_image
+from vrh_interp.boxes import Box, BoxParseFailure, InvalidBoxError
+from vrh_interp.families import adapter_for_config
+from vrh_interp.families.base import BoxFrame
+from vrh_interp.families.qwen2_5_vl import Qwen25VLAdapter
+from vrh_interp.heads import HeadGeometry
+from vrh_interp.testing.layout_probe import changed_positions
+from vrh_interp.testing.tiny import TinyVLM
+from vrh_interp.testing.tiny.qwen2_5_vl import build
+
+# Pixel budget of Qwen/Qwen2.5-VL-7B-Instruct's preprocessor_config.json.
+HUB_MIN_PIXELS, HUB_MAX_PIXELS = 3136, 12845056
+
+LAYOUT_CASES = [
+    ((300, 170), Box(0, 0, 90, 68)),
+    ((300, 170), Box(170, 100, 300, 170)),
+    ((97, 203), Box(19, 20, 87, 71)),
+    ((97, 203), Box(94, 0, 97, 3)),
+    ((640, 480), Box(128, 48, 576, 168)),
+    ((640, 480), Box(0, 0, 640, 480)),
+    ((50, 40), Box(10, 4, 45, 14)),
+    ((50, 40), Box(47, 37, 50, 40)),
+]
+
+
+@pytest.fixture(scope="module")
+def tiny() -> TinyVLM:
+    model = build(seed=0)
+    model.processor.image_processor.resample = PILImageResampling.NEAREST
+    return model
+
+
+@pytest.fixture(scope="module")
+def adapter(tiny: TinyVLM) -> Qwen25VLAdapter:
+    return Qwen25VLAdapter(tiny.model.config)
+
+
+def test_fixture_is_the_real_family_and_registry_picks_the_adapter(tiny: TinyVLM) -> None:
+    assert isinstance(tiny.model, Qwen2_5_VLForConditionalGeneration)
+    assert isinstance(tiny.processor.image_processor, Qwen2VLImageProcessorPil)
+    assert tiny.model.config.get_text_config().vocab_size == len(tiny.processor.tokenizer)
+    assert type(adapter_for_config(tiny.model.config)) is Qwen25VLAdapter
+
+
+def test_geometry_and_attention_path_match_the_model(tiny: TinyVLM, adapter: Qwen25VLAdapter) -> None:
+    text_config = tiny.model.config.get_text_config()
+    assert adapter.geometry() == HeadGeometry(
+        num_layers=text_config.num_hidden_layers,
+        num_heads=text_config.num_attention_heads,
+        num_kv_heads=text_config.num_key_value_heads,
+        head_dim=text_config.hidden_size // text_config.num_attention_heads,
+    )
+    attention = adapter.attention_module(tiny.model, 1)
+    assert attention is tiny.model.model.language_model.layers[1].self_attn
+    assert attention.head_dim == adapter.geometry().head_dim
+    assert adapter.output_projection(tiny.model, 1).in_features == attention.num_heads * attention.head_dim
+
+
+@pytest.mark.parametrize(("image_size", "box"), LAYOUT_CASES)
+def test_layout_equals_tokens_changed_by_painting_the_box(tiny: TinyVLM, adapter: Qwen25VLAdapter,
+                                                          image_size: tuple[int, int], box: Box) -> None:
+    image = noise_image(*image_size, seed=image_size[0])
+    encoding = adapter.encode(tiny.processor, [image], [adapter.grounding_prompt(tiny.processor, "the object")])
+    expected = adapter.visual_layout(encoding, image_size, tiny.processor).positions_for_box(box)
+    assert expected
+    assert changed_positions(tiny, adapter, image, box) == expected
+
+
+def test_box_frame_is_the_resized_input_of_each_row(tiny: TinyVLM, adapter: Qwen25VLAdapter) -> None:
+    sizes = [(300, 170), (97, 203)]
+    prompt = adapter.grounding_prompt(tiny.processor, "x")
+    encoding = adapter.encode(tiny.processor, [noise_image(*size) for size in sizes], [prompt, prompt])
+    for row, size in enumerate(sizes):
+        frame = adapter.box_frame(encoding, size, batch_index=row)
+        layout = adapter.visual_layout(encoding, size, tiny.processor, batch_index=row)
+        _frames, grid_h, grid_w = encoding["image_grid_thw"][row].tolist()
+        assert frame.input_size == layout.input_size == (grid_w * 14, grid_h * 14)
+        assert frame.image_size == size
+    with pytest.raises(ValueError, match="resized model input"):
+        adapter.box_frame(None, (300, 170))
+    with pytest.raises(ValueError, match="input_size"):
+        adapter.parse_box('{"bbox_2d": [1, 2, 3, 4]}', BoxFrame(image_size=(300, 170)))
+
+
+def test_boxes_outside_the_image_are_refused(adapter: Qwen25VLAdapter) -> None:
+    frame = BoxFrame(image_size=(300, 170), input_size=(252, 140))
+    with pytest.raises(InvalidBoxError, match="outside"):
+        adapter.format_box(Box(250, 0, 301, 10), frame)
+
+
+def test_grounding_prompt_uses_the_chat_template_and_generates(tiny: TinyVLM, adapter: Qwen25VLAdapter) -> None:
+    prompt = adapter.grounding_prompt(tiny.processor, "the red cube")
+    assert ("<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>"
+            "Locate the red cube, output its bbox coordinates using JSON format.<|im_end|>") in prompt
+    assert prompt.endswith("<|im_start|>assistant\n")
+    encoding = adapter.encode(tiny.processor, [noise_image(300, 170)], [prompt])
+    frames, grid_h, grid_w = encoding["image_grid_thw"][0].tolist()
+    image_token_id = adapter.image_token_id(tiny.processor)
+    assert int((encoding["input_ids"] == image_token_id).sum()) == frames * grid_h * grid_w // 4
+    with torch.no_grad():
+        generated = tiny.model.generate(**encoding, max_new_tokens=3, do_sample=False)
+    assert generated.shape == (1, encoding["input_ids"].shape[1] + 3)
+
+
+def test_format_box_writes_resized_input_pixels(adapter: Qwen25VLAdapter) -> None:
+    frame = BoxFrame(image_size=(1000, 500), input_size=(504, 252))
+    assert adapter.format_box(Box(100, 50, 500, 250), frame) == (
+        '```json\n[\n\t{"bbox_2d": [50, 25, 252, 126]}\n]\n```'
+    )
+
+
+@st.composite
+def boxes_in_resized_frames(draw: st.DrawFn) -> tuple[Box, BoxFrame]:
+    """A box at least two resized-pixel steps wide and high, in a frame sized by the hub processor's policy."""
+    width, height = draw(st.integers(28, 4000)), draw(st.integers(28, 4000))  # aspect ratio < 200
+    resized_h, resized_w = smart_resize(height, width, 28, HUB_MIN_PIXELS, HUB_MAX_PIXELS)
+    min_w, min_h = 2 * width / resized_w, 2 * height / resized_h
+    x1 = draw(st.floats(0, width - min_w))
+    y1 = draw(st.floats(0, height - min_h))
+    x2 = draw(st.floats(x1 + min_w, width))
+    y2 = draw(st.floats(y1 + min_h, height))
+    return Box(x1, y1, x2, y2), BoxFrame(image_size=(width, height), input_size=(resized_w, resized_h))
+
+
+@settings(max_examples=200, deadline=None)
+@given(boxes_in_resized_frames())
+def test_format_then_parse_round_trips_within_one_step(adapter: Qwen25VLAdapter, case: tuple[Box, BoxFrame]) -> None:
+    box, frame = case
+    parsed = adapter.parse_box(adapter.format_box(box, frame), frame)
+    assert isinstance(parsed, Box)
+    (width, height), (resized_w, resized_h) = frame.image_size, frame.input_size
+    steps = (width / resized_w, height / resized_h, width / resized_w, height / resized_h)
+    assert all(abs(a - b) <= step + 1e-9 for a, b, step in zip(parsed.as_tuple(), box.as_tuple(), steps))
+
+
+NEAR_MISSES = st.sampled_from([
+    '{"bbox_2d": [1, 2, 3]}', '{"bbox_2d": [1, 2, 3, 4', '{"bbox_2d": 1, 2, 3, 4}', '"bbox_2d": [-1, 2, 3, 4]',
+    '"bbox_2d": [9, 9, 3, 4]', '"bbox_2d": [1, 2, 3, 4000]', '[{"bbox_2d": ["1", "2", "3", "4"]}]',
+    '"bbox_2d": [' + "9" * 400 + ', 1, 2, 3]', "```json\n[\n]\n```", '{"point_2d": [10, 20]}',
+])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.text(), NEAR_MISSES, st.builds("".join, st.lists(st.sampled_from(list('[]{}"bbox_2d:0123456789,. -'))))))
+def test_parse_never_raises(adapter: Qwen25VLAdapter, text: str) -> None:
+    frame = BoxFrame(image_size=(640, 480), input_size=(644, 476))
+    assert isinstance(adapter.parse_box(text, frame), (Box, BoxParseFailure))
+
+
+@pytest.mark.parametrize(("answer", "expected"), [
+    # Qwen2.5-VL cookbook (spatial understanding) answer shape; input 1288x728 is half the original size.
+    ('```json\n[\n\t{"bbox_2d": [1030, 65, 1265, 300], "label": "top right brown cake"}\n]\n```',
+     Box(2060, 130, 2530, 600)),
+    ('[{"bbox_2d": [0, 0, 1288, 728], "label": "the whole image"}]', Box(0, 0, 2576, 1456)),
+    # First box of several; key order and spacing vary.
+    ('[{"label": "a", "bbox_2d":[10,20,30,40]}, {"label": "b", "bbox_2d": [50, 60, 70, 80]}]', Box(20, 40, 60, 80)),
+    # A bare list (no key) and word-level decoding with spaces.
+    ("[ 100 , 200 , 300 , 400 ]", Box(200, 400, 600, 800)),
+    # Values beyond the resized input (1288x728) are not rescaled by guessing: they fail.
+    ('{"bbox_2d": [1030, 65, 1265, 900]}', None),
+    ('{"bbox_2d": [1030, 65, 1030, 300]}', None),  # zero width
+    ("The cake is on the top right.", None),
+])
+def test_parse_documented_answers(adapter: Qwen25VLAdapter, answer: str, expected: Box | None) -> None:
+    parsed = adapter.parse_box(answer, BoxFrame(image_size=(2576, 1456), input_size=(1288, 728)))
+    if expected is None:
+        assert isinstance(parsed, BoxParseFailure)
+    else:
+        assert isinstance(parsed, Box)
+        assert parsed.as_tuple() == pytest.approx(expected.as_tuple())

@@ -1,0 +1,457 @@
+"""Seeded synthetic scenes with exact boxes, unique referring expressions and VQA items.
+
+Methodological choices
+----------------------
+* Every scene is a pure function of ``(split, index, difficulty)``: the RNG seed is
+  ``SPLIT_SEED_RANGES[split][0] + index``. Seed ranges of the splits are disjoint, so a train
+  scene can never reappear in the detection (head-scoring) or evaluation split:
+
+  ============  ===============================  =============================================
+  split         seed range (start inclusive,     use
+                end exclusive)
+  ============  ===============================  =============================================
+  ``train``     ``[0, 1_000_000_000)``           model training
+  ``detect``    ``[1_000_000_000, 1_100_000_000)`` scoring heads (VRH detection)
+  ``eval``      ``[1_100_000_000, 1_200_000_000)`` held-out accuracy, masking experiments
+  ============  ===============================  =============================================
+
+* Boxes are ``(x1, y1, x2, y2)`` integer pixels of the ORIGINAL image, with an EXCLUSIVE right and
+  bottom edge (``x2 = last column + 1``). They are the tight box of the pixels actually drawn for the
+  object (computed from the per-object mask after drawing, not from the shape parameters), so they
+  are exact by construction. Objects never overlap and keep a margin, so every object is fully
+  visible and the per-pixel object index map is unambiguous.
+* Shapes are drawn without anti-aliasing in one flat colour from a fixed palette on a flat
+  background: the pixel test ``image[mask] == colour`` holds exactly.
+* A referring expression is generated from a structured spec (``ExpressionSpec``) and then
+  RESOLVED against the scene by an independent function (``resolve``); an expression is only
+  emitted when it resolves to exactly one object. Relational and ordinal expressions are only
+  emitted when their head noun phrase alone is ambiguous, so the relation/ordinal is needed.
+* Difficulty levels form a curriculum in which the query is always necessary (never a single-object
+  scene): level 0 = 2-3 objects with distinct (colour, shape) and attribute queries; level 1 = 3-5
+  objects with distractors sharing the colour or the shape of the referent; level 2 = level 1 plus
+  relational ("the square left of the blue circle") and ordinal ("the second triangle from the
+  left") expressions.
+
+This module is free of torch on purpose: it only needs Pillow and numpy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Sequence
+from typing import Literal
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+IMAGE_SIZE = 96
+BACKGROUND_RGB = (48, 48, 48)
+COLOURS: dict[str, tuple[int, int, int]] = {
+    "red": (220, 40, 40),
+    "green": (40, 190, 60),
+    "blue": (50, 100, 240),
+    "yellow": (235, 215, 40),
+    "purple": (160, 60, 210),
+    "white": (235, 235, 235),
+}
+SHAPES: tuple[str, ...] = ("circle", "square", "triangle", "diamond")
+SIZES: dict[str, tuple[int, int]] = {"small": (12, 16), "big": (22, 28)}
+RELATIONS: tuple[str, ...] = ("left of", "right of", "above", "below")
+ORDINALS: tuple[str, ...] = ("first", "second", "third")
+ORDER_DIRECTIONS: tuple[str, ...] = ("left", "right", "top", "bottom")
+EXPRESSION_KINDS: tuple[str, ...] = ("attribute", "relational", "ordinal")
+OBJECT_MARGIN_PX = 3
+MIN_ORDER_GAP_PX = 4
+
+Split = Literal["train", "detect", "eval"]
+SPLIT_SEED_RANGES: dict[str, tuple[int, int]] = {
+    "train": (0, 1_000_000_000),
+    "detect": (1_000_000_000, 1_100_000_000),
+    "eval": (1_100_000_000, 1_200_000_000),
+}
+
+Box = tuple[int, int, int, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class SceneObject:
+    """One drawn object; ``box`` is xyxy in pixels with exclusive right/bottom edge."""
+
+    colour: str
+    shape: str
+    size: str
+    box: Box
+
+    @property
+    def centre(self) -> tuple[float, float]:
+        x1, y1, x2, y2 = self.box
+        return ((x1 + x2) / 2.0, (y1 + y2) / 2.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Scene:
+    """A rendered scene: the image, its objects and the per-pixel object index (-1 = background)."""
+
+    seed: int
+    image: Image.Image
+    objects: tuple[SceneObject, ...]
+    object_index_map: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class NounPhrase:
+    """Attributes that a noun phrase constrains; ``None`` leaves the attribute free."""
+
+    shape: str
+    colour: str | None = None
+    size: str | None = None
+
+    def text(self) -> str:
+        words = [w for w in (self.size, self.colour, self.shape) if w is not None]
+        return " ".join(words)
+
+    def matches(self, obj: SceneObject) -> bool:
+        return (
+            obj.shape == self.shape
+            and (self.colour is None or obj.colour == self.colour)
+            and (self.size is None or obj.size == self.size)
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpressionSpec:
+    """Structured referring expression. ``kind`` selects which optional fields are used."""
+
+    kind: str
+    target: NounPhrase
+    relation: str | None = None
+    anchor: NounPhrase | None = None
+    ordinal: str | None = None
+    direction: str | None = None
+
+    def text(self) -> str:
+        if self.kind == "attribute":
+            return f"the {self.target.text()}"
+        if self.kind == "relational":
+            assert self.anchor is not None and self.relation is not None
+            return f"the {self.target.text()} {self.relation} the {self.anchor.text()}"
+        if self.kind == "ordinal":
+            return f"the {self.ordinal} {self.target.text()} from the {self.direction}"
+        raise ValueError(f"unknown expression kind {self.kind!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class GroundingSample:
+    """Referring-expression grounding item. ``box`` is xyxy pixels, exclusive right/bottom edge."""
+
+    sample_id: str
+    image: Image.Image
+    expression: str
+    box: Box
+    meta: dict
+
+
+@dataclasses.dataclass(frozen=True)
+class VQASample:
+    """Question about a scene. ``choices`` is empty for open answers (counts are digit strings).
+
+    ``evidence_boxes`` are the boxes of the objects the question refers to (the region a visual
+    retrieval head should attend to); for counting questions, all counted objects.
+    """
+
+    sample_id: str
+    image: Image.Image
+    question: str
+    choices: tuple[str, ...]
+    answer: str
+    evidence_boxes: tuple[Box, ...]
+    meta: dict
+
+
+def scene_seed(split: Split, index: int) -> int:
+    """Seed of scene ``index`` of ``split``; raises if the index leaves the split's seed range."""
+    start, end = SPLIT_SEED_RANGES[split]
+    if not 0 <= index < end - start:
+        raise IndexError(f"index {index} outside split {split!r} (size {end - start})")
+    return start + index
+
+
+def _shape_mask(shape: str, side: int) -> Image.Image:
+    mask = Image.new("L", (side, side), 0)
+    draw = ImageDraw.Draw(mask)
+    last = side - 1
+    if shape == "circle":
+        draw.ellipse((0, 0, last, last), fill=255)
+    elif shape == "square":
+        draw.rectangle((0, 0, last, last), fill=255)
+    elif shape == "triangle":
+        draw.polygon([(0, last), (last, last), (last / 2.0, 0)], fill=255)
+    elif shape == "diamond":
+        draw.polygon([(last / 2.0, 0), (last, last / 2.0), (last / 2.0, last), (0, last / 2.0)], fill=255)
+    else:
+        raise ValueError(f"unknown shape {shape!r}")
+    return mask
+
+
+def _attributes_for_level(rng: random.Random, difficulty: int) -> list[tuple[str, str, str]]:
+    """(colour, shape, size) triples. Level 0: distinct (colour, shape); else shared-attribute distractors."""
+    colours, shapes = list(COLOURS), list(SHAPES)
+    if difficulty == 0:
+        n = rng.randint(2, 3)
+        combos = rng.sample([(c, s) for c in colours for s in shapes], n)
+        return [(c, s, rng.choice(list(SIZES))) for c, s in combos]
+    n = rng.randint(3, 5)
+    first = (rng.choice(colours), rng.choice(shapes))
+    attrs = [first]
+    # at least one distractor that shares the colour or the shape of an existing object
+    while len(attrs) < n:
+        base = rng.choice(attrs)
+        mode = rng.random()
+        if mode < 0.35:
+            attrs.append((base[0], rng.choice(shapes)))
+        elif mode < 0.7:
+            attrs.append((rng.choice(colours), base[1]))
+        else:
+            attrs.append((rng.choice(colours), rng.choice(shapes)))
+    return [(c, s, rng.choice(list(SIZES))) for c, s in attrs]
+
+
+def _place(rng: random.Random, sides: Sequence[int], image_size: int) -> list[tuple[int, int]] | None:
+    placed: list[tuple[int, int, int]] = []
+    for side in sides:
+        for _ in range(200):
+            x = rng.randint(1, image_size - side - 1)
+            y = rng.randint(1, image_size - side - 1)
+            m = OBJECT_MARGIN_PX
+            if all(
+                x + side + m <= px or px + ps + m <= x or y + side + m <= py or py + ps + m <= y
+                for px, py, ps in placed
+            ):
+                placed.append((x, y, side))
+                break
+        else:
+            return None
+    return [(x, y) for x, y, _ in placed]
+
+
+def make_scene(split: Split, index: int, difficulty: int = 1, image_size: int = IMAGE_SIZE) -> Scene:
+    """Render scene ``index`` of ``split`` at curriculum level ``difficulty`` (0, 1 or 2)."""
+    seed = scene_seed(split, index)
+    rng = random.Random(seed * 8 + difficulty)
+    while True:
+        attrs = _attributes_for_level(rng, difficulty)
+        sides = [rng.randint(*SIZES[size]) for _, _, size in attrs]
+        positions = _place(rng, sides, image_size)
+        if positions is not None:
+            break
+    image = Image.new("RGB", (image_size, image_size), BACKGROUND_RGB)
+    index_map = np.full((image_size, image_size), -1, dtype=np.int64)
+    objects: list[SceneObject] = []
+    for i, ((colour, shape, size), side, (x, y)) in enumerate(zip(attrs, sides, positions, strict=True)):
+        mask = _shape_mask(shape, side)
+        image.paste(COLOURS[colour], (x, y), mask)
+        local = np.asarray(mask) > 0
+        index_map[y : y + side, x : x + side][local] = i
+        rows, cols = np.nonzero(index_map == i)
+        box = (int(cols.min()), int(rows.min()), int(cols.max()) + 1, int(rows.max()) + 1)
+        objects.append(SceneObject(colour=colour, shape=shape, size=size, box=box))
+    return Scene(seed=seed, image=image, objects=tuple(objects), object_index_map=index_map)
+
+
+def _relation_holds(relation: str, obj: SceneObject, anchor: SceneObject) -> bool:
+    """Centre-based relations with a gap, so borderline layouts never count."""
+    (ox, oy), (ax, ay) = obj.centre, anchor.centre
+    gap = MIN_ORDER_GAP_PX
+    return {
+        "left of": ox + gap <= ax,
+        "right of": ox >= ax + gap,
+        "above": oy + gap <= ay,
+        "below": oy >= ay + gap,
+    }[relation]
+
+
+def _order_key(direction: str, obj: SceneObject) -> float:
+    cx, cy = obj.centre
+    return {"left": cx, "right": -cx, "top": cy, "bottom": -cy}[direction]
+
+
+def resolve(spec: ExpressionSpec, objects: Sequence[SceneObject]) -> list[int]:
+    """Indices of the objects that ``spec`` denotes (an unambiguous expression gives exactly one)."""
+    candidates = [i for i, o in enumerate(objects) if spec.target.matches(o)]
+    if spec.kind == "attribute":
+        return candidates
+    if spec.kind == "relational":
+        assert spec.anchor is not None and spec.relation is not None
+        anchors = [i for i, o in enumerate(objects) if spec.anchor.matches(o)]
+        if len(anchors) != 1:
+            return []
+        anchor = objects[anchors[0]]
+        return [i for i in candidates if i != anchors[0] and _relation_holds(spec.relation, objects[i], anchor)]
+    if spec.kind == "ordinal":
+        assert spec.direction is not None and spec.ordinal is not None
+        keys = sorted((_order_key(spec.direction, objects[i]), i) for i in candidates)
+        if any(b[0] - a[0] < MIN_ORDER_GAP_PX for a, b in zip(keys, keys[1:])):
+            return []  # order not well defined
+        rank = ORDINALS.index(spec.ordinal)
+        return [keys[rank][1]] if rank < len(keys) else []
+    raise ValueError(f"unknown expression kind {spec.kind!r}")
+
+
+def _noun_phrases(obj: SceneObject) -> list[NounPhrase]:
+    return [
+        NounPhrase(obj.shape),
+        NounPhrase(obj.shape, colour=obj.colour),
+        NounPhrase(obj.shape, size=obj.size),
+        NounPhrase(obj.shape, colour=obj.colour, size=obj.size),
+    ]
+
+
+def _candidate_specs(objects: Sequence[SceneObject], target: int, kinds: Sequence[str]) -> list[ExpressionSpec]:
+    obj = objects[target]
+    specs: list[ExpressionSpec] = []
+    ambiguous_phrases = []
+    for phrase in _noun_phrases(obj):
+        n_match = sum(phrase.matches(o) for o in objects)
+        if n_match == 1:
+            if "attribute" in kinds:
+                specs.append(ExpressionSpec("attribute", phrase))
+        else:
+            ambiguous_phrases.append(phrase)
+    for phrase in ambiguous_phrases:
+        if "relational" in kinds:
+            for j, anchor_obj in enumerate(objects):
+                if j == target:
+                    continue
+                for anchor in _noun_phrases(anchor_obj)[:2]:
+                    for relation in RELATIONS:
+                        spec = ExpressionSpec("relational", phrase, relation=relation, anchor=anchor)
+                        if resolve(spec, objects) == [target]:
+                            specs.append(spec)
+        if "ordinal" in kinds:
+            for direction in ORDER_DIRECTIONS:
+                for ordinal in ORDINALS:
+                    spec = ExpressionSpec("ordinal", phrase, ordinal=ordinal, direction=direction)
+                    if resolve(spec, objects) == [target]:
+                        specs.append(spec)
+    return specs
+
+
+def kinds_for_level(difficulty: int) -> tuple[str, ...]:
+    return EXPRESSION_KINDS if difficulty >= 2 else ("attribute",)
+
+
+def grounding_samples(
+    split: Split, index: int, difficulty: int = 1, kinds: Sequence[str] | None = None
+) -> list[GroundingSample]:
+    """One sample per object of scene ``index`` that some expression of ``kinds`` picks uniquely.
+
+    Several samples on the same image with different referents are what the swap test needs.
+    The expression per object is drawn with a per-scene RNG; kinds are sampled uniformly among
+    the kinds available for that object, so relational/ordinal items are not swamped by attributes.
+    """
+    scene = make_scene(split, index, difficulty)
+    kinds = tuple(kinds) if kinds is not None else kinds_for_level(difficulty)
+    rng = random.Random(scene.seed * 8 + difficulty + 4)
+    samples = []
+    for target in range(len(scene.objects)):
+        specs = _candidate_specs(scene.objects, target, kinds)
+        if not specs:
+            continue
+        by_kind: dict[str, list[ExpressionSpec]] = {}
+        for spec in specs:
+            by_kind.setdefault(spec.kind, []).append(spec)
+        spec = rng.choice(by_kind[rng.choice(sorted(by_kind))])
+        if resolve(spec, scene.objects) != [target]:
+            raise AssertionError(f"expression {spec.text()!r} is not unique")
+        samples.append(
+            GroundingSample(
+                sample_id=f"{split}-{index}-L{difficulty}-o{target}",
+                image=scene.image,
+                expression=spec.text(),
+                box=scene.objects[target].box,
+                meta={
+                    "split": split,
+                    "index": index,
+                    "seed": scene.seed,
+                    "difficulty": difficulty,
+                    "kind": spec.kind,
+                    "target_index": target,
+                    "image_size": scene.image.size,
+                    "object_boxes": [o.box for o in scene.objects],
+                    "object_attributes": [(o.colour, o.shape, o.size) for o in scene.objects],
+                },
+            )
+        )
+    return samples
+
+
+def vqa_samples(split: Split, index: int, difficulty: int = 1) -> list[VQASample]:
+    """Attribute MCQ, counting and spatial yes/no questions on scene ``index`` (same scenes as grounding)."""
+    scene = make_scene(split, index, difficulty)
+    objs = scene.objects
+    rng = random.Random(scene.seed * 8 + difficulty + 5)
+    out: list[VQASample] = []
+    meta = {"split": split, "index": index, "seed": scene.seed, "difficulty": difficulty}
+
+    # attribute MCQ about an object named by a unique shape(+size) phrase
+    for i, obj in enumerate(objs):
+        phrase = next(
+            (p for p in _noun_phrases(obj) if p.colour is None and sum(p.matches(o) for o in objs) == 1), None
+        )
+        if phrase is None:
+            continue
+        wrong = rng.sample([c for c in COLOURS if c != obj.colour], 3)
+        choices = tuple(rng.sample([obj.colour, *wrong], 4))
+        out.append(
+            VQASample(
+                sample_id=f"{split}-{index}-L{difficulty}-colour{i}",
+                image=scene.image,
+                question=f"what colour is the {phrase.text()} ?",
+                choices=choices,
+                answer=obj.colour,
+                evidence_boxes=(obj.box,),
+                meta={**meta, "kind": "attribute"},
+            )
+        )
+        break
+
+    # counting
+    shape = rng.choice(sorted({o.shape for o in objs}))
+    counted = tuple(o.box for o in objs if o.shape == shape)
+    out.append(
+        VQASample(
+            sample_id=f"{split}-{index}-L{difficulty}-count-{shape}",
+            image=scene.image,
+            question=f"how many {shape}s are there ?",
+            choices=(),
+            answer=str(len(counted)),
+            evidence_boxes=counted,
+            meta={**meta, "kind": "counting"},
+        )
+    )
+
+    # spatial yes/no between two uniquely named objects
+    unique = []
+    for i, obj in enumerate(objs):
+        phrase = next((p for p in _noun_phrases(obj) if sum(p.matches(o) for o in objs) == 1), None)
+        if phrase is not None:
+            unique.append((i, phrase))
+    if len(unique) >= 2:
+        (i, p_i), (j, p_j) = rng.sample(unique, 2)
+        relation = rng.choice(RELATIONS)
+        holds = _relation_holds(relation, objs[i], objs[j])
+        opposite = {"left of": "right of", "right of": "left of", "above": "below", "below": "above"}[relation]
+        if holds or _relation_holds(opposite, objs[i], objs[j]):
+            out.append(
+                VQASample(
+                    sample_id=f"{split}-{index}-L{difficulty}-spatial{i}-{j}",
+                    image=scene.image,
+                    question=f"is the {p_i.text()} {relation} the {p_j.text()} ?",
+                    choices=("yes", "no"),
+                    answer="yes" if holds else "no",
+                    evidence_boxes=(objs[i].box, objs[j].box),
+                    meta={**meta, "kind": "spatial"},
+                )
+            )
+    return out

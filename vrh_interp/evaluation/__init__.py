@@ -1,0 +1,1 @@
+"""Causal validation: greedy grounding under head masking, controls, statistics."""

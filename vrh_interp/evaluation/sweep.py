@@ -1,0 +1,161 @@
+"""``sweep``: grounding accuracy with the top-k heads masked vs k random heads (the paper's causal test).
+
+Controls. Random heads are drawn uniformly, with a seeded generator, from all heads EXCLUDING the
+detected set (the top max(ks) heads of the ranking), optionally also excluding first-layer heads
+(the paper's DPO control). For one seed the random sets are nested (the first k of one seeded
+permutation), as the top-k sets are. Several seeds are reported separately and pooled.
+
+Protocol. Detection and evaluation samples must be disjoint: passing the ``HeadScores`` (which carries
+its sample ids) or ``detection_ids`` makes an overlap an error. Every (sample, condition) outcome is a
+record in the run folder, so the sweep resumes after interruption and the summary is recomputed from
+records: accuracy with bootstrap CI, mean IoU, parse-failure and mislocation rates, and an exact
+McNemar test of each masked condition against the unmasked baseline on the same samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from vrh_interp.evaluation.grounding import ground_batch
+from vrh_interp.evaluation.statistics import bootstrap_ci, mcnemar_exact
+from vrh_interp.heads import Head, HeadGeometry, HeadSet
+from vrh_interp.model import VLM
+from vrh_interp.provenance import library_versions, model_provenance
+from vrh_interp.runs import RunFolder
+from vrh_interp.samples import GroundingSampleLike, check_samples
+from vrh_interp.scoring.scores import HeadScores
+
+
+@dataclass(frozen=True)
+class Condition:
+    kind: str  # "baseline", "top" or "random"
+    k: int
+    seed: int | None
+    heads: HeadSet
+
+    @property
+    def key(self) -> str:
+        return f"{self.kind}:k={self.k}" + (f":seed={self.seed}" if self.seed is not None else "")
+
+
+def random_control(geometry: HeadGeometry, detected: HeadSet, k: int, seed: int, *,
+                   exclude_first_layer: bool = False) -> HeadSet:
+    """k heads drawn (seeded) from all heads not in ``detected`` (nested in k for a fixed seed)."""
+    eligible = [h for h in geometry.all_heads() if h not in detected and not (exclude_first_layer and h.layer == 0)]
+    if k > len(eligible):
+        raise ValueError(f"cannot draw {k} random heads: only {len(eligible)} heads lie outside the detected set")
+    order = np.random.default_rng(seed).permutation(len(eligible))
+    return HeadSet(eligible[i] for i in order[:k])
+
+
+def sweep_conditions(ranking: HeadSet, geometry: HeadGeometry, ks: Sequence[int], random_seeds: Sequence[int], *,
+                     exclude_first_layer: bool = False) -> list[Condition]:
+    total = geometry.total_heads
+    bad = [k for k in ks if not 0 <= k <= total]
+    if bad:
+        raise ValueError(f"k values {bad} out of range: the model has {total} heads")
+    if len(set(ks)) != len(ks):
+        raise ValueError(f"duplicate k values in {list(ks)}")
+    detected = ranking[: max(ks)]
+    conditions = [Condition("baseline", 0, None, HeadSet())]
+    for k in sorted(k for k in ks if k > 0):
+        conditions.append(Condition("top", k, None, ranking[:k]))
+        for seed in random_seeds:
+            conditions.append(Condition("random", k, seed, random_control(
+                geometry, detected, k, seed, exclude_first_layer=exclude_first_layer)))
+    return conditions
+
+
+@dataclass
+class SweepResult:
+    records: pd.DataFrame
+    conditions: list[Condition]
+    iou_threshold: float
+
+    def summary(self, *, bootstrap_seed: int = 0) -> pd.DataFrame:
+        """One row per (kind, k, seed) plus pooled random rows (seed 'all')."""
+        df = self.records.copy()
+        df["correct"] = df["iou"] >= self.iou_threshold
+        base = df[df["condition"] == "baseline:k=0"].set_index("sample_id")["correct"]
+        rows = []
+        groups: list[tuple[str, int, Any, pd.DataFrame]] = []
+        for cond in self.conditions:
+            groups.append((cond.kind, cond.k, cond.seed, df[df["condition"] == cond.key]))
+        for k in sorted({c.k for c in self.conditions if c.kind == "random"}):
+            pooled = df[df["condition"].str.startswith(f"random:k={k}:")]
+            groups.append(("random", k, "all", pooled))
+        for kind, k, seed, part in groups:
+            if part.empty:
+                continue
+            correct = part["correct"].to_numpy()
+            paired = mcnemar_exact(base.loc[part["sample_id"]].to_numpy(), correct) if kind != "baseline" else \
+                {"lost": 0, "gained": 0, "p_value": 1.0}
+            low, high = bootstrap_ci(correct.astype(float), seed=bootstrap_seed)
+            rows.append({
+                "condition": kind, "k": k, "seed": seed, "n": len(part),
+                "accuracy": float(correct.mean()), "accuracy_ci_low": low, "accuracy_ci_high": high,
+                "mean_iou": float(part["iou"].mean()),
+                "parse_failure_rate": float((~part["parsed"]).mean()),
+                "mislocation_rate": float((part["parsed"] & ~part["correct"]).mean()),
+                "lost_vs_baseline": paired["lost"], "gained_vs_baseline": paired["gained"],
+                "p_value_vs_baseline": paired["p_value"],
+            })
+        return pd.DataFrame(rows)
+
+
+def sweep(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], ranking: HeadScores | HeadSet, *,
+          ks: Sequence[int] = (0, 1, 3, 5, 10, 20), random_seeds: Sequence[int] = (0, 1, 2),
+          detection_ids: Sequence[str] | None = None, exclude_first_layer: bool = False,
+          iou_threshold: float = 0.5, batch_size: int = 8, max_new_tokens: int = 24,
+          run_dir: str | Path | None = None, progress: bool = True, remote: bool | str = False) -> SweepResult:
+    check_samples(eval_samples, minimum=1, what="evaluation samples")
+    if isinstance(ranking, HeadScores):
+        detection_ids = list(detection_ids or []) + list(ranking.sample_ids)
+        head_ranking = ranking.ranking()
+    else:
+        head_ranking = ranking
+    overlap = sorted(set(detection_ids or []) & {s.sample_id for s in eval_samples})
+    if overlap:
+        raise ValueError(
+            f"{len(overlap)} evaluation samples were also used for detection (e.g. {overlap[:3]}): detection and "
+            "evaluation samples must be disjoint (use vrh_interp.splits or different seeds)"
+        )
+    if not 0 < iou_threshold <= 1:
+        raise ValueError("iou_threshold must be in (0, 1]")
+    geometry = vlm.geometry
+    geometry.validate(head_ranking)
+    conditions = sweep_conditions(head_ranking, geometry, list(ks), list(random_seeds),
+                                  exclude_first_layer=exclude_first_layer)
+    config = {"kind": "sweep", "model": model_provenance(vlm), "sample_ids": [s.sample_id for s in eval_samples],
+              "conditions": {c.key: c.heads.to_list() for c in conditions}, "max_new_tokens": max_new_tokens,
+              "libraries": {k: v for k, v in library_versions().items() if k in ("transformers", "torch")}}
+    folder = RunFolder(run_dir, config) if run_dir is not None else None
+    log = folder.log("sweep_records") if folder else None
+    records: list[dict[str, Any]] = log.read() if log else []
+    done = {(r["sample_id"], r["condition"]) for r in records}
+    total = len(conditions) * len(eval_samples)
+    bar = tqdm(total=total, initial=len(done), desc="sweep: masked grounding", disable=not progress, unit="answer")
+    for cond in conditions:
+        todo = [s for s in eval_samples if (s.sample_id, cond.key) not in done]
+        for start in range(0, len(todo), batch_size):
+            chunk = todo[start: start + batch_size]
+            outcomes = ground_batch(vlm, chunk, heads=cond.heads, max_new_tokens=max_new_tokens, remote=remote)
+            new = [{**o.as_dict(), "condition": cond.key, "kind": cond.kind, "k": cond.k, "seed": cond.seed}
+                   for o in outcomes]
+            if log is not None:
+                log.append(new)
+            records.extend(new)
+            bar.update(len(chunk))
+    bar.close()
+    frame = pd.DataFrame(records)
+    order = {c.key: i for i, c in enumerate(conditions)}
+    ids = {s.sample_id: i for i, s in enumerate(eval_samples)}
+    frame = frame.assign(_c=frame["condition"].map(order), _s=frame["sample_id"].map(ids))
+    frame = frame.sort_values(["_c", "_s"]).drop(columns=["_c", "_s"]).reset_index(drop=True)
+    return SweepResult(records=frame, conditions=conditions, iou_threshold=iou_threshold)

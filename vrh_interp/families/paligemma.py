@@ -1,0 +1,86 @@
+"""PaliGemma and PaliGemma 2 (``PaliGemmaForConditionalGeneration``: SigLIP, linear projector, Gemma/Gemma2).
+
+Facts (read in transformers 5.24: ``models/paligemma/processing_paligemma.py``,
+``models/paligemma/modeling_paligemma.py``, ``models/paligemma/configuration_paligemma.py``; box
+dequantisation from big_vision ``evaluators/proj/paligemma/transfers/segmentation.py``; checked by the
+layout experiment in ``tests/families/test_paligemma.py``):
+
+* Language backbone: ``model.language_model.layers[i].self_attn`` (``o_proj``); heads, KV heads and
+  head_dim from ``config.text_config``. PaliGemma 2's Gemma2 backbone alternates sliding-window and global
+  layers and scales queries by ``query_pre_attn_scalar**-0.5`` with attention-logit soft-capping.
+* Attention is NON-CAUSAL over the whole prefix (image tokens, ``<bos>``, the prompt and its ``\\n``):
+  tokens with ``token_type_ids == 0`` attend bidirectionally (``use_bidirectional_attention`` defaults to
+  True); only generated tokens are causal.
+* Layout: the image is stretched to S x S (no crop, no pad) and its (S/patch)^2 SigLIP tokens fill the
+  ``<image>`` positions row-major, FIRST in the sequence (224 px, patch 14 -> 16 x 16 = 256).
+* Prompt: there is no chat template. The processor puts the image tokens first, inserts ``<bos>`` after the
+  last ``<image>`` and appends ``\\n``. The grounding prompt is ``<image>detect EXPR``, the referring
+  expression prefix PaliGemma's RefCOCO/detection transfers use.
+* Native box format: ``<locY1><locX1><locY2><locX2> label``: four of the ``<loc0000>``..``<loc1023>``
+  tokens the processor adds, y before x, bin = round(coordinate / side * 1023) and coordinate =
+  bin / 1023 * side (big_vision's evaluator divides by 1023). ``format_box`` writes the four location
+  tokens (the label follows them in the model's answer); ``parse_box`` reads the first four in a row.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, ClassVar, Mapping
+
+from vrh_interp.boxes import Box, BoxParseFailure
+from vrh_interp.families.base import (
+    BoxFrame,
+    FamilyAdapter,
+    VisualLayout,
+    check_image_box,
+    image_token_positions,
+    row_major_block,
+)
+from vrh_interp.families.coordinates import from_relative, to_relative
+
+LOCATION_BINS = 1024
+LOCATION_SCALE = LOCATION_BINS - 1
+LOCATION_BOX = re.compile(r"<loc(\d{4})>\s*<loc(\d{4})>\s*<loc(\d{4})>\s*<loc(\d{4})>")
+
+
+class PaliGemmaAdapter(FamilyAdapter):
+    name: ClassVar[str] = "paligemma"
+    display_name: ClassVar[str] = "PaliGemma"
+    model_types: ClassVar[tuple[str, ...]] = ("paligemma",)
+    box_format: ClassVar[str] = "<locY1><locX1><locY2><locX2> label, 1024 bins (0-1023) of the original image, y first"
+    non_causal_image_attention: ClassVar[bool] = True
+
+    def image_token(self, processor: Any) -> str:
+        return processor.image_token
+
+    def grounding_instruction(self, expression: str) -> str:
+        return f"detect {expression}"
+
+    def grounding_prompt(self, processor: Any, expression: str) -> str:
+        """``<image>detect EXPR``: PaliGemma takes a task prefix, not a chat turn."""
+        return f"{processor.image_token}{self.grounding_instruction(expression)}"
+
+    def visual_layout(self, encoding: Mapping[str, Any], image_size: tuple[int, int], processor: Any,
+                      batch_index: int = 0) -> VisualLayout:
+        positions = image_token_positions(encoding["input_ids"][batch_index], self.image_token_id(processor))
+        vision = self.config.vision_config
+        side = vision.image_size // vision.patch_size
+        if len(positions) != side * side:
+            raise ValueError(f"expected {side * side} <image> tokens for one image, found {len(positions)}")
+        width, height = image_size
+        block = row_major_block("image", positions, side, side, (0.0, 0.0, float(width), float(height)))
+        return VisualLayout(image_size=image_size, visual_positions=tuple(positions), blocks=(block,),
+                            input_size=(vision.image_size, vision.image_size))
+
+    def format_box(self, box: Box, frame: BoxFrame) -> str:
+        check_image_box(box, frame.image_size)
+        x1, y1, x2, y2 = (min(LOCATION_SCALE, max(0, round(v))) for v in
+                          to_relative(box, frame.image_size, LOCATION_SCALE))
+        return "".join(f"<loc{v:04d}>" for v in (y1, x1, y2, x2))
+
+    def parse_box(self, text: str, frame: BoxFrame) -> Box | BoxParseFailure:
+        match = LOCATION_BOX.search(text)
+        if match is None:
+            return BoxParseFailure(text, "no run of four <locNNNN> tokens found")
+        y1, x1, y2, x2 = (float(g) for g in match.groups())
+        return from_relative([x1, y1, x2, y2], frame.image_size, LOCATION_SCALE, text)

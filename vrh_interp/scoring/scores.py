@@ -1,0 +1,105 @@
+"""``HeadScores``: the L x H score table with its ranking, per-position scores and provenance."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from vrh_interp.heads import Head, HeadSet
+from vrh_interp.scoring.design import ScoringDesign
+
+
+@dataclass
+class HeadScores:
+    scores: np.ndarray  # [layers, heads]
+    design: ScoringDesign
+    per_position: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 0)))  # [P, layers, heads]
+    position_counts: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=int))
+    sample_ids: list[str] = field(default_factory=list)
+    skipped: dict[str, int] = field(default_factory=dict)
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.scores.shape[0])
+
+    @property
+    def num_heads(self) -> int:
+        return int(self.scores.shape[1])
+
+    def ranking(self) -> HeadSet:
+        """All heads, best first; ties broken by (layer, head) so the order is deterministic."""
+        flat = [(-float(self.scores[l, h]), l, h) for l in range(self.num_layers) for h in range(self.num_heads)]
+        return HeadSet(Head(l, h) for _, l, h in sorted(flat))
+
+    def top(self, k: int) -> HeadSet:
+        total = self.num_layers * self.num_heads
+        if not 0 <= k <= total:
+            raise ValueError(f"k={k} is out of range: the model has {total} heads")
+        return self.ranking()[:k]
+
+    def score_of(self, head: Head) -> float:
+        return float(self.scores[head.layer, head.head])
+
+    def to_frame(self) -> pd.DataFrame:
+        ranking = {h: r for r, h in enumerate(self.ranking(), start=1)}
+        rows = [{"head": str(Head(l, h)), "layer": l, "head_index": h, "score": float(self.scores[l, h]),
+                 "rank": ranking[Head(l, h)]} for l in range(self.num_layers) for h in range(self.num_heads)]
+        return pd.DataFrame(rows).sort_values("rank").reset_index(drop=True)
+
+    def per_position_frame(self, top: int | None = 10) -> pd.DataFrame:
+        """Scores at each answer position (row predicting answer token p), the top heads per position."""
+        rows = []
+        for p in range(self.per_position.shape[0]):
+            order = np.argsort(-self.per_position[p].ravel(), kind="stable")
+            for rank, flat in enumerate(order[: top or len(order)], start=1):
+                l, h = divmod(int(flat), self.num_heads)
+                rows.append({"position": p, "rank": rank, "head": str(Head(l, h)), "layer": l, "head_index": h,
+                             "score": float(self.per_position[p, l, h]), "samples": int(self.position_counts[p])})
+        return pd.DataFrame(rows)
+
+    def sparsity(self, thresholds: tuple[float, ...] = (1e-3, 5e-3)) -> pd.DataFrame:
+        """Share of heads whose score exceeds each threshold (the paper's sparsity numbers)."""
+        total = self.scores.size
+        return pd.DataFrame([{"threshold": t, "heads_above": int((self.scores > t).sum()),
+                              "share_above": float((self.scores > t).sum() / total)} for t in thresholds])
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": "vrh-interp/head-scores/1",
+            "design": self.design.as_dict(),
+            "scores": self.scores.tolist(),
+            "ranking": self.ranking().to_list(),
+            "per_position": self.per_position.tolist(),
+            "position_counts": [int(c) for c in self.position_counts],
+            "sample_ids": list(self.sample_ids),
+            "skipped": dict(self.skipped),
+            "provenance": self.provenance,
+        }
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_json(), indent=1), encoding="utf-8")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "HeadScores":
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        if data.get("format") != "vrh-interp/head-scores/1":
+            raise ValueError(f"{path} is not a vrh-interp head-scores file (format {data.get('format')!r})")
+        return cls(
+            scores=np.asarray(data["scores"], dtype=float),
+            design=ScoringDesign(**data["design"]),
+            per_position=np.asarray(data["per_position"], dtype=float).reshape(
+                -1, *np.asarray(data["scores"]).shape) if data["per_position"] else np.zeros((0, 0, 0)),
+            position_counts=np.asarray(data["position_counts"], dtype=int),
+            sample_ids=list(data["sample_ids"]),
+            skipped=dict(data["skipped"]),
+            provenance=dict(data["provenance"]),
+        )

@@ -1,0 +1,110 @@
+"""Tiny random-weight GLM-4V (GLM-4.1V architecture, ``Glm4vForConditionalGeneration``).
+
+Facts (transformers 5.24, models/glm4v/): ``Glm4vProcessor`` expands ``<|image|>`` (between
+``<|begin_of_image|>``/``<|end_of_image|>``) into ``image_grid_thw.prod() // merge_size**2`` copies and returns
+``mm_token_type_ids``, required with ``pixel_values``. ``Glm4vImageProcessorPil`` resizes with its own
+``smart_resize`` (patch 14 x merge 2; pixel budgets count the two temporal frames, images smaller than 28
+pixels on a side are first upscaled). The text attention uses ``head_dim = hidden_size // heads`` and a
+partial rotary embedding, so ``mrope_section`` sums to head_dim * partial_rotary_factor / 2. The vision
+tower adds bicubic-interpolated learned position embeddings ((image_size / patch)^2 of them). The chat
+template is GLM-4.1V's reduced to text and image turns (``[gMASK]<sop>``, ``<|user|>``, ``<|assistant|>``).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import Glm4vConfig, Glm4vForConditionalGeneration, Glm4vImageProcessorPil, Glm4vProcessor
+
+from vrh_interp.testing.tiny import TinyVLM
+from vrh_interp.testing.tiny._image_only_processor import image_only_processor_class
+from vrh_interp.testing.tiny.qwen2_vl import TINY_TEXT_CONFIG, vision_attention_modules
+from vrh_interp.testing.tokenizer import build_byte_tokenizer
+
+GLM4V_SPECIAL_TOKENS: tuple[str, ...] = (
+    "<|endoftext|>",
+    "[MASK]",
+    "[gMASK]",
+    "[sMASK]",
+    "<sop>",
+    "<eop>",
+    "<|system|>",
+    "<|user|>",
+    "<|assistant|>",
+    "<|observation|>",
+    "<|begin_of_image|>",
+    "<|end_of_image|>",
+    "<|begin_of_video|>",
+    "<|end_of_video|>",
+    "<|image|>",
+    "<|video|>",
+    "<|begin_of_box|>",
+    "<|end_of_box|>",
+    "<think>",
+    "</think>",
+)
+
+GLM4V_CHAT_TEMPLATE = (
+    "[gMASK]<sop>{% for message in messages %}"
+    "{% if message['role'] == 'system' %}<|system|>\n{{ message['content'] }}"
+    "{% elif message['role'] == 'user' %}<|user|>\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for item in message['content'] %}"
+    "{% if item['type'] == 'video' or 'video' in item %}<|begin_of_video|><|video|><|end_of_video|>"
+    "{% elif item['type'] == 'image' or 'image' in item %}<|begin_of_image|><|image|><|end_of_image|>"
+    "{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "{% elif message['role'] == 'assistant' %}<|assistant|>\n{{ message['content'] }}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+# Pixel budget counts the two temporal frames: at most 48 merged tokens of 28 x 28 pixels.
+TINY_MIN_PIXELS = 2 * 56 * 56
+TINY_MAX_PIXELS = 2 * 28 * 28 * 48
+
+
+def build(seed: int = 0) -> TinyVLM:
+    torch.manual_seed(seed)
+    tokenizer = build_byte_tokenizer(
+        GLM4V_SPECIAL_TOKENS,
+        named_special_tokens={"eos_token": "<|user|>", "pad_token": "<|endoftext|>"},
+        extra_special_tokens={"image_token": "<|image|>", "video_token": "<|video|>"},
+        chat_template=GLM4V_CHAT_TEMPLATE,
+    )
+    image_processor = Glm4vImageProcessorPil(size={"shortest_edge": TINY_MIN_PIXELS, "longest_edge": TINY_MAX_PIXELS})
+    processor = image_only_processor_class(Glm4vProcessor)(
+        image_processor=image_processor, tokenizer=tokenizer, chat_template=GLM4V_CHAT_TEMPLATE
+    )
+    ids = tokenizer.convert_tokens_to_ids
+    config = Glm4vConfig(
+        text_config={
+            **TINY_TEXT_CONFIG,
+            "vocab_size": len(tokenizer),
+            "eos_token_id": [ids("<|endoftext|>"), ids("<|user|>"), ids("<|observation|>")],
+            "pad_token_id": tokenizer.pad_token_id,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.5,
+                "mrope_section": [2, 1, 1],
+            },
+        },
+        vision_config={
+            "depth": 2,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_heads": 2,
+            "out_hidden_size": TINY_TEXT_CONFIG["hidden_size"],
+            "image_size": 112,
+            "patch_size": image_processor.patch_size,
+            "spatial_merge_size": image_processor.merge_size,
+            "temporal_patch_size": image_processor.temporal_patch_size,
+        },
+        image_token_id=ids("<|image|>"),
+        video_token_id=ids("<|video|>"),
+        image_start_token_id=ids("<|begin_of_image|>"),
+        image_end_token_id=ids("<|end_of_image|>"),
+        video_start_token_id=ids("<|begin_of_video|>"),
+        video_end_token_id=ids("<|end_of_video|>"),
+    )
+    model = Glm4vForConditionalGeneration(config).eval()
+    return TinyVLM(family="glm4v", model=model, processor=processor,
+                   vision_attention_modules=vision_attention_modules)

@@ -1,0 +1,36 @@
+"""Toy grounding VLMs trained on CPU from synthetic scenes (see docs/toy-models.md).
+
+``load("a")`` -> LLaVA-1.5-class model (CLIP tower + MLP projector, tiny Qwen2 backbone);
+``load("b")`` -> InternVL-class model (InternViT tower + pixel-shuffle projector, same backbone
+architecture, initialised from model a's backbone). Checkpoints ship in ``checkpoints/<name>/``
+(fp16 safetensors, loaded back to fp32) and load fully offline from that folder.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import InternVLForConditionalGeneration, LlavaForConditionalGeneration, LlavaProcessor, PreTrainedModel, ProcessorMixin
+
+from vrh_interp.toy.configs import InternVLImageOnlyProcessor
+
+CHECKPOINT_ROOT = Path(__file__).resolve().parent / "checkpoints"
+
+
+def checkpoint_dir(name: str) -> Path:
+    if name not in ("a", "b"):
+        raise ValueError(f"unknown toy model {name!r}; expected 'a' or 'b'")
+    return CHECKPOINT_ROOT / name
+
+
+def load(name: str = "a", device: str | torch.device = "cpu") -> tuple[PreTrainedModel, ProcessorMixin]:
+    """Load shipped toy model ``name`` in fp32, eval mode, with its processor (no network access)."""
+    path = checkpoint_dir(name)
+    if name == "a":
+        model_class, processor_class = LlavaForConditionalGeneration, LlavaProcessor
+    else:
+        model_class, processor_class = InternVLForConditionalGeneration, InternVLImageOnlyProcessor
+    processor = processor_class.from_pretrained(path, local_files_only=True)
+    model = model_class.from_pretrained(path, dtype=torch.float32, local_files_only=True).to(device).eval()
+    return model, processor

@@ -1,0 +1,552 @@
+"""Train a toy grounding VLM on CPU: dense vision pretraining, then grounding fine-tuning.
+
+Run: ``python -m vrh_interp.toy.train --model a --out DIR [--resume] [--steps N] [--seed S]``.
+
+Methodological choices
+----------------------
+* Stage 1 (dense vision pretraining): the real vision tower AND projector are trained with
+  temporary linear heads on every visual token the language model will see (the projector
+  output, 12x12 tokens) to predict the colour, shape and size of the object covering that patch
+  (or background) and that object's box in the 101 coordinate bins. Afterwards each visual token
+  linearly carries "what am I and where is my object's box", so the language model only has to
+  RETRIEVE the visual token that matches the query and copy its box: the retrieval-head
+  mechanism under study. The heads are discarded after stage 1.
+* Stage 2 (grounding): vision tower frozen (LLaVA-style), projector + language model trained with
+  cross-entropy on the answer tokens only (native box format + end-of-turn). Every batch holds
+  ALL referents of each scene, so the same image appears with different queries and different
+  target boxes: a query-ignoring solution is penalised inside every batch.
+* Curriculum (scenes.py levels): the query is always necessary (>= 2 objects). Level mix moves
+  from distinct (colour, shape) scenes to distractor scenes and relational/ordinal expressions.
+* Determinism and resume: batch ``k`` is a pure function of ``(seed, k)`` (scene indices and
+  levels derive from it), so the data position is the step counter. A checkpoint is ONE
+  safetensors file (weights, dense heads, AdamW moments, torch RNG state; step, stage and
+  optimiser hyper-parameters in its JSON metadata) written to a temporary file and moved into
+  place with ``os.replace``; a kill loses at most one checkpoint interval, and resuming gives the
+  same weights as an uninterrupted run.
+* Evaluation goes through the user path: processor chat template -> ``model.generate`` (greedy) ->
+  native-format parser -> IoU >= 0.5 in original pixels. It reports the query-ignoring ceiling
+  (the best any model that returns one box per image can score), the random-object and
+  largest-object baselines, and the swap test (same image, two referents: both boxes right /
+  the same box returned twice).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import random
+import shutil
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+from tqdm import tqdm
+from transformers import InternVLForConditionalGeneration, LlavaForConditionalGeneration, PreTrainedModel
+
+from vrh_interp.boxes import Box, iou
+from vrh_interp.data.scenes import COLOURS, SHAPES, SIZES, GroundingSample, grounding_samples, make_scene
+from vrh_interp.toy.configs import (
+    COORDINATE_BINS,
+    GRID_SIDE,
+    PATCH_SIZE,
+    ModelName,
+    TextBackboneShape,
+    VisionTowerShape,
+    build_processor,
+    format_box_answer,
+    grounding_messages,
+    model_config,
+    parse_box,
+    quantise_box,
+)
+from vrh_interp.toy import checkpoint_dir, load
+from vrh_interp.toy.tokenizer import IM_END
+
+MODEL_CLASSES: dict[str, type[PreTrainedModel]] = {
+    "a": LlavaForConditionalGeneration,
+    "b": InternVLForConditionalGeneration,
+}
+IGNORE_INDEX = -100
+MIN_PATCH_PIXELS = 8  # a patch is labelled with an object only if >= 8 of its 64 pixels belong to it
+CHECKPOINT_FILE = "trainer_state.safetensors"
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    model: ModelName = "a"
+    seed: int = 0
+    vision_steps: int = 1000
+    grounding_steps: int = 2500
+    vision_batch_scenes: int = 48
+    grounding_batch_scenes: int = 16
+    vision_lr: float = 2e-3
+    grounding_lr: float = 1e-3
+    warmup_steps: int = 100
+    weight_decay: float = 0.01
+    eval_every: int = 200
+    eval_scenes: int = 32
+    bf16: bool = True
+    # level mix per grounding phase: (fraction of grounding steps, {level: probability})
+    level_schedule: tuple[tuple[float, tuple[tuple[int, float], ...]], ...] = (
+        (0.15, ((0, 0.6), (1, 0.4))),
+        (0.5, ((0, 0.1), (1, 0.6), (2, 0.3))),
+        (1.0, ((1, 0.5), (2, 0.5))),
+    )
+    text_shape: TextBackboneShape = TextBackboneShape()
+    vision_shape: VisionTowerShape = VisionTowerShape()
+    init_backbone: str | None = None  # path of a trained toy checkpoint whose language backbone seeds this one
+
+    @property
+    def total_steps(self) -> int:
+        return self.vision_steps + self.grounding_steps
+
+
+TINY_TEST_CONFIG = dict(
+    vision_steps=3,
+    grounding_steps=3,
+    vision_batch_scenes=2,
+    grounding_batch_scenes=2,
+    warmup_steps=2,
+    eval_every=2,
+    eval_scenes=2,
+    text_shape=TextBackboneShape(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=16),
+    vision_shape=VisionTowerShape(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2),
+)
+
+
+class DenseVisionHeads(nn.Module):
+    """Temporary stage-1 heads: per visual token colour/shape/size class (+background) and box bins."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.colour = nn.Linear(hidden_size, len(COLOURS) + 1)
+        self.shape = nn.Linear(hidden_size, len(SHAPES) + 1)
+        self.size = nn.Linear(hidden_size, len(SIZES) + 1)
+        self.box = nn.Linear(hidden_size, 4 * COORDINATE_BINS)
+
+    def loss(self, features: torch.Tensor, labels: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        ce = nn.functional.cross_entropy
+        logits = {
+            "colour": self.colour(features),
+            "shape": self.shape(features),
+            "size": self.size(features),
+        }
+        losses = {k: ce(v.flatten(0, 1).float(), labels[k].flatten()) for k, v in logits.items()}
+        box_logits = self.box(features).unflatten(-1, (4, COORDINATE_BINS)).float()
+        losses["box"] = ce(box_logits.flatten(0, 2), labels["box"].flatten(), ignore_index=IGNORE_INDEX)
+        fg = labels["colour"] > 0
+        accuracy = {
+            f"{k}_acc": (v.argmax(-1) == labels[k])[fg].float().mean().item() for k, v in logits.items()
+        }
+        box_pred = box_logits.argmax(-1)
+        accuracy["box_within1_acc"] = ((box_pred - labels["box"]).abs() <= 1)[fg].float().mean().item()
+        return sum(losses.values()), accuracy
+
+
+def patch_labels(object_index_map: np.ndarray, attributes: Sequence[tuple[str, str, str]], boxes: Sequence, image_size: tuple[int, int]) -> dict[str, np.ndarray]:
+    """Per visual token (GRID_SIDE x GRID_SIDE, row-major) labels of the object covering the patch."""
+    n_obj = len(attributes)
+    grid = object_index_map.reshape(GRID_SIDE, PATCH_SIZE, GRID_SIDE, PATCH_SIZE).transpose(0, 2, 1, 3)
+    grid = grid.reshape(GRID_SIDE * GRID_SIDE, PATCH_SIZE * PATCH_SIZE)
+    counts = np.stack([(grid == i).sum(-1) for i in range(n_obj)], axis=-1)
+    owner = np.where(counts.max(-1) >= MIN_PATCH_PIXELS, counts.argmax(-1), -1)
+    colour_ids = np.array([1 + list(COLOURS).index(c) for c, _, _ in attributes])
+    shape_ids = np.array([1 + SHAPES.index(s) for _, s, _ in attributes])
+    size_ids = np.array([1 + list(SIZES).index(z) for _, _, z in attributes])
+    box_bins = np.array([quantise_box(b, image_size) for b in boxes])
+    fg = owner >= 0
+    safe = np.where(fg, owner, 0)
+    return {
+        "colour": np.where(fg, colour_ids[safe], 0),
+        "shape": np.where(fg, shape_ids[safe], 0),
+        "size": np.where(fg, size_ids[safe], 0),
+        "box": np.where(fg[:, None], box_bins[safe], IGNORE_INDEX),
+    }
+
+
+def level_probabilities(config: TrainConfig, grounding_step: int) -> tuple[tuple[int, float], ...]:
+    progress = grounding_step / max(1, config.grounding_steps)
+    for end, mix in config.level_schedule:
+        if progress < end:
+            return mix
+    return config.level_schedule[-1][1]
+
+
+def _step_rng(config: TrainConfig, step: int) -> random.Random:
+    return random.Random(config.seed * 1_000_003 + step)
+
+
+def training_scene_indices(config: TrainConfig, step: int, n_scenes: int) -> list[int]:
+    """Distinct train-split scene indices of batch ``step`` (pure function of seed and step)."""
+    return [(config.seed * 7_919_000 + step * n_scenes + j) % 1_000_000_000 for j in range(n_scenes)]
+
+
+def grounding_batch(config: TrainConfig, step: int) -> list[GroundingSample]:
+    rng = _step_rng(config, step)
+    levels, probs = zip(*level_probabilities(config, step - config.vision_steps), strict=True)
+    samples: list[GroundingSample] = []
+    for index in training_scene_indices(config, step, config.grounding_batch_scenes):
+        samples.extend(grounding_samples("train", index, rng.choices(levels, probs)[0]))
+    return samples
+
+
+def encode_grounding(processor, name: ModelName, samples: Sequence[GroundingSample], with_answers: bool) -> dict[str, torch.Tensor]:
+    """Processor inputs; with answers, ``labels`` supervise only the answer and end-of-turn tokens."""
+    prompts = [
+        processor.apply_chat_template(grounding_messages(name, s.expression), add_generation_prompt=True, tokenize=False)
+        for s in samples
+    ]
+    if not with_answers:
+        return dict(processor(images=[s.image for s in samples], text=prompts, return_tensors="pt", padding=True))
+    answers = [format_box_answer(name, s.expression, s.box, s.image.size) + IM_END for s in samples]
+    encoded = dict(processor(images=[s.image for s in samples], text=[p + a for p, a in zip(prompts, answers)], return_tensors="pt", padding=True))
+    answer_lengths = [len(processor.tokenizer(a, add_special_tokens=False)["input_ids"]) for a in answers]
+    labels = torch.full_like(encoded["input_ids"], IGNORE_INDEX)
+    for row, n in enumerate(answer_lengths):  # left padding: answers are the last n tokens
+        labels[row, -n:] = encoded["input_ids"][row, -n:]
+    encoded["labels"] = labels
+    return encoded
+
+
+def vision_batch(config: TrainConfig, processor, step: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Pixel values (through the family's image processor) and dense patch labels of batch ``step``."""
+    rng = _step_rng(config, step)
+    images, labels = [], []
+    for index in training_scene_indices(config, step, config.vision_batch_scenes):
+        scene = make_scene("train", index, rng.choice((0, 1, 2)))
+        images.append(scene.image)
+        labels.append(
+            patch_labels(
+                scene.object_index_map,
+                [(o.colour, o.shape, o.size) for o in scene.objects],
+                [o.box for o in scene.objects],
+                scene.image.size,
+            )
+        )
+    pixel_values = processor.image_processor(images, return_tensors="pt")["pixel_values"]
+    stacked = {k: torch.from_numpy(np.stack([lab[k] for lab in labels])).long() for k in labels[0]}
+    return pixel_values, stacked
+
+
+def visual_tokens(model: PreTrainedModel, pixel_values: torch.Tensor) -> torch.Tensor:
+    """Projected visual tokens as the language model receives them: (batch, GRID_SIDE**2, hidden)."""
+    config = model.config
+    outputs = model.model.get_image_features(
+        pixel_values=pixel_values,
+        vision_feature_layer=config.vision_feature_layer,
+        vision_feature_select_strategy=config.vision_feature_select_strategy,
+        output_hidden_states=True,
+    )
+    features = outputs.pooler_output
+    return torch.stack(list(features)) if isinstance(features, (list, tuple)) else features
+
+
+def max_new_tokens(name: ModelName) -> int:
+    return 12 if name == "a" else 32
+
+
+@torch.no_grad()
+def predict_boxes(model, processor, name: ModelName, samples: Sequence[GroundingSample], batch_size: int = 64) -> list[tuple[str, Box | None]]:
+    """Greedy ``generate`` through the processor, parsed to original-pixel boxes (None if malformed)."""
+    model.eval()
+    out: list[tuple[str, Box | None]] = []
+    for start in range(0, len(samples), batch_size):
+        chunk = samples[start : start + batch_size]
+        inputs = encode_grounding(processor, name, chunk, with_answers=False)
+        generated = model.generate(**inputs, max_new_tokens=max_new_tokens(name), do_sample=False)
+        texts = processor.batch_decode(generated[:, inputs["input_ids"].shape[1] :], skip_special_tokens=False)
+        for sample, text in zip(chunk, texts):
+            parsed = parse_box(name, text, sample.image.size)
+            box = Box(*parsed) if parsed is not None and parsed[2] > parsed[0] and parsed[3] > parsed[1] else None
+            out.append((text, box))
+    return out
+
+
+def held_out_samples(n_scenes: int, difficulty: int, offset: int = 0) -> list[GroundingSample]:
+    return [s for i in range(offset, offset + n_scenes) for s in grounding_samples("eval", i, difficulty)]
+
+
+def grounding_metrics(samples: Sequence[GroundingSample], predictions: Sequence[Box | None]) -> dict[str, float]:
+    """Accuracy (IoU >= 0.5), query-ignoring baselines and the swap test for one set of samples."""
+    hits = [p is not None and iou(p, Box(*s.box)) >= 0.5 for s, p in zip(samples, predictions)]
+    object_hits = [
+        p is not None and any(iou(p, Box(*b)) >= 0.5 for b in s.meta["object_boxes"]) for s, p in zip(samples, predictions)
+    ]
+    by_image: dict[str, list[int]] = {}
+    for i, s in enumerate(samples):
+        by_image.setdefault(f"{s.meta['split']}-{s.meta['index']}-{s.meta['difficulty']}", []).append(i)
+    # best query-ignoring model: one box per image, at best right for one referent per image
+    ceiling = sum(1 for idx in by_image.values()) / len(samples)
+    random_object = float(np.mean([1.0 / len(s.meta["object_boxes"]) for s in samples]))
+    largest = [
+        max(s.meta["object_boxes"], key=lambda b: (b[2] - b[0]) * (b[3] - b[1])) == tuple(s.box) for s in samples
+    ]
+    pairs = [(i, j) for idx in by_image.values() for a, i in enumerate(idx) for j in idx[a + 1 :]]
+    both_right = [hits[i] and hits[j] for i, j in pairs]
+    same_box = [
+        predictions[i] is not None and predictions[j] is not None and iou(predictions[i], predictions[j]) >= 0.5
+        for i, j in pairs
+    ]
+    return {
+        "n": len(samples),
+        "accuracy": float(np.mean(hits)),
+        "any_object_hit_rate": float(np.mean(object_hits)),
+        "parse_failure_rate": float(np.mean([p is None for p in predictions])),
+        "baseline_query_ignoring_ceiling": ceiling,
+        "baseline_random_object": random_object,
+        "baseline_largest_object": float(np.mean(largest)),
+        "swap_pairs": len(pairs),
+        "swap_both_correct": float(np.mean(both_right)) if pairs else float("nan"),
+        "swap_same_box_rate": float(np.mean(same_box)) if pairs else float("nan"),
+    }
+
+
+def evaluate(model, processor, name: ModelName, n_scenes: int, levels: Sequence[int] = (1, 2)) -> dict[str, dict[str, float]]:
+    """Held-out metrics per level, on eval-split scenes ``0..n_scenes-1``."""
+    results = {}
+    for level in levels:
+        samples = held_out_samples(n_scenes, level)
+        predictions = [box for _, box in predict_boxes(model, processor, name, samples)]
+        results[f"level{level}"] = grounding_metrics(samples, predictions)
+        if level == 2:
+            for kind in ("attribute", "relational", "ordinal"):
+                keep = [i for i, s in enumerate(samples) if s.meta["kind"] == kind]
+                if keep:
+                    results[f"level2_{kind}"] = grounding_metrics([samples[i] for i in keep], [predictions[i] for i in keep])
+    return results
+
+
+def build_model(config: TrainConfig, processor) -> PreTrainedModel:
+    """Fresh model of the configured family; optionally seeded with a trained language backbone."""
+    torch.manual_seed(config.seed)
+    model = MODEL_CLASSES[config.model](
+        model_config(config.model, processor.tokenizer, config.text_shape, config.vision_shape)
+    )
+    if config.init_backbone is not None:
+        donor = load_file(str(Path(config.init_backbone) / "model.safetensors"))
+        prefix = "model.language_model."
+        backbone = {k[len(prefix) :]: v.float() for k, v in donor.items() if k.startswith(prefix)}
+        missing, unexpected = model.model.language_model.load_state_dict(backbone, strict=True)
+        assert not missing and not unexpected
+        model.lm_head.weight.data.copy_(model.model.language_model.embed_tokens.weight.data)
+    return model
+
+
+def build_optimizer(config: TrainConfig, params: list[nn.Parameter], lr: float) -> torch.optim.AdamW:
+    return torch.optim.AdamW(params, lr=lr, weight_decay=config.weight_decay, betas=(0.9, 0.98))
+
+
+def stage_parameters(model: PreTrainedModel, heads: DenseVisionHeads, stage: str) -> list[nn.Parameter]:
+    """Stage 1: vision tower + projector + dense heads. Stage 2: projector + language model."""
+    vision = list(model.model.vision_tower.parameters())
+    projector = list(model.model.multi_modal_projector.parameters())
+    language = list(model.model.language_model.parameters())
+    if stage == "vision":
+        return vision + projector + list(heads.parameters())
+    return projector + language  # lm_head is tied to the input embedding
+
+
+def learning_rate(config: TrainConfig, step: int) -> float:
+    """Linear warm-up then cosine decay to 10 %, restarted at the start of each stage."""
+    if step < config.vision_steps:
+        base, local, length = config.vision_lr, step, config.vision_steps
+    else:
+        base, local, length = config.grounding_lr, step - config.vision_steps, config.grounding_steps
+    if local < config.warmup_steps:
+        return base * (local + 1) / config.warmup_steps
+    progress = (local - config.warmup_steps) / max(1, length - config.warmup_steps)
+    return base * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def save_trainer_state(path: Path, step: int, model: PreTrainedModel, heads: DenseVisionHeads, optimizer: torch.optim.AdamW, history: list[dict]) -> None:
+    """Atomically write weights, heads, AdamW state and RNG state to ONE safetensors file."""
+    tensors = {f"model.{k}": v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+    tensors.update({f"heads.{k}": v.detach().clone().contiguous() for k, v in heads.state_dict().items()})
+    optim_state = optimizer.state_dict()
+    for index, state in optim_state["state"].items():
+        for key, value in state.items():
+            tensors[f"optim.{index}.{key}"] = torch.as_tensor(value).clone().contiguous()
+    tensors["rng.torch"] = torch.get_rng_state()
+    metadata = {
+        "step": str(step),
+        "param_groups": json.dumps(optim_state["param_groups"]),
+        "history": json.dumps(history),
+    }
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(tensors, str(tmp), metadata=metadata)
+    os.replace(tmp, path)
+
+
+def load_trainer_state(path: Path, model: PreTrainedModel, heads: DenseVisionHeads, config: TrainConfig) -> tuple[int, torch.optim.AdamW, list[dict]]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as handle:
+        metadata = handle.metadata()
+    tensors = load_file(str(path))
+    step = int(metadata["step"])
+    model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")}, strict=True)
+    heads.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("heads.")}, strict=True)
+    stage = "vision" if step < config.vision_steps else "grounding"
+    configure_stage(model, stage)
+    params = stage_parameters(model, heads, stage)
+    optimizer = build_optimizer(config, params, learning_rate(config, step))
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for key, value in tensors.items():
+        if key.startswith("optim."):
+            _, index, name = key.split(".", 2)
+            state.setdefault(int(index), {})[name] = value
+    optimizer.load_state_dict({"state": state, "param_groups": json.loads(metadata["param_groups"])})
+    torch.set_rng_state(tensors["rng.torch"])
+    return step, optimizer, json.loads(metadata["history"])
+
+
+def configure_stage(model: PreTrainedModel, stage: str) -> None:
+    model.model.vision_tower.requires_grad_(stage == "vision")
+    model.model.language_model.requires_grad_(stage != "vision")
+    model.model.multi_modal_projector.requires_grad_(True)
+
+
+def export_checkpoint(model: PreTrainedModel, processor, out_dir: Path, log: dict) -> None:
+    """Ship-ready folder: fp16 safetensors + config + processor/tokenizer files + training_log.json."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.to(torch.float16).save_pretrained(out_dir)
+    model.to(torch.float32)
+    processor.save_pretrained(out_dir)
+    (out_dir / "training_log.json").write_text(json.dumps(log, indent=1))
+
+
+def training_step(config: TrainConfig, model, heads, processor, optimizer, step: int) -> dict[str, float]:
+    for group in optimizer.param_groups:
+        group["lr"] = learning_rate(config, step)
+    model.train()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
+        if step < config.vision_steps:
+            pixel_values, labels = vision_batch(config, processor, step)
+            loss, stats = heads.loss(visual_tokens(model, pixel_values), labels)
+        else:
+            inputs = encode_grounding(processor, config.model, grounding_batch(config, step), with_answers=True)
+            loss = model(**inputs).loss
+            stats = {}
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return {"loss": loss.item(), **stats}
+
+
+def train(config: TrainConfig, out_dir: Path, resume: bool) -> list[dict]:
+    """Run (or resume) training; returns the evaluation history. Writes OUT/trainer_state.safetensors and OUT/best/."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "train_config.json").write_text(json.dumps(dataclasses.asdict(config), indent=1))
+    processor = build_processor(config.model)
+    model = build_model(config, processor)
+    heads = DenseVisionHeads(model.config.get_text_config().hidden_size)
+    checkpoint = out_dir / CHECKPOINT_FILE
+    if resume and checkpoint.exists():
+        step, optimizer, history = load_trainer_state(checkpoint, model, heads, config)
+    else:
+        step, history = 0, []
+        configure_stage(model, "vision")
+        optimizer = build_optimizer(config, stage_parameters(model, heads, "vision"), learning_rate(config, 0))
+    started = time.time()
+    elapsed_before = history[-1]["train_seconds"] if history else 0.0
+    running: dict[str, float] = {}
+    progress = tqdm(range(step, config.total_steps), initial=step, total=config.total_steps, mininterval=10)
+    for step in progress:
+        if step == config.vision_steps:
+            configure_stage(model, "grounding")
+            optimizer = build_optimizer(config, stage_parameters(model, heads, "grounding"), learning_rate(config, step))
+        stats = training_step(config, model, heads, processor, optimizer, step)
+        running = {k: 0.95 * running.get(k, v) + 0.05 * v for k, v in stats.items()}
+        progress.set_postfix({k: f"{v:.3f}" for k, v in running.items()}, refresh=False)
+        done = step + 1
+        if done % config.eval_every == 0 or done == config.total_steps:
+            record = {"step": done, "train_seconds": elapsed_before + time.time() - started, **running}
+            if done > config.vision_steps:
+                record["eval"] = evaluate(model, processor, config.model, config.eval_scenes)
+                best = max((h["eval"]["level1"]["accuracy"] for h in history if "eval" in h), default=-1.0)
+                if record["eval"]["level1"]["accuracy"] > best:
+                    export_checkpoint(model, processor, out_dir / "best", {"config": dataclasses.asdict(config), **record})
+            history.append(record)
+            tqdm.write(json.dumps(record))
+            save_trainer_state(checkpoint, done, model, heads, optimizer, history)
+            (out_dir / "history.json").write_text(json.dumps(history, indent=1))
+    return history
+
+
+TEST_SET_SCENES = 32  # eval scenes 0..31 at level 1: the fixed set tests/test_toy_models.py re-measures
+REPORT_SCENES = 200
+
+
+def ship(run_dir: Path, name: ModelName) -> dict:
+    """Copy RUN_DIR/best into ``checkpoints/<name>``, re-measure it through ``load(name)``, write its log."""
+    target = checkpoint_dir(name)
+    target.mkdir(parents=True, exist_ok=True)
+    for item in (run_dir / "best").iterdir():
+        if item.name != "training_log.json":
+            shutil.copy2(item, target / item.name)
+    history = json.loads((run_dir / "history.json").read_text())
+    best = json.loads((run_dir / "best" / "training_log.json").read_text())
+    model, processor = load(name)
+    started = time.time()
+    report = evaluate(model, processor, name, REPORT_SCENES)
+    test_set = evaluate(model, processor, name, TEST_SET_SCENES, levels=(1,))["level1"]
+    log = {
+        "model": name,
+        "selected_checkpoint_step": best["step"],
+        "train_seconds_at_selected_step": best["train_seconds"],
+        "config": best["config"],
+        "held_out_eval_scenes": REPORT_SCENES,
+        "held_out": report,
+        "test_set_scenes": TEST_SET_SCENES,
+        "test_set_level1": test_set,
+        "eval_seconds": time.time() - started,
+        "history": history,
+    }
+    (target / "training_log.json").write_text(json.dumps(log, indent=1))
+    return log
+
+
+def _parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", choices=("a", "b"), default="a")
+    parser.add_argument("--out", type=Path, help="run folder (training)")
+    parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--steps", type=int, default=None, help="grounding (stage-2) steps")
+    parser.add_argument("--vision-steps", type=int, default=None, help="dense vision pretraining (stage-1) steps")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--eval-every", type=int, default=None)
+    parser.add_argument("--init-backbone", default=None, help="trained toy checkpoint folder whose language backbone initialises this model")
+    parser.add_argument("--tiny", action="store_true", help="tiny shapes and step counts (tests)")
+    parser.add_argument("--ship", type=Path, default=None, help="copy RUN/best into vrh_interp/toy/checkpoints/<model> and measure it")
+    return parser.parse_args()
+
+
+def main() -> None:
+    """CLI entry point; uses 2 threads (run with OMP_WAIT_POLICY=PASSIVE on shared CPUs)."""
+    args = _parse_args()
+    torch.set_num_threads(2)
+    if args.ship is not None:
+        log = ship(args.ship, args.model)
+        print(json.dumps({"held_out": log["held_out"], "test_set_level1": log["test_set_level1"]}, indent=1))
+        return
+    overrides: dict = dict(TINY_TEST_CONFIG) if args.tiny else {}
+    overrides.update(model=args.model, seed=args.seed, init_backbone=args.init_backbone)
+    if args.steps is not None:
+        overrides["grounding_steps"] = args.steps
+    if args.vision_steps is not None:
+        overrides["vision_steps"] = args.vision_steps
+    if args.eval_every is not None:
+        overrides["eval_every"] = args.eval_every
+    train(TrainConfig(**overrides), args.out, args.resume)
+
+
+if __name__ == "__main__":
+    main()
