@@ -91,7 +91,7 @@ class VLM:
         encoding = encoding.to(self.device)
         sizes = [img.size for img in images]
         layouts = [self.adapter.visual_layout(encoding, size, self.processor, i) for i, size in enumerate(sizes)]
-        frames = [self.adapter.box_frame(encoding, size, i) for i, size in enumerate(sizes)]
+        frames = [self.adapter.box_frame(encoding, size, i, processor=self.processor) for i, size in enumerate(sizes)]
         return GroundingBatch(encoding=encoding, layouts=layouts, frames=frames, prompts=prompts)
 
     def decode_answers(self, generated: torch.Tensor, prompt_length: int) -> list[str]:

@@ -12,7 +12,7 @@ from tests.conftest import noise_image
 from vrh_interp.boxes import Box, BoxParseFailure, InvalidBoxError
 from vrh_interp.families import adapter_for_config
 from vrh_interp.families.base import BoxFrame, VisualLayout
-from vrh_interp.families.llava import LlavaAdapter, ViewBoxFrame, llava_processed_view
+from vrh_interp.families.llava import LlavaAdapter, llava_processed_view
 from vrh_interp.heads import HeadGeometry
 from vrh_interp.testing.layout_probe import changed_positions
 from vrh_interp.testing.tiny import TinyVLM
@@ -63,7 +63,8 @@ def adapter(crop_tiny: TinyVLM) -> LlavaAdapter:
 
 
 def layout_for(tiny: TinyVLM, adapter: LlavaAdapter, image_size: tuple[int, int]) -> VisualLayout:
-    encoding = adapter.encode(tiny.processor, [noise_image(*image_size)], [adapter.grounding_prompt(tiny.processor, "x")])
+    prompt = adapter.grounding_prompt(tiny.processor, "x")
+    encoding = adapter.encode(tiny.processor, [noise_image(*image_size)], [prompt])
     return adapter.visual_layout(encoding, image_size, tiny.processor)
 
 
@@ -164,7 +165,7 @@ def test_boxes_outside_the_image_are_refused(crop_tiny: TinyVLM, adapter: LlavaA
 def test_grounding_prompt_uses_the_chat_template_and_generates(crop_tiny: TinyVLM, adapter: LlavaAdapter) -> None:
     prompt = adapter.grounding_prompt(crop_tiny.processor, "the red circle")
     assert prompt == ("USER: <image>\nPlease provide the bounding box coordinate of the region this sentence "
-                      "describes: the red circle. ASSISTANT:")
+                      "describes: the red circle ASSISTANT:")
     encoding = adapter.encode(crop_tiny.processor, [noise_image(50, 40)], [prompt])
     assert int((encoding["input_ids"][0] == adapter.image_token_id(crop_tiny.processor)).sum()) == 25
     generated = crop_tiny.model.generate(**encoding, max_new_tokens=3, do_sample=False)
@@ -240,7 +241,3 @@ def test_parse_documented_answers(adapter: LlavaAdapter, answer: str, expected: 
         assert isinstance(parsed, Box)
         assert parsed.as_tuple() == pytest.approx(expected.as_tuple())
 
-
-def test_view_frame_is_a_box_frame() -> None:
-    frame = ViewBoxFrame(image_size=(10, 20), view_region=(0.0, -5.0, 10.0, 15.0))
-    assert isinstance(frame, BoxFrame) and frame.input_size is None

@@ -143,7 +143,7 @@ def test_boxes_outside_the_image_are_refused(tiny: TinyVLM, adapter: LlavaNextAd
 def test_grounding_prompt_uses_the_chat_template_and_generates(tiny: TinyVLM, adapter: LlavaNextAdapter) -> None:
     prompt = adapter.grounding_prompt(tiny.processor, "the red circle")
     assert prompt == ("[INST] <image>\nPlease provide the bounding box coordinate of the region this sentence "
-                      "describes: the red circle. [/INST]")
+                      "describes: the red circle [/INST]")
     encoding = adapter.encode(tiny.processor, [noise_image(50, 37)], [prompt])
     generated = tiny.model.generate(**encoding, max_new_tokens=3, do_sample=False)
     assert generated.shape == (1, encoding["input_ids"].shape[1] + 3)

@@ -68,7 +68,7 @@ EXACT_CASES = [
     ((72, 36), Box(32, 0, 36, 36)),  # tile 0's uncovered 4-pixel strip: base-view tokens only
     ((72, 36), Box(30, 10, 40, 20)),  # spans the gap into tile 1
     ((72, 36), Box(0, 0, 72, 36)),
-    ((72, 36), Box(68, 32, 72, 36)),  # the corner no tile token covers
+    ((72, 36), Box(68, 32, 72, 36)),  # the corner no token covers (base and tile grids stop short)
     ((36, 18), Box(5, 0, 20, 3)),
     ((12, 36), Box(0, 20, 12, 36)),
 ]
@@ -138,7 +138,7 @@ def test_bilinear_sources_match_torch_interpolate(index: int, source_size: int, 
 def test_grounding_prompt_uses_the_chat_template_and_generates(tiny: TinyVLM, adapter: LlavaOnevisionAdapter) -> None:
     prompt = adapter.grounding_prompt(tiny.processor, "the red circle")
     assert prompt == ("<|im_start|>user <image>\nPlease provide the bounding box coordinate of the region this "
-                      "sentence describes: the red circle.<|im_end|>\n<|im_start|>assistant\n")
+                      "sentence describes: the red circle<|im_end|>\n<|im_start|>assistant\n")
     encoding = adapter.encode(tiny.processor, [noise_image(72, 36)], [prompt])
     generated = tiny.model.generate(**encoding, max_new_tokens=3, do_sample=False)
     assert generated.shape == (1, encoding["input_ids"].shape[1] + 3)

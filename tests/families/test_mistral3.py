@@ -1,4 +1,4 @@
-"""Mistral3 adapter: fixture, head geometry, Pixtral layout experiment with [IMG_BREAK]/[IMG_END], prompt, box format."""
+"""Mistral3 adapter: fixture, geometry, Pixtral layout experiment with [IMG_BREAK]/[IMG_END], prompt, box format."""
 
 from __future__ import annotations
 

@@ -84,13 +84,13 @@ class SweepResult:
         df["correct"] = df["iou"] >= self.iou_threshold
         base = df[df["condition"] == "baseline:k=0"].set_index("sample_id")["correct"]
         rows = []
-        groups: list[tuple[str, int, Any, pd.DataFrame]] = []
+        groups: list[tuple[str, str, int, Any, pd.DataFrame]] = []
         for cond in self.conditions:
-            groups.append((cond.kind, cond.k, cond.seed, df[df["condition"] == cond.key]))
+            groups.append((cond.key, cond.kind, cond.k, cond.seed, df[df["condition"] == cond.key]))
         for k in sorted({c.k for c in self.conditions if c.kind == "random"}):
             pooled = df[df["condition"].str.startswith(f"random:k={k}:")]
-            groups.append(("random", k, "all", pooled))
-        for kind, k, seed, part in groups:
+            groups.append((f"random:k={k}:seed=all", "random", k, "all", pooled))
+        for key, kind, k, seed, part in groups:
             if part.empty:
                 continue
             correct = part["correct"].to_numpy()
@@ -98,7 +98,7 @@ class SweepResult:
                 {"lost": 0, "gained": 0, "p_value": 1.0}
             low, high = bootstrap_ci(correct.astype(float), seed=bootstrap_seed)
             rows.append({
-                "condition": kind, "k": k, "seed": seed, "n": len(part),
+                "key": key, "condition": kind, "k": k, "seed": seed, "n": len(part),
                 "accuracy": float(correct.mean()), "accuracy_ci_low": low, "accuracy_ci_high": high,
                 "mean_iou": float(part["iou"].mean()),
                 "parse_failure_rate": float((~part["parsed"]).mean()),
@@ -126,12 +126,29 @@ def sweep(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], ranking: HeadSc
             f"{len(overlap)} evaluation samples were also used for detection (e.g. {overlap[:3]}): detection and "
             "evaluation samples must be disjoint (use vrh_interp.splits or different seeds)"
         )
-    if not 0 < iou_threshold <= 1:
-        raise ValueError("iou_threshold must be in (0, 1]")
     geometry = vlm.geometry
     geometry.validate(head_ranking)
     conditions = sweep_conditions(head_ranking, geometry, list(ks), list(random_seeds),
                                   exclude_first_layer=exclude_first_layer)
+    return run_conditions(vlm, eval_samples, conditions, iou_threshold=iou_threshold, batch_size=batch_size,
+                          max_new_tokens=max_new_tokens, run_dir=run_dir, progress=progress, remote=remote)
+
+
+def run_conditions(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], conditions: Sequence[Condition], *,
+                   iou_threshold: float = 0.5, batch_size: int = 8, max_new_tokens: int = 24,
+                   run_dir: str | Path | None = None, progress: bool = True,
+                   remote: bool | str = False) -> SweepResult:
+    """Greedy grounding of every sample under every condition, resumable through ``run_dir``."""
+    check_samples(eval_samples, minimum=1, what="evaluation samples")
+    if not 0 < iou_threshold <= 1:
+        raise ValueError("iou_threshold must be in (0, 1]")
+    if batch_size < 1:
+        raise ValueError("batch_size must be >= 1")
+    keys = [c.key for c in conditions]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"duplicate conditions: {keys}")
+    if "baseline:k=0" not in keys:
+        raise ValueError("conditions must include the unmasked baseline (Condition('baseline', 0, None, HeadSet()))")
     config = {"kind": "sweep", "model": model_provenance(vlm), "sample_ids": [s.sample_id for s in eval_samples],
               "conditions": {c.key: c.heads.to_list() for c in conditions}, "max_new_tokens": max_new_tokens,
               "libraries": {k: v for k, v in library_versions().items() if k in ("transformers", "torch")}}

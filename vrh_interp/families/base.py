@@ -186,7 +186,8 @@ class FamilyAdapter(ABC):
         """Layout of the (single) image of row ``batch_index`` of ``encoding``."""
 
     def box_frame(self, encoding: Mapping[str, Any] | None, image_size: tuple[int, int],
-                  batch_index: int = 0) -> BoxFrame:
+                  batch_index: int = 0, processor: Any = None) -> BoxFrame:
+        """The coordinate frame of row ``batch_index``'s answer (``processor`` for crop/pad-dependent frames)."""
         return BoxFrame(image_size=image_size)
 
     # ------------------------------------------------------------------ native box format

@@ -90,8 +90,9 @@ class Gemma3Adapter(FamilyAdapter):
         )
 
     def encode(self, processor: Any, images: Sequence[Image.Image], prompts: Sequence[str]) -> Any:
-        return processor(images=list(images), text=list(prompts), return_tensors="pt", padding=True,
-                         do_pan_and_scan=self.do_pan_and_scan)
+        """One image per prompt: ``Gemma3Processor`` reads a flat image list as ONE sample's images."""
+        return processor(images=[[image] for image in images], text=list(prompts), return_tensors="pt",
+                         padding=True, do_pan_and_scan=self.do_pan_and_scan)
 
     def tokens_per_side(self) -> int:
         """Side of the pooled token grid, as ``Gemma3MultiModalProjector.tokens_per_side`` computes it."""

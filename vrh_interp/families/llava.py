@@ -20,10 +20,10 @@ Facts (read in transformers 5.24: ``models/llava/modeling_llava.py``, ``models/l
   The (H // patch) x (W // patch) patch grid covers the first ``rows * patch`` x ``cols * patch`` pixels of
   the processed image, row-major.
 * Native grounding format (LLaVA-1.5 REC data, llava_v1_5_mix665k): the prompt "Please provide the bounding
-  box coordinate of the region this sentence describes: <expression>." and the answer
-  ``[x1, y1, x2, y2]``, floats in [0, 1] with two decimals, relative to the square the model sees: the
-  padded square in pad mode, the centre-cropped square in crop mode (for a square image both are the whole
-  image). ``box_frame`` records that square as ``view_region`` in original pixels; ``parse_box`` maps the
+  box coordinate of the region this sentence describes: <expression>" (no final period, as quoted in
+  haotian-liu/LLaVA#623) and the answer ``[x1, y1, x2, y2]``, floats in [0, 1] with two decimals, relative
+  to the square the model sees: the padded square in pad mode, the centre-cropped square in crop mode (for
+  a square image both are the whole image). ``box_frame`` records that square as ``view_region`` in original pixels; ``parse_box`` maps the
   values back through it (a predicted box may extend into the padding, i.e. beyond the image edges).
   Caveat: LLaVA issue threads (haotian-liu/LLaVA #606, #623, #822) report that the Visual Genome boxes of
   the training mix are padded-square relative while the RefCOCO boxes look relative to the unpadded image.
@@ -56,7 +56,7 @@ BRACKETED_FOUR_NUMBERS = re.compile(
     rf"\[\s*({NUMBER})\s*,\s*({NUMBER})\s*,\s*({NUMBER})\s*,\s*({NUMBER})\s*\]"
 )
 RELATIVE_DECIMALS = 2
-REFERRING_INSTRUCTION = "Please provide the bounding box coordinate of the region this sentence describes: {}."
+REFERRING_INSTRUCTION = "Please provide the bounding box coordinate of the region this sentence describes: {}"
 
 
 @dataclass(frozen=True)

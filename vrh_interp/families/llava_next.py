@@ -121,7 +121,9 @@ class LlavaNextAdapter(LlavaAdapter):
         width, height = image_size
         image_hw = tuple(int(v) for v in encoding["image_sizes"][batch_index])
         if image_hw != (height, width):
-            raise ValueError(f"image_sizes row {batch_index} is {image_hw} (h, w) but image_size is {image_size} (w, h)")
+            raise ValueError(
+                f"image_sizes row {batch_index} is {image_hw} (h, w) but image_size is {image_size} (w, h)"
+            )
         tile_size, patch = int(self.config.vision_config.image_size), self.patch_size()
         tile_tokens = tile_size // patch
         self.check_tile_processing(encoding, processor, tile_size, batch_index)
@@ -132,12 +134,12 @@ class LlavaNextAdapter(LlavaAdapter):
         packed_rows, packed_cols = self.packed_grid_shape(kept.rows, kept.cols, tile_tokens)
 
         positions = image_token_positions(encoding["input_ids"][batch_index], self.image_token_id(processor))
-        grid_count = packed_rows * (packed_cols + 1)  # one image_newline after each row
-        base = split_class_token(positions[: len(positions) - grid_count], tile_tokens * tile_tokens,
+        row_stride = packed_cols + 1  # one image_newline after each row
+        grid_start = len(positions) - packed_rows * row_stride
+        base = split_class_token(positions[:grid_start], tile_tokens * tile_tokens,
                                  self.config.vision_feature_select_strategy)
-        grid_rows = [
-            positions[len(positions) - grid_count + r * (packed_cols + 1):][:packed_cols] for r in range(packed_rows)
-        ]
+        row_starts = [grid_start + r * row_stride for r in range(packed_rows)]
+        grid_rows = [positions[start:start + packed_cols] for start in row_starts]
         base_extent = tile_tokens * patch / tile_size  # share of the stretched base view the tokens cover
         blocks = [row_major_block("base", base, tile_tokens, tile_tokens,
                                   (0.0, 0.0, width * base_extent, height * base_extent))]
@@ -156,7 +158,7 @@ class LlavaNextAdapter(LlavaAdapter):
         image_processor = processor.image_processor
         size, crop = image_processor.size, image_processor.crop_size
         base_hw = (size.height, size.width) if size.height and size.width else (size.shortest_edge,) * 2
-        tile = (crop.height if crop is not None and crop.height else None) or size.height or size.shortest_edge
+        tile = crop.height if crop is not None and crop.height else size.height or size.shortest_edge
         pixel_hw = tuple(int(v) for v in encoding["pixel_values"][batch_index].shape[-2:])
         if base_hw != (tile_size, tile_size) or tile != tile_size or pixel_hw != (tile_size, tile_size):
             raise ValueError(

@@ -6,12 +6,12 @@ Facts (read in transformers 5.24: ``models/mistral3/modeling_mistral3.py`` (``Mi
 (``get_resize_output_image_size``); checked by the layout experiment in ``tests/families/test_mistral3.py``):
 
 * Language backbone: Mistral, ``model.language_model.layers[i].self_attn`` with ``o_proj``; ``head_dim``
-  from the text config (128 with hidden 5120 / 32 heads in Mistral-Small-3.1: never hidden // heads).
+  from the text config (128 with hidden 5120 / 32 heads in Mistral-Small-3.1 [GK]: never hidden // heads).
 * Placeholders: ``processor.image_token`` (``[IMG]``) carries the image features; the processor writes
   ``[IMG]`` x cols + ``[IMG_BREAK]`` per row, the last ``[IMG_BREAK]`` replaced by ``[IMG_END]``
   (rows * (cols + 1) tokens). Break/end tokens are ordinary embeddings: visual positions in no block.
 * Layout: the image is downscaled to fit ``longest_edge`` (each side ``floor``-ed) and then each side is
-  rounded UP to a multiple of P = vision patch x ``spatial_merge_size`` (16 x 2 = 32 for Mistral-Small-3.1,
+  rounded UP to a multiple of P = vision patch x ``spatial_merge_size`` (14 x 2 = 28 for Mistral-Small-3.1 [GK],
   ``image_sizes`` holds the result), in ONE resize from the original size: both axes are stretched
   independently, nothing is cropped or padded. The patch merger groups merge x merge patches row-major, so
   token (r, c) of the (h' / P) x (w' / P) grid covers x in [c W / cols, (c + 1) W / cols) of the ORIGINAL

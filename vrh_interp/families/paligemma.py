@@ -13,6 +13,8 @@ layout experiment in ``tests/families/test_paligemma.py``):
   True); only generated tokens are causal.
 * Layout: the image is stretched to S x S (no crop, no pad) and its (S/patch)^2 SigLIP tokens fill the
   ``<image>`` positions row-major, FIRST in the sequence (224 px, patch 14 -> 16 x 16 = 256).
+* Encoding: ``PaliGemmaProcessor`` also returns ``labels`` (prompt positions masked, kept "for BC");
+  ``encode`` drops them so forwards and generation compute no loss.
 * Prompt: there is no chat template. The processor puts the image tokens first, inserts ``<bos>`` after the
   last ``<image>`` and appends ``\\n``. The grounding prompt is ``<image>detect EXPR``, the referring
   expression prefix PaliGemma's RefCOCO/detection transfers use.
@@ -25,7 +27,9 @@ layout experiment in ``tests/families/test_paligemma.py``):
 from __future__ import annotations
 
 import re
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Mapping, Sequence
+
+from PIL import Image
 
 from vrh_interp.boxes import Box, BoxParseFailure
 from vrh_interp.families.base import (
@@ -59,6 +63,12 @@ class PaliGemmaAdapter(FamilyAdapter):
     def grounding_prompt(self, processor: Any, expression: str) -> str:
         """``<image>detect EXPR``: PaliGemma takes a task prefix, not a chat turn."""
         return f"{processor.image_token}{self.grounding_instruction(expression)}"
+
+    def encode(self, processor: Any, images: Sequence[Image.Image], prompts: Sequence[str]) -> Any:
+        """The processor's model inputs without its ``labels`` (a training leftover it always returns)."""
+        encoding = processor(images=list(images), text=list(prompts), return_tensors="pt", padding=True)
+        encoding.pop("labels", None)
+        return encoding
 
     def visual_layout(self, encoding: Mapping[str, Any], image_size: tuple[int, int], processor: Any,
                       batch_index: int = 0) -> VisualLayout:

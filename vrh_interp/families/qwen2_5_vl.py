@@ -62,7 +62,7 @@ class Qwen25VLAdapter(Qwen2VLAdapter):
         return JSON_GROUNDING_INSTRUCTION.format(expression=expression)
 
     def box_frame(self, encoding: Mapping[str, Any] | None, image_size: tuple[int, int],
-                  batch_index: int = 0) -> BoxFrame:
+                  batch_index: int = 0, processor: Any = None) -> BoxFrame:
         if encoding is None or "image_grid_thw" not in encoding:
             raise ValueError(
                 "Qwen2.5-VL boxes are in pixels of the resized model input: pass the processor encoding "

@@ -83,7 +83,9 @@ def softmax_rows(
         key_pos = torch.arange(k_len, device=query.device)
         query_pos = row_index + (k_len - q_len)
         scores = scores.masked_fill(key_pos[None, None, None, :] > query_pos[:, None, :, None], float("-inf"))
-    return torch.softmax(scores, dim=-1)
+    probs = torch.softmax(scores, dim=-1)
+    # a fully masked row (a left-padding query) attends nowhere: 0, not NaN
+    return torch.nan_to_num(probs, nan=0.0)
 
 
 @dataclass(frozen=True)

@@ -159,8 +159,8 @@ class InternVLImageOnlyProcessor(InternVLProcessor):
     ``video_processor`` argument here is enough; images are processed exactly as upstream.
     """
 
-    def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
-        super().__init__(image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
+    def __init__(self, image_processor=None, tokenizer=None, image_seq_length: int = GRID_SIDE * GRID_SIDE, chat_template=None, **kwargs):
+        super().__init__(image_processor, tokenizer, None, image_seq_length=image_seq_length, chat_template=chat_template, **kwargs)
 
 
 def build_processor(name: ModelName) -> ProcessorMixin:

@@ -48,7 +48,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm import tqdm
-from transformers import InternVLForConditionalGeneration, LlavaForConditionalGeneration, PreTrainedModel
+from transformers import AutoModelForImageTextToText, InternVLForConditionalGeneration, LlavaForConditionalGeneration, PreTrainedModel
 
 from vrh_interp.boxes import Box, iou
 from vrh_interp.data.scenes import COLOURS, SHAPES, SIZES, GroundingSample, grounding_samples, make_scene
@@ -101,12 +101,26 @@ class TrainConfig:
     )
     text_shape: TextBackboneShape = TextBackboneShape()
     vision_shape: VisionTowerShape = VisionTowerShape()
-    init_backbone: str | None = None  # path of a trained toy checkpoint whose language backbone seeds this one
+    init_backbone: str | None = None  # trained toy checkpoint whose language backbone is loaded at stage 2
 
     @property
     def total_steps(self) -> int:
         return self.vision_steps + self.grounding_steps
 
+
+MODEL_PRESETS: dict[str, dict] = {
+    "a": {},
+    # b starts from a's trained language backbone (fine-tuned, lower LR) and has a smaller, different
+    # vision tower: 576 patches per 192 px tile, so hidden 64 keeps its cost near model a's tower.
+    "b": dict(
+        vision_steps=800,
+        grounding_steps=1200,
+        vision_batch_scenes=32,
+        grounding_lr=3e-4,
+        level_schedule=((1.0, ((0, 0.1), (1, 0.5), (2, 0.4))),),
+        vision_shape=VisionTowerShape(hidden_size=64, intermediate_size=256, num_hidden_layers=4, num_attention_heads=2),
+    ),
+}
 
 TINY_TEST_CONFIG = dict(
     vision_steps=3,
@@ -324,19 +338,17 @@ def evaluate(model, processor, name: ModelName, n_scenes: int, levels: Sequence[
 
 
 def build_model(config: TrainConfig, processor) -> PreTrainedModel:
-    """Fresh model of the configured family; optionally seeded with a trained language backbone."""
+    """Fresh model of the configured family (seeded)."""
     torch.manual_seed(config.seed)
-    model = MODEL_CLASSES[config.model](
+    return MODEL_CLASSES[config.model](
         model_config(config.model, processor.tokenizer, config.text_shape, config.vision_shape)
     )
-    if config.init_backbone is not None:
-        donor = load_file(str(Path(config.init_backbone) / "model.safetensors"))
-        prefix = "model.language_model."
-        backbone = {k[len(prefix) :]: v.float() for k, v in donor.items() if k.startswith(prefix)}
-        missing, unexpected = model.model.language_model.load_state_dict(backbone, strict=True)
-        assert not missing and not unexpected
-        model.lm_head.weight.data.copy_(model.model.language_model.embed_tokens.weight.data)
-    return model
+
+
+def load_language_backbone(model: PreTrainedModel, checkpoint_folder: str) -> None:
+    """Copy a trained toy checkpoint's language backbone (lm_head is tied to its embedding) into ``model``."""
+    donor = AutoModelForImageTextToText.from_pretrained(checkpoint_folder, dtype=torch.float32, local_files_only=True)
+    model.model.language_model.load_state_dict(donor.model.language_model.state_dict(), strict=True)
 
 
 def build_optimizer(config: TrainConfig, params: list[nn.Parameter], lr: float) -> torch.optim.AdamW:
@@ -461,6 +473,8 @@ def train(config: TrainConfig, out_dir: Path, resume: bool) -> list[dict]:
     progress = tqdm(range(step, config.total_steps), initial=step, total=config.total_steps, mininterval=10)
     for step in progress:
         if step == config.vision_steps:
+            if config.init_backbone is not None:
+                load_language_backbone(model, config.init_backbone)
             configure_stage(model, "grounding")
             optimizer = build_optimizer(config, stage_parameters(model, heads, "grounding"), learning_rate(config, step))
         stats = training_step(config, model, heads, processor, optimizer, step)
@@ -537,8 +551,13 @@ def main() -> None:
         log = ship(args.ship, args.model)
         print(json.dumps({"held_out": log["held_out"], "test_set_level1": log["test_set_level1"]}, indent=1))
         return
-    overrides: dict = dict(TINY_TEST_CONFIG) if args.tiny else {}
-    overrides.update(model=args.model, seed=args.seed, init_backbone=args.init_backbone)
+    overrides: dict = dict(MODEL_PRESETS[args.model])
+    if args.tiny:
+        overrides.update(TINY_TEST_CONFIG)
+    init_backbone = args.init_backbone
+    if init_backbone is None and args.model == "b":
+        init_backbone = str(checkpoint_dir("a"))
+    overrides.update(model=args.model, seed=args.seed, init_backbone=init_backbone)
     if args.steps is not None:
         overrides["grounding_steps"] = args.steps
     if args.vision_steps is not None:

@@ -3,7 +3,9 @@
 Tiles are 56 x 56 (SigLIP patch 7 -> 8 x 8 patches -> 4 x 4 tokens after the downsample-2 pixel shuffle),
 at most 6 tiles plus the global thumbnail. The processor's ``patch_size=14`` (7 x 2) and ``img_size=56``
 give the same 16 ``<|IMG_PATCH|>`` tokens per tile. The chat template follows Cohere's turn tokens with
-``<image>`` as the placeholder that ``AyaVisionProcessor`` expands.
+``<image>`` as the placeholder that ``AyaVisionProcessor`` expands. The Cohere2 LM has a sliding-window
+layer (RoPE) then a full-attention layer (no position encoding); the window (4096, as released) is longer
+than any test prompt.
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ def build(seed: int = 0) -> TinyVLM:
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=2048,
-        sliding_window=64,
+        sliding_window=4096,
         layer_types=["sliding_attention", "full_attention"],
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,

@@ -1,8 +1,9 @@
 """Tiny Gemma 3 (``Gemma3ForConditionalGeneration``: SigLIP tower, average pooling, Gemma3 LM) offline.
 
 Images are stretched to 64 x 64 (SigLIP patch 8 -> 8 x 8 patches), average-pooled 2 x 2 to
-``mm_tokens_per_image`` = 16 tokens (4 x 4). The LM alternates a sliding-window and a global layer and
-sets ``query_pre_attn_scalar`` = head_dim. Gemma3 zero-initialises
+``mm_tokens_per_image`` = 16 tokens (4 x 4). The LM has a sliding-window layer then a global layer and
+sets ``query_pre_attn_scalar`` = head_dim; the window (4096) is longer than any test prompt, as
+released checkpoints' windows are for single-image prompts. Gemma3 zero-initialises
 ``multi_modal_projector.mm_input_projection_weight`` (a fresh model would ignore the image): it is
 re-initialised here.
 """
@@ -69,7 +70,7 @@ def build(seed: int = 0) -> TinyVLM:
         num_key_value_heads=2,
         head_dim=HEAD_DIM,
         query_pre_attn_scalar=HEAD_DIM,
-        sliding_window=64,
+        sliding_window=4096,
         layer_types=["sliding_attention", "full_attention"],
         max_position_embeddings=2048,
         pad_token_id=tokenizer.pad_token_id,

@@ -85,7 +85,7 @@ def text_token_ids(tokenizer: PreTrainedTokenizerFast) -> dict[str, int]:
 
 
 def vision_encoder_attention_modules(model: Any) -> list[torch.nn.Module]:
-    """Attention of every vision encoder layer (``model.model.vision_tower.encoder.layers[i].self_attn``; CLIP, SigLIP)."""
+    """Attention of every CLIP or SigLIP encoder layer (``model.model.vision_tower.encoder.layers[i].self_attn``)."""
     return [layer.self_attn for layer in model.model.vision_tower.encoder.layers]
 
 

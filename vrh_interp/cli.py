@@ -1,0 +1,192 @@
+"""The ``vrh`` command line: families, detect, sweep, design-space, report, demo.
+
+Every long command takes ``--out`` (a run folder: rerunning the same command resumes it), shows progress
+bars, prints a summary table at the end, and ``--json`` prints the machine-readable result instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+import pandas as pd
+
+
+def _load_model(spec: str, device: str | None, dtype: str | None) -> Any:
+    from vrh_interp.model import load, wrap
+
+    if spec.startswith("toy:"):
+        from vrh_interp import toy
+
+        name = spec.split(":", 1)[1]
+        model, processor = toy.load(name, device=device or "cpu")
+        return wrap(model, processor, model_id=f"vrh-interp/toy-{name}")
+    import torch
+
+    torch_dtype = getattr(torch, dtype) if dtype else None
+    return load(spec, device_map=device, dtype=torch_dtype)
+
+
+def _print_table(frame: pd.DataFrame, title: str) -> None:
+    print(f"\n{title}")
+    with pd.option_context("display.width", 160, "display.max_columns", 20, "display.precision", 3):
+        print(frame.to_string(index=False))
+
+
+def cmd_families(args: argparse.Namespace) -> int:
+    from vrh_interp.families import builtin_adapter_classes
+
+    rows = [{"family": c.name, "name": c.display_name, "model_types": ", ".join(c.model_types),
+             "box_format": c.box_format} for c in builtin_adapter_classes()]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        _print_table(pd.DataFrame(rows), "Supported VLM families")
+    return 0
+
+
+def cmd_detect(args: argparse.Namespace) -> int:
+    from vrh_interp.scoring.detect import score_heads
+    from vrh_interp.sources import load_data
+
+    vlm = _load_model(args.model, args.device, args.dtype)
+    samples = load_data(args.data)
+    out = Path(args.out)
+    scores = score_heads(vlm, samples, args.preset, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
+                         run_dir=out, dataset=args.data)
+    path = scores.save(out / f"scores-{args.preset}.json")
+    if args.json:
+        print(json.dumps({"scores_file": str(path), "top": scores.top(args.top).to_list()}))
+    else:
+        _print_table(scores.to_frame().head(args.top), f"Top {args.top} heads ({args.preset}); saved {path}")
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from vrh_interp.evaluation.sweep import sweep
+    from vrh_interp.scoring.scores import HeadScores
+    from vrh_interp.sources import load_data
+
+    vlm = _load_model(args.model, args.device, args.dtype)
+    scores = HeadScores.load(args.scores)
+    samples = load_data(args.data)
+    result = sweep(vlm, samples, scores, ks=[int(k) for k in args.ks.split(",")],
+                   random_seeds=[int(s) for s in args.seeds.split(",")], exclude_first_layer=args.exclude_first_layer,
+                   iou_threshold=args.iou, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
+                   run_dir=args.out)
+    summary = result.summary()
+    summary.to_csv(Path(args.out) / "sweep_summary.csv", index=False)
+    if args.json:
+        print(summary.to_json(orient="records"))
+    else:
+        _print_table(summary.drop(columns=["key"]), "k-sweep: top-k heads vs random heads")
+    return 0
+
+
+def cmd_design_space(args: argparse.Namespace) -> int:
+    from vrh_interp.scoring.analysis import design_space
+    from vrh_interp.scoring.detect import collect_detection_stats
+    from vrh_interp.sources import load_data
+
+    vlm = _load_model(args.model, args.device, args.dtype)
+    detect, evaluate = load_data(args.data), load_data(args.eval_data)
+    out = Path(args.out)
+    stats = collect_detection_stats(vlm, detect, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
+                                    run_dir=out / "detect", dataset=args.data)
+    table = design_space(vlm, stats, evaluate, k=args.k, batch_size=args.batch_size,
+                         max_new_tokens=args.max_new_tokens, run_dir=out)
+    table.to_csv(out / "design_space.csv", index=False)
+    if args.json:
+        print(table.to_json(orient="records"))
+    else:
+        _print_table(table.drop(columns=["top_heads"]), f"Design space: accuracy drop when masking top-{args.k}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from vrh_interp.report import write_report
+
+    paths = write_report(Path(args.run))
+    print(f"report: {paths['html']}\nsummary: {paths['markdown']}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from vrh_interp.demo import run_demo
+
+    return run_demo(model_spec=args.model, out=Path(args.out), detect_scenes=args.detect, eval_scenes=args.eval,
+                    device=args.device, dtype=args.dtype, transfer_model=args.transfer_model, as_json=args.json)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vrh", description="Find and test Visual Retrieval Heads in VLMs.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def common(p: argparse.ArgumentParser, *, data: bool = True) -> None:
+        p.add_argument("--model", default="toy:a", help="hub id, local folder, or toy:a / toy:b (default toy:a)")
+        if data:
+            p.add_argument("--data", default="synthetic:detect:200", help="synthetic:SPLIT:N or jsonl:PATH")
+        p.add_argument("--out", default="runs/vrh", help="run folder (rerun to resume)")
+        p.add_argument("--device", default=None, help="device or device_map, e.g. cpu, cuda, auto")
+        p.add_argument("--dtype", default=None, help="torch dtype name, e.g. bfloat16")
+        p.add_argument("--batch-size", type=int, default=16)
+        p.add_argument("--max-new-tokens", type=int, default=24)
+        p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+
+    p = sub.add_parser("families", help="list supported VLM families")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_families)
+
+    p = sub.add_parser("detect", help="score every head on grounding samples")
+    common(p)
+    p.add_argument("--preset", default="vrh", help="scoring preset (vrh, retrieval_heads, qrhead, ...)")
+    p.add_argument("--top", type=int, default=20)
+    p.set_defaults(func=cmd_detect)
+
+    p = sub.add_parser("sweep", help="mask top-k vs random heads and measure grounding")
+    common(p)
+    p.set_defaults(data="synthetic:eval:200")
+    p.add_argument("--scores", required=True, help="scores JSON written by `vrh detect`")
+    p.add_argument("--ks", default="0,1,3,5,10,20")
+    p.add_argument("--seeds", default="0,1,2", help="random-control seeds")
+    p.add_argument("--iou", type=float, default=0.5)
+    p.add_argument("--exclude-first-layer", action="store_true")
+    p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser("design-space", help="rank the scoring variants by the drop their top-k causes")
+    common(p)
+    p.add_argument("--eval-data", default="synthetic:eval:200")
+    p.add_argument("--k", type=int, default=20)
+    p.set_defaults(func=cmd_design_space)
+
+    p = sub.add_parser("report", help="write an HTML + Markdown report for a run folder")
+    p.add_argument("run", help="run folder")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("demo", help="the whole pipeline on the shipped toy model (no network)")
+    p.add_argument("--model", default="toy:a")
+    p.add_argument("--transfer-model", default="toy:b", help="second model sharing the backbone ('' to skip)")
+    p.add_argument("--out", default="runs/demo")
+    p.add_argument("--detect", type=int, default=200, help="detection scenes")
+    p.add_argument("--eval", type=int, default=100, help="evaluation scenes")
+    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", default=None)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except (ValueError, FileNotFoundError, RuntimeError) as error:
+        print(f"vrh {args.command}: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""Design-space search, sparsity and stability of head scores (paper Fig. 2, Fig. 5, Fig. 8b/c, Tab. A9).
+
+All of these reuse ONE detection pass: the per-sample statistics hold what every design needs, so
+variants differ only in aggregation, and stability resamples the stored samples instead of rerunning.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from vrh_interp.evaluation.sweep import Condition, run_conditions
+from vrh_interp.heads import HeadSet
+from vrh_interp.model import VLM
+from vrh_interp.samples import GroundingSampleLike
+from vrh_interp.scoring.collect import SampleStats
+from vrh_interp.scoring.design import PRESETS, ScoringDesign, design_space_variants
+from vrh_interp.scoring.detect import scores_from_stats
+
+
+def design_variants(include_presets: bool = True) -> dict[str, ScoringDesign]:
+    variants = dict(design_space_variants())
+    if include_presets:
+        variants.update({f"preset:{name}": p.design for name, p in PRESETS.items()})
+    return variants
+
+
+def design_space(vlm: VLM, stats: Sequence[SampleStats], eval_samples: Sequence[GroundingSampleLike], *, k: int = 20,
+                 variants: dict[str, ScoringDesign] | None = None, batch_size: int = 8, max_new_tokens: int = 24,
+                 run_dir: str | Path | None = None, progress: bool = True) -> pd.DataFrame:
+    """Mask each variant's top-k heads on ``eval_samples``; rank variants by the accuracy drop they cause.
+
+    One unmasked baseline is shared by all variants; variants whose top-k sets coincide are evaluated once.
+    """
+    variants = variants or design_variants()
+    detection_ids = {s.sample_id for s in stats}
+    overlap = sorted(detection_ids & {s.sample_id for s in eval_samples})
+    if overlap:
+        raise ValueError(f"evaluation samples overlap the detection samples (e.g. {overlap[:3]}): use disjoint sets")
+    rankings: dict[str, HeadSet] = {}
+    undefined: list[str] = []
+    for name, design in variants.items():
+        try:
+            rankings[name] = scores_from_stats(stats, design).ranking()[:k]
+        except ValueError:  # e.g. correct_only with no correct sample: the variant is undefined on these samples
+            undefined.append(name)
+    conditions = [Condition("baseline", 0, None, HeadSet())]
+    key_of: dict[str, str] = {}
+    by_heads: dict[tuple, str] = {}
+    for name, heads in rankings.items():
+        signature = tuple(sorted(heads))
+        if signature not in by_heads:
+            cond = Condition(f"variant{len(by_heads)}", k, None, heads)
+            by_heads[signature] = cond.key
+            conditions.append(cond)
+        key_of[name] = by_heads[signature]
+    result = run_conditions(vlm, eval_samples, conditions, batch_size=batch_size, max_new_tokens=max_new_tokens,
+                            run_dir=None if run_dir is None else Path(run_dir) / "design_space", progress=progress)
+    summary = result.summary().set_index("key")
+    baseline = float(summary.loc["baseline:k=0", "accuracy"])
+    rows = []
+    for name, heads in rankings.items():
+        masked = summary.loc[key_of[name]]
+        rows.append({"variant": name, "k": k, "top_heads": ",".join(heads.to_list()),
+                     "accuracy_masked": float(masked["accuracy"]), "accuracy_ci_low": float(masked["accuracy_ci_low"]),
+                     "accuracy_ci_high": float(masked["accuracy_ci_high"]), "baseline_accuracy": baseline,
+                     "drop": baseline - float(masked["accuracy"]), "parse_failure_rate": float(masked["parse_failure_rate"]),
+                     "p_value_vs_baseline": float(masked["p_value_vs_baseline"])})
+    for name in undefined:
+        rows.append({"variant": name, "k": k, "top_heads": "", "accuracy_masked": float("nan"),
+                     "baseline_accuracy": baseline, "drop": float("nan")})
+    return pd.DataFrame(rows).sort_values("drop", ascending=False, na_position="last").reset_index(drop=True)
+
+
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name).strip("_")
+
+
+def topk_overlap(a: HeadSet, b: HeadSet, k: int) -> float:
+    return len(set(a[:k]) & set(b[:k])) / k
+
+
+def stability(stats: Sequence[SampleStats], design: ScoringDesign | str = "vrh", *, k: int = 20,
+              sizes: Sequence[int] = (5, 10, 20, 50, 100, 200), resamples: int = 10, seed: int = 0) -> pd.DataFrame:
+    """Top-k overlap with the all-sample ranking when scoring on n resampled samples (paper Fig. 8c)."""
+    from vrh_interp.scoring.design import resolve_design
+
+    design = resolve_design(design)
+    reference = scores_from_stats(stats, design).ranking()
+    rng = np.random.default_rng(seed)
+    rows = []
+    for n in sizes:
+        if n > len(stats):
+            continue
+        overlaps = []
+        for _ in range(resamples):
+            chosen = rng.choice(len(stats), size=n, replace=False)
+            try:
+                ranking = scores_from_stats([stats[i] for i in chosen], design).ranking()
+            except ValueError:
+                continue
+            overlaps.append(topk_overlap(ranking, reference, k))
+        if overlaps:
+            rows.append({"samples": n, "k": k, "mean_overlap": float(np.mean(overlaps)),
+                         "min_overlap": float(np.min(overlaps)), "max_overlap": float(np.max(overlaps)),
+                         "resamples": len(overlaps), "reference_samples": len(stats)})
+    return pd.DataFrame(rows)
+
+
+def token_choice_stability(stats: Sequence[SampleStats], *, k: int = 20, seeds: Sequence[int] = (0, 1, 2)) -> pd.DataFrame:
+    """Top-k overlap of single-random-output-token scoring with all-output-token scoring (paper Fig. 8b)."""
+    reference = scores_from_stats(stats, ScoringDesign("output", "sum", "mean")).ranking()
+    rows = []
+    for seed in seeds:
+        design = replace(ScoringDesign("random_output", "sum", "mean"), seed=seed)
+        ranking = scores_from_stats(stats, design).ranking()
+        rows.append({"query_set": "random_output", "seed": seed, "k": k,
+                     "overlap_with_all_output_tokens": topk_overlap(ranking, reference, k)})
+    return pd.DataFrame(rows)
