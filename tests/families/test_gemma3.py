@@ -127,6 +127,18 @@ def test_one_pooled_block_between_boi_and_eoi(tiny: TinyVLM, adapter: Gemma3Adap
     assert layout.input_size == (IMAGE_SIZE, IMAGE_SIZE)
 
 
+def test_batch_encodes_one_image_per_prompt(tiny: TinyVLM, adapter: Gemma3Adapter) -> None:
+    sizes = [(150, 70), (37, 101)]
+    prompts = [adapter.grounding_prompt(tiny.processor, "x"), adapter.grounding_prompt(tiny.processor, "a longer x")]
+    encoding = adapter.encode(tiny.processor, [noise_image(*size) for size in sizes], prompts)
+    assert encoding["pixel_values"].shape[0] == 2
+    image_id = adapter.image_token_id(tiny.processor)
+    for row, size in enumerate(sizes):
+        layout = adapter.visual_layout(encoding, size, tiny.processor, batch_index=row)
+        assert list(layout.visual_positions) == (encoding["input_ids"][row] == image_id).nonzero().flatten().tolist()
+        assert [block.region for block in layout.blocks] == [(0.0, 0.0, float(size[0]), float(size[1]))]
+
+
 def test_boxes_outside_the_image_are_refused(tiny: TinyVLM, adapter: Gemma3Adapter) -> None:
     encoding = adapter.encode(tiny.processor, [noise_image(150, 70)], [adapter.grounding_prompt(tiny.processor, "x")])
     layout = adapter.visual_layout(encoding, (150, 70), tiny.processor)

@@ -106,6 +106,7 @@ def test_grounding_prompt_is_the_detect_prefix_and_generates(tiny: TinyVLM, adap
     assert int(ids[GRID * GRID]) == tokenizer.bos_token_id  # the processor inserts <bos> after the image
     assert tokenizer.decode(ids[GRID * GRID + 1:]) == "detect the red cube\n"
     assert not encoding["token_type_ids"].any()  # the whole prompt is the bidirectional prefix
+    assert "labels" not in encoding
     with torch.no_grad():
         generated = tiny.model.generate(**encoding, max_new_tokens=3, do_sample=False)
     assert generated.shape == (1, ids.shape[0] + 3)

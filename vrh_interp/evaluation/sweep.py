@@ -170,7 +170,9 @@ def run_conditions(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], condit
             records.extend(new)
             bar.update(len(chunk))
     bar.close()
-    frame = pd.DataFrame(records)
+    columns = ["sample_id", "condition", "kind", "k", "seed", "answer", "parsed", "box", "iou"]
+    frame = pd.DataFrame(records, columns=columns)
+    frame["box"] = frame["box"].map(lambda b: None if b is None else tuple(float(v) for v in b))
     order = {c.key: i for i, c in enumerate(conditions)}
     ids = {s.sample_id: i for i, s in enumerate(eval_samples)}
     frame = frame.assign(_c=frame["condition"].map(order), _s=frame["sample_id"].map(ids))

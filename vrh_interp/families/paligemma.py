@@ -16,8 +16,9 @@ layout experiment in ``tests/families/test_paligemma.py``):
 * Encoding: ``PaliGemmaProcessor`` also returns ``labels`` (prompt positions masked, kept "for BC");
   ``encode`` drops them so forwards and generation compute no loss.
 * Prompt: there is no chat template. The processor puts the image tokens first, inserts ``<bos>`` after the
-  last ``<image>`` and appends ``\\n``. The grounding prompt is ``<image>detect EXPR``, the referring
-  expression prefix PaliGemma's RefCOCO/detection transfers use.
+  last ``<image>`` and appends ``\\n``. The grounding prompt is ``<image>detect EXPR``: the detection task
+  prefix of the PaliGemma model card (``detect CLASS ; CLASS``) with the referring expression in place of
+  a class name.
 * Native box format: ``<locY1><locX1><locY2><locX2> label``: four of the ``<loc0000>``..``<loc1023>``
   tokens the processor adds, y before x, bin = round(coordinate / side * 1023) and coordinate =
   bin / 1023 * side (big_vision's evaluator divides by 1023). ``format_box`` writes the four location

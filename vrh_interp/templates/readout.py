@@ -193,6 +193,12 @@ class RegionAttentionReadout:
 
     def reduce(self, probs: torch.Tensor) -> torch.Tensor:
         keys = probs.shape[-1]
+        if keys < self.region_mask.shape[1]:
+            raise ReadoutUnavailableError(
+                f"the attention call saw {keys} keys but the prompt has {self.region_mask.shape[1]}: a sliding-window "
+                "KV cache dropped early positions, so key indices no longer match prompt positions. Use a prompt "
+                "shorter than the window, or score with output_source='teacher_forced' (one full forward)."
+            )
         region = _pad_keys(self.region_mask, keys).to(probs.device)
         visual = _pad_keys(self.visual_mask, keys).to(probs.device)
         region_mass = (probs * region[:, None, None, :]).sum(-1)

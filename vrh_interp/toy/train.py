@@ -83,9 +83,9 @@ class TrainConfig:
     model: ModelName = "a"
     seed: int = 0
     vision_steps: int = 1000
-    grounding_steps: int = 2500
+    grounding_steps: int = 3000
     vision_batch_scenes: int = 48
-    grounding_batch_scenes: int = 16
+    grounding_batch_scenes: int = 8
     vision_lr: float = 2e-3
     grounding_lr: float = 1e-3
     warmup_steps: int = 100
@@ -95,8 +95,8 @@ class TrainConfig:
     bf16: bool = True
     # level mix per grounding phase: (fraction of grounding steps, {level: probability})
     level_schedule: tuple[tuple[float, tuple[tuple[int, float], ...]], ...] = (
-        (0.15, ((0, 0.6), (1, 0.4))),
-        (0.5, ((0, 0.1), (1, 0.6), (2, 0.3))),
+        (0.4, ((0, 0.8), (1, 0.2))),
+        (0.7, ((0, 0.2), (1, 0.5), (2, 0.3))),
         (1.0, ((1, 0.5), (2, 0.5))),
     )
     text_shape: TextBackboneShape = TextBackboneShape()
