@@ -18,6 +18,11 @@ import pandas as pd
 def _load_model(spec: str, device: str | None, dtype: str | None) -> Any:
     from vrh_interp.model import load, wrap
 
+    if spec.startswith("tiny:"):  # random-weight fixtures: for trying the pipeline, not for results
+        from vrh_interp.testing.tiny import build_tiny
+
+        tiny = build_tiny(spec.split(":", 1)[1])
+        return wrap(tiny.model, tiny.processor, model_id=spec)
     if spec.startswith("toy:"):
         from vrh_interp import toy
 
@@ -126,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p: argparse.ArgumentParser, *, data: bool = True) -> None:
-        p.add_argument("--model", default="toy:a", help="hub id, local folder, or toy:a / toy:b (default toy:a)")
+        p.add_argument("--model", default="toy:a", help="hub id, local folder, toy:a / toy:b (shipped toy models) or tiny:FAMILY (random fixture)")
         if data:
             p.add_argument("--data", default="synthetic:detect:200", help="synthetic:SPLIT:N or jsonl:PATH")
         p.add_argument("--out", default="runs/vrh", help="run folder (rerun to resume)")
