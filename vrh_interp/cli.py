@@ -63,10 +63,11 @@ def cmd_detect(args: argparse.Namespace) -> int:
     scores = score_heads(vlm, samples, args.preset, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
                          run_dir=out, dataset=args.data)
     path = scores.save(out / f"scores-{args.preset}.json")
+    top = min(args.top, scores.scores.size)
     if args.json:
-        print(json.dumps({"scores_file": str(path), "top": scores.top(args.top).to_list()}))
+        print(json.dumps({"scores_file": str(path), "top": scores.top(top).to_list()}))
     else:
-        _print_table(scores.to_frame().head(args.top), f"Top {args.top} heads ({args.preset}); saved {path}")
+        _print_table(scores.to_frame().head(top), f"Top {top} heads ({args.preset}); saved {path}")
     return 0
 
 

@@ -152,7 +152,7 @@ def run_demo(*, model_spec: str = "toy:a", out: Path = Path("runs/demo"), detect
     design.to_csv(out / "design_space.csv", index=False)
     print("[4/6] sparsity and stability")
     scores.sparsity().to_csv(out / "sparsity.csv", index=False)
-    stab = stability(stats, k=k_star, sizes=(5, 10, 20, 50, 100, 200))
+    stab = stability(stats, k=k_star, sizes=(2, 5, 10, 20, 50, 100, 200))
     stab.to_csv(out / "stability.csv", index=False)
     token_choice_stability(stats, k=k_star).to_csv(out / "token_stability.csv", index=False)
     transfer = cross = None

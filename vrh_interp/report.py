@@ -55,7 +55,8 @@ def write_report(run: Path) -> dict[str, Path]:
     run = Path(run)
     if not run.is_dir():
         raise FileNotFoundError(f"run folder {run} does not exist")
-    tables = [(title, pd.read_csv(run / name)) for name, title in TABLES if (run / name).exists()]
+    tables = [(title, _read_table(run / name)) for name, title in TABLES if (run / name).exists()]
+    tables = [(title, table) for title, table in tables if not table.empty]
     figures = _figures(run)
     if not tables and not figures:
         raise FileNotFoundError(f"{run} holds no vrh-interp results (scores-*.json, sweep_summary.csv, ...)")
@@ -82,6 +83,13 @@ def write_report(run: Path) -> dict[str, Path]:
     (run / "report.html").write_text(page, encoding="utf-8")
     (run / "report.md").write_text("\n".join(md), encoding="utf-8")
     return {"html": run / "report.html", "markdown": run / "report.md"}
+
+
+def _read_table(path: Path) -> pd.DataFrame:
+    try:
+        return pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        return pd.DataFrame()
 
 
 def _has_tabulate() -> bool:

@@ -1,0 +1,62 @@
+"""The `vrh` command line end to end on a tiny fixture: families, detect, sweep, report, demo."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+
+from vrh_interp.cli import main
+from vrh_interp.families import BUILTIN_ADAPTERS
+from vrh_interp.scoring.scores import HeadScores
+
+
+def test_families_lists_every_adapter(capsys):
+    assert main(["families", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == len(BUILTIN_ADAPTERS) == 13
+    assert {"qwen2_5_vl", "internvl", "llava", "idefics3"} <= {r["family"] for r in rows}
+
+
+def test_detect_sweep_report_pipeline(tmp_path, capsys):
+    out = tmp_path / "run"
+    common = ["--model", "tiny:qwen2_vl", "--batch-size", "4", "--max-new-tokens", "3"]
+    assert main(["detect", *common, "--data", "synthetic:detect:4", "--out", str(out), "--json", "--top", "3"]) == 0
+    detected = json.loads(capsys.readouterr().out)
+    scores = HeadScores.load(detected["scores_file"])
+    assert detected["top"] == scores.top(3).to_list()
+    assert scores.provenance["dataset"] == "synthetic:detect:4" and len(scores.sample_ids) == 4
+    assert main(["sweep", *common, "--data", "synthetic:eval:3", "--scores", detected["scores_file"], "--ks", "0,1,2",
+                 "--seeds", "0", "--out", str(out / "sweep"), "--json"]) == 0
+    summary = pd.DataFrame(json.loads(capsys.readouterr().out))
+    assert set(summary["condition"]) == {"baseline", "top", "random"} and (summary["n"] >= 3).all()
+    (out / "sweep" / "sweep_summary.csv").replace(out / "sweep_summary.csv")
+    assert main(["report", str(out)]) == 0
+    page = (out / "report.html").read_text()
+    assert page.count("data:image/png;base64,") >= 3 and "Causal k-sweep" in page
+
+
+def test_sweep_refuses_detection_samples(tmp_path, capsys):
+    out = tmp_path / "run"
+    common = ["--model", "tiny:qwen2_vl", "--batch-size", "4", "--max-new-tokens", "2"]
+    assert main(["detect", *common, "--data", "synthetic:detect:2", "--out", str(out), "--json"]) == 0
+    scores_file = json.loads(capsys.readouterr().out)["scores_file"]
+    code = main(["sweep", *common, "--data", "synthetic:detect:2", "--scores", scores_file, "--ks", "0,1",
+                 "--out", str(out / "sweep")])
+    assert code == 2 and "disjoint" in capsys.readouterr().err
+
+
+def test_bad_data_spec_is_a_clear_error(capsys):
+    assert main(["detect", "--model", "tiny:qwen2_vl", "--data", "refcoco:/nowhere"]) == 2
+    assert "unknown data spec" in capsys.readouterr().err
+
+
+def test_demo_runs_end_to_end_on_tiny_models(tmp_path, capsys):
+    out = tmp_path / "demo"
+    assert main(["demo", "--model", "tiny:llava", "--transfer-model", "tiny:llava", "--out", str(out),
+                 "--detect", "4", "--eval", "3", "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    claims = {v["claim"].split(":")[0] for v in payload["verdicts"]}
+    assert {"causal", "sparse", "functionally specific", "stable", "shared"} <= claims
+    for name in ("report.html", "report.md", "sweep_summary.csv", "design_space.csv", "verdicts.csv", "transfer.csv"):
+        assert (out / name).exists(), name
