@@ -139,7 +139,7 @@ def collect_batch(vlm: VLM, samples: Sequence[GroundingSampleLike], *, max_new_t
     last_rows = torch.stack([f[1] for f in first])  # [L, b, H, keys]
     decode_stats = [torch.stack([step[0][layer] for layer in layers]) for step in result.steps[1:]]  # [L,b,H,1,3]
     answers = vlm.decode_answers(result.ids, batch.prompt_length)
-    answer_lengths = _answer_lengths(vlm, result.ids, batch.prompt_length)
+    answer_lengths = answer_lengths(vlm, result.ids, batch.prompt_length)
     entropies = _entropies(last_rows, batch.layouts)
     stats = []
     for i, sample in enumerate(samples):
@@ -152,7 +152,7 @@ def collect_batch(vlm: VLM, samples: Sequence[GroundingSampleLike], *, max_new_t
     return stats
 
 
-def _answer_lengths(vlm: VLM, ids: torch.Tensor, prompt_length: int) -> list[int]:
+def answer_lengths(vlm: VLM, ids: torch.Tensor, prompt_length: int) -> list[int]:
     """Number of answer tokens per row: generated tokens before the first EOS / pad."""
     stop = {vlm.tokenizer.eos_token_id, vlm.tokenizer.pad_token_id}
     extra = getattr(vlm.hf_model.generation_config, "eos_token_id", None)
