@@ -1,0 +1,68 @@
+"""Loading from a local folder goes through the same code path as a hub id; bad models get clear errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import GPT2Config
+
+from tests.conftest import noise_image, tiny_vlm
+from tests.reference import text_geometry
+from vrh_interp import interventions as iv
+from vrh_interp.families import UnsupportedModelError, adapter_for_config
+from vrh_interp.heads import Head, HeadSet
+from vrh_interp.model import load
+from vrh_interp.testing.tiny import build_tiny
+
+
+def test_load_local_folder_equals_in_memory_model(tmp_path):
+    tiny = build_tiny("llava")
+    tiny.model.save_pretrained(tmp_path)
+    tiny.processor.save_pretrained(tmp_path)
+    loaded = load(tmp_path, dtype=torch.float32)
+    assert loaded.adapter.name == "llava" and loaded.model_id == str(tmp_path)
+    batch = loaded.encode_grounding([noise_image(70, 50)], ["the red circle"])
+    with torch.no_grad():
+        want = tiny.model(**batch.encoding).logits
+        got = loaded.hf_model(**batch.encoding).logits
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+
+
+def test_missing_folder_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load(tmp_path / "no" / "such-model")
+
+
+def test_unsupported_architecture_lists_families_and_how_to_add_one():
+    with pytest.raises(UnsupportedModelError) as info:
+        adapter_for_config(GPT2Config())
+    message = str(info.value)
+    assert "'gpt2'" in message and "Qwen2.5-VL" in message and "FamilyAdapter" in message and "adapter=" in message
+
+
+def test_mean_ablation_equals_pre_hook_reference():
+    vlm = tiny_vlm("qwen2_vl")
+    batch = vlm.encode_grounding([noise_image(64, 48)], ["the cat"])
+    g = vlm.geometry
+    means = {1: torch.linspace(-1, 1, g.num_heads * g.head_dim)}
+    heads = HeadSet([Head(1, 0), Head(1, 2)])
+    result = iv.run_forward(vlm, batch.encoding, [iv.head_ablation(vlm, heads, mode="mean", means=means)])
+    num_heads, head_dim = text_geometry(vlm.hf_model)
+
+    def pre_hook(_module, args):
+        x = args[0].clone()
+        b, s, _ = x.shape
+        view = x.view(b, s, num_heads, head_dim)
+        for h in (0, 2):
+            view[:, :, h] = means[1].view(num_heads, head_dim)[h]
+        return (x,)
+
+    handle = vlm.hf_model.get_decoder().layers[1].self_attn.o_proj.register_forward_pre_hook(pre_hook)
+    try:
+        with torch.no_grad():
+            want = vlm.hf_model(**batch.encoding).logits
+    finally:
+        handle.remove()
+    torch.testing.assert_close(result.logits, want, rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="needs a mean"):
+        iv.head_ablation(vlm, HeadSet([Head(0, 0)]), mode="mean", means=means)
