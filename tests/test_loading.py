@@ -66,3 +66,11 @@ def test_mean_ablation_equals_pre_hook_reference():
     torch.testing.assert_close(result.logits, want, rtol=0, atol=1e-6)
     with pytest.raises(ValueError, match="needs a mean"):
         iv.head_ablation(vlm, HeadSet([Head(0, 0)]), mode="mean", means=means)
+
+
+def test_hub_ids_are_not_mistaken_for_missing_folders(monkeypatch):
+    """A hub id reaches from_pretrained (here: refused offline), not the missing-folder check."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(Exception) as info:
+        load("Qwen/Qwen2-VL-2B-Instruct")
+    assert not isinstance(info.value, FileNotFoundError) or "does not exist (pass a hub id" not in str(info.value)

@@ -131,8 +131,9 @@ def load(model_id_or_path: str | os.PathLike[str], *, device_map: Any = None, dt
     """
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    source = os.fspath(model_id_or_path)
-    if os.path.sep in source and not os.path.exists(source):
+    source = os.path.expanduser(os.fspath(model_id_or_path))
+    looks_like_path = os.path.isabs(source) or source.startswith(".") or source.count("/") > 1
+    if looks_like_path and not os.path.exists(source):
         raise FileNotFoundError(f"model folder {source!r} does not exist (pass a hub id or an existing folder)")
     model = AutoModelForImageTextToText.from_pretrained(
         source, device_map=device_map, dtype=dtype, revision=revision, trust_remote_code=trust_remote_code,

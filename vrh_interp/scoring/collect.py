@@ -139,11 +139,11 @@ def collect_batch(vlm: VLM, samples: Sequence[GroundingSampleLike], *, max_new_t
     last_rows = torch.stack([f[1] for f in first])  # [L, b, H, keys]
     decode_stats = [torch.stack([step[0][layer] for layer in layers]) for step in result.steps[1:]]  # [L,b,H,1,3]
     answers = vlm.decode_answers(result.ids, batch.prompt_length)
-    answer_lengths = answer_lengths(vlm, result.ids, batch.prompt_length)
+    lengths = answer_lengths(vlm, result.ids, batch.prompt_length)
     entropies = _entropies(last_rows, batch.layouts)
     stats = []
     for i, sample in enumerate(samples):
-        n_out = answer_lengths[i]
+        n_out = lengths[i]
         rows = [prefill_stats[:, i, :, -1]] + [d[:, i, :, 0] for d in decode_stats[: max(n_out - 1, 0)]]
         output_rows = torch.stack(rows[:n_out]) if n_out else torch.zeros(0, *prefill_stats.shape[0:1], prefill_stats.shape[2], 3)
         input_rows = prefill_stats[:, i, :, : in_index.shape[1]][:, :, in_valid[i]].permute(2, 0, 1, 3)
