@@ -164,3 +164,29 @@ def test_random_control_excludes_detected_and_is_seeded():
     with pytest.raises(ValueError, match="out of range"):
         sweep_conditions(g.all_heads(), g, [0, 33], [0])
     assert Head(0, 0) in conditions[1].heads
+
+
+@pytest.mark.parametrize("family", ("llava", "qwen2_vl"))
+def test_teacher_forced_statistics_equal_brute_force(family):
+    vlm = tiny_vlm(family)
+    samples = _samples(2)
+    stats = collect_batch(vlm, samples, max_new_tokens=4, output_source="teacher_forced")
+    batch = vlm.encode_grounding([s.image for s in samples], [s.expression for s in samples])
+    for i, (sample, st) in enumerate(zip(samples, stats)):
+        answer = vlm.adapter.format_box(as_box(sample.box), batch.frames[i])
+        assert st.answer == answer
+        answer_ids = vlm.tokenizer(answer, add_special_tokens=False, return_tensors="pt")["input_ids"]
+        # one sample at a time, unpadded: prompt + answer in one forward
+        single = vlm.encode_grounding([sample.image], [sample.expression])
+        enc = dict(single.encoding)
+        enc["input_ids"] = torch.cat([enc["input_ids"], answer_ids], 1)
+        enc["attention_mask"] = torch.ones_like(enc["input_ids"])
+        if "mm_token_type_ids" in enc:
+            enc["mm_token_type_ids"] = torch.cat([enc["mm_token_type_ids"], torch.zeros_like(answer_ids)], 1)
+        maps = torch.stack(eager_attention_maps(vlm.hf_model, enc))[:, 0]
+        region = single.layouts[0].positions_for_box(as_box(sample.box))
+        s = single.prompt_length
+        assert len(st.output_rows) == answer_ids.shape[1]
+        for t in range(answer_ids.shape[1]):
+            want = maps[:, :, s - 1 + t][..., region].sum(-1).numpy()
+            np.testing.assert_allclose(st.output_rows[t, ..., 0], want, atol=1e-5)
