@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import pytest
-import torch
 from hypothesis import given, settings, strategies as st
 from transformers import AyaVisionForConditionalGeneration, GotOcr2ImageProcessorPil
-from transformers.image_utils import PILImageResampling
 
 from tests.conftest import noise_image
+from tests.families.checks import (
+    assert_fixture_is_registered,
+    assert_generates,
+    assert_parses_to,
+    assert_round_trip,
+    boxes_in_images,
+    encode_noise_image,
+    text_config_geometry,
+)
 from vrh_interp.boxes import Box, BoxParseFailure, InvalidBoxError
-from vrh_interp.families import adapter_for_config
 from vrh_interp.families.aya_vision import AyaVisionAdapter
 from vrh_interp.families.base import BoxFrame
-from vrh_interp.heads import HeadGeometry
-from vrh_interp.testing.layout_probe import changed_positions
+from vrh_interp.testing.layout_probe import check_layout_by_painting, nearest_resampling
 from vrh_interp.testing.tiny import TinyVLM
 from vrh_interp.testing.tiny.aya_vision import build
 
@@ -33,9 +38,7 @@ LAYOUT_CASES = [
 
 @pytest.fixture(scope="module")
 def tiny() -> TinyVLM:
-    model = build(seed=0)
-    model.processor.image_processor.resample = PILImageResampling.NEAREST
-    return model
+    return nearest_resampling(build(seed=0))
 
 
 @pytest.fixture(scope="module")
@@ -44,10 +47,7 @@ def adapter(tiny: TinyVLM) -> AyaVisionAdapter:
 
 
 def test_fixture_is_the_real_family_and_registry_picks_the_adapter(tiny: TinyVLM) -> None:
-    assert isinstance(tiny.model, AyaVisionForConditionalGeneration)
-    assert isinstance(tiny.processor.image_processor, GotOcr2ImageProcessorPil)
-    assert tiny.model.config.get_text_config().vocab_size == len(tiny.processor.tokenizer)
-    assert type(adapter_for_config(tiny.model.config)) is AyaVisionAdapter
+    assert_fixture_is_registered(tiny, AyaVisionForConditionalGeneration, GotOcr2ImageProcessorPil, AyaVisionAdapter)
 
 
 def test_geometry_and_attention_path_match_the_model(tiny: TinyVLM, adapter: AyaVisionAdapter) -> None:
@@ -55,12 +55,7 @@ def test_geometry_and_attention_path_match_the_model(tiny: TinyVLM, adapter: Aya
     attention = adapter.attention_module(tiny.model, 1)
     assert attention is tiny.model.model.language_model.layers[1].self_attn
     # Cohere2's config has no head_dim: the attention module derives it from hidden_size.
-    assert adapter.geometry() == HeadGeometry(
-        num_layers=text_config.num_hidden_layers,
-        num_heads=text_config.num_attention_heads,
-        num_kv_heads=text_config.num_key_value_heads,
-        head_dim=attention.head_dim,
-    )
+    assert adapter.geometry() == text_config_geometry(text_config, attention.head_dim)
     assert adapter.output_projection(tiny.model, 1).in_features == text_config.num_attention_heads * attention.head_dim
     assert adapter.tokens_per_tile() == (4, 4)
     assert adapter.image_token_id(tiny.processor) == tiny.model.config.image_token_id
@@ -69,15 +64,11 @@ def test_geometry_and_attention_path_match_the_model(tiny: TinyVLM, adapter: Aya
 @pytest.mark.parametrize(("image_size", "box"), LAYOUT_CASES)
 def test_layout_equals_tokens_changed_by_painting_the_box(tiny: TinyVLM, adapter: AyaVisionAdapter,
                                                           image_size: tuple[int, int], box: Box) -> None:
-    image = noise_image(*image_size, seed=image_size[0])
-    encoding = adapter.encode(tiny.processor, [image], [adapter.grounding_prompt(tiny.processor, "the object")])
-    expected = adapter.visual_layout(encoding, image_size, tiny.processor).positions_for_box(box)
-    assert expected
-    assert changed_positions(tiny, adapter, image, box) == expected
+    assert check_layout_by_painting(tiny, adapter, noise_image(*image_size, seed=image_size[0]), box)
 
 
 def test_tiles_are_row_major_with_the_global_image_last(tiny: TinyVLM, adapter: AyaVisionAdapter) -> None:
-    encoding = adapter.encode(tiny.processor, [noise_image(200, 130)], [adapter.grounding_prompt(tiny.processor, "x")])
+    encoding = encode_noise_image(tiny, adapter, (200, 130))
     assert encoding["pixel_values"].shape[0] == 7
     layout = adapter.visual_layout(encoding, (200, 130), tiny.processor)
     patch_id = adapter.image_token_id(tiny.processor)
@@ -93,7 +84,7 @@ def test_tiles_are_row_major_with_the_global_image_last(tiny: TinyVLM, adapter: 
 
 
 def test_boxes_outside_the_image_are_refused(tiny: TinyVLM, adapter: AyaVisionAdapter) -> None:
-    encoding = adapter.encode(tiny.processor, [noise_image(150, 70)], [adapter.grounding_prompt(tiny.processor, "x")])
+    encoding = encode_noise_image(tiny, adapter, (150, 70))
     layout = adapter.visual_layout(encoding, (150, 70), tiny.processor)
     with pytest.raises(InvalidBoxError, match="outside"):
         layout.positions_for_box(Box(-3, 10, 60, 60))
@@ -110,33 +101,15 @@ def test_grounding_prompt_uses_the_chat_template_and_generates(tiny: TinyVLM, ad
     text = tiny.processor.tokenizer.decode(encoding["input_ids"][0])
     assert "<|START_OF_IMG|>TILE_1" in text and "TILE_2" in text and "TILE_GLOBAL<|IMG_PATCH|>" in text
     assert int((encoding["input_ids"] == adapter.image_token_id(tiny.processor)).sum()) == 3 * TOKENS_PER_TILE
-    with torch.no_grad():
-        generated = tiny.model.generate(**encoding, max_new_tokens=3, do_sample=False)
-    assert generated.shape == (1, encoding["input_ids"].shape[1] + 3)
-
-
-@st.composite
-def boxes_in_images(draw: st.DrawFn) -> tuple[Box, tuple[int, int]]:
-    """A box at least two 0.01 quantisation steps wide and high inside a random image."""
-    width, height = draw(st.integers(8, 4000)), draw(st.integers(8, 4000))
-    min_w, min_h = 2 * width / 100, 2 * height / 100
-    x1 = draw(st.floats(0, width - min_w))
-    y1 = draw(st.floats(0, height - min_h))
-    x2 = draw(st.floats(x1 + min_w, width))
-    y2 = draw(st.floats(y1 + min_h, height))
-    return Box(x1, y1, x2, y2), (width, height)
+    assert_generates(tiny, encoding)
 
 
 @settings(max_examples=200, deadline=None)
-@given(boxes_in_images())
+@given(boxes_in_images(100))
 def test_format_then_parse_round_trips_within_one_step(adapter: AyaVisionAdapter,
                                                        case: tuple[Box, tuple[int, int]]) -> None:
     box, (width, height) = case
-    frame = BoxFrame(image_size=(width, height))
-    parsed = adapter.parse_box(adapter.format_box(box, frame), frame)
-    assert isinstance(parsed, Box)
-    steps = (width / 100, height / 100, width / 100, height / 100)
-    assert all(abs(a - b) <= step / 2 + 1e-9 for a, b, step in zip(parsed.as_tuple(), box.as_tuple(), steps))
+    assert_round_trip(adapter, box, BoxFrame(image_size=(width, height)), (width / 100 / 2, height / 100 / 2))
 
 
 @settings(max_examples=300, deadline=None)
@@ -156,9 +129,4 @@ def test_parse_never_raises(adapter: AyaVisionAdapter, text: str) -> None:
     ("There is no red cube.", None),
 ])
 def test_parse_chosen_format_answers(adapter: AyaVisionAdapter, answer: str, expected: Box | None) -> None:
-    parsed = adapter.parse_box(answer, BoxFrame(image_size=(1000, 500)))
-    if expected is None:
-        assert isinstance(parsed, BoxParseFailure)
-    else:
-        assert isinstance(parsed, Box)
-        assert parsed.as_tuple() == pytest.approx(expected.as_tuple())
+    assert_parses_to(adapter, answer, BoxFrame(image_size=(1000, 500)), expected)

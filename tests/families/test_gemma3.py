@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import pytest
-import torch
 from hypothesis import given, settings, strategies as st
 from transformers import Gemma3ForConditionalGeneration, Gemma3ImageProcessorPil
-from transformers.image_utils import PILImageResampling
 
 from tests.conftest import noise_image
+from tests.families.checks import (
+    assert_fixture_is_registered,
+    assert_generates,
+    assert_parses_to,
+    assert_round_trip,
+    boxes_in_images,
+    encode_noise_image,
+    text_config_geometry,
+)
 from vrh_interp.boxes import Box, BoxParseFailure, InvalidBoxError
-from vrh_interp.families import adapter_for_config
 from vrh_interp.families.base import BoxFrame
 from vrh_interp.families.gemma3 import Gemma3Adapter
-from vrh_interp.heads import HeadGeometry
-from vrh_interp.testing.layout_probe import changed_positions
+from vrh_interp.testing.layout_probe import check_layout_by_painting, nearest_resampling
 from vrh_interp.testing.tiny import TinyVLM
 from vrh_interp.testing.tiny.gemma3 import IMAGE_SIZE, TOKENS_PER_IMAGE, build
 
@@ -37,9 +42,7 @@ PAN_AND_SCAN_CASES = [
 
 @pytest.fixture(scope="module")
 def tiny() -> TinyVLM:
-    model = build(seed=0)
-    model.processor.image_processor.resample = PILImageResampling.NEAREST
-    return model
+    return nearest_resampling(build(seed=0))
 
 
 @pytest.fixture(scope="module")
@@ -53,22 +56,15 @@ def pan_and_scan_adapter(tiny: TinyVLM) -> Gemma3Adapter:
 
 
 def test_fixture_is_the_real_family_and_registry_picks_the_adapter(tiny: TinyVLM) -> None:
-    assert isinstance(tiny.model, Gemma3ForConditionalGeneration)
-    assert isinstance(tiny.processor.image_processor, Gemma3ImageProcessorPil)
-    assert tiny.model.config.get_text_config().vocab_size == len(tiny.processor.tokenizer)
+    registered = assert_fixture_is_registered(tiny, Gemma3ForConditionalGeneration, Gemma3ImageProcessorPil,
+                                              Gemma3Adapter)
+    assert not registered.do_pan_and_scan
     assert tiny.model.model.multi_modal_projector.mm_input_projection_weight.abs().sum() > 0
-    registered = adapter_for_config(tiny.model.config)
-    assert type(registered) is Gemma3Adapter and not registered.do_pan_and_scan
 
 
 def test_geometry_and_attention_path_match_the_model(tiny: TinyVLM, adapter: Gemma3Adapter) -> None:
     text_config = tiny.model.config.get_text_config()
-    assert adapter.geometry() == HeadGeometry(
-        num_layers=text_config.num_hidden_layers,
-        num_heads=text_config.num_attention_heads,
-        num_kv_heads=text_config.num_key_value_heads,
-        head_dim=text_config.head_dim,
-    )
+    assert adapter.geometry() == text_config_geometry(text_config, text_config.head_dim)
     attention = adapter.attention_module(tiny.model, 1)
     assert attention is tiny.model.model.language_model.layers[1].self_attn
     assert adapter.output_projection(tiny.model, 1).in_features == text_config.num_attention_heads * attention.head_dim
@@ -82,11 +78,7 @@ def test_geometry_and_attention_path_match_the_model(tiny: TinyVLM, adapter: Gem
 @pytest.mark.parametrize(("image_size", "box"), LAYOUT_CASES)
 def test_layout_equals_tokens_changed_by_painting_the_box(tiny: TinyVLM, adapter: Gemma3Adapter,
                                                           image_size: tuple[int, int], box: Box) -> None:
-    image = noise_image(*image_size, seed=image_size[0])
-    encoding = adapter.encode(tiny.processor, [image], [adapter.grounding_prompt(tiny.processor, "the object")])
-    expected = adapter.visual_layout(encoding, image_size, tiny.processor).positions_for_box(box)
-    assert expected
-    assert changed_positions(tiny, adapter, image, box) == expected
+    assert check_layout_by_painting(tiny, adapter, noise_image(*image_size, seed=image_size[0]), box)
 
 
 @pytest.mark.parametrize(("image_size", "box", "num_crops"), PAN_AND_SCAN_CASES)
@@ -99,8 +91,7 @@ def test_pan_and_scan_layout_equals_tokens_changed_by_painting_the_box(
     assert encoding["pixel_values"].shape[0] == 1 + num_crops
     layout = pan_and_scan_adapter.visual_layout(encoding, image_size, tiny.processor)
     assert [block.name for block in layout.blocks] == ["image"] + [f"crop_{i}" for i in range(num_crops)]
-    expected = layout.positions_for_box(box)
-    assert changed_positions(tiny, pan_and_scan_adapter, image, box) == expected
+    check_layout_by_painting(tiny, pan_and_scan_adapter, image, box)
 
 
 def test_pan_and_scan_crops_split_the_long_side(tiny: TinyVLM, pan_and_scan_adapter: Gemma3Adapter) -> None:
@@ -113,7 +104,7 @@ def test_pan_and_scan_crops_split_the_long_side(tiny: TinyVLM, pan_and_scan_adap
 
 
 def test_one_pooled_block_between_boi_and_eoi(tiny: TinyVLM, adapter: Gemma3Adapter) -> None:
-    encoding = adapter.encode(tiny.processor, [noise_image(150, 70)], [adapter.grounding_prompt(tiny.processor, "x")])
+    encoding = encode_noise_image(tiny, adapter, (150, 70))
     layout = adapter.visual_layout(encoding, (150, 70), tiny.processor)
     ids = encoding["input_ids"][0].tolist()
     tokenizer = tiny.processor.tokenizer
@@ -140,7 +131,7 @@ def test_batch_encodes_one_image_per_prompt(tiny: TinyVLM, adapter: Gemma3Adapte
 
 
 def test_boxes_outside_the_image_are_refused(tiny: TinyVLM, adapter: Gemma3Adapter) -> None:
-    encoding = adapter.encode(tiny.processor, [noise_image(150, 70)], [adapter.grounding_prompt(tiny.processor, "x")])
+    encoding = encode_noise_image(tiny, adapter, (150, 70))
     layout = adapter.visual_layout(encoding, (150, 70), tiny.processor)
     with pytest.raises(InvalidBoxError, match="outside"):
         layout.positions_for_box(Box(100, 10, 160, 60))
@@ -154,33 +145,15 @@ def test_grounding_prompt_uses_the_chat_template_and_generates(tiny: TinyVLM, ad
     assert '{"box_2d": [y_min, x_min, y_max, x_max]}' in prompt
     assert prompt.endswith("<end_of_turn>\n<start_of_turn>model\n")
     encoding = adapter.encode(tiny.processor, [noise_image(150, 70)], [prompt])
-    with torch.no_grad():
-        generated = tiny.model.generate(**encoding, max_new_tokens=3, do_sample=False)
-    assert generated.shape == (1, encoding["input_ids"].shape[1] + 3)
-
-
-@st.composite
-def boxes_in_images(draw: st.DrawFn) -> tuple[Box, tuple[int, int]]:
-    """A box at least two 0-1000 quantisation steps wide and high inside a random image."""
-    width, height = draw(st.integers(8, 4000)), draw(st.integers(8, 4000))
-    min_w, min_h = 2 * width / 1000, 2 * height / 1000
-    x1 = draw(st.floats(0, width - min_w))
-    y1 = draw(st.floats(0, height - min_h))
-    x2 = draw(st.floats(x1 + min_w, width))
-    y2 = draw(st.floats(y1 + min_h, height))
-    return Box(x1, y1, x2, y2), (width, height)
+    assert_generates(tiny, encoding)
 
 
 @settings(max_examples=200, deadline=None)
-@given(boxes_in_images())
+@given(boxes_in_images(1000))
 def test_format_then_parse_round_trips_within_one_step(adapter: Gemma3Adapter,
                                                        case: tuple[Box, tuple[int, int]]) -> None:
     box, (width, height) = case
-    frame = BoxFrame(image_size=(width, height))
-    parsed = adapter.parse_box(adapter.format_box(box, frame), frame)
-    assert isinstance(parsed, Box)
-    steps = (width / 1000, height / 1000, width / 1000, height / 1000)
-    assert all(abs(a - b) <= step / 2 + 1e-9 for a, b, step in zip(parsed.as_tuple(), box.as_tuple(), steps))
+    assert_round_trip(adapter, box, BoxFrame(image_size=(width, height)), (width / 1000 / 2, height / 1000 / 2))
 
 
 @settings(max_examples=300, deadline=None)
@@ -203,9 +176,4 @@ def test_parse_never_raises(adapter: Gemma3Adapter, text: str) -> None:
     ("I cannot see a red cube.", None),
 ])
 def test_parse_chosen_format_answers(adapter: Gemma3Adapter, answer: str, expected: Box | None) -> None:
-    parsed = adapter.parse_box(answer, BoxFrame(image_size=(1000, 500)))
-    if expected is None:
-        assert isinstance(parsed, BoxParseFailure)
-    else:
-        assert isinstance(parsed, Box)
-        assert parsed.as_tuple() == pytest.approx(expected.as_tuple())
+    assert_parses_to(adapter, answer, BoxFrame(image_size=(1000, 500)), expected)

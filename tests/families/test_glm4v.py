@@ -3,20 +3,24 @@
 from __future__ import annotations
 
 import pytest
-import torch
 from hypothesis import given, settings, strategies as st
 from transformers import Glm4vForConditionalGeneration, Glm4vImageProcessorPil
-from transformers.image_utils import PILImageResampling
 from transformers.models.glm4v.image_processing_pil_glm4v import smart_resize
 
 from tests.conftest import noise_image
-from tests.families.test_qwen2_vl import boxes_in_images
+from tests.families.checks import (
+    assert_fixture_is_registered,
+    assert_hidden_split_head_geometry,
+    assert_image_grid_prompt_generates,
+    assert_parses_to,
+    assert_round_trip,
+    boxes_in_images,
+    encode_noise_image,
+)
 from vrh_interp.boxes import Box, BoxParseFailure, InvalidBoxError
-from vrh_interp.families import adapter_for_config
 from vrh_interp.families.base import BoxFrame
 from vrh_interp.families.glm4v import Glm4vAdapter
-from vrh_interp.heads import HeadGeometry
-from vrh_interp.testing.layout_probe import changed_positions
+from vrh_interp.testing.layout_probe import check_layout_by_painting, nearest_resampling
 from vrh_interp.testing.tiny import TinyVLM
 from vrh_interp.testing.tiny.glm4v import TINY_MAX_PIXELS, TINY_MIN_PIXELS, build
 
@@ -36,9 +40,7 @@ LAYOUT_CASES = [
 
 @pytest.fixture(scope="module")
 def tiny() -> TinyVLM:
-    model = build(seed=0)
-    model.processor.image_processor.resample = PILImageResampling.NEAREST
-    return model
+    return nearest_resampling(build(seed=0))
 
 
 @pytest.fixture(scope="module")
@@ -47,40 +49,23 @@ def adapter(tiny: TinyVLM) -> Glm4vAdapter:
 
 
 def test_fixture_is_the_real_family_and_registry_picks_the_adapter(tiny: TinyVLM) -> None:
-    assert isinstance(tiny.model, Glm4vForConditionalGeneration)
-    assert isinstance(tiny.processor.image_processor, Glm4vImageProcessorPil)
-    assert tiny.model.config.get_text_config().vocab_size == len(tiny.processor.tokenizer)
-    assert type(adapter_for_config(tiny.model.config)) is Glm4vAdapter
+    assert_fixture_is_registered(tiny, Glm4vForConditionalGeneration, Glm4vImageProcessorPil, Glm4vAdapter)
 
 
 def test_geometry_and_attention_path_match_the_model(tiny: TinyVLM, adapter: Glm4vAdapter) -> None:
-    text_config = tiny.model.config.get_text_config()
-    assert adapter.geometry() == HeadGeometry(
-        num_layers=text_config.num_hidden_layers,
-        num_heads=text_config.num_attention_heads,
-        num_kv_heads=text_config.num_key_value_heads,
-        head_dim=text_config.hidden_size // text_config.num_attention_heads,
-    )
-    attention = adapter.attention_module(tiny.model, 1)
-    assert attention is tiny.model.model.language_model.layers[1].self_attn
-    assert attention.head_dim == adapter.geometry().head_dim
-    assert adapter.output_projection(tiny.model, 1).in_features == attention.num_heads * attention.head_dim
+    assert_hidden_split_head_geometry(tiny, adapter)
 
 
 @pytest.mark.parametrize(("image_size", "box"), LAYOUT_CASES)
 def test_layout_equals_tokens_changed_by_painting_the_box(tiny: TinyVLM, adapter: Glm4vAdapter,
                                                           image_size: tuple[int, int], box: Box) -> None:
-    image = noise_image(*image_size, seed=image_size[0])
-    encoding = adapter.encode(tiny.processor, [image], [adapter.grounding_prompt(tiny.processor, "the object")])
-    expected = adapter.visual_layout(encoding, image_size, tiny.processor).positions_for_box(box)
-    assert expected
-    assert changed_positions(tiny, adapter, image, box) == expected
+    assert check_layout_by_painting(tiny, adapter, noise_image(*image_size, seed=image_size[0]), box)
 
 
 @pytest.mark.parametrize("image_size", [(300, 170), (97, 203), (20, 90)])
 def test_layout_grid_follows_glm_smart_resize(tiny: TinyVLM, adapter: Glm4vAdapter, image_size: tuple[int, int]) -> None:
     width, height = image_size
-    encoding = adapter.encode(tiny.processor, [noise_image(width, height)], [adapter.grounding_prompt(tiny.processor, "x")])
+    encoding = encode_noise_image(tiny, adapter, (width, height))
     layout = adapter.visual_layout(encoding, image_size, tiny.processor)
     resized_h, resized_w = smart_resize(2, height, width, temporal_factor=2, factor=28,
                                         min_pixels=TINY_MIN_PIXELS, max_pixels=TINY_MAX_PIXELS)
@@ -100,13 +85,7 @@ def test_grounding_prompt_uses_the_chat_template_and_generates(tiny: TinyVLM, ad
         "[gMASK]<sop><|user|>\n<|begin_of_image|><|image|><|end_of_image|>"
         "Help me to locate the red cube in the image and give me its bounding boxes.<|assistant|>\n"
     )
-    encoding = adapter.encode(tiny.processor, [noise_image(300, 170)], [prompt])
-    frames, grid_h, grid_w = encoding["image_grid_thw"][0].tolist()
-    image_token_id = adapter.image_token_id(tiny.processor)
-    assert int((encoding["input_ids"] == image_token_id).sum()) == frames * grid_h * grid_w // 4
-    with torch.no_grad():
-        generated = tiny.model.generate(**encoding, max_new_tokens=3, do_sample=False)
-    assert generated.shape == (1, encoding["input_ids"].shape[1] + 3)
+    assert_image_grid_prompt_generates(tiny, adapter, prompt)
 
 
 def test_format_box_writes_marked_relative_box(adapter: Glm4vAdapter) -> None:
@@ -116,14 +95,10 @@ def test_format_box_writes_marked_relative_box(adapter: Glm4vAdapter) -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(boxes_in_images())
+@given(boxes_in_images(1000))
 def test_format_then_parse_round_trips_within_one_step(adapter: Glm4vAdapter, case: tuple[Box, tuple[int, int]]) -> None:
     box, (width, height) = case
-    frame = BoxFrame(image_size=(width, height))
-    parsed = adapter.parse_box(adapter.format_box(box, frame), frame)
-    assert isinstance(parsed, Box)
-    steps = (width / 1000, height / 1000, width / 1000, height / 1000)
-    assert all(abs(a - b) <= step + 1e-9 for a, b, step in zip(parsed.as_tuple(), box.as_tuple(), steps))
+    assert_round_trip(adapter, box, BoxFrame(image_size=(width, height)), (width / 1000, height / 1000))
 
 
 NEAR_MISSES = st.sampled_from([
@@ -156,9 +131,4 @@ def test_parse_never_raises(adapter: Glm4vAdapter, text: str) -> None:
     ("<think>It is at [10,20,30,40].</think>I cannot see any bottle.", None),
 ])
 def test_parse_documented_answers(adapter: Glm4vAdapter, answer: str, expected: Box | None) -> None:
-    parsed = adapter.parse_box(answer, BoxFrame(image_size=(2000, 1000)))
-    if expected is None:
-        assert isinstance(parsed, BoxParseFailure)
-    else:
-        assert isinstance(parsed, Box)
-        assert parsed.as_tuple() == pytest.approx(expected.as_tuple())
+    assert_parses_to(adapter, answer, BoxFrame(image_size=(2000, 1000)), expected)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 
 import pytest
-import torch
 from hypothesis import given, settings, strategies as st
 from transformers import (
     Idefics3ForConditionalGeneration,
@@ -13,15 +12,21 @@ from transformers import (
     SmolVLMForConditionalGeneration,
     SmolVLMImageProcessorPil,
 )
-from transformers.image_utils import PILImageResampling
 
 from tests.conftest import noise_image
+from tests.families.checks import (
+    assert_fixture_is_registered,
+    assert_generates,
+    assert_parses_to,
+    assert_round_trip,
+    boxes_in_images,
+    encode_noise_image,
+    text_config_geometry,
+)
 from vrh_interp.boxes import Box, BoxParseFailure, InvalidBoxError
-from vrh_interp.families import adapter_for_config
 from vrh_interp.families.base import BoxFrame
 from vrh_interp.families.idefics3 import Idefics3Adapter, split_canvas_size
-from vrh_interp.heads import HeadGeometry
-from vrh_interp.testing.layout_probe import changed_positions
+from vrh_interp.testing.layout_probe import check_layout_by_painting, nearest_resampling
 from vrh_interp.testing.tiny import TinyVLM
 from vrh_interp.testing.tiny.idefics3 import FRAME_SIZE, LONGEST_EDGE, TOKENS_PER_FRAME, build, build_smolvlm
 
@@ -40,14 +45,9 @@ LAYOUT_CASES = [
 GRID_CASES = [((100, 60), (2, 3)), ((37, 101), (3, 2)), ((20, 20), (3, 3)), ((500, 90), (1, 3)), ((150, 70), (2, 3))]
 
 
-def nearest(model: TinyVLM) -> TinyVLM:
-    model.processor.image_processor.resample = PILImageResampling.NEAREST
-    return model
-
-
 @pytest.fixture(scope="module")
 def tiny() -> TinyVLM:
-    return nearest(build(seed=0))
+    return nearest_resampling(build(seed=0))
 
 
 @pytest.fixture(scope="module")
@@ -55,25 +55,13 @@ def adapter(tiny: TinyVLM) -> Idefics3Adapter:
     return Idefics3Adapter(tiny.model.config)
 
 
-def encode_image(tiny: TinyVLM, adapter: Idefics3Adapter, image_size: tuple[int, int]):
-    return adapter.encode(tiny.processor, [noise_image(*image_size)], [adapter.grounding_prompt(tiny.processor, "x")])
-
-
 def test_fixture_is_the_real_family_and_registry_picks_the_adapter(tiny: TinyVLM) -> None:
-    assert isinstance(tiny.model, Idefics3ForConditionalGeneration)
-    assert isinstance(tiny.processor.image_processor, Idefics3ImageProcessorPil)
-    assert tiny.model.config.get_text_config().vocab_size == len(tiny.processor.tokenizer)
-    assert type(adapter_for_config(tiny.model.config)) is Idefics3Adapter
+    assert_fixture_is_registered(tiny, Idefics3ForConditionalGeneration, Idefics3ImageProcessorPil, Idefics3Adapter)
 
 
 def test_geometry_and_attention_path_match_the_model(tiny: TinyVLM, adapter: Idefics3Adapter) -> None:
     text_config = tiny.model.config.get_text_config()
-    assert adapter.geometry() == HeadGeometry(
-        num_layers=text_config.num_hidden_layers,
-        num_heads=text_config.num_attention_heads,
-        num_kv_heads=text_config.num_key_value_heads,
-        head_dim=text_config.head_dim,
-    )
+    assert adapter.geometry() == text_config_geometry(text_config, text_config.head_dim)
     attention = adapter.attention_module(tiny.model, 1)
     assert attention is tiny.model.model.text_model.layers[1].self_attn
     assert adapter.output_projection(tiny.model, 1).in_features == text_config.num_attention_heads * attention.head_dim
@@ -83,11 +71,7 @@ def test_geometry_and_attention_path_match_the_model(tiny: TinyVLM, adapter: Ide
 @pytest.mark.parametrize(("image_size", "box"), LAYOUT_CASES)
 def test_layout_equals_tokens_changed_by_painting_the_box(tiny: TinyVLM, adapter: Idefics3Adapter,
                                                           image_size: tuple[int, int], box: Box) -> None:
-    image = noise_image(*image_size, seed=image_size[0])
-    encoding = adapter.encode(tiny.processor, [image], [adapter.grounding_prompt(tiny.processor, "the object")])
-    expected = adapter.visual_layout(encoding, image_size, tiny.processor).positions_for_box(box)
-    assert expected
-    assert changed_positions(tiny, adapter, image, box) == expected
+    assert check_layout_by_painting(tiny, adapter, noise_image(*image_size, seed=image_size[0]), box)
 
 
 @pytest.mark.parametrize(("image_size", "grid"), GRID_CASES)
@@ -96,7 +80,7 @@ def test_tiles_are_row_major_with_the_global_image_last(tiny: TinyVLM, adapter: 
     width, height = image_size
     rows, cols = grid
     assert split_canvas_size(image_size, LONGEST_EDGE, FRAME_SIZE) == (cols * FRAME_SIZE, rows * FRAME_SIZE)
-    encoding = encode_image(tiny, adapter, image_size)
+    encoding = encode_noise_image(tiny, adapter, image_size)
     assert encoding["pixel_values"].shape[1] == rows * cols + 1
     layout = adapter.visual_layout(encoding, image_size, tiny.processor)
     image_id = adapter.image_token_id(tiny.processor)
@@ -122,7 +106,7 @@ def test_batched_rows_with_different_frame_counts(tiny: TinyVLM, adapter: Idefic
 
 
 def test_frame_markers_sit_between_blocks_and_are_not_visual(tiny: TinyVLM, adapter: Idefics3Adapter) -> None:
-    encoding = encode_image(tiny, adapter, (100, 60))
+    encoding = encode_noise_image(tiny, adapter, (100, 60))
     layout = adapter.visual_layout(encoding, (100, 60), tiny.processor)
     tokenizer = tiny.processor.tokenizer
     ids = encoding["input_ids"][0]
@@ -141,7 +125,7 @@ def test_without_splitting_the_image_is_one_global_frame(tiny: TinyVLM, adapter:
 
 
 def test_boxes_outside_the_image_are_refused(tiny: TinyVLM, adapter: Idefics3Adapter) -> None:
-    layout = adapter.visual_layout(encode_image(tiny, adapter, (100, 60)), (100, 60), tiny.processor)
+    layout = adapter.visual_layout(encode_noise_image(tiny, adapter, (100, 60)), (100, 60), tiny.processor)
     with pytest.raises(InvalidBoxError, match="outside"):
         layout.positions_for_box(Box(50, 30, 120, 60))
     with pytest.raises(InvalidBoxError, match="outside"):
@@ -155,49 +139,26 @@ def test_grounding_prompt_uses_the_chat_template_and_generates(tiny: TinyVLM, ad
     assert prompt.endswith("<end_of_utterance>\nAssistant:")
     encoding = adapter.encode(tiny.processor, [noise_image(100, 60)], [prompt])
     assert int((encoding["input_ids"] == adapter.image_token_id(tiny.processor)).sum()) == 7 * TOKENS_PER_FRAME
-    with torch.no_grad():
-        generated = tiny.model.generate(**encoding, max_new_tokens=3, do_sample=False)
-    assert generated.shape == (1, encoding["input_ids"].shape[1] + 3)
+    assert_generates(tiny, encoding)
 
 
 def test_smolvlm_variant_uses_the_same_adapter_and_layout() -> None:
-    smolvlm = nearest(build_smolvlm(seed=0))
-    assert isinstance(smolvlm.model, SmolVLMForConditionalGeneration)
-    assert isinstance(smolvlm.processor.image_processor, SmolVLMImageProcessorPil)
-    adapter = adapter_for_config(smolvlm.model.config)
-    assert type(adapter) is Idefics3Adapter and smolvlm.model.config.model_type == "smolvlm"
+    smolvlm = nearest_resampling(build_smolvlm(seed=0))
+    adapter = assert_fixture_is_registered(smolvlm, SmolVLMForConditionalGeneration, SmolVLMImageProcessorPil,
+                                           Idefics3Adapter)
+    assert smolvlm.model.config.model_type == "smolvlm"
     assert adapter.attention_module(smolvlm.model, 0) is smolvlm.model.model.text_model.layers[0].self_attn
-    image, box = noise_image(100, 60, seed=100), Box(21, 19, 46, 41)
-    encoding = adapter.encode(smolvlm.processor, [image], [adapter.grounding_prompt(smolvlm.processor, "the object")])
-    expected = adapter.visual_layout(encoding, (100, 60), smolvlm.processor).positions_for_box(box)
-    assert len(expected) == 4 * 4 + 2 * 2  # 2x2 tokens in each of the four tiles around the corner, 2x2 global
-    assert changed_positions(smolvlm, adapter, image, box) == expected
-
-
-@st.composite
-def boxes_in_images(draw: st.DrawFn) -> tuple[Box, tuple[int, int]]:
-    """A box at least two 0.01 quantisation steps wide and high inside a random image."""
-    width, height = draw(st.integers(8, 4000)), draw(st.integers(8, 4000))
-    min_w, min_h = 2 * width / 100, 2 * height / 100
-    x1 = draw(st.floats(0, width - min_w))
-    y1 = draw(st.floats(0, height - min_h))
-    x2 = draw(st.floats(x1 + min_w, width))
-    y2 = draw(st.floats(y1 + min_h, height))
-    return Box(x1, y1, x2, y2), (width, height)
+    positions = check_layout_by_painting(smolvlm, adapter, noise_image(100, 60, seed=100), Box(21, 19, 46, 41))
+    assert len(positions) == 4 * 4 + 2 * 2  # 2x2 tokens in each of the four tiles around the corner, 2x2 global
 
 
 @settings(max_examples=200, deadline=None)
-@given(boxes_in_images())
+@given(boxes_in_images(100))
 def test_format_then_parse_round_trips_within_one_step(adapter: Idefics3Adapter,
                                                        case: tuple[Box, tuple[int, int]]) -> None:
     box, (width, height) = case
-    frame = BoxFrame(image_size=(width, height))
-    text = adapter.format_box(box, frame)
+    text = assert_round_trip(adapter, box, BoxFrame(image_size=(width, height)), (width / 100 / 2, height / 100 / 2))
     assert re.fullmatch(r"\[[01]\.\d\d, [01]\.\d\d, [01]\.\d\d, [01]\.\d\d\]", text)
-    parsed = adapter.parse_box(text, frame)
-    assert isinstance(parsed, Box)
-    steps = (width / 100, height / 100, width / 100, height / 100)
-    assert all(abs(a - b) <= step / 2 + 1e-9 for a, b, step in zip(parsed.as_tuple(), box.as_tuple(), steps))
 
 
 @settings(max_examples=300, deadline=None)
@@ -217,9 +178,4 @@ def test_parse_never_raises(adapter: Idefics3Adapter, text: str) -> None:
     ("There is no red cube.", None),
 ])
 def test_parse_chosen_format_answers(adapter: Idefics3Adapter, answer: str, expected: Box | None) -> None:
-    parsed = adapter.parse_box(answer, BoxFrame(image_size=(1000, 500)))
-    if expected is None:
-        assert isinstance(parsed, BoxParseFailure)
-    else:
-        assert isinstance(parsed, Box)
-        assert parsed.as_tuple() == pytest.approx(expected.as_tuple())
+    assert_parses_to(adapter, answer, BoxFrame(image_size=(1000, 500)), expected)

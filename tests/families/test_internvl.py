@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import pytest
-import torch
 from hypothesis import given, settings, strategies as st
 from transformers import GotOcr2ImageProcessorPil, InternVLForConditionalGeneration
-from transformers.image_utils import PILImageResampling
 
 from tests.conftest import noise_image
+from tests.families.checks import (
+    assert_fixture_is_registered,
+    assert_generates,
+    assert_parses_to,
+    assert_round_trip,
+    boxes_in_images,
+    text_config_geometry,
+)
 from vrh_interp.boxes import Box, BoxParseFailure, InvalidBoxError
-from vrh_interp.families import adapter_for_config
 from vrh_interp.families.base import BoxFrame
 from vrh_interp.families.internvl import InternVLAdapter
-from vrh_interp.heads import HeadGeometry
-from vrh_interp.testing.layout_probe import changed_positions
+from vrh_interp.testing.layout_probe import check_layout_by_painting, nearest_resampling
 from vrh_interp.testing.tiny import TinyVLM
 from vrh_interp.testing.tiny.internvl import TILE_SIZE, TOKENS_PER_TILE, build
 
@@ -36,9 +40,7 @@ LAYOUT_CASES = [
 
 @pytest.fixture(scope="module")
 def tiny() -> TinyVLM:
-    model = build(seed=0)
-    model.processor.image_processor.resample = PILImageResampling.NEAREST
-    return model
+    return nearest_resampling(build(seed=0))
 
 
 @pytest.fixture(scope="module")
@@ -53,20 +55,12 @@ def encode_image(tiny: TinyVLM, adapter: InternVLAdapter, image_size: tuple[int,
 
 
 def test_fixture_is_the_real_family_and_registry_picks_the_adapter(tiny: TinyVLM) -> None:
-    assert isinstance(tiny.model, InternVLForConditionalGeneration)
-    assert isinstance(tiny.processor.image_processor, GotOcr2ImageProcessorPil)
-    assert tiny.model.config.get_text_config().vocab_size == len(tiny.processor.tokenizer)
-    assert type(adapter_for_config(tiny.model.config)) is InternVLAdapter
+    assert_fixture_is_registered(tiny, InternVLForConditionalGeneration, GotOcr2ImageProcessorPil, InternVLAdapter)
 
 
 def test_geometry_and_attention_path_match_the_model(tiny: TinyVLM, adapter: InternVLAdapter) -> None:
     text_config = tiny.model.config.get_text_config()
-    assert adapter.geometry() == HeadGeometry(
-        num_layers=text_config.num_hidden_layers,
-        num_heads=text_config.num_attention_heads,
-        num_kv_heads=text_config.num_key_value_heads,
-        head_dim=text_config.head_dim,
-    )
+    assert adapter.geometry() == text_config_geometry(text_config, text_config.head_dim)
     attention = adapter.attention_module(tiny.model, 1)
     assert attention is tiny.model.model.language_model.layers[1].self_attn
     assert adapter.output_projection(tiny.model, 1).in_features == text_config.num_attention_heads * attention.head_dim
@@ -77,11 +71,7 @@ def test_geometry_and_attention_path_match_the_model(tiny: TinyVLM, adapter: Int
 @pytest.mark.parametrize(("image_size", "box"), LAYOUT_CASES)
 def test_layout_equals_tokens_changed_by_painting_the_box(tiny: TinyVLM, adapter: InternVLAdapter,
                                                           image_size: tuple[int, int], box: Box) -> None:
-    image = noise_image(*image_size, seed=image_size[0])
-    encoding = adapter.encode(tiny.processor, [image], [adapter.grounding_prompt(tiny.processor, "the object")])
-    expected = adapter.visual_layout(encoding, image_size, tiny.processor).positions_for_box(box)
-    assert expected
-    assert changed_positions(tiny, adapter, image, box) == expected
+    assert check_layout_by_painting(tiny, adapter, noise_image(*image_size, seed=image_size[0]), box)
 
 
 @pytest.mark.parametrize(("image_size", "grid"), [((150, 70), (2, 1)), ((200, 130), (3, 2)), ((70, 150), (1, 2)),
@@ -151,35 +141,16 @@ def test_grounding_prompt_uses_the_chat_template_and_generates(tiny: TinyVLM, ad
     first, last = ids.index(tokenizer.start_image_token_id), ids.index(tokenizer.end_image_token_id)
     assert set(ids[first + 1:last]) == {adapter.image_token_id(tiny.processor)}
     assert last - first - 1 == 3 * TOKENS_PER_TILE
-    with torch.no_grad():
-        generated = tiny.model.generate(**encoding, max_new_tokens=3, do_sample=False)
-    assert generated.shape == (1, encoding["input_ids"].shape[1] + 3)
-
-
-@st.composite
-def boxes_in_images(draw: st.DrawFn) -> tuple[Box, tuple[int, int]]:
-    """A box at least two 0-1000 quantisation steps wide and high inside a random image."""
-    width, height = draw(st.integers(8, 4000)), draw(st.integers(8, 4000))
-    min_w, min_h = 2 * width / 1000, 2 * height / 1000
-    x1 = draw(st.floats(0, width - min_w))
-    y1 = draw(st.floats(0, height - min_h))
-    x2 = draw(st.floats(x1 + min_w, width))
-    y2 = draw(st.floats(y1 + min_h, height))
-    return Box(x1, y1, x2, y2), (width, height)
+    assert_generates(tiny, encoding)
 
 
 @settings(max_examples=200, deadline=None)
-@given(boxes_in_images())
+@given(boxes_in_images(1000))
 def test_format_then_parse_round_trips_within_one_step(adapter: InternVLAdapter,
                                                        case: tuple[Box, tuple[int, int]]) -> None:
     box, (width, height) = case
-    frame = BoxFrame(image_size=(width, height))
-    text = adapter.format_box(box, frame)
+    text = assert_round_trip(adapter, box, BoxFrame(image_size=(width, height)), (width / 1000 / 2, height / 1000 / 2))
     assert text.startswith("<box>[[") and text.endswith("]]</box>")
-    parsed = adapter.parse_box(text, frame)
-    assert isinstance(parsed, Box)
-    steps = (width / 1000, height / 1000, width / 1000, height / 1000)
-    assert all(abs(a - b) <= step / 2 + 1e-9 for a, b, step in zip(parsed.as_tuple(), box.as_tuple(), steps))
 
 
 NEAR_MISSES = st.sampled_from([
@@ -211,9 +182,4 @@ def test_parse_never_raises(adapter: InternVLAdapter, text: str) -> None:
     ("I cannot find the man in the image.", None),
 ])
 def test_parse_documented_answers(adapter: InternVLAdapter, answer: str, expected: Box | None) -> None:
-    parsed = adapter.parse_box(answer, BoxFrame(image_size=(1000, 500)))
-    if expected is None:
-        assert isinstance(parsed, BoxParseFailure)
-    else:
-        assert isinstance(parsed, Box)
-        assert parsed.as_tuple() == pytest.approx(expected.as_tuple())
+    assert_parses_to(adapter, answer, BoxFrame(image_size=(1000, 500)), expected)

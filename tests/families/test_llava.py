@@ -2,47 +2,30 @@
 
 from __future__ import annotations
 
-import random
-
 import pytest
 from hypothesis import assume, given, settings, strategies as st
 from transformers import CLIPImageProcessorPil, LlavaForConditionalGeneration, LlavaImageProcessorPil
 
 from tests.conftest import noise_image
+from tests.families.checks import (
+    assert_fixture_is_registered,
+    assert_generates,
+    assert_parses_to,
+    assert_round_trip,
+    noise_image_layout,
+)
 from vrh_interp.boxes import Box, BoxParseFailure, InvalidBoxError
-from vrh_interp.families import adapter_for_config
-from vrh_interp.families.base import BoxFrame, VisualLayout
+from vrh_interp.families.base import BoxFrame
 from vrh_interp.families.llava import LlavaAdapter, llava_processed_view
 from vrh_interp.heads import HeadGeometry
-from vrh_interp.testing.layout_probe import changed_positions
+from vrh_interp.testing.layout_probe import (
+    assert_changed_within_sampling,
+    changed_positions,
+    check_layout_by_painting,
+    random_boxes,
+)
 from vrh_interp.testing.tiny import TinyVLM
 from vrh_interp.testing.tiny.llava import build, build_processor
-
-
-def assert_changed_within_sampling(layout: VisualLayout, box: Box, changed: list[int], spacing: float) -> None:
-    """Layout experiment on an image the processor DOWNSCALES, where exact equality cannot hold.
-
-    NEAREST resampling reads one source pixel per processed pixel, ``spacing`` source pixels apart, so a token
-    whose patch overlaps the box only by a sliver narrower than that may keep its value. The changed
-    positions must then lie between the rule for the box shrunk by ``spacing`` and the rule for the box.
-    """
-    upper = layout.positions_for_box(box)
-    assert set(changed) <= set(upper)
-    if box.width > 2 * spacing and box.height > 2 * spacing:
-        inner = Box(box.x1 + spacing, box.y1 + spacing, box.x2 - spacing, box.y2 - spacing)
-        lower = layout.positions_for_box(inner)
-        assert lower and set(lower) <= set(changed)
-
-
-def random_boxes(image_size: tuple[int, int], count: int, seed: int) -> list[Box]:
-    """Integer-pixel boxes inside the image (the probe paints whole pixels)."""
-    width, height = image_size
-    rng = random.Random(seed)
-    boxes = []
-    for _ in range(count):
-        x1, y1 = rng.randrange(width - 1), rng.randrange(height - 1)
-        boxes.append(Box(x1, y1, rng.randint(x1 + 1, width), rng.randint(y1 + 1, height)))
-    return boxes
 
 
 @pytest.fixture(scope="module")
@@ -62,17 +45,8 @@ def adapter(crop_tiny: TinyVLM) -> LlavaAdapter:
     return LlavaAdapter(crop_tiny.model.config)
 
 
-def layout_for(tiny: TinyVLM, adapter: LlavaAdapter, image_size: tuple[int, int]) -> VisualLayout:
-    prompt = adapter.grounding_prompt(tiny.processor, "x")
-    encoding = adapter.encode(tiny.processor, [noise_image(*image_size)], [prompt])
-    return adapter.visual_layout(encoding, image_size, tiny.processor)
-
-
 def test_fixture_is_the_real_family_and_registry_picks_the_adapter(crop_tiny: TinyVLM) -> None:
-    assert isinstance(crop_tiny.model, LlavaForConditionalGeneration)
-    assert isinstance(crop_tiny.processor.image_processor, LlavaImageProcessorPil)
-    assert crop_tiny.model.config.get_text_config().vocab_size == len(crop_tiny.processor.tokenizer)
-    assert type(adapter_for_config(crop_tiny.model.config)) is LlavaAdapter
+    assert_fixture_is_registered(crop_tiny, LlavaForConditionalGeneration, LlavaImageProcessorPil, LlavaAdapter)
 
 
 def test_geometry_and_attention_path_match_the_model(crop_tiny: TinyVLM, adapter: LlavaAdapter) -> None:
@@ -106,15 +80,13 @@ PAD_CASES = [
 @pytest.mark.parametrize(("image_size", "box"), CROP_CASES)
 def test_crop_mode_layout_equals_tokens_changed_by_painting_the_box(crop_tiny: TinyVLM, adapter: LlavaAdapter,
                                                                     image_size: tuple[int, int], box: Box) -> None:
-    expected = layout_for(crop_tiny, adapter, image_size).positions_for_box(box)
-    assert changed_positions(crop_tiny, adapter, noise_image(*image_size), box) == expected
+    check_layout_by_painting(crop_tiny, adapter, noise_image(*image_size), box)
 
 
 @pytest.mark.parametrize(("image_size", "box"), PAD_CASES)
 def test_pad_mode_layout_equals_tokens_changed_by_painting_the_box(pad_tiny: TinyVLM, adapter: LlavaAdapter,
                                                                    image_size: tuple[int, int], box: Box) -> None:
-    expected = layout_for(pad_tiny, adapter, image_size).positions_for_box(box)
-    assert changed_positions(pad_tiny, adapter, noise_image(*image_size), box) == expected
+    check_layout_by_painting(pad_tiny, adapter, noise_image(*image_size), box)
 
 
 @pytest.mark.parametrize(("mode", "image_size"), [("crop", (300, 200)), ("pad", (97, 203))])
@@ -122,7 +94,7 @@ def test_downscaled_layouts_agree_with_painting_up_to_sampling(crop_tiny: TinyVL
                                                                adapter: LlavaAdapter, mode: str,
                                                                image_size: tuple[int, int]) -> None:
     tiny = crop_tiny if mode == "crop" else pad_tiny
-    layout = layout_for(tiny, adapter, image_size)
+    layout = noise_image_layout(tiny, adapter, image_size)
     spacing = max(llava_processed_view(image_size, tiny.processor.image_processor).scale)
     for box in random_boxes(image_size, count=3, seed=image_size[0]):
         changed = changed_positions(tiny, adapter, noise_image(*image_size), box)
@@ -131,11 +103,11 @@ def test_downscaled_layouts_agree_with_painting_up_to_sampling(crop_tiny: TinyVL
 
 def test_crop_and_pad_layouts_follow_the_processor_settings(crop_tiny: TinyVLM, pad_tiny: TinyVLM,
                                                             adapter: LlavaAdapter) -> None:
-    crop = layout_for(crop_tiny, adapter, (70, 44))
+    crop = noise_image_layout(crop_tiny, adapter, (70, 44))
     (block,) = crop.blocks
     assert (block.rows, block.cols, block.region) == (5, 5, (13.0, 0.0, 53.0, 40.0))
     assert len(crop.visual_positions) == 25 and crop.input_size == (44, 44)
-    (padded,) = layout_for(pad_tiny, adapter, (44, 30)).blocks
+    (padded,) = noise_image_layout(pad_tiny, adapter, (44, 30)).blocks
     assert padded.region == (0.0, -7.0, 40.0, 33.0)
     # llava-hf's real configuration: shortest edge 336, centre crop 336 -> the central square.
     hub = CLIPImageProcessorPil(size={"shortest_edge": 336}, crop_size={"height": 336, "width": 336})
@@ -153,7 +125,7 @@ def test_box_frames_are_the_square_the_model_sees(crop_tiny: TinyVLM, pad_tiny: 
 
 
 def test_boxes_outside_the_image_are_refused(crop_tiny: TinyVLM, adapter: LlavaAdapter) -> None:
-    layout = layout_for(crop_tiny, adapter, (70, 44))
+    layout = noise_image_layout(crop_tiny, adapter, (70, 44))
     with pytest.raises(InvalidBoxError):
         layout.positions_for_box(Box(60, 0, 90, 10))
     with pytest.raises(InvalidBoxError):
@@ -168,8 +140,7 @@ def test_grounding_prompt_uses_the_chat_template_and_generates(crop_tiny: TinyVL
                       "describes: the red circle ASSISTANT:")
     encoding = adapter.encode(crop_tiny.processor, [noise_image(50, 40)], [prompt])
     assert int((encoding["input_ids"][0] == adapter.image_token_id(crop_tiny.processor)).sum()) == 25
-    generated = crop_tiny.model.generate(**encoding, max_new_tokens=3, do_sample=False)
-    assert generated.shape == (1, encoding["input_ids"].shape[1] + 3)
+    assert_generates(crop_tiny, encoding)
 
 
 @st.composite
@@ -180,12 +151,9 @@ def image_and_box(draw: st.DrawFn) -> tuple[tuple[int, int], Box]:
     return (width, height), Box(fx1 * width, fy1 * height, fx2 * width, fy2 * height)
 
 
-def assert_round_trip(adapter: LlavaAdapter, box: Box, frame: BoxFrame, side: tuple[float, float]) -> None:
+def assert_round_trip_in_view(adapter: LlavaAdapter, box: Box, frame: BoxFrame, side: tuple[float, float]) -> None:
     assume(box.width >= 0.02 * side[0] and box.height >= 0.02 * side[1])  # survives 0.01 quantisation
-    parsed = adapter.parse_box(adapter.format_box(box, frame), frame)
-    assert isinstance(parsed, Box)
-    for got, want, step in zip(parsed.as_tuple(), box.as_tuple(), (side[0], side[1]) * 2):
-        assert abs(got - want) <= 0.01 * step + 1e-9
+    assert_round_trip(adapter, box, frame, (0.01 * side[0], 0.01 * side[1]))
 
 
 @settings(max_examples=200, deadline=None)
@@ -194,8 +162,8 @@ def test_format_then_parse_round_trips_in_the_padded_square(adapter: LlavaAdapte
                                                             case: tuple[tuple[int, int], Box]) -> None:
     image_size, box = case
     side = float(max(image_size))
-    assert_round_trip(adapter, box, adapter.box_frame(None, image_size), (side, side))
-    assert_round_trip(adapter, box, BoxFrame(image_size=image_size), (side, side))
+    assert_round_trip_in_view(adapter, box, adapter.box_frame(None, image_size), (side, side))
+    assert_round_trip_in_view(adapter, box, BoxFrame(image_size=image_size), (side, side))
 
 
 @settings(max_examples=100, deadline=None)
@@ -207,7 +175,7 @@ def test_format_then_parse_round_trips_in_the_central_crop(crop_tiny: TinyVLM, a
     x0, y0, x1, y1 = frame.view_region
     inside = Box(x0 + box.x1 / image_size[0] * (x1 - x0), y0 + box.y1 / image_size[1] * (y1 - y0),
                  x0 + box.x2 / image_size[0] * (x1 - x0), y0 + box.y2 / image_size[1] * (y1 - y0))
-    assert_round_trip(adapter, inside, frame, (x1 - x0, y1 - y0))
+    assert_round_trip_in_view(adapter, inside, frame, (x1 - x0, y1 - y0))
 
 
 @settings(max_examples=300, deadline=None)
@@ -234,10 +202,5 @@ DOCUMENTED_ANSWERS = [
 
 @pytest.mark.parametrize(("answer", "expected"), DOCUMENTED_ANSWERS)
 def test_parse_documented_answers(adapter: LlavaAdapter, answer: str, expected: Box | None) -> None:
-    parsed = adapter.parse_box(answer, adapter.box_frame(None, (640, 480)))
-    if expected is None:
-        assert isinstance(parsed, BoxParseFailure) and parsed.text == answer
-    else:
-        assert isinstance(parsed, Box)
-        assert parsed.as_tuple() == pytest.approx(expected.as_tuple())
+    assert_parses_to(adapter, answer, adapter.box_frame(None, (640, 480)), expected)
 

@@ -6,16 +6,29 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 from transformers import LlavaNextForConditionalGeneration, LlavaNextImageProcessorPil
-from transformers.image_processing_utils import select_best_resolution
 
 from tests.conftest import noise_image
-from tests.families.test_llava import assert_changed_within_sampling, random_boxes
+from tests.families.checks import (
+    anyres_sample_spacing,
+    assert_fixture_is_registered,
+    assert_generates,
+    assert_parses_to,
+    assert_round_trip,
+    encode_noise_image,
+    noise_image_layout,
+    small_boxes_in_images,
+)
 from vrh_interp.boxes import Box, BoxParseFailure, InvalidBoxError
-from vrh_interp.families import adapter_for_config
-from vrh_interp.families.base import BoxFrame, VisualLayout
-from vrh_interp.families.llava_next import LlavaNextAdapter, tiled_canvas
+from vrh_interp.families.base import BoxFrame
+from vrh_interp.families.llava_next import LlavaNextAdapter
 from vrh_interp.heads import HeadGeometry
-from vrh_interp.testing.layout_probe import changed_positions, language_model_input
+from vrh_interp.testing.layout_probe import (
+    assert_changed_within_sampling,
+    changed_positions,
+    check_layout_by_painting,
+    language_model_input,
+    random_boxes,
+)
 from vrh_interp.testing.tiny import TinyVLM
 from vrh_interp.testing.tiny.llava_next import GRID_PINPOINTS, TILE_SIZE, build
 
@@ -30,27 +43,8 @@ def adapter(tiny: TinyVLM) -> LlavaNextAdapter:
     return LlavaNextAdapter(tiny.model.config)
 
 
-def encode(tiny: TinyVLM, adapter: LlavaNextAdapter, image_size: tuple[int, int]) -> dict:
-    return adapter.encode(tiny.processor, [noise_image(*image_size)], [adapter.grounding_prompt(tiny.processor, "x")])
-
-
-def layout_for(tiny: TinyVLM, adapter: LlavaNextAdapter, image_size: tuple[int, int]) -> VisualLayout:
-    return adapter.visual_layout(encode(tiny, adapter, image_size), image_size, tiny.processor)
-
-
-def sample_spacing(image_size: tuple[int, int]) -> float:
-    """Largest source-pixel step of NEAREST over the base view and the best-resolution canvas."""
-    width, height = image_size
-    canvas = tiled_canvas((height, width), select_best_resolution((height, width), GRID_PINPOINTS))
-    new_h, new_w = canvas.resized
-    return max(width / TILE_SIZE, height / TILE_SIZE, width / new_w, height / new_h)
-
-
 def test_fixture_is_the_real_family_and_registry_picks_the_adapter(tiny: TinyVLM) -> None:
-    assert isinstance(tiny.model, LlavaNextForConditionalGeneration)
-    assert isinstance(tiny.processor.image_processor, LlavaNextImageProcessorPil)
-    assert tiny.model.config.get_text_config().vocab_size == len(tiny.processor.tokenizer)
-    assert type(adapter_for_config(tiny.model.config)) is LlavaNextAdapter
+    assert_fixture_is_registered(tiny, LlavaNextForConditionalGeneration, LlavaNextImageProcessorPil, LlavaNextAdapter)
 
 
 def test_geometry_and_attention_path_match_the_model(tiny: TinyVLM, adapter: LlavaNextAdapter) -> None:
@@ -76,24 +70,24 @@ EXACT_CASES = [
 @pytest.mark.parametrize(("image_size", "box"), EXACT_CASES)
 def test_layout_equals_tokens_changed_by_painting_the_box(tiny: TinyVLM, adapter: LlavaNextAdapter,
                                                           image_size: tuple[int, int], box: Box) -> None:
-    expected = layout_for(tiny, adapter, image_size).positions_for_box(box)
-    assert changed_positions(tiny, adapter, noise_image(*image_size), box) == expected
+    check_layout_by_painting(tiny, adapter, noise_image(*image_size), box)
 
 
 @pytest.mark.parametrize("image_size", [(50, 37), (90, 25), (25, 90), (77, 60)])  # 2x2, 1x3, 3x1, 2x2 tiles
 def test_downscaled_layouts_agree_with_painting_up_to_sampling(tiny: TinyVLM, adapter: LlavaNextAdapter,
                                                                image_size: tuple[int, int]) -> None:
-    layout = layout_for(tiny, adapter, image_size)
+    layout = noise_image_layout(tiny, adapter, image_size)
+    spacing = anyres_sample_spacing(image_size, GRID_PINPOINTS, TILE_SIZE)
     for box in random_boxes(image_size, count=3, seed=image_size[0]):
         changed = changed_positions(tiny, adapter, noise_image(*image_size), box)
-        assert_changed_within_sampling(layout, box, changed, sample_spacing(image_size))
+        assert_changed_within_sampling(layout, box, changed, spacing)
 
 
 @pytest.mark.parametrize("image_size", [(50, 37), (90, 25), (25, 90), (77, 60), (30, 20), (16, 16)])
 def test_token_count_base_first_and_newlines(tiny: TinyVLM, adapter: LlavaNextAdapter,
                                              image_size: tuple[int, int]) -> None:
     width, height = image_size
-    encoding = encode(tiny, adapter, image_size)
+    encoding = encode_noise_image(tiny, adapter, image_size)
     layout = adapter.visual_layout(encoding, image_size, tiny.processor)
     expected_count = tiny.processor._get_number_of_features(height, width, TILE_SIZE, TILE_SIZE) - 1  # CLS
     assert len(layout.visual_positions) == expected_count
@@ -119,7 +113,7 @@ def test_batched_rows_have_the_layout_of_their_own_image(tiny: TinyVLM, adapter:
     batch = adapter.encode(tiny.processor, [noise_image(*size) for size in sizes], [prompt, prompt])
     for row, size in enumerate(sizes):
         batched = adapter.visual_layout(batch, size, tiny.processor, batch_index=row)
-        single = layout_for(tiny, adapter, size)
+        single = noise_image_layout(tiny, adapter, size)
         shift = batched.visual_positions[0] - single.visual_positions[0]  # left padding of the shorter row
         assert [p - shift for p in batched.visual_positions] == list(single.visual_positions)
         assert [b.region for b in batched.blocks] == [b.region for b in single.blocks]
@@ -128,14 +122,14 @@ def test_batched_rows_have_the_layout_of_their_own_image(tiny: TinyVLM, adapter:
 def test_unpadding_keeps_the_extra_row_of_an_odd_remainder(tiny: TinyVLM, adapter: LlavaNextAdapter) -> None:
     # 90x25 -> 1x3 tiles: resized to 96x27 and pasted 2 rows down in 96x32; unpad_image keeps
     # round(25 * 12 / 90) = 3 rows plus the odd remainder, i.e. all 4 token rows.
-    tiles = layout_for(tiny, adapter, (90, 25)).blocks[1:]
+    tiles = noise_image_layout(tiny, adapter, (90, 25)).blocks[1:]
     assert [(b.name, b.rows, b.cols) for b in tiles] == [("tile 0,0", 4, 4), ("tile 0,1", 4, 4), ("tile 0,2", 4, 4)]
     assert tiles[0].region == pytest.approx((0.0, -2 * 25 / 27, 30.0, 30 * 25 / 27))
 
 
 def test_boxes_outside_the_image_are_refused(tiny: TinyVLM, adapter: LlavaNextAdapter) -> None:
     with pytest.raises(InvalidBoxError):
-        layout_for(tiny, adapter, (50, 37)).positions_for_box(Box(40, 30, 60, 37))
+        noise_image_layout(tiny, adapter, (50, 37)).positions_for_box(Box(40, 30, 60, 37))
     with pytest.raises(InvalidBoxError):
         adapter.format_box(Box(-5, 0, 10, 10), adapter.box_frame(None, (50, 37)))
 
@@ -145,21 +139,16 @@ def test_grounding_prompt_uses_the_chat_template_and_generates(tiny: TinyVLM, ad
     assert prompt == ("[INST] <image>\nPlease provide the bounding box coordinate of the region this sentence "
                       "describes: the red circle [/INST]")
     encoding = adapter.encode(tiny.processor, [noise_image(50, 37)], [prompt])
-    generated = tiny.model.generate(**encoding, max_new_tokens=3, do_sample=False)
-    assert generated.shape == (1, encoding["input_ids"].shape[1] + 3)
+    assert_generates(tiny, encoding)
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.integers(8, 4000), st.integers(8, 4000), st.floats(0, 0.9), st.floats(0, 0.9), st.floats(0.02, 0.1),
-       st.floats(0.02, 0.1))
-def test_format_then_parse_round_trips_within_one_step(adapter: LlavaNextAdapter, width: int, height: int,
-                                                       fx: float, fy: float, fw: float, fh: float) -> None:
-    box = Box(fx * width, fy * height, (fx + fw) * width, (fy + fh) * height)
+@given(small_boxes_in_images())
+def test_format_then_parse_round_trips_within_one_step(adapter: LlavaNextAdapter,
+                                                       case: tuple[Box, tuple[int, int]]) -> None:
+    box, (width, height) = case
     for frame in (adapter.box_frame(None, (width, height)), BoxFrame(image_size=(width, height))):
-        parsed = adapter.parse_box(adapter.format_box(box, frame), frame)
-        assert isinstance(parsed, Box)
-        for got, want, side in zip(parsed.as_tuple(), box.as_tuple(), (width, height) * 2):
-            assert abs(got - want) <= 0.01 * side + 1e-9
+        assert_round_trip(adapter, box, frame, (0.01 * width, 0.01 * height))
 
 
 @settings(max_examples=300, deadline=None)
@@ -180,8 +169,4 @@ DOCUMENTED_ANSWERS = [  # relative to the whole 640x480 image
 
 @pytest.mark.parametrize(("answer", "expected"), DOCUMENTED_ANSWERS)
 def test_parse_documented_answers(adapter: LlavaNextAdapter, answer: str, expected: Box | None) -> None:
-    parsed = adapter.parse_box(answer, adapter.box_frame(None, (640, 480)))
-    if expected is None:
-        assert isinstance(parsed, BoxParseFailure)
-    else:
-        assert isinstance(parsed, Box) and parsed.as_tuple() == pytest.approx(expected.as_tuple())
+    assert_parses_to(adapter, answer, adapter.box_frame(None, (640, 480)), expected)

@@ -8,17 +8,29 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 from transformers import LlavaOnevisionForConditionalGeneration, LlavaOnevisionImageProcessorPil
-from transformers.image_processing_utils import select_best_resolution
 
 from tests.conftest import noise_image
-from tests.families.test_llava import assert_changed_within_sampling, random_boxes
+from tests.families.checks import (
+    anyres_sample_spacing,
+    assert_fixture_is_registered,
+    assert_generates,
+    assert_parses_to,
+    assert_round_trip,
+    encode_noise_image,
+    noise_image_layout,
+    small_boxes_in_images,
+)
 from vrh_interp.boxes import Box, BoxParseFailure
-from vrh_interp.families import adapter_for_config
-from vrh_interp.families.base import BoxFrame, VisualLayout
-from vrh_interp.families.llava_next import tiled_canvas
+from vrh_interp.families.base import BoxFrame
 from vrh_interp.families.llava_onevision import LlavaOnevisionAdapter, bilinear_sources
 from vrh_interp.heads import HeadGeometry
-from vrh_interp.testing.layout_probe import changed_positions, language_model_input
+from vrh_interp.testing.layout_probe import (
+    assert_changed_within_sampling,
+    changed_positions,
+    check_layout_by_painting,
+    language_model_input,
+    random_boxes,
+)
 from vrh_interp.testing.tiny import TinyVLM
 from vrh_interp.testing.tiny.llava_onevision import GRID_PINPOINTS, TILE_SIZE, build
 
@@ -33,26 +45,9 @@ def adapter(tiny: TinyVLM) -> LlavaOnevisionAdapter:
     return LlavaOnevisionAdapter(tiny.model.config)
 
 
-def encode(tiny: TinyVLM, adapter: LlavaOnevisionAdapter, image_size: tuple[int, int]) -> dict:
-    return adapter.encode(tiny.processor, [noise_image(*image_size)], [adapter.grounding_prompt(tiny.processor, "x")])
-
-
-def layout_for(tiny: TinyVLM, adapter: LlavaOnevisionAdapter, image_size: tuple[int, int]) -> VisualLayout:
-    return adapter.visual_layout(encode(tiny, adapter, image_size), image_size, tiny.processor)
-
-
-def sample_spacing(image_size: tuple[int, int]) -> float:
-    width, height = image_size
-    canvas = tiled_canvas((height, width), select_best_resolution((height, width), GRID_PINPOINTS))
-    new_h, new_w = canvas.resized
-    return max(width / TILE_SIZE, height / TILE_SIZE, width / new_w, height / new_h)
-
-
 def test_fixture_is_the_real_family_and_registry_picks_the_adapter(tiny: TinyVLM) -> None:
-    assert isinstance(tiny.model, LlavaOnevisionForConditionalGeneration)
-    assert isinstance(tiny.processor.image_processor, LlavaOnevisionImageProcessorPil)
-    assert tiny.model.config.get_text_config().vocab_size == len(tiny.processor.tokenizer)
-    assert type(adapter_for_config(tiny.model.config)) is LlavaOnevisionAdapter
+    assert_fixture_is_registered(tiny, LlavaOnevisionForConditionalGeneration, LlavaOnevisionImageProcessorPil,
+                                 LlavaOnevisionAdapter)
 
 
 def test_geometry_and_attention_path_match_the_model(tiny: TinyVLM, adapter: LlavaOnevisionAdapter) -> None:
@@ -77,23 +72,23 @@ EXACT_CASES = [
 @pytest.mark.parametrize(("image_size", "box"), EXACT_CASES)
 def test_layout_equals_tokens_changed_by_painting_the_box(tiny: TinyVLM, adapter: LlavaOnevisionAdapter,
                                                           image_size: tuple[int, int], box: Box) -> None:
-    expected = layout_for(tiny, adapter, image_size).positions_for_box(box)
-    assert changed_positions(tiny, adapter, noise_image(*image_size), box) == expected
+    check_layout_by_painting(tiny, adapter, noise_image(*image_size), box)
 
 
 @pytest.mark.parametrize("image_size", [(40, 100), (150, 200)])  # 3x2 tiles; 6x5 tiles, downsampled
 def test_downscaled_layouts_agree_with_painting_up_to_sampling(tiny: TinyVLM, adapter: LlavaOnevisionAdapter,
                                                                image_size: tuple[int, int]) -> None:
-    layout = layout_for(tiny, adapter, image_size)
+    layout = noise_image_layout(tiny, adapter, image_size)
+    spacing = anyres_sample_spacing(image_size, GRID_PINPOINTS, TILE_SIZE)
     for box in random_boxes(image_size, count=2, seed=image_size[0]):
         changed = changed_positions(tiny, adapter, noise_image(*image_size), box)
-        assert_changed_within_sampling(layout, box, changed, sample_spacing(image_size))
+        assert_changed_within_sampling(layout, box, changed, spacing)
 
 
 @pytest.mark.parametrize("image_size", [(72, 36), (40, 100), (200, 150), (150, 200), (30, 20)])
 def test_token_count_and_newlines(tiny: TinyVLM, adapter: LlavaOnevisionAdapter, image_size: tuple[int, int]) -> None:
     width, height = image_size
-    encoding = encode(tiny, adapter, image_size)
+    encoding = encode_noise_image(tiny, adapter, image_size)
     layout = adapter.visual_layout(encoding, image_size, tiny.processor)
     assert len(layout.visual_positions) == tiny.processor._get_number_of_features(height, width, TILE_SIZE, TILE_SIZE)
     assert layout.blocks[0].positions == layout.visual_positions[:16]
@@ -108,7 +103,7 @@ def test_token_count_and_newlines(tiny: TinyVLM, adapter: LlavaOnevisionAdapter,
 def test_large_grids_are_downsampled_like_pack_image_features(tiny: TinyVLM, adapter: LlavaOnevisionAdapter) -> None:
     # 200x150 -> 5x6 tiles of 4x4 tokens; unpadding keeps 18 of 20 rows and all 24 columns;
     # ratio = sqrt(18 * 24 / (9 * 16)) = 1.73 > 1.1 -> int(18 // 1.73) x int(24 // 1.73) = 10 x 13.
-    layout = layout_for(tiny, adapter, (200, 150))
+    layout = noise_image_layout(tiny, adapter, (200, 150))
     ratio = math.sqrt(18 * 24 / (9 * 16))
     assert adapter.packed_grid_shape(18, 24, 4) == (int(18 // ratio), int(24 // ratio)) == (10, 13)
     downsampled = {p for block in layout.blocks[1:] for p in block.positions}
@@ -140,21 +135,15 @@ def test_grounding_prompt_uses_the_chat_template_and_generates(tiny: TinyVLM, ad
     assert prompt == ("<|im_start|>user <image>\nPlease provide the bounding box coordinate of the region this "
                       "sentence describes: the red circle<|im_end|>\n<|im_start|>assistant\n")
     encoding = adapter.encode(tiny.processor, [noise_image(72, 36)], [prompt])
-    generated = tiny.model.generate(**encoding, max_new_tokens=3, do_sample=False)
-    assert generated.shape == (1, encoding["input_ids"].shape[1] + 3)
+    assert_generates(tiny, encoding)
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.integers(8, 4000), st.integers(8, 4000), st.floats(0, 0.9), st.floats(0, 0.9), st.floats(0.02, 0.1),
-       st.floats(0.02, 0.1))
-def test_format_then_parse_round_trips_within_one_step(adapter: LlavaOnevisionAdapter, width: int, height: int,
-                                                       fx: float, fy: float, fw: float, fh: float) -> None:
-    box = Box(fx * width, fy * height, (fx + fw) * width, (fy + fh) * height)
-    frame = adapter.box_frame(None, (width, height))
-    parsed = adapter.parse_box(adapter.format_box(box, frame), frame)
-    assert isinstance(parsed, Box)
-    for got, want, side in zip(parsed.as_tuple(), box.as_tuple(), (width, height) * 2):
-        assert abs(got - want) <= 0.01 * side + 1e-9
+@given(small_boxes_in_images())
+def test_format_then_parse_round_trips_within_one_step(adapter: LlavaOnevisionAdapter,
+                                                       case: tuple[Box, tuple[int, int]]) -> None:
+    box, (width, height) = case
+    assert_round_trip(adapter, box, adapter.box_frame(None, (width, height)), (0.01 * width, 0.01 * height))
 
 
 @settings(max_examples=200, deadline=None)
@@ -169,8 +158,4 @@ def test_parse_never_raises(adapter: LlavaOnevisionAdapter, text: str) -> None:
     ("The person on the left.", None),
 ])
 def test_parse_documented_answers(adapter: LlavaOnevisionAdapter, answer: str, expected: Box | None) -> None:
-    parsed = adapter.parse_box(answer, adapter.box_frame(None, (640, 480)))
-    if expected is None:
-        assert isinstance(parsed, BoxParseFailure)
-    else:
-        assert isinstance(parsed, Box) and parsed.as_tuple() == pytest.approx(expected.as_tuple())
+    assert_parses_to(adapter, answer, adapter.box_frame(None, (640, 480)), expected)

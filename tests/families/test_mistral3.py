@@ -8,13 +8,25 @@ from transformers import Mistral3ForConditionalGeneration, PixtralImageProcessor
 from transformers.models.pixtral.image_processing_pil_pixtral import get_resize_output_image_size
 
 from tests.conftest import noise_image
-from tests.families.test_llava import assert_changed_within_sampling, random_boxes
+from tests.families.checks import (
+    assert_fixture_is_registered,
+    assert_generates,
+    assert_parses_to,
+    assert_round_trip,
+    encode_noise_image,
+    noise_image_layout,
+    small_boxes_in_images,
+)
 from vrh_interp.boxes import Box, BoxParseFailure, InvalidBoxError
-from vrh_interp.families import adapter_for_config
-from vrh_interp.families.base import BoxFrame, VisualLayout
+from vrh_interp.families.base import BoxFrame
 from vrh_interp.families.mistral3 import Mistral3Adapter
 from vrh_interp.heads import HeadGeometry
-from vrh_interp.testing.layout_probe import changed_positions
+from vrh_interp.testing.layout_probe import (
+    assert_changed_within_sampling,
+    changed_positions,
+    check_layout_by_painting,
+    random_boxes,
+)
 from vrh_interp.testing.tiny import TinyVLM
 from vrh_interp.testing.tiny.mistral3 import LONGEST_EDGE, PATCH_SIZE, SPATIAL_MERGE_SIZE, build
 
@@ -31,14 +43,6 @@ def adapter(tiny: TinyVLM) -> Mistral3Adapter:
     return Mistral3Adapter(tiny.model.config)
 
 
-def encode(tiny: TinyVLM, adapter: Mistral3Adapter, image_size: tuple[int, int]) -> dict:
-    return adapter.encode(tiny.processor, [noise_image(*image_size)], [adapter.grounding_prompt(tiny.processor, "x")])
-
-
-def layout_for(tiny: TinyVLM, adapter: Mistral3Adapter, image_size: tuple[int, int]) -> VisualLayout:
-    return adapter.visual_layout(encode(tiny, adapter, image_size), image_size, tiny.processor)
-
-
 def resized_hw(image_size: tuple[int, int]) -> tuple[int, int]:
     width, height = image_size
     return get_resize_output_image_size(noise_image(width, height), size=(LONGEST_EDGE, LONGEST_EDGE),
@@ -46,10 +50,7 @@ def resized_hw(image_size: tuple[int, int]) -> tuple[int, int]:
 
 
 def test_fixture_is_the_real_family_and_registry_picks_the_adapter(tiny: TinyVLM) -> None:
-    assert isinstance(tiny.model, Mistral3ForConditionalGeneration)
-    assert isinstance(tiny.processor.image_processor, PixtralImageProcessorPil)
-    assert tiny.model.config.get_text_config().vocab_size == len(tiny.processor.tokenizer)
-    assert type(adapter_for_config(tiny.model.config)) is Mistral3Adapter
+    assert_fixture_is_registered(tiny, Mistral3ForConditionalGeneration, PixtralImageProcessorPil, Mistral3Adapter)
 
 
 def test_port_matches_the_real_pixtral_processor(tiny: TinyVLM) -> None:
@@ -87,14 +88,13 @@ EXACT_CASES = [
 @pytest.mark.parametrize(("image_size", "box"), EXACT_CASES)
 def test_layout_equals_tokens_changed_by_painting_the_box(tiny: TinyVLM, adapter: Mistral3Adapter,
                                                           image_size: tuple[int, int], box: Box) -> None:
-    expected = layout_for(tiny, adapter, image_size).positions_for_box(box)
-    assert changed_positions(tiny, adapter, noise_image(*image_size), box) == expected
+    check_layout_by_painting(tiny, adapter, noise_image(*image_size), box)
 
 
 @pytest.mark.parametrize("image_size", [(50, 37), (200, 150), (100, 30)])  # round up; downscale; both
 def test_resized_layouts_agree_with_painting_up_to_sampling(tiny: TinyVLM, adapter: Mistral3Adapter,
                                                             image_size: tuple[int, int]) -> None:
-    layout = layout_for(tiny, adapter, image_size)
+    layout = noise_image_layout(tiny, adapter, image_size)
     input_w, input_h = layout.input_size
     spacing = max(image_size[0] / input_w, image_size[1] / input_h)
     for box in random_boxes(image_size, count=3, seed=image_size[0]):
@@ -105,7 +105,7 @@ def test_resized_layouts_agree_with_painting_up_to_sampling(tiny: TinyVLM, adapt
 @pytest.mark.parametrize("image_size", [(50, 37), (200, 150), (100, 30), (16, 64), (48, 32)])
 def test_grid_breaks_and_end_follow_the_processor(tiny: TinyVLM, adapter: Mistral3Adapter,
                                                   image_size: tuple[int, int]) -> None:
-    encoding = encode(tiny, adapter, image_size)
+    encoding = encode_noise_image(tiny, adapter, image_size)
     layout = adapter.visual_layout(encoding, image_size, tiny.processor)
     resized_h, resized_w = resized_hw(image_size)
     rows, cols = resized_h // TOKEN_PIXELS, resized_w // TOKEN_PIXELS
@@ -121,7 +121,7 @@ def test_grid_breaks_and_end_follow_the_processor(tiny: TinyVLM, adapter: Mistra
 
 def test_boxes_outside_the_image_are_refused(tiny: TinyVLM, adapter: Mistral3Adapter) -> None:
     with pytest.raises(InvalidBoxError):
-        layout_for(tiny, adapter, (48, 32)).positions_for_box(Box(0, 0, 49, 10))
+        noise_image_layout(tiny, adapter, (48, 32)).positions_for_box(Box(0, 0, 49, 10))
     with pytest.raises(InvalidBoxError):
         adapter.format_box(Box(0, 0, 10, 40), BoxFrame(image_size=(48, 32)))
 
@@ -132,21 +132,15 @@ def test_grounding_prompt_uses_the_chat_template_and_generates(tiny: TinyVLM, ad
                       "[x1, y1, x2, y2]: coordinates between 0 and 1, relative to the image width and height, "
                       "with two decimals.[/INST]")
     encoding = adapter.encode(tiny.processor, [noise_image(50, 37)], [prompt])
-    generated = tiny.model.generate(**encoding, max_new_tokens=3, do_sample=False)
-    assert generated.shape == (1, encoding["input_ids"].shape[1] + 3)
+    assert_generates(tiny, encoding)
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.integers(8, 4000), st.integers(8, 4000), st.floats(0, 0.9), st.floats(0, 0.9), st.floats(0.02, 0.1),
-       st.floats(0.02, 0.1))
-def test_format_then_parse_round_trips_within_one_step(adapter: Mistral3Adapter, width: int, height: int,
-                                                       fx: float, fy: float, fw: float, fh: float) -> None:
-    box = Box(fx * width, fy * height, (fx + fw) * width, (fy + fh) * height)
-    frame = BoxFrame(image_size=(width, height))
-    parsed = adapter.parse_box(adapter.format_box(box, frame), frame)
-    assert isinstance(parsed, Box)
-    for got, want, side in zip(parsed.as_tuple(), box.as_tuple(), (width, height) * 2):
-        assert abs(got - want) <= 0.01 * side + 1e-9
+@given(small_boxes_in_images())
+def test_format_then_parse_round_trips_within_one_step(adapter: Mistral3Adapter,
+                                                       case: tuple[Box, tuple[int, int]]) -> None:
+    box, (width, height) = case
+    assert_round_trip(adapter, box, BoxFrame(image_size=(width, height)), (0.01 * width, 0.01 * height))
 
 
 @settings(max_examples=300, deadline=None)
@@ -163,8 +157,4 @@ def test_parse_never_raises(adapter: Mistral3Adapter, text: str) -> None:
     ("I can't see a red circle.", None),
 ])
 def test_parse_answers_in_the_requested_format(adapter: Mistral3Adapter, answer: str, expected: Box | None) -> None:
-    parsed = adapter.parse_box(answer, BoxFrame(image_size=(640, 480)))
-    if expected is None:
-        assert isinstance(parsed, BoxParseFailure)
-    else:
-        assert isinstance(parsed, Box) and parsed.as_tuple() == pytest.approx(expected.as_tuple())
+    assert_parses_to(adapter, answer, BoxFrame(image_size=(640, 480)), expected)

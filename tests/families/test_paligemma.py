@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import pytest
-import torch
 from hypothesis import given, settings, strategies as st
 from transformers import PaliGemmaForConditionalGeneration, SiglipImageProcessorPil
-from transformers.image_utils import PILImageResampling
 
 from tests.conftest import noise_image
+from tests.families.checks import (
+    assert_fixture_is_registered,
+    assert_generates,
+    assert_parses_to,
+    assert_round_trip,
+    boxes_in_images,
+    encode_noise_image,
+    text_config_geometry,
+)
 from vrh_interp.boxes import Box, BoxParseFailure, InvalidBoxError
-from vrh_interp.families import adapter_for_config
 from vrh_interp.families.base import BoxFrame
 from vrh_interp.families.paligemma import PaliGemmaAdapter
-from vrh_interp.heads import HeadGeometry
-from vrh_interp.testing.layout_probe import changed_positions
+from vrh_interp.testing.layout_probe import check_layout_by_painting, nearest_resampling
 from vrh_interp.testing.tiny import TinyVLM
 from vrh_interp.testing.tiny.paligemma import IMAGE_SIZE, build
 
@@ -33,9 +38,7 @@ LAYOUT_CASES = [
 
 @pytest.fixture(scope="module")
 def tiny() -> TinyVLM:
-    model = build(seed=0)
-    model.processor.image_processor.resample = PILImageResampling.NEAREST
-    return model
+    return nearest_resampling(build(seed=0))
 
 
 @pytest.fixture(scope="module")
@@ -44,22 +47,14 @@ def adapter(tiny: TinyVLM) -> PaliGemmaAdapter:
 
 
 def test_fixture_is_the_real_family_and_registry_picks_the_adapter(tiny: TinyVLM) -> None:
-    assert isinstance(tiny.model, PaliGemmaForConditionalGeneration)
-    assert isinstance(tiny.processor.image_processor, SiglipImageProcessorPil)
+    assert_fixture_is_registered(tiny, PaliGemmaForConditionalGeneration, SiglipImageProcessorPil, PaliGemmaAdapter)
     tokenizer = tiny.processor.tokenizer
-    assert tiny.model.config.get_text_config().vocab_size == len(tokenizer)
     assert tokenizer.convert_tokens_to_ids("<loc1023>") < len(tokenizer)
-    assert type(adapter_for_config(tiny.model.config)) is PaliGemmaAdapter
 
 
 def test_geometry_and_attention_path_match_the_model(tiny: TinyVLM, adapter: PaliGemmaAdapter) -> None:
     text_config = tiny.model.config.get_text_config()
-    assert adapter.geometry() == HeadGeometry(
-        num_layers=text_config.num_hidden_layers,
-        num_heads=text_config.num_attention_heads,
-        num_kv_heads=text_config.num_key_value_heads,
-        head_dim=text_config.head_dim,
-    )
+    assert adapter.geometry() == text_config_geometry(text_config, text_config.head_dim)
     attention = adapter.attention_module(tiny.model, 1)
     assert attention is tiny.model.model.language_model.layers[1].self_attn
     assert adapter.output_projection(tiny.model, 1).in_features == text_config.num_attention_heads * attention.head_dim
@@ -70,15 +65,11 @@ def test_geometry_and_attention_path_match_the_model(tiny: TinyVLM, adapter: Pal
 @pytest.mark.parametrize(("image_size", "box"), LAYOUT_CASES)
 def test_layout_equals_tokens_changed_by_painting_the_box(tiny: TinyVLM, adapter: PaliGemmaAdapter,
                                                           image_size: tuple[int, int], box: Box) -> None:
-    image = noise_image(*image_size, seed=image_size[0])
-    encoding = adapter.encode(tiny.processor, [image], [adapter.grounding_prompt(tiny.processor, "the object")])
-    expected = adapter.visual_layout(encoding, image_size, tiny.processor).positions_for_box(box)
-    assert expected
-    assert changed_positions(tiny, adapter, image, box) == expected
+    assert check_layout_by_painting(tiny, adapter, noise_image(*image_size, seed=image_size[0]), box)
 
 
 def test_image_tokens_come_first_as_one_stretched_grid(tiny: TinyVLM, adapter: PaliGemmaAdapter) -> None:
-    encoding = adapter.encode(tiny.processor, [noise_image(150, 70)], [adapter.grounding_prompt(tiny.processor, "x")])
+    encoding = encode_noise_image(tiny, adapter, (150, 70))
     layout = adapter.visual_layout(encoding, (150, 70), tiny.processor)
     assert layout.visual_positions == tuple(range(GRID * GRID))
     (block,) = layout.blocks
@@ -88,7 +79,7 @@ def test_image_tokens_come_first_as_one_stretched_grid(tiny: TinyVLM, adapter: P
 
 
 def test_boxes_outside_the_image_are_refused(tiny: TinyVLM, adapter: PaliGemmaAdapter) -> None:
-    encoding = adapter.encode(tiny.processor, [noise_image(150, 70)], [adapter.grounding_prompt(tiny.processor, "x")])
+    encoding = encode_noise_image(tiny, adapter, (150, 70))
     layout = adapter.visual_layout(encoding, (150, 70), tiny.processor)
     with pytest.raises(InvalidBoxError, match="outside"):
         layout.positions_for_box(Box(0, 60, 20, 75))
@@ -107,36 +98,17 @@ def test_grounding_prompt_is_the_detect_prefix_and_generates(tiny: TinyVLM, adap
     assert tokenizer.decode(ids[GRID * GRID + 1:]) == "detect the red cube\n"
     assert not encoding["token_type_ids"].any()  # the whole prompt is the bidirectional prefix
     assert "labels" not in encoding
-    with torch.no_grad():
-        generated = tiny.model.generate(**encoding, max_new_tokens=3, do_sample=False)
-    assert generated.shape == (1, ids.shape[0] + 3)
-
-
-@st.composite
-def boxes_in_images(draw: st.DrawFn) -> tuple[Box, tuple[int, int]]:
-    """A box at least two location bins wide and high inside a random image."""
-    width, height = draw(st.integers(8, 4000)), draw(st.integers(8, 4000))
-    min_w, min_h = 2 * width / 1023, 2 * height / 1023
-    x1 = draw(st.floats(0, width - min_w))
-    y1 = draw(st.floats(0, height - min_h))
-    x2 = draw(st.floats(x1 + min_w, width))
-    y2 = draw(st.floats(y1 + min_h, height))
-    return Box(x1, y1, x2, y2), (width, height)
+    assert_generates(tiny, encoding)
 
 
 @settings(max_examples=200, deadline=None)
-@given(boxes_in_images())
+@given(boxes_in_images(1023))
 def test_format_then_parse_round_trips_within_one_step(adapter: PaliGemmaAdapter,
                                                        case: tuple[Box, tuple[int, int]]) -> None:
     box, (width, height) = case
-    frame = BoxFrame(image_size=(width, height))
-    text = adapter.format_box(box, frame)
+    text = assert_round_trip(adapter, box, BoxFrame(image_size=(width, height)), (width / 1023 / 2, height / 1023 / 2))
     assert text == "".join(f"<loc{round(v / side * 1023):04d}>"
                            for v, side in ((box.y1, height), (box.x1, width), (box.y2, height), (box.x2, width)))
-    parsed = adapter.parse_box(text, frame)
-    assert isinstance(parsed, Box)
-    steps = (width / 1023, height / 1023, width / 1023, height / 1023)
-    assert all(abs(a - b) <= step / 2 + 1e-9 for a, b, step in zip(parsed.as_tuple(), box.as_tuple(), steps))
 
 
 @settings(max_examples=300, deadline=None)
@@ -159,9 +131,4 @@ def test_parse_never_raises(adapter: PaliGemmaAdapter, text: str) -> None:
     ("no cat here", None),
 ])
 def test_parse_documented_answers(adapter: PaliGemmaAdapter, answer: str, expected: Box | None) -> None:
-    parsed = adapter.parse_box(answer, BoxFrame(image_size=(2046, 1023)))
-    if expected is None:
-        assert isinstance(parsed, BoxParseFailure)
-    else:
-        assert isinstance(parsed, Box)
-        assert parsed.as_tuple() == pytest.approx(expected.as_tuple())
+    assert_parses_to(adapter, answer, BoxFrame(image_size=(2046, 1023)), expected)

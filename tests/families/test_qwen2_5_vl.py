@@ -3,42 +3,33 @@
 from __future__ import annotations
 
 import pytest
-import torch
 from hypothesis import given, settings, strategies as st
 from transformers import Qwen2_5_VLForConditionalGeneration, Qwen2VLImageProcessorPil
-from transformers.image_utils import PILImageResampling
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
 from tests.conftest import noise_image
+from tests.families.checks import (
+    SMART_RESIZE_LAYOUT_CASES,
+    assert_fixture_is_registered,
+    assert_hidden_split_head_geometry,
+    assert_image_grid_prompt_generates,
+    assert_parses_to,
+    assert_round_trip,
+)
 from vrh_interp.boxes import Box, BoxParseFailure, InvalidBoxError
-from vrh_interp.families import adapter_for_config
 from vrh_interp.families.base import BoxFrame
 from vrh_interp.families.qwen2_5_vl import Qwen25VLAdapter
-from vrh_interp.heads import HeadGeometry
-from vrh_interp.testing.layout_probe import changed_positions
+from vrh_interp.testing.layout_probe import check_layout_by_painting, nearest_resampling
 from vrh_interp.testing.tiny import TinyVLM
 from vrh_interp.testing.tiny.qwen2_5_vl import build
 
 # Pixel budget of Qwen/Qwen2.5-VL-7B-Instruct's preprocessor_config.json.
 HUB_MIN_PIXELS, HUB_MAX_PIXELS = 3136, 12845056
 
-LAYOUT_CASES = [
-    ((300, 170), Box(0, 0, 90, 68)),
-    ((300, 170), Box(170, 100, 300, 170)),
-    ((97, 203), Box(19, 20, 87, 71)),
-    ((97, 203), Box(94, 0, 97, 3)),
-    ((640, 480), Box(128, 48, 576, 168)),
-    ((640, 480), Box(0, 0, 640, 480)),
-    ((50, 40), Box(10, 4, 45, 14)),
-    ((50, 40), Box(47, 37, 50, 40)),
-]
-
 
 @pytest.fixture(scope="module")
 def tiny() -> TinyVLM:
-    model = build(seed=0)
-    model.processor.image_processor.resample = PILImageResampling.NEAREST
-    return model
+    return nearest_resampling(build(seed=0))
 
 
 @pytest.fixture(scope="module")
@@ -47,34 +38,17 @@ def adapter(tiny: TinyVLM) -> Qwen25VLAdapter:
 
 
 def test_fixture_is_the_real_family_and_registry_picks_the_adapter(tiny: TinyVLM) -> None:
-    assert isinstance(tiny.model, Qwen2_5_VLForConditionalGeneration)
-    assert isinstance(tiny.processor.image_processor, Qwen2VLImageProcessorPil)
-    assert tiny.model.config.get_text_config().vocab_size == len(tiny.processor.tokenizer)
-    assert type(adapter_for_config(tiny.model.config)) is Qwen25VLAdapter
+    assert_fixture_is_registered(tiny, Qwen2_5_VLForConditionalGeneration, Qwen2VLImageProcessorPil, Qwen25VLAdapter)
 
 
 def test_geometry_and_attention_path_match_the_model(tiny: TinyVLM, adapter: Qwen25VLAdapter) -> None:
-    text_config = tiny.model.config.get_text_config()
-    assert adapter.geometry() == HeadGeometry(
-        num_layers=text_config.num_hidden_layers,
-        num_heads=text_config.num_attention_heads,
-        num_kv_heads=text_config.num_key_value_heads,
-        head_dim=text_config.hidden_size // text_config.num_attention_heads,
-    )
-    attention = adapter.attention_module(tiny.model, 1)
-    assert attention is tiny.model.model.language_model.layers[1].self_attn
-    assert attention.head_dim == adapter.geometry().head_dim
-    assert adapter.output_projection(tiny.model, 1).in_features == attention.num_heads * attention.head_dim
+    assert_hidden_split_head_geometry(tiny, adapter)
 
 
-@pytest.mark.parametrize(("image_size", "box"), LAYOUT_CASES)
+@pytest.mark.parametrize(("image_size", "box"), SMART_RESIZE_LAYOUT_CASES)
 def test_layout_equals_tokens_changed_by_painting_the_box(tiny: TinyVLM, adapter: Qwen25VLAdapter,
                                                           image_size: tuple[int, int], box: Box) -> None:
-    image = noise_image(*image_size, seed=image_size[0])
-    encoding = adapter.encode(tiny.processor, [image], [adapter.grounding_prompt(tiny.processor, "the object")])
-    expected = adapter.visual_layout(encoding, image_size, tiny.processor).positions_for_box(box)
-    assert expected
-    assert changed_positions(tiny, adapter, image, box) == expected
+    assert check_layout_by_painting(tiny, adapter, noise_image(*image_size, seed=image_size[0]), box)
 
 
 def test_box_frame_is_the_resized_input_of_each_row(tiny: TinyVLM, adapter: Qwen25VLAdapter) -> None:
@@ -104,13 +78,7 @@ def test_grounding_prompt_uses_the_chat_template_and_generates(tiny: TinyVLM, ad
     assert ("<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>"
             "Locate the red cube, output its bbox coordinates using JSON format.<|im_end|>") in prompt
     assert prompt.endswith("<|im_start|>assistant\n")
-    encoding = adapter.encode(tiny.processor, [noise_image(300, 170)], [prompt])
-    frames, grid_h, grid_w = encoding["image_grid_thw"][0].tolist()
-    image_token_id = adapter.image_token_id(tiny.processor)
-    assert int((encoding["input_ids"] == image_token_id).sum()) == frames * grid_h * grid_w // 4
-    with torch.no_grad():
-        generated = tiny.model.generate(**encoding, max_new_tokens=3, do_sample=False)
-    assert generated.shape == (1, encoding["input_ids"].shape[1] + 3)
+    assert_image_grid_prompt_generates(tiny, adapter, prompt)
 
 
 def test_format_box_writes_resized_input_pixels(adapter: Qwen25VLAdapter) -> None:
@@ -137,11 +105,8 @@ def boxes_in_resized_frames(draw: st.DrawFn) -> tuple[Box, BoxFrame]:
 @given(boxes_in_resized_frames())
 def test_format_then_parse_round_trips_within_one_step(adapter: Qwen25VLAdapter, case: tuple[Box, BoxFrame]) -> None:
     box, frame = case
-    parsed = adapter.parse_box(adapter.format_box(box, frame), frame)
-    assert isinstance(parsed, Box)
     (width, height), (resized_w, resized_h) = frame.image_size, frame.input_size
-    steps = (width / resized_w, height / resized_h, width / resized_w, height / resized_h)
-    assert all(abs(a - b) <= step + 1e-9 for a, b, step in zip(parsed.as_tuple(), box.as_tuple(), steps))
+    assert_round_trip(adapter, box, frame, (width / resized_w, height / resized_h))
 
 
 NEAR_MISSES = st.sampled_from([
@@ -173,9 +138,4 @@ def test_parse_never_raises(adapter: Qwen25VLAdapter, text: str) -> None:
     ("The cake is on the top right.", None),
 ])
 def test_parse_documented_answers(adapter: Qwen25VLAdapter, answer: str, expected: Box | None) -> None:
-    parsed = adapter.parse_box(answer, BoxFrame(image_size=(2576, 1456), input_size=(1288, 728)))
-    if expected is None:
-        assert isinstance(parsed, BoxParseFailure)
-    else:
-        assert isinstance(parsed, Box)
-        assert parsed.as_tuple() == pytest.approx(expected.as_tuple())
+    assert_parses_to(adapter, answer, BoxFrame(image_size=(2576, 1456), input_size=(1288, 728)), expected)

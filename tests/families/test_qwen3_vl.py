@@ -3,41 +3,33 @@
 from __future__ import annotations
 
 import pytest
-import torch
 from hypothesis import given, settings, strategies as st
 from transformers import Qwen2VLImageProcessorPil, Qwen3VLForConditionalGeneration
-from transformers.image_utils import PILImageResampling
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
 from tests.conftest import noise_image
-from tests.families.test_qwen2_vl import boxes_in_images
+from tests.families.checks import (
+    SMART_RESIZE_LAYOUT_CASES,
+    assert_fixture_is_registered,
+    assert_image_grid_prompt_generates,
+    assert_parses_to,
+    assert_round_trip,
+    boxes_in_images,
+    encode_noise_image,
+    text_config_geometry,
+)
 from vrh_interp.boxes import Box, BoxParseFailure, InvalidBoxError
-from vrh_interp.families import adapter_for_config
 from vrh_interp.families.base import BoxFrame
 from vrh_interp.families.qwen3_vl import Qwen3VLAdapter
-from vrh_interp.heads import HeadGeometry
-from vrh_interp.testing.layout_probe import changed_positions
+from vrh_interp.testing.layout_probe import check_layout_by_painting, nearest_resampling
 from vrh_interp.testing.tiny import TinyVLM
 from vrh_interp.testing.tiny.qwen2_vl import TINY_MIN_PIXELS
 from vrh_interp.testing.tiny.qwen3_vl import TINY_MAX_PIXELS, build
 
-LAYOUT_CASES = [
-    ((300, 170), Box(0, 0, 90, 68)),
-    ((300, 170), Box(170, 100, 300, 170)),
-    ((97, 203), Box(19, 20, 87, 71)),
-    ((97, 203), Box(94, 0, 97, 3)),
-    ((640, 480), Box(128, 48, 576, 168)),
-    ((640, 480), Box(0, 0, 640, 480)),
-    ((50, 40), Box(10, 4, 45, 14)),
-    ((50, 40), Box(47, 37, 50, 40)),
-]
-
 
 @pytest.fixture(scope="module")
 def tiny() -> TinyVLM:
-    model = build(seed=0)
-    model.processor.image_processor.resample = PILImageResampling.NEAREST
-    return model
+    return nearest_resampling(build(seed=0))
 
 
 @pytest.fixture(scope="module")
@@ -46,42 +38,30 @@ def adapter(tiny: TinyVLM) -> Qwen3VLAdapter:
 
 
 def test_fixture_is_the_real_family_and_registry_picks_the_adapter(tiny: TinyVLM) -> None:
-    assert isinstance(tiny.model, Qwen3VLForConditionalGeneration)
-    assert isinstance(tiny.processor.image_processor, Qwen2VLImageProcessorPil)
+    assert_fixture_is_registered(tiny, Qwen3VLForConditionalGeneration, Qwen2VLImageProcessorPil, Qwen3VLAdapter)
     assert tiny.processor.image_processor.patch_size == 16
-    assert tiny.model.config.get_text_config().vocab_size == len(tiny.processor.tokenizer)
-    assert type(adapter_for_config(tiny.model.config)) is Qwen3VLAdapter
 
 
 def test_geometry_reads_head_dim_from_the_config(tiny: TinyVLM, adapter: Qwen3VLAdapter) -> None:
     text_config = tiny.model.config.get_text_config()
-    assert adapter.geometry() == HeadGeometry(
-        num_layers=text_config.num_hidden_layers,
-        num_heads=text_config.num_attention_heads,
-        num_kv_heads=text_config.num_key_value_heads,
-        head_dim=text_config.head_dim,
-    )
+    assert adapter.geometry() == text_config_geometry(text_config, text_config.head_dim)
     attention = adapter.attention_module(tiny.model, 1)
     assert attention is tiny.model.model.language_model.layers[1].self_attn
     assert attention.head_dim == text_config.head_dim
     assert adapter.output_projection(tiny.model, 1).in_features == text_config.num_attention_heads * text_config.head_dim
 
 
-@pytest.mark.parametrize(("image_size", "box"), LAYOUT_CASES)
+@pytest.mark.parametrize(("image_size", "box"), SMART_RESIZE_LAYOUT_CASES)
 def test_layout_equals_tokens_changed_by_painting_the_box(tiny: TinyVLM, adapter: Qwen3VLAdapter,
                                                           image_size: tuple[int, int], box: Box) -> None:
-    image = noise_image(*image_size, seed=image_size[0])
-    encoding = adapter.encode(tiny.processor, [image], [adapter.grounding_prompt(tiny.processor, "the object")])
-    expected = adapter.visual_layout(encoding, image_size, tiny.processor).positions_for_box(box)
-    assert expected
-    assert changed_positions(tiny, adapter, image, box) == expected
+    assert check_layout_by_painting(tiny, adapter, noise_image(*image_size, seed=image_size[0]), box)
 
 
 @pytest.mark.parametrize("image_size", [(300, 170), (97, 203), (50, 40)])
 def test_layout_grid_follows_smart_resize_with_factor_32(tiny: TinyVLM, adapter: Qwen3VLAdapter,
                                                         image_size: tuple[int, int]) -> None:
     width, height = image_size
-    encoding = adapter.encode(tiny.processor, [noise_image(width, height)], [adapter.grounding_prompt(tiny.processor, "x")])
+    encoding = encode_noise_image(tiny, adapter, (width, height))
     layout = adapter.visual_layout(encoding, image_size, tiny.processor)
     resized_h, resized_w = smart_resize(height, width, 32, TINY_MIN_PIXELS, TINY_MAX_PIXELS)
     (block,) = layout.blocks
@@ -100,13 +80,7 @@ def test_grounding_prompt_uses_the_chat_template_and_generates(tiny: TinyVLM, ad
         "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>"
         "Locate the red cube, output its bbox coordinates using JSON format.<|im_end|>\n<|im_start|>assistant\n"
     )
-    encoding = adapter.encode(tiny.processor, [noise_image(300, 170)], [prompt])
-    frames, grid_h, grid_w = encoding["image_grid_thw"][0].tolist()
-    image_token_id = adapter.image_token_id(tiny.processor)
-    assert int((encoding["input_ids"] == image_token_id).sum()) == frames * grid_h * grid_w // 4
-    with torch.no_grad():
-        generated = tiny.model.generate(**encoding, max_new_tokens=3, do_sample=False)
-    assert generated.shape == (1, encoding["input_ids"].shape[1] + 3)
+    assert_image_grid_prompt_generates(tiny, adapter, prompt)
 
 
 def test_format_box_writes_relative_json(adapter: Qwen3VLAdapter) -> None:
@@ -117,15 +91,11 @@ def test_format_box_writes_relative_json(adapter: Qwen3VLAdapter) -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(boxes_in_images())
+@given(boxes_in_images(1000))
 def test_format_then_parse_round_trips_within_one_step(adapter: Qwen3VLAdapter,
                                                        case: tuple[Box, tuple[int, int]]) -> None:
     box, (width, height) = case
-    frame = BoxFrame(image_size=(width, height))
-    parsed = adapter.parse_box(adapter.format_box(box, frame), frame)
-    assert isinstance(parsed, Box)
-    steps = (width / 1000, height / 1000, width / 1000, height / 1000)
-    assert all(abs(a - b) <= step + 1e-9 for a, b, step in zip(parsed.as_tuple(), box.as_tuple(), steps))
+    assert_round_trip(adapter, box, BoxFrame(image_size=(width, height)), (width / 1000, height / 1000))
 
 
 NEAR_MISSES = st.sampled_from([
@@ -152,9 +122,4 @@ def test_parse_never_raises(adapter: Qwen3VLAdapter, text: str) -> None:
     ("There is no cake.", None),
 ])
 def test_parse_documented_answers(adapter: Qwen3VLAdapter, answer: str, expected: Box | None) -> None:
-    parsed = adapter.parse_box(answer, BoxFrame(image_size=(2000, 1000)))
-    if expected is None:
-        assert isinstance(parsed, BoxParseFailure)
-    else:
-        assert isinstance(parsed, Box)
-        assert parsed.as_tuple() == pytest.approx(expected.as_tuple())
+    assert_parses_to(adapter, answer, BoxFrame(image_size=(2000, 1000)), expected)

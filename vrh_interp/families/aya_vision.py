@@ -18,22 +18,20 @@ experiment in ``tests/families/test_aya_vision.py``):
   Only ``<|IMG_PATCH|>`` positions are visual (``config.image_token_index``); the tile markers are text.
 * Native box format: Aya Vision has no documented grounding format. This adapter uses plain text
   ``[x1, y1, x2, y2]`` with 0-1 floats (two decimals) relative to the ORIGINAL image and asks for exactly
-  that in the grounding instruction (the requested format and helpers shared with the LLaVA, Mistral3 and
-  Idefics3 adapters).
+  that in the grounding instruction (the requested format shared with the Mistral3 and Idefics3 adapters:
+  ``vrh_interp.families.prompts.RequestedRelativeBoxAdapter``).
 """
 
 from __future__ import annotations
 
 from typing import Any, ClassVar, Mapping
 
-from vrh_interp.boxes import Box, BoxParseFailure
-from vrh_interp.families.base import BoxFrame, FamilyAdapter, VisualLayout, check_image_box, image_token_positions
-from vrh_interp.families.internvl import tile_size_of, tiled_image_blocks
-from vrh_interp.families.llava import format_relative_box, parse_relative_box, whole_image
-from vrh_interp.families.mistral3 import GROUNDING_INSTRUCTION
+from vrh_interp.families.base import VisualLayout
+from vrh_interp.families.internvl import tiled_visual_layout
+from vrh_interp.families.prompts import RequestedRelativeBoxAdapter
 
 
-class AyaVisionAdapter(FamilyAdapter):
+class AyaVisionAdapter(RequestedRelativeBoxAdapter):
     name: ClassVar[str] = "aya_vision"
     display_name: ClassVar[str] = "Aya Vision"
     model_types: ClassVar[tuple[str, ...]] = ("aya_vision",)
@@ -43,9 +41,6 @@ class AyaVisionAdapter(FamilyAdapter):
     def image_token(self, processor: Any) -> str:
         return processor.img_patch_token
 
-    def grounding_instruction(self, expression: str) -> str:
-        return GROUNDING_INSTRUCTION.format(expression)
-
     def tokens_per_tile(self) -> tuple[int, int]:
         vision = self.config.vision_config
         side = vision.image_size // vision.patch_size // self.config.downsample_factor
@@ -53,15 +48,5 @@ class AyaVisionAdapter(FamilyAdapter):
 
     def visual_layout(self, encoding: Mapping[str, Any], image_size: tuple[int, int], processor: Any,
                       batch_index: int = 0) -> VisualLayout:
-        positions = image_token_positions(encoding["input_ids"][batch_index], self.image_token_id(processor))
-        image_processor = processor.image_processor
-        blocks = tiled_image_blocks(positions, image_size, tile_size_of(encoding), self.tokens_per_tile(),
-                                    image_processor.min_patches, image_processor.max_patches)
-        return VisualLayout(image_size=image_size, visual_positions=tuple(positions), blocks=blocks)
-
-    def format_box(self, box: Box, frame: BoxFrame) -> str:
-        check_image_box(box, frame.image_size)
-        return format_relative_box(box, whole_image(frame.image_size))
-
-    def parse_box(self, text: str, frame: BoxFrame) -> Box | BoxParseFailure:
-        return parse_relative_box(text, whole_image(frame.image_size))
+        return tiled_visual_layout(encoding, image_size, processor, self.image_token_id(processor),
+                                   self.tokens_per_tile(), batch_index)

@@ -101,6 +101,10 @@ class BoxFrame:
 
     image_size: tuple[int, int]  # original (width, height)
     input_size: tuple[int, int] | None = None  # resized model input (width, height), for pixel-frame families
+    # The part of the original image, in original pixels, that the model's box coordinates are relative to
+    # (it may reach beyond the image, e.g. a padded square). None: the family's default frame, the whole
+    # image for every family except LLaVA-1.5, whose default is its training frame, the padded square.
+    view_region: tuple[float, float, float, float] | None = None
 
 
 def image_token_positions(input_ids: torch.Tensor, token_id: int) -> list[int]:

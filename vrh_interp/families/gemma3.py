@@ -51,13 +51,20 @@ from vrh_interp.families.base import (
     image_token_positions,
     row_major_block,
 )
-from vrh_interp.families.coordinates import FOUR_NUMBERS, first_four_numbers, from_relative, to_relative
+from vrh_interp.families.coordinates import (
+    FOUR_NUMBERS,
+    Region,
+    first_four_numbers,
+    from_relative,
+    quantised_relative,
+    whole_image,
+)
 
 BOX_2D_SCALE = 1000
 BOX_2D = re.compile(rf"\"?box_2d\"?\s*:\s*\[\s*{FOUR_NUMBERS.pattern}\s*\]")
 
 
-def pan_and_scan_crops(image_size: tuple[int, int], num_crops: int) -> list[tuple[float, float, float, float]]:
+def pan_and_scan_crops(image_size: tuple[int, int], num_crops: int) -> list[Region]:
     """Regions (original pixels) of the ``num_crops`` pan & scan crops, in the processor's order."""
     width, height = image_size
     if width >= height:
@@ -105,9 +112,8 @@ class Gemma3Adapter(FamilyAdapter):
         per_block = side * side
         if not positions or len(positions) % per_block:
             raise ValueError(f"{len(positions)} image tokens are not a whole number of {side}x{side} image blocks")
-        width, height = image_size
         num_crops = len(positions) // per_block - 1
-        regions = [(0.0, 0.0, float(width), float(height))]
+        regions = [whole_image(image_size)]
         if num_crops:
             regions += pan_and_scan_crops(image_size, num_crops)
         blocks: list[VisualBlock] = [
@@ -121,8 +127,7 @@ class Gemma3Adapter(FamilyAdapter):
 
     def format_box(self, box: Box, frame: BoxFrame) -> str:
         check_image_box(box, frame.image_size)
-        x1, y1, x2, y2 = (min(BOX_2D_SCALE, max(0, round(v))) for v in
-                          to_relative(box, frame.image_size, BOX_2D_SCALE))
+        x1, y1, x2, y2 = quantised_relative(box, frame.image_size, BOX_2D_SCALE)
         return f'{{"box_2d": [{y1}, {x1}, {y2}, {x2}]}}'
 
     def parse_box(self, text: str, frame: BoxFrame) -> Box | BoxParseFailure:

@@ -28,8 +28,8 @@ from typing import ClassVar
 
 from vrh_interp.boxes import Box, BoxParseFailure
 from vrh_interp.families.base import BoxFrame, check_image_box
-from vrh_interp.families.coordinates import NUMBER, first_four_numbers, from_relative
-from vrh_interp.families.qwen2_vl import RELATIVE_SCALE, Qwen2VLAdapter, quantised_relative
+from vrh_interp.families.coordinates import NUMBER, first_four_numbers, from_relative, quantised_relative
+from vrh_interp.families.qwen2_vl import RELATIVE_SCALE, Qwen2VLAdapter
 
 BEGIN_OF_BOX = "<|begin_of_box|>"
 END_OF_BOX = "<|end_of_box|>"

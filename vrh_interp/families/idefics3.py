@@ -25,7 +25,8 @@ layout experiment in ``tests/families/test_idefics3.py``):
 * Native box format: none is standardised for these models and released SmolVLM/Idefics3 checkpoints
   were not trained to ground. This adapter uses plain text ``[x1, y1, x2, y2]`` with 0-1 floats (two
   decimals) relative to the ORIGINAL image, and the grounding instruction asks for exactly that (the
-  requested format and helpers shared with the LLaVA and Mistral3 adapters).
+  requested format shared with the Mistral3 and Aya Vision adapters:
+  ``vrh_interp.families.prompts.RequestedRelativeBoxAdapter``).
 """
 
 from __future__ import annotations
@@ -36,18 +37,9 @@ from typing import Any, ClassVar, Mapping
 import numpy as np
 from transformers.models.idefics3.image_processing_pil_idefics3 import get_resize_output_image_size
 
-from vrh_interp.boxes import Box, BoxParseFailure
-from vrh_interp.families.base import (
-    BoxFrame,
-    FamilyAdapter,
-    VisualBlock,
-    VisualLayout,
-    check_image_box,
-    image_token_positions,
-    row_major_block,
-)
-from vrh_interp.families.llava import format_relative_box, parse_relative_box, whole_image
-from vrh_interp.families.mistral3 import GROUNDING_INSTRUCTION
+from vrh_interp.families.base import VisualBlock, VisualLayout, image_token_positions, row_major_block
+from vrh_interp.families.coordinates import whole_image
+from vrh_interp.families.prompts import RequestedRelativeBoxAdapter
 
 
 def split_canvas_size(image_size: tuple[int, int], longest_edge: int, frame_size: int) -> tuple[int, int]:
@@ -101,7 +93,7 @@ def frame_blocks(positions: list[int], image_size: tuple[int, int], num_frames: 
     return tuple(blocks)
 
 
-class Idefics3Adapter(FamilyAdapter):
+class Idefics3Adapter(RequestedRelativeBoxAdapter):
     name: ClassVar[str] = "idefics3"
     display_name: ClassVar[str] = "Idefics3 / SmolVLM"
     model_types: ClassVar[tuple[str, ...]] = ("idefics3", "smolvlm")
@@ -111,9 +103,6 @@ class Idefics3Adapter(FamilyAdapter):
 
     def image_token(self, processor: Any) -> str:
         return processor.image_token
-
-    def grounding_instruction(self, expression: str) -> str:
-        return GROUNDING_INSTRUCTION.format(expression)
 
     def tokens_per_side(self) -> int:
         vision = self.config.vision_config
@@ -128,10 +117,3 @@ class Idefics3Adapter(FamilyAdapter):
             raise ValueError(f"{len(positions)} <image> tokens are not a whole number of {side}x{side}-token frames")
         blocks = frame_blocks(positions, image_size, len(positions) // per_frame, side, processor.image_processor)
         return VisualLayout(image_size=image_size, visual_positions=tuple(positions), blocks=blocks)
-
-    def format_box(self, box: Box, frame: BoxFrame) -> str:
-        check_image_box(box, frame.image_size)
-        return format_relative_box(box, whole_image(frame.image_size))
-
-    def parse_box(self, text: str, frame: BoxFrame) -> Box | BoxParseFailure:
-        return parse_relative_box(text, whole_image(frame.image_size))

@@ -45,7 +45,8 @@ from vrh_interp.families.base import (
     image_token_positions,
     row_major_block,
 )
-from vrh_interp.families.coordinates import NUMBER, first_four_numbers, from_relative, to_relative
+from vrh_interp.families.coordinates import NUMBER, first_four_numbers, from_relative, quantised_relative, whole_image
+from vrh_interp.families.prompts import REFERRING_INSTRUCTION
 
 INTERNVL_SCALE = 1000
 INTERNVL_BOX = re.compile(
@@ -75,9 +76,8 @@ def tiled_image_blocks(
         )
     num_tiles = len(positions) // per_tile
     width, height = image_size
-    whole_image = (0.0, 0.0, float(width), float(height))
     if num_tiles == 1:
-        return (row_major_block("image", positions, grid_rows, grid_cols, whole_image),)
+        return (row_major_block("image", positions, grid_rows, grid_cols, whole_image(image_size)),)
     cols, rows = get_optimal_tiled_canvas((height, width), tile_size, min_tiles, max_tiles)
     if cols * rows + 1 != num_tiles:
         raise ValueError(
@@ -91,7 +91,7 @@ def tiled_image_blocks(
         region = (col * width / cols, row * height / rows, (col + 1) * width / cols, (row + 1) * height / rows)
         tile_positions = positions[index * per_tile:(index + 1) * per_tile]
         blocks.append(row_major_block(f"tile_r{row}_c{col}", tile_positions, grid_rows, grid_cols, region))
-    blocks.append(row_major_block("thumbnail", positions[-per_tile:], grid_rows, grid_cols, whole_image))
+    blocks.append(row_major_block("thumbnail", positions[-per_tile:], grid_rows, grid_cols, whole_image(image_size)))
     return tuple(blocks)
 
 
@@ -104,6 +104,20 @@ def tile_size_of(encoding: Mapping[str, Any]) -> tuple[int, int]:
     return int(height), int(width)
 
 
+def tiled_visual_layout(encoding: Mapping[str, Any], image_size: tuple[int, int], processor: Any, image_token_id: int,
+                        tokens_per_tile: tuple[int, int], batch_index: int = 0) -> VisualLayout:
+    """Layout of row ``batch_index``'s image for GOT-OCR2-tiling processors (InternVL, Aya Vision).
+
+    The tile size comes from ``pixel_values`` and the tile-count bounds from the processor's image processor
+    (``min_patches``/``max_patches``); see ``tiled_image_blocks``.
+    """
+    positions = image_token_positions(encoding["input_ids"][batch_index], image_token_id)
+    image_processor = processor.image_processor
+    blocks = tiled_image_blocks(positions, image_size, tile_size_of(encoding), tokens_per_tile,
+                                image_processor.min_patches, image_processor.max_patches)
+    return VisualLayout(image_size=image_size, visual_positions=tuple(positions), blocks=blocks)
+
+
 class InternVLAdapter(FamilyAdapter):
     name: ClassVar[str] = "internvl"
     display_name: ClassVar[str] = "InternVL (HF-native)"
@@ -114,8 +128,7 @@ class InternVLAdapter(FamilyAdapter):
         return processor.image_token
 
     def grounding_instruction(self, expression: str) -> str:
-        return ("Please provide the bounding box coordinate of the region this sentence describes: "
-                f"<ref>{expression}</ref>")
+        return REFERRING_INSTRUCTION.format(f"<ref>{expression}</ref>")
 
     def tokens_per_tile(self) -> tuple[int, int]:
         vision = self.config.vision_config
@@ -125,15 +138,12 @@ class InternVLAdapter(FamilyAdapter):
 
     def visual_layout(self, encoding: Mapping[str, Any], image_size: tuple[int, int], processor: Any,
                       batch_index: int = 0) -> VisualLayout:
-        positions = image_token_positions(encoding["input_ids"][batch_index], self.image_token_id(processor))
-        image_processor = processor.image_processor
-        blocks = tiled_image_blocks(positions, image_size, tile_size_of(encoding), self.tokens_per_tile(),
-                                    image_processor.min_patches, image_processor.max_patches)
-        return VisualLayout(image_size=image_size, visual_positions=tuple(positions), blocks=blocks)
+        return tiled_visual_layout(encoding, image_size, processor, self.image_token_id(processor),
+                                   self.tokens_per_tile(), batch_index)
 
     def format_box(self, box: Box, frame: BoxFrame) -> str:
         check_image_box(box, frame.image_size)
-        values = [min(INTERNVL_SCALE, max(0, round(v))) for v in to_relative(box, frame.image_size, INTERNVL_SCALE)]
+        values = quantised_relative(box, frame.image_size, INTERNVL_SCALE)
         return "<box>[[" + ", ".join(str(v) for v in values) + "]]</box>"
 
     def parse_box(self, text: str, frame: BoxFrame) -> Box | BoxParseFailure:

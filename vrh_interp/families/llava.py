@@ -23,15 +23,15 @@ Facts (read in transformers 5.24: ``models/llava/modeling_llava.py``, ``models/l
   box coordinate of the region this sentence describes: <expression>" (no final period, as quoted in
   haotian-liu/LLaVA#623) and the answer ``[x1, y1, x2, y2]``, floats in [0, 1] with two decimals, relative
   to the square the model sees: the padded square in pad mode, the centre-cropped square in crop mode (for
-  a square image both are the whole image). ``box_frame`` records that square as ``view_region`` in original pixels; ``parse_box`` maps the
-  values back through it (a predicted box may extend into the padding, i.e. beyond the image edges).
+  a square image both are the whole image). ``box_frame`` records that square as ``BoxFrame.view_region``
+  in original pixels (a frame without one means the padded square); ``parse_box`` maps the values back
+  through it (a predicted box may extend into the padding, i.e. beyond the image edges).
   Caveat: LLaVA issue threads (haotian-liu/LLaVA #606, #623, #822) report that the Visual Genome boxes of
   the training mix are padded-square relative while the RefCOCO boxes look relative to the unpadded image.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any, ClassVar, Mapping
 
@@ -48,27 +48,8 @@ from vrh_interp.families.base import (
     image_token_positions,
     row_major_block,
 )
-from vrh_interp.families.coordinates import NUMBER, first_four_numbers, from_relative, to_relative
-
-Region = tuple[float, float, float, float]  # (x0, y0, x1, y1) in original-image pixels
-
-BRACKETED_FOUR_NUMBERS = re.compile(
-    rf"\[\s*({NUMBER})\s*,\s*({NUMBER})\s*,\s*({NUMBER})\s*,\s*({NUMBER})\s*\]"
-)
-RELATIVE_DECIMALS = 2
-REFERRING_INSTRUCTION = "Please provide the bounding box coordinate of the region this sentence describes: {}"
-
-
-@dataclass(frozen=True)
-class ViewBoxFrame(BoxFrame):
-    """A ``BoxFrame`` that also records the rectangle of the original image the model's view spans."""
-
-    view_region: Region | None = None  # None: the adapter's default frame (``relative_region``)
-
-
-def whole_image(image_size: tuple[int, int]) -> Region:
-    width, height = image_size
-    return (0.0, 0.0, float(width), float(height))
+from vrh_interp.families.coordinates import Region, format_relative_box, parse_relative_box, whole_image
+from vrh_interp.families.prompts import REFERRING_INSTRUCTION
 
 
 def padded_square(image_size: tuple[int, int]) -> Region:
@@ -77,26 +58,6 @@ def padded_square(image_size: tuple[int, int]) -> Region:
     side = max(width, height)
     left, top = (side - width) // 2, (side - height) // 2
     return (float(-left), float(-top), float(side - left), float(side - top))
-
-
-def format_relative_box(box: Box, region: Region) -> str:
-    """``[x1, y1, x2, y2]`` relative to ``region``, two decimals, clamped to [0, 1] (parts outside the view)."""
-    x0, y0, x1, y1 = region
-    shifted = Box(box.x1 - x0, box.y1 - y0, box.x2 - x0, box.y2 - y0)
-    values = [min(max(v, 0.0), 1.0) for v in to_relative(shifted, (x1 - x0, y1 - y0), 1.0)]
-    return "[" + ", ".join(f"{v:.{RELATIVE_DECIMALS}f}" for v in values) + "]"
-
-
-def parse_relative_box(text: str, region: Region) -> Box | BoxParseFailure:
-    """The first ``[x1, y1, x2, y2]`` with values in [0, 1] relative to ``region``, in original pixels."""
-    values = first_four_numbers(text, BRACKETED_FOUR_NUMBERS)
-    if values is None:
-        return BoxParseFailure(text, "no [x1, y1, x2, y2] box found")
-    x0, y0, x1, y1 = region
-    parsed = from_relative(values, (x1 - x0, y1 - y0), 1.0, text)
-    if isinstance(parsed, BoxParseFailure):
-        return parsed
-    return Box(parsed.x1 + x0, parsed.y1 + y0, parsed.x2 + x0, parsed.y2 + y0)
 
 
 @dataclass(frozen=True)
@@ -205,17 +166,16 @@ class LlavaAdapter(FamilyAdapter):
                             input_size=(view.width, view.height))
 
     def box_frame(self, encoding: Mapping[str, Any] | None, image_size: tuple[int, int], batch_index: int = 0,
-                  processor: Any = None) -> ViewBoxFrame:
+                  processor: Any = None) -> BoxFrame:
         """The square the model sees, from ``processor``'s pad/crop settings; without one, the padded square.
 
         The padded square is LLaVA-1.5's training frame (``image_aspect_ratio: pad``); pass the processor
         for llava-hf's crop-mode processors, whose frame for a non-square image is the central square.
         """
         if processor is None:
-            return ViewBoxFrame(image_size=image_size, view_region=padded_square(image_size))
+            return BoxFrame(image_size=image_size, view_region=self.default_view_region(image_size))
         view = llava_processed_view(image_size, processor.image_processor)
-        return ViewBoxFrame(image_size=image_size, input_size=(view.width, view.height),
-                            view_region=view.full_region)
+        return BoxFrame(image_size=image_size, input_size=(view.width, view.height), view_region=view.full_region)
 
     def format_box(self, box: Box, frame: BoxFrame) -> str:
         check_image_box(box, frame.image_size)
@@ -224,8 +184,12 @@ class LlavaAdapter(FamilyAdapter):
     def parse_box(self, text: str, frame: BoxFrame) -> Box | BoxParseFailure:
         return parse_relative_box(text, self.relative_region(frame))
 
+    def default_view_region(self, image_size: tuple[int, int]) -> Region:
+        """The frame of a ``BoxFrame`` without ``view_region``: LLaVA-1.5's padded square."""
+        return padded_square(image_size)
+
     def relative_region(self, frame: BoxFrame) -> Region:
-        """The rectangle native boxes are relative to; a plain ``BoxFrame`` means LLaVA-1.5's padded square."""
-        if isinstance(frame, ViewBoxFrame) and frame.view_region is not None:
+        """The rectangle native boxes are relative to: ``frame.view_region``, else ``default_view_region``."""
+        if frame.view_region is not None:
             return frame.view_region
-        return padded_square(frame.image_size)
+        return self.default_view_region(frame.image_size)

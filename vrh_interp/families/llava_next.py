@@ -36,14 +36,9 @@ from transformers.image_processing_utils import get_patch_output_size, select_be
 from transformers.image_utils import ChannelDimension
 from transformers.models.llava_next.modeling_llava_next import get_anyres_image_grid_shape, unpad_image
 
-from vrh_interp.families.base import (
-    BoxFrame,
-    VisualBlock,
-    VisualLayout,
-    image_token_positions,
-    row_major_block,
-)
-from vrh_interp.families.llava import LlavaAdapter, Region, ViewBoxFrame, split_class_token, whole_image
+from vrh_interp.families.base import BoxFrame, VisualBlock, VisualLayout, image_token_positions, row_major_block
+from vrh_interp.families.coordinates import Region, whole_image
+from vrh_interp.families.llava import LlavaAdapter, split_class_token
 
 
 @dataclass(frozen=True)
@@ -169,11 +164,10 @@ class LlavaNextAdapter(LlavaAdapter):
             raise ValueError("the processor's image_grid_pinpoints differ from the model config's")
 
     def box_frame(self, encoding: Mapping[str, Any] | None, image_size: tuple[int, int], batch_index: int = 0,
-                  processor: Any = None) -> ViewBoxFrame:
+                  processor: Any = None) -> BoxFrame:
         """The whole original image (the model sees all of it); ``processor`` is not needed."""
-        return ViewBoxFrame(image_size=image_size, view_region=whole_image(image_size))
+        return BoxFrame(image_size=image_size, view_region=whole_image(image_size))
 
-    def relative_region(self, frame: BoxFrame) -> Region:
-        if isinstance(frame, ViewBoxFrame) and frame.view_region is not None:
-            return frame.view_region
-        return whole_image(frame.image_size)
+    def default_view_region(self, image_size: tuple[int, int]) -> Region:
+        """The frame of a ``BoxFrame`` without ``view_region``: the whole image."""
+        return whole_image(image_size)

@@ -18,31 +18,19 @@ Facts (read in transformers 5.24: ``models/mistral3/modeling_mistral3.py`` (``Mi
   image, y likewise.
 * Grounding format: Mistral documents none, so the instruction asks for the LLaVA-style
   ``[x1, y1, x2, y2]`` with 0-1 coordinates (two decimals) relative to the whole image, and ``parse_box``
-  reads the first such box (the formatting and parsing helpers are ``vrh_interp.families.llava``'s).
+  reads the first such box (``vrh_interp.families.prompts.RequestedRelativeBoxAdapter``).
 """
 
 from __future__ import annotations
 
 from typing import Any, ClassVar, Mapping
 
-from vrh_interp.boxes import Box, BoxParseFailure
-from vrh_interp.families.base import (
-    BoxFrame,
-    FamilyAdapter,
-    VisualLayout,
-    check_image_box,
-    image_token_positions,
-    row_major_block,
-)
-from vrh_interp.families.llava import format_relative_box, parse_relative_box, whole_image
-
-GROUNDING_INSTRUCTION = (
-    "Locate {} in the image. Answer with its bounding box as [x1, y1, x2, y2]: coordinates between 0 and 1, "
-    "relative to the image width and height, with two decimals."
-)
+from vrh_interp.families.base import VisualLayout, image_token_positions, row_major_block
+from vrh_interp.families.coordinates import whole_image
+from vrh_interp.families.prompts import RequestedRelativeBoxAdapter
 
 
-class Mistral3Adapter(FamilyAdapter):
+class Mistral3Adapter(RequestedRelativeBoxAdapter):
     name: ClassVar[str] = "mistral3"
     display_name: ClassVar[str] = "Mistral3 (Mistral-Small-3.1)"
     model_types: ClassVar[tuple[str, ...]] = ("mistral3",)
@@ -50,9 +38,6 @@ class Mistral3Adapter(FamilyAdapter):
 
     def image_token(self, processor: Any) -> str:
         return processor.image_token
-
-    def grounding_instruction(self, expression: str) -> str:
-        return GROUNDING_INSTRUCTION.format(expression)
 
     def token_pixels(self) -> int:
         """Side of one merged token in resized-input pixels (vision patch x spatial merge)."""
@@ -79,10 +64,3 @@ class Mistral3Adapter(FamilyAdapter):
         block = row_major_block("image", image, rows, cols, whole_image(image_size))
         return VisualLayout(image_size=image_size, visual_positions=tuple(sorted(image + breaks + ends)),
                             blocks=(block,), input_size=(resized_w, resized_h))
-
-    def format_box(self, box: Box, frame: BoxFrame) -> str:
-        check_image_box(box, frame.image_size)
-        return format_relative_box(box, whole_image(frame.image_size))
-
-    def parse_box(self, text: str, frame: BoxFrame) -> Box | BoxParseFailure:
-        return parse_relative_box(text, whole_image(frame.image_size))

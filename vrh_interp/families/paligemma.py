@@ -41,7 +41,7 @@ from vrh_interp.families.base import (
     image_token_positions,
     row_major_block,
 )
-from vrh_interp.families.coordinates import from_relative, to_relative
+from vrh_interp.families.coordinates import from_relative, quantised_relative, whole_image
 
 LOCATION_BINS = 1024
 LOCATION_SCALE = LOCATION_BINS - 1
@@ -78,15 +78,13 @@ class PaliGemmaAdapter(FamilyAdapter):
         side = vision.image_size // vision.patch_size
         if len(positions) != side * side:
             raise ValueError(f"expected {side * side} <image> tokens for one image, found {len(positions)}")
-        width, height = image_size
-        block = row_major_block("image", positions, side, side, (0.0, 0.0, float(width), float(height)))
+        block = row_major_block("image", positions, side, side, whole_image(image_size))
         return VisualLayout(image_size=image_size, visual_positions=tuple(positions), blocks=(block,),
                             input_size=(vision.image_size, vision.image_size))
 
     def format_box(self, box: Box, frame: BoxFrame) -> str:
         check_image_box(box, frame.image_size)
-        x1, y1, x2, y2 = (min(LOCATION_SCALE, max(0, round(v))) for v in
-                          to_relative(box, frame.image_size, LOCATION_SCALE))
+        x1, y1, x2, y2 = quantised_relative(box, frame.image_size, LOCATION_SCALE)
         return "".join(f"<loc{v:04d}>" for v in (y1, x1, y2, x2))
 
     def parse_box(self, text: str, frame: BoxFrame) -> Box | BoxParseFailure:

@@ -23,30 +23,13 @@ Facts (read in transformers 5.24: ``models/qwen2_5_vl/modeling_qwen2_5_vl.py``,
 
 from __future__ import annotations
 
-import re
 from typing import Any, ClassVar, Mapping
 
 from vrh_interp.boxes import Box, BoxParseFailure
 from vrh_interp.families.base import BoxFrame, check_image_box
-from vrh_interp.families.coordinates import NUMBER, first_four_numbers, from_relative, to_relative
+from vrh_interp.families.coordinates import from_relative, json_bbox_answer, json_bbox_values, quantised_relative
+from vrh_interp.families.prompts import JSON_GROUNDING_INSTRUCTION
 from vrh_interp.families.qwen2_vl import Qwen2VLAdapter
-
-JSON_GROUNDING_INSTRUCTION = "Locate {expression}, output its bbox coordinates using JSON format."
-BRACKETED_FOUR_NUMBERS = re.compile(
-    rf"\[\s*({NUMBER})\s*,\s*({NUMBER})\s*,\s*({NUMBER})\s*,\s*({NUMBER})\s*\]"
-)
-
-
-def json_bbox_answer(values: list[int]) -> str:
-    """The Qwen-VL JSON grounding answer for one box (label omitted)."""
-    x1, y1, x2, y2 = values
-    return f'```json\n[\n\t{{"bbox_2d": [{x1}, {y1}, {x2}, {y2}]}}\n]\n```'
-
-
-def json_bbox_values(text: str) -> list[float] | None:
-    """The first ``[x1, y1, x2, y2]`` after a ``bbox_2d`` key, else the first such list in ``text``."""
-    key = text.find("bbox_2d")
-    return first_four_numbers(text[key:] if key >= 0 else text, BRACKETED_FOUR_NUMBERS)
 
 
 class Qwen25VLAdapter(Qwen2VLAdapter):
@@ -74,11 +57,7 @@ class Qwen25VLAdapter(Qwen2VLAdapter):
 
     def format_box(self, box: Box, frame: BoxFrame) -> str:
         check_image_box(box, frame.image_size)
-        input_width, input_height = resized_input_size(frame)
-        x1, y1, x2, y2 = to_relative(box, frame.image_size, 1.0)
-        values = [round(x1 * input_width), round(y1 * input_height), round(x2 * input_width), round(y2 * input_height)]
-        limits = (input_width, input_height, input_width, input_height)
-        return json_bbox_answer([min(max(v, 0), limit) for v, limit in zip(values, limits)])
+        return json_bbox_answer(quantised_relative(box, frame.image_size, resized_input_size(frame)))
 
     def parse_box(self, text: str, frame: BoxFrame) -> Box | BoxParseFailure:
         input_width, input_height = resized_input_size(frame)

@@ -38,18 +38,13 @@ from vrh_interp.families.base import (
     image_token_positions,
     row_major_block,
 )
-from vrh_interp.families.coordinates import NUMBER, first_four_numbers, from_relative, to_relative
+from vrh_interp.families.coordinates import NUMBER, first_four_numbers, from_relative, quantised_relative, whole_image
 from vrh_interp.heads import HeadGeometry
 
 RELATIVE_SCALE = 1000
 QWEN2_VL_BOX = re.compile(
     rf"\(\s*({NUMBER})\s*,\s*({NUMBER})\s*\)\s*,\s*\(\s*({NUMBER})\s*,\s*({NUMBER})\s*\)"
 )
-
-
-def quantised_relative(box: Box, image_size: tuple[int, int], scale: int) -> list[int]:
-    """``box`` (original pixels) as integers in a frame where the image spans [0, scale] on both axes."""
-    return [min(max(round(v), 0), scale) for v in to_relative(box, image_size, scale)]
 
 
 def merged_grid_layout(encoding: Mapping[str, Any], image_size: tuple[int, int], image_token_id: int,
@@ -71,7 +66,7 @@ def merged_grid_layout(encoding: Mapping[str, Any], image_size: tuple[int, int],
             f"row {batch_index} has {len(positions)} image tokens but image_grid_thw {[frames, grid_h, grid_w]} "
             f"with merge size {merge_size} describes {frames} x {rows} x {cols}; expected one image per row"
         )
-    block = row_major_block("image", positions, rows, cols, (0.0, 0.0, float(width), float(height)))
+    block = row_major_block("image", positions, rows, cols, whole_image(image_size))
     return VisualLayout(
         image_size=image_size,
         visual_positions=tuple(positions),

@@ -21,9 +21,9 @@ from typing import ClassVar
 
 from vrh_interp.boxes import Box, BoxParseFailure
 from vrh_interp.families.base import BoxFrame, FamilyAdapter, check_image_box
-from vrh_interp.families.coordinates import from_relative
-from vrh_interp.families.qwen2_5_vl import JSON_GROUNDING_INSTRUCTION, json_bbox_answer, json_bbox_values
-from vrh_interp.families.qwen2_vl import RELATIVE_SCALE, Qwen2VLAdapter, quantised_relative
+from vrh_interp.families.coordinates import from_relative, json_bbox_answer, json_bbox_values, quantised_relative
+from vrh_interp.families.prompts import JSON_GROUNDING_INSTRUCTION
+from vrh_interp.families.qwen2_vl import RELATIVE_SCALE, Qwen2VLAdapter
 from vrh_interp.heads import HeadGeometry
 
 

@@ -5,18 +5,27 @@ visual token depends only on its own patch (plus position embeddings, which do n
 Painting a box into the image then changes the language model's layer-0 input exactly at the visual
 tokens whose patch overlaps the box, which is what ``FamilyAdapter.visual_layout(...).positions_for_box``
 must return. Use NEAREST resampling in the processor so interpolation does not bleed across patch edges.
+
+Where the processor DOWNSCALES the image (global thumbnails, base views, pixel budgets), NEAREST reads one
+source pixel per resized pixel, so a token whose patch overlaps the box only by a sliver narrower than
+one resized pixel may not change. For an exact comparison keep the box edges more than one resized pixel
+away from token edges; for arbitrary boxes (``random_boxes``) use ``assert_changed_within_sampling``, which
+checks that the changed positions lie between the rule on the box shrunk by that sampling step and the
+rule on the box itself.
 """
 
 from __future__ import annotations
 
+import random
 from contextlib import contextmanager
 from typing import Any, Iterator
 
 import torch
 from PIL import Image, ImageDraw
+from transformers.image_utils import PILImageResampling
 
 from vrh_interp.boxes import Box
-from vrh_interp.families.base import FamilyAdapter
+from vrh_interp.families.base import FamilyAdapter, VisualLayout
 from vrh_interp.testing.tiny import TinyVLM
 
 
@@ -71,3 +80,59 @@ def changed_positions(tiny: TinyVLM, adapter: FamilyAdapter, image: Image.Image,
     after = language_model_input(tiny, adapter, painted)[0]
     delta = (after - before).abs().amax(dim=-1)
     return (delta > tolerance).nonzero().flatten().tolist()
+
+
+def nearest_resampling(tiny: TinyVLM) -> TinyVLM:
+    """``tiny`` with its image processor switched to NEAREST resampling (for the layout experiment)."""
+    tiny.processor.image_processor.resample = PILImageResampling.NEAREST
+    return tiny
+
+
+def check_layout_by_painting(tiny: TinyVLM, adapter: FamilyAdapter, image: Image.Image, box: Box,
+                             expression: str = "the object") -> list[int]:
+    """The exact layout experiment for one box: the layout's positions for ``box``, checked by painting it.
+
+    Raises AssertionError when the positions whose layer-0 input changes differ from
+    ``adapter.visual_layout(...).positions_for_box(box)``; returns those positions (empty when the box
+    reaches no visual token).
+    """
+    prompt = adapter.grounding_prompt(tiny.processor, expression)
+    encoding = adapter.encode(tiny.processor, [image], [prompt])
+    expected = adapter.visual_layout(encoding, image.size, tiny.processor).positions_for_box(box)
+    changed = changed_positions(tiny, adapter, image, box, expression)
+    if changed != expected:
+        raise AssertionError(f"{box} in a {image.size[0]}x{image.size[1]} image: the layout gives {expected}, "
+                             f"painting changed {changed}")
+    return expected
+
+
+def random_boxes(image_size: tuple[int, int], count: int, seed: int) -> list[Box]:
+    """Integer-pixel boxes inside the image (the probe paints whole pixels)."""
+    width, height = image_size
+    rng = random.Random(seed)
+    boxes = []
+    for _ in range(count):
+        x1, y1 = rng.randrange(width - 1), rng.randrange(height - 1)
+        boxes.append(Box(x1, y1, rng.randint(x1 + 1, width), rng.randint(y1 + 1, height)))
+    return boxes
+
+
+def assert_changed_within_sampling(layout: VisualLayout, box: Box, changed: list[int], spacing: float) -> None:
+    """Layout experiment on an image the processor DOWNSCALES, where exact equality cannot hold.
+
+    NEAREST resampling reads one source pixel per processed pixel, ``spacing`` source pixels apart, so a token
+    whose patch overlaps the box only by a sliver narrower than that may keep its value. The changed
+    positions must then lie between the rule for the box shrunk by ``spacing`` and the rule for the box.
+    """
+    upper = layout.positions_for_box(box)
+    if not set(changed) <= set(upper):
+        raise AssertionError(f"{box}: positions {sorted(set(changed) - set(upper))} changed but the layout does not "
+                             "give them")
+    if box.width > 2 * spacing and box.height > 2 * spacing:
+        inner = Box(box.x1 + spacing, box.y1 + spacing, box.x2 - spacing, box.y2 - spacing)
+        lower = layout.positions_for_box(inner)
+        if not lower:
+            raise AssertionError(f"{box}: the layout gives no positions for the box shrunk by {spacing}")
+        if not set(lower) <= set(changed):
+            raise AssertionError(f"{box}: positions {sorted(set(lower) - set(changed))} of the box shrunk by "
+                                 f"{spacing} did not change")

@@ -3,7 +3,9 @@
 Each module ``vrh_interp/testing/tiny/<family>.py`` exposes ``build(seed: int = 0) -> TinyVLM``. The
 model is a real transformers ``*ForConditionalGeneration`` class with a tiny config (LM: hidden 64,
 2 layers, 4 heads, 2 KV heads, head_dim 16 unless the family needs otherwise), its real processor, and a
-tokenizer built locally (``vrh_interp.testing.tokenizer``).
+tokenizer built locally (``vrh_interp.testing.tokenizer``). The sizes, special-token roles and helpers the
+fixtures share live here (``TINY_TEXT_CONFIG``, ``TINY_VISION_CONFIG``, ``*_NAMED_TOKENS``, ``text_token_ids``,
+``composite_model``, ``vision_encoder_attention_modules``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,57 @@ TINY_FAMILIES: tuple[str, ...] = (
     "mistral3",
     "aya_vision",
 )
+
+
+# The tiny language backbone every fixture uses (head_dim 16 where the config takes one: TINY_HEAD_DIM).
+TINY_TEXT_CONFIG: dict[str, Any] = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 2048,
+}
+TINY_HEAD_DIM = 16
+
+# The tiny ViT encoder (CLIP, SigLIP, Pixtral, InternViT, Idefics3); image and patch sizes are per family.
+TINY_VISION_CONFIG: dict[str, Any] = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+}
+
+
+# Standard special-token roles of the tokenizer families the fixtures mimic (``build_byte_tokenizer``).
+LLAMA_NAMED_TOKENS = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}  # + Mistral
+GEMMA_NAMED_TOKENS = {"pad_token": "<pad>", "eos_token": "<eos>", "bos_token": "<bos>"}
+QWEN2_NAMED_TOKENS = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}  # Qwen-VL, OneVision, InternVL3
+
+
+def text_token_ids(tokenizer: Any) -> dict[str, Any]:
+    """Vocabulary size and bos/eos/pad ids of a text config, read from the tokenizer."""
+    return {
+        "vocab_size": len(tokenizer),
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+    }
+
+
+def composite_model(model_class: type, config: Any, tokenizer: Any) -> Any:
+    """``model_class(config)`` in eval mode, its top-level ``config.vocab_size`` set to the tokenizer's size.
+
+    Composite configs (vision + text) do not carry the text config's vocabulary size at the top level.
+    """
+    model = model_class(config).eval()
+    model.config.vocab_size = len(tokenizer)
+    return model
+
+
+def vision_encoder_attention_modules(model: Any) -> list[torch.nn.Module]:
+    """Attention of every CLIP or SigLIP encoder layer (``model.model.vision_tower.encoder.layers[i].self_attn``)."""
+    return [layer.self_attn for layer in model.model.vision_tower.encoder.layers]
 
 
 @dataclass

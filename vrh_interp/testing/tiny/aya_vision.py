@@ -10,8 +10,6 @@ than any test prompt.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from transformers import (
     AyaVisionConfig,
@@ -22,7 +20,14 @@ from transformers import (
     SiglipVisionConfig,
 )
 
-from vrh_interp.testing.tiny import TinyVLM
+from vrh_interp.testing.tiny import (
+    TINY_TEXT_CONFIG,
+    TINY_VISION_CONFIG,
+    TinyVLM,
+    composite_model,
+    text_token_ids,
+    vision_encoder_attention_modules,
+)
 from vrh_interp.testing.tokenizer import build_byte_tokenizer
 
 TILE_SIZE = 56
@@ -69,27 +74,13 @@ def build(seed: int = 0) -> TinyVLM:
     processor = build_processor()
     tokenizer = processor.tokenizer
     text_config = Cohere2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
+        **TINY_TEXT_CONFIG,
+        **text_token_ids(tokenizer),
         sliding_window=4096,
         layer_types=["sliding_attention", "full_attention"],
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
     )
     vision_config = SiglipVisionConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        image_size=TILE_SIZE,
-        patch_size=VISION_PATCH_SIZE,
-        vision_use_head=False,
+        **TINY_VISION_CONFIG, image_size=TILE_SIZE, patch_size=VISION_PATCH_SIZE, vision_use_head=False
     )
     config = AyaVisionConfig(
         vision_config=vision_config,
@@ -97,11 +88,6 @@ def build(seed: int = 0) -> TinyVLM:
         downsample_factor=DOWNSAMPLE_FACTOR,
         image_token_index=processor.image_token_id,
     )
-    model = AyaVisionForConditionalGeneration(config).eval()
-    model.config.vocab_size = len(tokenizer)
+    model = composite_model(AyaVisionForConditionalGeneration, config, tokenizer)
     return TinyVLM(family="aya_vision", model=model, processor=processor,
-                   vision_attention_modules=vision_attention_modules)
-
-
-def vision_attention_modules(model: Any) -> list[torch.nn.Module]:
-    return [layer.self_attn for layer in model.model.vision_tower.encoder.layers]
+                   vision_attention_modules=vision_encoder_attention_modules)

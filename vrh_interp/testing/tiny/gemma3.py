@@ -10,8 +10,6 @@ re-initialised here.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from transformers import (
     Gemma3Config,
@@ -22,13 +20,21 @@ from transformers import (
     SiglipVisionConfig,
 )
 
-from vrh_interp.testing.tiny import TinyVLM
+from vrh_interp.testing.tiny import (
+    GEMMA_NAMED_TOKENS,
+    TINY_HEAD_DIM,
+    TINY_TEXT_CONFIG,
+    TINY_VISION_CONFIG,
+    TinyVLM,
+    composite_model,
+    text_token_ids,
+    vision_encoder_attention_modules,
+)
 from vrh_interp.testing.tokenizer import build_byte_tokenizer
 
 IMAGE_SIZE = 64
 PATCH_SIZE = 8
 TOKENS_PER_IMAGE = 16
-HEAD_DIM = 16
 
 IMAGE_TOKENS = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
 SPECIAL_TOKENS = ("<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>", *IMAGE_TOKENS.values())
@@ -47,7 +53,7 @@ CHAT_TEMPLATE = (
 def build_processor() -> Gemma3Processor:
     tokenizer = build_byte_tokenizer(
         SPECIAL_TOKENS,
-        named_special_tokens={"pad_token": "<pad>", "eos_token": "<eos>", "bos_token": "<bos>"},
+        named_special_tokens=GEMMA_NAMED_TOKENS,
         extra_special_tokens=IMAGE_TOKENS,
         chat_template=CHAT_TEMPLATE,
     )
@@ -62,29 +68,15 @@ def build(seed: int = 0) -> TinyVLM:
     processor = build_processor()
     tokenizer = processor.tokenizer
     text_config = Gemma3TextConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=HEAD_DIM,
-        query_pre_attn_scalar=HEAD_DIM,
+        **TINY_TEXT_CONFIG,
+        **text_token_ids(tokenizer),
+        head_dim=TINY_HEAD_DIM,
+        query_pre_attn_scalar=TINY_HEAD_DIM,
         sliding_window=4096,
         layer_types=["sliding_attention", "full_attention"],
-        max_position_embeddings=2048,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
     )
     vision_config = SiglipVisionConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        image_size=IMAGE_SIZE,
-        patch_size=PATCH_SIZE,
-        vision_use_head=False,
+        **TINY_VISION_CONFIG, image_size=IMAGE_SIZE, patch_size=PATCH_SIZE, vision_use_head=False
     )
     config = Gemma3Config(
         vision_config=vision_config,
@@ -94,13 +86,8 @@ def build(seed: int = 0) -> TinyVLM:
         eoi_token_index=tokenizer.eoi_token_id,
         image_token_index=tokenizer.image_token_id,
     )
-    model = Gemma3ForConditionalGeneration(config).eval()
+    model = composite_model(Gemma3ForConditionalGeneration, config, tokenizer)
     with torch.no_grad():
         torch.nn.init.normal_(model.model.multi_modal_projector.mm_input_projection_weight, std=0.1)
-    model.config.vocab_size = len(tokenizer)
     return TinyVLM(family="gemma3", model=model, processor=processor,
-                   vision_attention_modules=vision_attention_modules)
-
-
-def vision_attention_modules(model: Any) -> list[torch.nn.Module]:
-    return [layer.self_attn for layer in model.model.vision_tower.encoder.layers]
+                   vision_attention_modules=vision_encoder_attention_modules)

@@ -15,9 +15,9 @@ from __future__ import annotations
 import torch
 from transformers import Glm4vConfig, Glm4vForConditionalGeneration, Glm4vImageProcessorPil, Glm4vProcessor
 
-from vrh_interp.testing.tiny import TinyVLM
+from vrh_interp.testing.tiny import TINY_TEXT_CONFIG, TinyVLM
 from vrh_interp.testing.tiny._image_only_processor import image_only_processor_class
-from vrh_interp.testing.tiny.qwen2_vl import TINY_TEXT_CONFIG, vision_attention_modules
+from vrh_interp.testing.tiny.qwen2_vl import merger_vision_config, mrope_parameters, vision_attention_modules
 from vrh_interp.testing.tokenizer import build_byte_tokenizer
 
 GLM4V_SPECIAL_TOKENS: tuple[str, ...] = (
@@ -80,24 +80,9 @@ def build(seed: int = 0) -> TinyVLM:
             "vocab_size": len(tokenizer),
             "eos_token_id": [ids("<|endoftext|>"), ids("<|user|>"), ids("<|observation|>")],
             "pad_token_id": tokenizer.pad_token_id,
-            "rope_parameters": {
-                "rope_type": "default",
-                "rope_theta": 10000.0,
-                "partial_rotary_factor": 0.5,
-                "mrope_section": [2, 1, 1],
-            },
+            "rope_parameters": mrope_parameters([2, 1, 1], partial_rotary_factor=0.5),
         },
-        vision_config={
-            "depth": 2,
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_heads": 2,
-            "out_hidden_size": TINY_TEXT_CONFIG["hidden_size"],
-            "image_size": 112,
-            "patch_size": image_processor.patch_size,
-            "spatial_merge_size": image_processor.merge_size,
-            "temporal_patch_size": image_processor.temporal_patch_size,
-        },
+        vision_config=merger_vision_config(image_processor, image_size=112),
         image_token_id=ids("<|image|>"),
         video_token_id=ids("<|video|>"),
         image_start_token_id=ids("<|begin_of_image|>"),

@@ -28,7 +28,14 @@ from transformers import (
     SmolVLMVisionConfig,
 )
 
-from vrh_interp.testing.tiny import TinyVLM
+from vrh_interp.testing.tiny import (
+    TINY_HEAD_DIM,
+    TINY_TEXT_CONFIG,
+    TINY_VISION_CONFIG,
+    TinyVLM,
+    composite_model,
+    text_token_ids,
+)
 from vrh_interp.testing.tokenizer import build_byte_tokenizer
 
 FRAME_SIZE = 32
@@ -66,54 +73,35 @@ def build_processor(image_processor_class: type = Idefics3ImageProcessorPil) -> 
 
 
 def text_config(tokenizer: Any) -> LlamaConfig:
-    return LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=2048,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
+    return LlamaConfig(**TINY_TEXT_CONFIG, **text_token_ids(tokenizer), head_dim=TINY_HEAD_DIM)
 
 
 def vision_config_kwargs() -> dict[str, int]:
-    return {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
-            "image_size": FRAME_SIZE, "patch_size": PATCH_SIZE}
+    return {**TINY_VISION_CONFIG, "image_size": FRAME_SIZE, "patch_size": PATCH_SIZE}
 
 
 def build(seed: int = 0) -> TinyVLM:
-    torch.manual_seed(seed)
-    processor = build_processor()
-    tokenizer = processor.tokenizer
-    config = Idefics3Config(
-        vision_config=Idefics3VisionConfig(**vision_config_kwargs()),
-        text_config=text_config(tokenizer),
-        image_token_id=processor.image_token_id,
-        scale_factor=SCALE_FACTOR,
-    )
-    model = Idefics3ForConditionalGeneration(config).eval()
-    model.config.vocab_size = len(tokenizer)
-    return TinyVLM(family="idefics3", model=model, processor=processor,
-                   vision_attention_modules=vision_attention_modules)
+    return build_variant(seed, Idefics3ImageProcessorPil, Idefics3Config, Idefics3VisionConfig,
+                         Idefics3ForConditionalGeneration)
 
 
 def build_smolvlm(seed: int = 0) -> TinyVLM:
+    return build_variant(seed, SmolVLMImageProcessorPil, SmolVLMConfig, SmolVLMVisionConfig,
+                         SmolVLMForConditionalGeneration)
+
+
+def build_variant(seed: int, image_processor_class: type, config_class: type, vision_config_class: type,
+                  model_class: type) -> TinyVLM:
+    """The tiny model of ``model_class`` (Idefics3 or SmolVLM) behind an ``Idefics3Processor``."""
     torch.manual_seed(seed)
-    processor = build_processor(SmolVLMImageProcessorPil)
-    tokenizer = processor.tokenizer
-    config = SmolVLMConfig(
-        vision_config=SmolVLMVisionConfig(**vision_config_kwargs()),
-        text_config=text_config(tokenizer),
+    processor = build_processor(image_processor_class)
+    config = config_class(
+        vision_config=vision_config_class(**vision_config_kwargs()),
+        text_config=text_config(processor.tokenizer),
         image_token_id=processor.image_token_id,
         scale_factor=SCALE_FACTOR,
     )
-    model = SmolVLMForConditionalGeneration(config).eval()
-    model.config.vocab_size = len(tokenizer)
+    model = composite_model(model_class, config, processor.tokenizer)
     return TinyVLM(family="idefics3", model=model, processor=processor,
                    vision_attention_modules=vision_attention_modules)
 

@@ -21,7 +21,15 @@ from transformers import (
     Qwen2Config,
 )
 
-from vrh_interp.testing.tiny import TinyVLM
+from vrh_interp.testing.tiny import (
+    QWEN2_NAMED_TOKENS,
+    TINY_HEAD_DIM,
+    TINY_TEXT_CONFIG,
+    TINY_VISION_CONFIG,
+    TinyVLM,
+    composite_model,
+    text_token_ids,
+)
 from vrh_interp.testing.tiny._image_only_processor import image_only_processor_class
 from vrh_interp.testing.tokenizer import build_byte_tokenizer
 
@@ -53,7 +61,7 @@ CHAT_TEMPLATE = (
 def build_processor() -> InternVLProcessor:
     tokenizer = build_byte_tokenizer(
         SPECIAL_TOKENS,
-        named_special_tokens={"pad_token": "<|endoftext|>", "eos_token": "<|im_end|>"},
+        named_special_tokens=QWEN2_NAMED_TOKENS,
         extra_special_tokens=IMAGE_TOKENS,
         chat_template=CHAT_TEMPLATE,
     )
@@ -72,25 +80,9 @@ def build(seed: int = 0) -> TinyVLM:
     torch.manual_seed(seed)
     processor = build_processor()
     tokenizer = processor.tokenizer
-    text_config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=2048,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
+    text_config = Qwen2Config(**TINY_TEXT_CONFIG, **text_token_ids(tokenizer), head_dim=TINY_HEAD_DIM)
     vision_config = InternVLVisionConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        image_size=(TILE_SIZE, TILE_SIZE),
-        patch_size=(PATCH_SIZE, PATCH_SIZE),
+        **TINY_VISION_CONFIG, image_size=(TILE_SIZE, TILE_SIZE), patch_size=(PATCH_SIZE, PATCH_SIZE)
     )
     config = InternVLConfig(
         vision_config=vision_config,
@@ -99,8 +91,7 @@ def build(seed: int = 0) -> TinyVLM:
         image_seq_length=TOKENS_PER_TILE,
         downsample_ratio=DOWNSAMPLE_RATIO,
     )
-    model = InternVLForConditionalGeneration(config).eval()
-    model.config.vocab_size = len(tokenizer)
+    model = composite_model(InternVLForConditionalGeneration, config, tokenizer)
     return TinyVLM(family="internvl", model=model, processor=processor,
                    vision_attention_modules=vision_attention_modules)
 

@@ -29,7 +29,15 @@ from transformers import (
 )
 from transformers.image_utils import PILImageResampling
 
-from vrh_interp.testing.tiny import TinyVLM
+from vrh_interp.testing.tiny import (
+    LLAMA_NAMED_TOKENS,
+    TINY_HEAD_DIM,
+    TINY_TEXT_CONFIG,
+    TINY_VISION_CONFIG,
+    TinyVLM,
+    text_token_ids,
+    vision_encoder_attention_modules,
+)
 from vrh_interp.testing.tokenizer import build_byte_tokenizer
 
 IMAGE_SIZE = 44
@@ -44,24 +52,10 @@ LLAVA_15_CHAT_TEMPLATE = (
     "{% endfor %}{% endfor %}{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}"
 )
 
-TINY_LLAMA_CONFIG: dict[str, Any] = {
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "max_position_embeddings": 2048,
-}
+TINY_LLAMA_CONFIG: dict[str, Any] = {"model_type": "llama", **TINY_TEXT_CONFIG, "head_dim": TINY_HEAD_DIM}
 
 TINY_CLIP_VISION_CONFIG: dict[str, Any] = {
-    "model_type": "clip_vision_model",
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 2,
-    "projection_dim": 32,
+    "model_type": "clip_vision_model", **TINY_VISION_CONFIG, "projection_dim": 32
 }
 
 
@@ -69,24 +63,10 @@ def build_llava_tokenizer(chat_template: str) -> PreTrainedTokenizerFast:
     """Byte tokenizer with Llama's specials and LLaVA's ``<image>`` placeholder."""
     return build_byte_tokenizer(
         LLAVA_SPECIAL_TOKENS,
-        named_special_tokens={"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"},
+        named_special_tokens=LLAMA_NAMED_TOKENS,
         extra_special_tokens={"image_token": "<image>"},
         chat_template=chat_template,
     )
-
-
-def text_token_ids(tokenizer: PreTrainedTokenizerFast) -> dict[str, int]:
-    return {
-        "vocab_size": len(tokenizer),
-        "bos_token_id": tokenizer.bos_token_id,
-        "eos_token_id": tokenizer.eos_token_id,
-        "pad_token_id": tokenizer.pad_token_id,
-    }
-
-
-def vision_encoder_attention_modules(model: Any) -> list[torch.nn.Module]:
-    """Attention of every CLIP or SigLIP encoder layer (``model.model.vision_tower.encoder.layers[i].self_attn``)."""
-    return [layer.self_attn for layer in model.model.vision_tower.encoder.layers]
 
 
 def build_processor(pad_to_square: bool = False) -> LlavaProcessor:

@@ -23,14 +23,8 @@ from transformers import (
 )
 from transformers.image_utils import PILImageResampling
 
-from vrh_interp.testing.tiny import TinyVLM
-from vrh_interp.testing.tiny.llava import (
-    TINY_CLIP_VISION_CONFIG,
-    TINY_LLAMA_CONFIG,
-    build_llava_tokenizer,
-    vision_encoder_attention_modules,
-    text_token_ids,
-)
+from vrh_interp.testing.tiny import TinyVLM, text_token_ids, vision_encoder_attention_modules
+from vrh_interp.testing.tiny.llava import TINY_CLIP_VISION_CONFIG, TINY_LLAMA_CONFIG, build_llava_tokenizer
 
 TILE_SIZE = 32
 PATCH_SIZE = 8

@@ -25,9 +25,16 @@ from transformers import (
 )
 from transformers.image_utils import PILImageResampling
 
-from vrh_interp.testing.tiny import TinyVLM
+from vrh_interp.testing.tiny import (
+    QWEN2_NAMED_TOKENS,
+    TINY_HEAD_DIM,
+    TINY_TEXT_CONFIG,
+    TINY_VISION_CONFIG,
+    TinyVLM,
+    text_token_ids,
+    vision_encoder_attention_modules,
+)
 from vrh_interp.testing.tiny._image_only_processor import image_only_processor_class
-from vrh_interp.testing.tiny.llava import TINY_LLAMA_CONFIG, vision_encoder_attention_modules
 from vrh_interp.testing.tokenizer import build_byte_tokenizer
 
 TILE_SIZE = 36
@@ -52,7 +59,7 @@ def build(seed: int = 0) -> TinyVLM:
     torch.manual_seed(seed)
     tokenizer = build_byte_tokenizer(
         ONEVISION_SPECIAL_TOKENS,
-        named_special_tokens={"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"},
+        named_special_tokens=QWEN2_NAMED_TOKENS,
         extra_special_tokens={"image_token": "<image>", "video_token": "<video>"},
         chat_template=LLAVA_ONEVISION_CHAT_TEMPLATE,
     )
@@ -74,21 +81,17 @@ def build(seed: int = 0) -> TinyVLM:
     config = LlavaOnevisionConfig(
         vision_config={
             "model_type": "siglip_vision_model",
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 2,
+            **TINY_VISION_CONFIG,
             "image_size": TILE_SIZE,
             "patch_size": PATCH_SIZE,
             "vision_use_head": False,
         },
         text_config={
-            **{key: value for key, value in TINY_LLAMA_CONFIG.items() if key != "model_type"},
             "model_type": "qwen2",
-            "vocab_size": len(tokenizer),
-            "bos_token_id": tokenizer.pad_token_id,
-            "eos_token_id": tokenizer.eos_token_id,
-            "pad_token_id": tokenizer.pad_token_id,
+            **TINY_TEXT_CONFIG,
+            "head_dim": TINY_HEAD_DIM,
+            **text_token_ids(tokenizer),
+            "bos_token_id": tokenizer.pad_token_id,  # Qwen configs use <|endoftext|> as bos and pad
         },
         image_token_index=ids("<image>"),
         video_token_index=ids("<video>"),

@@ -32,8 +32,14 @@ from transformers import (
 )
 from transformers.image_utils import PILImageResampling
 
-from vrh_interp.testing.tiny import TinyVLM
-from vrh_interp.testing.tiny.llava import TINY_LLAMA_CONFIG
+from vrh_interp.testing.tiny import (
+    LLAMA_NAMED_TOKENS,
+    TINY_HEAD_DIM,
+    TINY_TEXT_CONFIG,
+    TINY_VISION_CONFIG,
+    TinyVLM,
+    text_token_ids,
+)
 from vrh_interp.testing.tokenizer import build_byte_tokenizer
 
 PATCH_SIZE = 8
@@ -100,7 +106,7 @@ def build(seed: int = 0) -> TinyVLM:
     torch.manual_seed(seed)
     tokenizer = build_byte_tokenizer(
         MISTRAL3_SPECIAL_TOKENS,
-        named_special_tokens={"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"},
+        named_special_tokens=LLAMA_NAMED_TOKENS,
         chat_template=MISTRAL3_CHAT_TEMPLATE,
     )
     processor = PixtralProcessorPort(
@@ -116,22 +122,14 @@ def build(seed: int = 0) -> TinyVLM:
     )
     config = Mistral3Config(
         vision_config={
-            "model_type": "pixtral",
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 2,
-            "image_size": LONGEST_EDGE,
-            "patch_size": PATCH_SIZE,
+            "model_type": "pixtral", **TINY_VISION_CONFIG, "image_size": LONGEST_EDGE, "patch_size": PATCH_SIZE
         },
         text_config={
-            **TINY_LLAMA_CONFIG,
             "model_type": "mistral",
+            **TINY_TEXT_CONFIG,
+            "head_dim": TINY_HEAD_DIM,
             "sliding_window": None,
-            "vocab_size": len(tokenizer),
-            "bos_token_id": tokenizer.bos_token_id,
-            "eos_token_id": tokenizer.eos_token_id,
-            "pad_token_id": tokenizer.pad_token_id,
+            **text_token_ids(tokenizer),
         },
         image_token_index=processor.image_token_id,
         spatial_merge_size=SPATIAL_MERGE_SIZE,

@@ -7,8 +7,6 @@ is sized after the processor is built. PaliGemma has no chat template: prompts a
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from transformers import (
     GemmaConfig,
@@ -19,7 +17,16 @@ from transformers import (
     SiglipVisionConfig,
 )
 
-from vrh_interp.testing.tiny import TinyVLM
+from vrh_interp.testing.tiny import (
+    GEMMA_NAMED_TOKENS,
+    TINY_HEAD_DIM,
+    TINY_TEXT_CONFIG,
+    TINY_VISION_CONFIG,
+    TinyVLM,
+    composite_model,
+    text_token_ids,
+    vision_encoder_attention_modules,
+)
 from vrh_interp.testing.tokenizer import build_byte_tokenizer
 
 IMAGE_SIZE = 56
@@ -30,7 +37,7 @@ SPECIAL_TOKENS = ("<pad>", "<eos>", "<bos>", "<image>")
 def build_processor() -> PaliGemmaProcessor:
     tokenizer = build_byte_tokenizer(
         SPECIAL_TOKENS,
-        named_special_tokens={"pad_token": "<pad>", "eos_token": "<eos>", "bos_token": "<bos>"},
+        named_special_tokens=GEMMA_NAMED_TOKENS,
         extra_special_tokens={"image_token": "<image>"},
     )
     image_processor = SiglipImageProcessorPil(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
@@ -42,27 +49,8 @@ def build(seed: int = 0) -> TinyVLM:
     torch.manual_seed(seed)
     processor = build_processor()
     tokenizer = processor.tokenizer
-    text_config = GemmaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=2048,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    vision_config = SiglipVisionConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        image_size=IMAGE_SIZE,
-        patch_size=PATCH_SIZE,
-    )
+    text_config = GemmaConfig(**TINY_TEXT_CONFIG, **text_token_ids(tokenizer), head_dim=TINY_HEAD_DIM)
+    vision_config = SiglipVisionConfig(**TINY_VISION_CONFIG, image_size=IMAGE_SIZE, patch_size=PATCH_SIZE)
     config = PaliGemmaConfig(
         vision_config=vision_config,
         text_config=text_config,
@@ -71,11 +59,6 @@ def build(seed: int = 0) -> TinyVLM:
         projection_dim=text_config.hidden_size,
         hidden_size=text_config.hidden_size,
     )
-    model = PaliGemmaForConditionalGeneration(config).eval()
-    model.config.vocab_size = len(tokenizer)
+    model = composite_model(PaliGemmaForConditionalGeneration, config, tokenizer)
     return TinyVLM(family="paligemma", model=model, processor=processor,
-                   vision_attention_modules=vision_attention_modules)
-
-
-def vision_attention_modules(model: Any) -> list[torch.nn.Module]:
-    return [layer.self_attn for layer in model.model.vision_tower.encoder.layers]
+                   vision_attention_modules=vision_encoder_attention_modules)

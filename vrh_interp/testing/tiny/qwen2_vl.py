@@ -23,7 +23,7 @@ from transformers import (
     Qwen2VLProcessor,
 )
 
-from vrh_interp.testing.tiny import TinyVLM
+from vrh_interp.testing.tiny import QWEN2_NAMED_TOKENS, TINY_TEXT_CONFIG, TinyVLM, text_token_ids
 from vrh_interp.testing.tiny._image_only_processor import image_only_processor_class
 from vrh_interp.testing.tokenizer import build_byte_tokenizer
 
@@ -65,21 +65,12 @@ QWEN2_VL_CHAT_TEMPLATE = (
 TINY_MIN_PIXELS = 56 * 56
 TINY_MAX_PIXELS = 28 * 28 * 48
 
-TINY_TEXT_CONFIG: dict[str, Any] = {
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 2048,
-}
-
 
 def build_qwen_tokenizer(chat_template: str) -> PreTrainedTokenizerFast:
     """Byte tokenizer with the Qwen2-VL family's special tokens (same strings in Qwen2.5-VL and Qwen3-VL)."""
     return build_byte_tokenizer(
         QWEN_SPECIAL_TOKENS,
-        named_special_tokens={"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"},
+        named_special_tokens=QWEN2_NAMED_TOKENS,
         extra_special_tokens={"image_token": "<|image_pad|>", "video_token": "<|video_pad|>"},
         chat_template=chat_template,
     )
@@ -104,11 +95,34 @@ def qwen_config_token_ids(tokenizer: PreTrainedTokenizerFast) -> dict[str, int]:
 
 
 def qwen_text_token_ids(tokenizer: PreTrainedTokenizerFast) -> dict[str, int]:
+    # Qwen configs use <|endoftext|> as bos and pad.
+    return {**text_token_ids(tokenizer), "bos_token_id": tokenizer.pad_token_id}
+
+
+def mrope_parameters(mrope_section: list[int], **extra: Any) -> dict[str, Any]:
+    """Default RoPE with multimodal sections (``mrope_section`` sums to the rotary dims / 2)."""
+    return {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": mrope_section, **extra}
+
+
+def patch_grid(image_processor: Any) -> dict[str, int]:
+    """The vision-config entries a Qwen2-VL-style image processor fixes (patch, merge, temporal patch)."""
     return {
-        "vocab_size": len(tokenizer),
-        "bos_token_id": tokenizer.pad_token_id,  # Qwen configs use <|endoftext|> as bos and pad
-        "eos_token_id": tokenizer.eos_token_id,
-        "pad_token_id": tokenizer.pad_token_id,
+        "patch_size": image_processor.patch_size,
+        "spatial_merge_size": image_processor.merge_size,
+        "temporal_patch_size": image_processor.temporal_patch_size,
+    }
+
+
+def merger_vision_config(image_processor: Any, **extra: Any) -> dict[str, Any]:
+    """The tiny vision tower of Qwen2.5-VL, Qwen3-VL and GLM-4V, projecting to the tiny LM's hidden size."""
+    return {
+        "depth": 2,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "out_hidden_size": TINY_TEXT_CONFIG["hidden_size"],
+        **patch_grid(image_processor),
+        **extra,
     }
 
 
@@ -126,7 +140,7 @@ def build(seed: int = 0) -> TinyVLM:
         text_config={
             **TINY_TEXT_CONFIG,
             **qwen_text_token_ids(tokenizer),
-            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+            "rope_parameters": mrope_parameters([2, 3, 3]),
         },
         vision_config={
             "depth": 2,
@@ -134,9 +148,7 @@ def build(seed: int = 0) -> TinyVLM:
             "hidden_size": TINY_TEXT_CONFIG["hidden_size"],
             "mlp_ratio": 2,
             "num_heads": 2,
-            "patch_size": image_processor.patch_size,
-            "spatial_merge_size": image_processor.merge_size,
-            "temporal_patch_size": image_processor.temporal_patch_size,
+            **patch_grid(image_processor),
         },
         **qwen_config_token_ids(tokenizer),
     )

@@ -19,12 +19,13 @@ from transformers import (
     Qwen3VLProcessor,
 )
 
-from vrh_interp.testing.tiny import TinyVLM
+from vrh_interp.testing.tiny import TINY_HEAD_DIM, TINY_TEXT_CONFIG, TinyVLM
 from vrh_interp.testing.tiny.qwen2_vl import (
     TINY_MIN_PIXELS,
-    TINY_TEXT_CONFIG,
     build_qwen_processor,
     build_qwen_tokenizer,
+    merger_vision_config,
+    mrope_parameters,
     qwen_config_token_ids,
     qwen_text_token_ids,
     vision_attention_modules,
@@ -58,26 +59,10 @@ def build(seed: int = 0) -> TinyVLM:
         text_config={
             **TINY_TEXT_CONFIG,
             **qwen_text_token_ids(tokenizer),
-            "head_dim": 16,
-            "rope_parameters": {
-                "rope_type": "default",
-                "rope_theta": 10000.0,
-                "mrope_section": [2, 3, 3],
-                "mrope_interleaved": True,
-            },
+            "head_dim": TINY_HEAD_DIM,
+            "rope_parameters": mrope_parameters([2, 3, 3], mrope_interleaved=True),
         },
-        vision_config={
-            "depth": 2,
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_heads": 2,
-            "out_hidden_size": TINY_TEXT_CONFIG["hidden_size"],
-            "patch_size": image_processor.patch_size,
-            "spatial_merge_size": image_processor.merge_size,
-            "temporal_patch_size": image_processor.temporal_patch_size,
-            "num_position_embeddings": 64,
-            "deepstack_visual_indexes": [0],
-        },
+        vision_config=merger_vision_config(image_processor, num_position_embeddings=64, deepstack_visual_indexes=[0]),
         **qwen_config_token_ids(tokenizer),
     )
     model = Qwen3VLForConditionalGeneration(config).eval()

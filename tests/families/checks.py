@@ -1,0 +1,147 @@
+"""Checks the family adapter tests share: fixture and registry, head geometry, generation, box-format round trips.
+
+The layout experiment itself is library code (``vrh_interp.testing.layout_probe``); what is here needs pytest or
+hypothesis, which are test dependencies only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import strategies as st
+from transformers.image_processing_utils import select_best_resolution
+
+from tests.conftest import noise_image
+from vrh_interp.boxes import Box, BoxParseFailure
+from vrh_interp.families import adapter_for_config
+from vrh_interp.families.base import BoxFrame, FamilyAdapter, VisualLayout
+from vrh_interp.families.llava_next import tiled_canvas
+from vrh_interp.heads import HeadGeometry
+from vrh_interp.testing.tiny import TinyVLM
+
+
+# Image sizes covering smart_resize's three branches (Qwen2-VL, Qwen2.5-VL, Qwen3-VL): downscale to the pixel
+# budget (300x170, 640x480), plain rounding to multiples of the factor (97x203), upscale to the minimum (50x40).
+SMART_RESIZE_LAYOUT_CASES = [
+    ((300, 170), Box(0, 0, 90, 68)),
+    ((300, 170), Box(170, 100, 300, 170)),
+    ((97, 203), Box(19, 20, 87, 71)),
+    ((97, 203), Box(94, 0, 97, 3)),
+    ((640, 480), Box(128, 48, 576, 168)),
+    ((640, 480), Box(0, 0, 640, 480)),
+    ((50, 40), Box(10, 4, 45, 14)),
+    ((50, 40), Box(47, 37, 50, 40)),
+]
+
+
+def assert_fixture_is_registered(tiny: TinyVLM, model_class: type, image_processor_class: type,
+                                 adapter_class: type[FamilyAdapter]) -> FamilyAdapter:
+    """The fixture is the real family, its vocabulary fits the tokenizer and the registry picks ``adapter_class``."""
+    assert isinstance(tiny.model, model_class)
+    assert isinstance(tiny.processor.image_processor, image_processor_class)
+    assert tiny.model.config.get_text_config().vocab_size == len(tiny.processor.tokenizer)
+    registered = adapter_for_config(tiny.model.config)
+    assert type(registered) is adapter_class
+    return registered
+
+
+def text_config_geometry(text_config: Any, head_dim: int) -> HeadGeometry:
+    """The head grid of ``text_config`` with the given ``head_dim`` (which families read differently)."""
+    return HeadGeometry(
+        num_layers=text_config.num_hidden_layers,
+        num_heads=text_config.num_attention_heads,
+        num_kv_heads=text_config.num_key_value_heads,
+        head_dim=head_dim,
+    )
+
+
+def assert_hidden_split_head_geometry(tiny: TinyVLM, adapter: FamilyAdapter) -> None:
+    """Qwen2-VL-style attention (Qwen2-VL, Qwen2.5-VL, GLM-4V): ``head_dim = hidden_size // num_attention_heads``
+    in the adapter's geometry and in the language model's attention modules, whatever the config says."""
+    text_config = tiny.model.config.get_text_config()
+    head_dim = text_config.hidden_size // text_config.num_attention_heads
+    assert adapter.geometry() == text_config_geometry(text_config, head_dim)
+    attention = adapter.attention_module(tiny.model, 1)
+    assert attention is tiny.model.model.language_model.layers[1].self_attn
+    assert attention.head_dim == adapter.geometry().head_dim
+    assert adapter.output_projection(tiny.model, 1).in_features == attention.num_heads * attention.head_dim
+
+
+def encode_noise_image(tiny: TinyVLM, adapter: FamilyAdapter, image_size: tuple[int, int],
+                       expression: str = "x") -> Any:
+    """The adapter's encoding of ``noise_image(*image_size)`` with the grounding prompt for ``expression``."""
+    prompt = adapter.grounding_prompt(tiny.processor, expression)
+    return adapter.encode(tiny.processor, [noise_image(*image_size)], [prompt])
+
+
+def noise_image_layout(tiny: TinyVLM, adapter: FamilyAdapter, image_size: tuple[int, int]) -> VisualLayout:
+    """The visual layout of ``encode_noise_image(tiny, adapter, image_size)``."""
+    return adapter.visual_layout(encode_noise_image(tiny, adapter, image_size), image_size, tiny.processor)
+
+
+def anyres_sample_spacing(image_size: tuple[int, int], grid_pinpoints: list[list[int]], tile_size: int) -> float:
+    """LLaVA-NeXT-style anyres: the largest source-pixel step of NEAREST over the base view and the tile canvas."""
+    width, height = image_size
+    canvas = tiled_canvas((height, width), select_best_resolution((height, width), grid_pinpoints))
+    new_h, new_w = canvas.resized
+    return max(width / tile_size, height / tile_size, width / new_w, height / new_h)
+
+
+def assert_generates(tiny: TinyVLM, encoding: Any, new_tokens: int = 3) -> None:
+    """Greedy generation from ``encoding`` (one row) adds ``new_tokens`` tokens."""
+    with torch.no_grad():
+        generated = tiny.model.generate(**encoding, max_new_tokens=new_tokens, do_sample=False)
+    assert generated.shape == (1, encoding["input_ids"].shape[1] + new_tokens)
+
+
+def assert_image_grid_prompt_generates(tiny: TinyVLM, adapter: FamilyAdapter, prompt: str) -> None:
+    """Qwen2-VL-style processors (``image_grid_thw``, merge 2): ``prompt`` on a 300x170 image gets one
+    placeholder per merged token, and generates."""
+    encoding = adapter.encode(tiny.processor, [noise_image(300, 170)], [prompt])
+    frames, grid_h, grid_w = encoding["image_grid_thw"][0].tolist()
+    image_token_id = adapter.image_token_id(tiny.processor)
+    assert int((encoding["input_ids"] == image_token_id).sum()) == frames * grid_h * grid_w // 4
+    assert_generates(tiny, encoding)
+
+
+@st.composite
+def boxes_in_images(draw: st.DrawFn, divisions: int) -> tuple[Box, tuple[int, int]]:
+    """A box at least two quantisation steps (side / ``divisions``) wide and high inside a random image."""
+    width, height = draw(st.integers(8, 4000)), draw(st.integers(8, 4000))
+    min_w, min_h = 2 * width / divisions, 2 * height / divisions
+    x1 = draw(st.floats(0, width - min_w))
+    y1 = draw(st.floats(0, height - min_h))
+    x2 = draw(st.floats(x1 + min_w, width))
+    y2 = draw(st.floats(y1 + min_h, height))
+    return Box(x1, y1, x2, y2), (width, height)
+
+
+@st.composite
+def small_boxes_in_images(draw: st.DrawFn) -> tuple[Box, tuple[int, int]]:
+    """A box 2-10 % of a random image's width and height (at least two 0.01 steps), anywhere inside it."""
+    width, height = draw(st.integers(8, 4000)), draw(st.integers(8, 4000))
+    fx, fy = draw(st.floats(0, 0.9)), draw(st.floats(0, 0.9))
+    fw, fh = draw(st.floats(0.02, 0.1)), draw(st.floats(0.02, 0.1))
+    return Box(fx * width, fy * height, (fx + fw) * width, (fy + fh) * height), (width, height)
+
+
+def assert_round_trip(adapter: FamilyAdapter, box: Box, frame: BoxFrame, tolerance: tuple[float, float]) -> str:
+    """``parse_box(format_box(box))`` is ``box`` within ``tolerance`` (x, y) per coordinate; returns the text."""
+    text = adapter.format_box(box, frame)
+    parsed = adapter.parse_box(text, frame)
+    assert isinstance(parsed, Box), parsed
+    tolerances = tolerance * 2
+    assert all(abs(a - b) <= t + 1e-9 for a, b, t in zip(parsed.as_tuple(), box.as_tuple(), tolerances))
+    return text
+
+
+def assert_parses_to(adapter: FamilyAdapter, answer: str, frame: BoxFrame, expected: Box | None) -> None:
+    """``answer`` parses to ``expected`` (approximately), or to a failure that keeps the answer when None."""
+    parsed = adapter.parse_box(answer, frame)
+    if expected is None:
+        assert isinstance(parsed, BoxParseFailure) and parsed.text == answer
+    else:
+        assert isinstance(parsed, Box)
+        assert parsed.as_tuple() == pytest.approx(expected.as_tuple())
