@@ -47,8 +47,10 @@ def test_sweep_refuses_detection_samples(tmp_path, capsys):
 
 
 def test_bad_data_spec_is_a_clear_error(capsys):
-    assert main(["detect", "--model", "tiny:qwen2_vl", "--data", "refcoco:/nowhere"]) == 2
+    assert main(["detect", "--model", "tiny:qwen2_vl", "--data", "coco:/nowhere"]) == 2
     assert "unknown data spec" in capsys.readouterr().err
+    assert main(["detect", "--model", "tiny:qwen2_vl", "--data", "refcoco:/nowhere"]) == 2
+    assert "/nowhere" in capsys.readouterr().err
 
 
 def test_demo_runs_end_to_end_on_tiny_models(tmp_path, capsys):

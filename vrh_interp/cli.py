@@ -120,6 +120,31 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    from vrh_interp.reproduce import run_reproduce
+
+    result = run_reproduce(
+        args.model, args.data, args.vqa, Path(args.out), detect_count=args.detect, evaluation_count=args.eval,
+        split_seed=args.split_seed, ks=[int(k) for k in args.ks.split(",")],
+        random_seeds=[int(s) for s in args.seeds.split(",")], vqa_k=args.vqa_k, vqa_limit=args.vqa_limit,
+        batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, device=args.device, dtype=args.dtype,
+        progress=not args.json)
+    if args.json:
+        print(json.dumps({"out": str(result.out), "ks": result.ks, "vqa_k": result.vqa_k,
+                          "sweep": result.sweep_summary.to_dict(orient="records"),
+                          "failure_split": result.failure_split.to_dict(orient="records"),
+                          "vqa": None if result.vqa_summary is None else result.vqa_summary.to_dict(orient="records")},
+                         default=str))
+        return 0
+    _print_table(result.sweep_summary.drop(columns=["key"]), f"k-sweep on {args.data} (ks {result.ks})")
+    _print_table(result.failure_split.drop(columns=["key"]), "Failure split: correct / mislocation / parse failure")
+    if result.vqa_table is not None:
+        _print_table(result.vqa_table.xs("accuracy", axis=1, level="stat").round(1).reset_index(names="condition"),
+                     f"Cross-task VQA accuracy (%), top-{result.vqa_k} VRHs vs {result.vqa_k} random heads")
+    print(f"\nrun folder: {result.out}")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from vrh_interp.demo import run_demo
 
@@ -134,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     def common(p: argparse.ArgumentParser, *, data: bool = True) -> None:
         p.add_argument("--model", default="toy:a", help="hub id, local folder, toy:a / toy:b (shipped toy models) or tiny:FAMILY (random fixture)")
         if data:
-            p.add_argument("--data", default="synthetic:detect:200", help="synthetic:SPLIT:N or jsonl:PATH")
+            p.add_argument("--data", default="synthetic:detect:200", help="synthetic:SPLIT:N, jsonl:PATH, refcoco:ROOT[:SPLIT], lmms-refcoco:DIR, toloka:CSV:IMAGES, ... (docs/datasets.md)")
         p.add_argument("--out", default="runs/vrh", help="run folder (rerun to resume)")
         p.add_argument("--device", default=None, help="device or device_map, e.g. cpu, cuda, auto")
         p.add_argument("--dtype", default=None, help="torch dtype name, e.g. bfloat16")
@@ -167,6 +192,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-data", default="synthetic:eval:200")
     p.add_argument("--k", type=int, default=20)
     p.set_defaults(func=cmd_design_space)
+
+    p = sub.add_parser("reproduce", help="the paper's protocol on benchmark files: detect, k-sweep, failure split, VQA")
+    common(p, data=False)
+    p.set_defaults(out="runs/reproduce")
+    p.add_argument("--data", required=True,
+                   help="grounding spec: refcoco:ROOT[:SPLIT], lmms-refcoco:DIR, toloka:CSV:IMAGES, refspatial:PATH, ...")
+    p.add_argument("--vqa", action="append", default=[], metavar="NAME:PATH",
+                   help="VQA benchmark spec, repeatable: cvbench, mmstar, countbench, mathvista, spatial457, "
+                        "spatialrgpt, vaw")
+    p.add_argument("--detect", type=int, default=200, help="seeded detection samples; the rest evaluate")
+    p.add_argument("--eval", type=int, default=None, help="evaluation samples (default: all the rest)")
+    p.add_argument("--split-seed", type=int, default=0)
+    p.add_argument("--ks", default="0,1,3,5,10,20", help="k values, capped at half the model's heads")
+    p.add_argument("--seeds", default="0,1,2", help="random-control seeds")
+    p.add_argument("--vqa-k", type=int, default=20, help="VRHs (and random heads) masked on the VQA suite")
+    p.add_argument("--vqa-limit", type=int, default=None, help="first N questions of each VQA benchmark")
+    p.set_defaults(func=cmd_reproduce)
 
     p = sub.add_parser("report", help="write an HTML + Markdown report for a run folder")
     p.add_argument("run", help="run folder")

@@ -1,37 +1,96 @@
-"""``--data`` specifications: where grounding samples come from.
+"""``--data`` and ``--vqa`` specifications: where samples come from.
+
+A spec is ``KIND:ARG[:ARG...][:key=value...]``; parts holding ``=`` are options, the rest positional.
+
+Grounding samples (``load_data``):
 
 * ``synthetic:SPLIT:N[:LEVEL]`` - N seeded scenes of the synthetic split (``detect``/``eval``/``train``),
   one referent per scene (cycling through the objects so every position and kind occurs), difficulty
   LEVEL (default 1);
-* ``jsonl:PATH`` - a user's own grounding data, one JSON object per line:
-  ``{"id": "...", "image": "relative/or/absolute.jpg", "expression": "...", "box": [x1, y1, x2, y2]}``
-  with the box in ORIGINAL image pixels, xyxy (``"box_format": "xywh"`` on a line converts from xywh).
-  Relative image paths resolve against the JSONL file's folder.
+* ``jsonl:PATH`` - a user's own data, one JSON object per line (``vrh_interp.datasets.jsonl``);
+* ``refcoco:ROOT[:SPLIT]``, ``refcoco+:ROOT[:SPLIT]``, ``refcocog:ROOT[:SPLIT]`` - the refer toolkit layout
+  (default split ``val``; options ``per=object|expression``, ``images=COCO_TRAIN2014_DIR``, ``split_by=``);
+* ``lmms-refcoco:PARQUET_DIR_OR_FILE[:SPLIT]`` - lmms-lab parquet of RefCOCO / + / g (option ``per=``);
+* ``jxu124-refcoco:PARQUET_DIR_OR_FILE[:SPLIT]:images=COCO_DIR`` - jxu124 parquet (options ``images=``,
+  ``per=``);
+* ``toloka:CSV:IMAGE_DIR`` - a Toloka VQA CSV, images looked up by file name in IMAGE_DIR;
+* ``refspatial:PATH[:SPLIT]`` - RefSpatial-Bench parquet or raw folders (split location / placement / unseen).
+
+VQA samples (``load_vqa``): ``NAME:PATH[:key=value...]`` with NAME one of ``VQA_BENCHMARKS``:
+``cvbench`` (``part=all|2d|3d``), ``mmstar``, ``countbench``, ``mathvista`` (``subset=mcq|all``),
+``spatial457`` (``subset=L1_single``, ``images=``), ``spatialrgpt`` (``images=`` required,
+``categories=a,b``), ``vaw`` (``images=`` required, ``attribute_types=``, ``seed=``).
+
+Every file-backed kind also takes ``on_error=skip`` (drop unusable rows, listed in the result's
+``skipped``) and ``verify_images=true`` (decode every image while loading, to catch truncated files).
+Nothing is downloaded: all paths are local.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, Sequence
 
-from PIL import Image, UnidentifiedImageError
+from vrh_interp.datasets.cvbench import load_cvbench
+from vrh_interp.datasets.countbench import load_countbench
+from vrh_interp.datasets.jsonl import load_jsonl as jsonl_samples
+from vrh_interp.datasets.jxu124_refcoco import load_jxu124_refcoco
+from vrh_interp.datasets.lmms_refcoco import load_lmms_refcoco
+from vrh_interp.datasets.mathvista import load_mathvista
+from vrh_interp.datasets.mmstar import load_mmstar
+from vrh_interp.datasets.refer import load_refer
+from vrh_interp.datasets.refspatial import load_refspatial
+from vrh_interp.datasets.samples import SampleSet, VQASample
+from vrh_interp.datasets.spatial457 import load_spatial457
+from vrh_interp.datasets.spatialrgpt import load_spatialrgpt
+from vrh_interp.datasets.toloka import load_toloka
+from vrh_interp.datasets.vaw import load_vaw
 
-from vrh_interp.boxes import Box, InvalidBoxError
-
-
-@dataclass(frozen=True)
-class LoadedGroundingSample:
-    sample_id: str
-    image: Image.Image
-    expression: str
-    box: Box
-    meta: dict[str, Any] = field(default_factory=dict)
+COMMON_OPTIONS: tuple[str, ...] = ("on_error", "verify_images")
+TRUE_WORDS, FALSE_WORDS = ("1", "true", "yes"), ("0", "false", "no")
 
 
 class DataSpecError(ValueError):
-    """A ``--data`` specification or data file that cannot be read."""
+    """A ``--data`` / ``--vqa`` specification that cannot be read."""
+
+
+@dataclass(frozen=True)
+class ParsedSpec:
+    text: str
+    kind: str
+    positional: tuple[str, ...]
+    options: Mapping[str, str]
+
+    def args(self, minimum: int, maximum: int, usage: str) -> tuple[str, ...]:
+        if not minimum <= len(self.positional) <= maximum or any(not p for p in self.positional):
+            raise DataSpecError(f"bad spec {self.text!r}: use {usage}")
+        return self.positional
+
+    def checked_options(self, allowed: Sequence[str], usage: str, *, required: Sequence[str] = ()) -> dict[str, Any]:
+        """Validated options as loader keyword arguments (common ones converted)."""
+        unknown = sorted(set(self.options) - set(allowed) - set(COMMON_OPTIONS))
+        missing = [r for r in required if r not in self.options]
+        if unknown or missing:
+            problem = f"unknown options {unknown}" if unknown else f"missing options {missing}"
+            raise DataSpecError(f"bad spec {self.text!r}: {problem}; use {usage} "
+                                f"[options: {', '.join([*allowed, *COMMON_OPTIONS])}]")
+        options: dict[str, Any] = dict(self.options)
+        if "verify_images" in options:
+            word = options["verify_images"].lower()
+            if word not in TRUE_WORDS + FALSE_WORDS:
+                raise DataSpecError(f"bad spec {self.text!r}: verify_images must be true or false")
+            options["verify_images"] = word in TRUE_WORDS
+        if options.get("on_error", "raise") not in ("raise", "skip"):
+            raise DataSpecError(f"bad spec {self.text!r}: on_error must be raise or skip")
+        return options
+
+
+def parse_spec(spec: str) -> ParsedSpec:
+    kind, _, rest = spec.partition(":")
+    parts = rest.split(":") if rest else []
+    options = dict(p.split("=", 1) for p in parts if "=" in p)
+    return ParsedSpec(spec, kind, tuple(p for p in parts if "=" not in p), MappingProxyType(options))
 
 
 def synthetic_samples(split: str, count: int, difficulty: int = 1) -> list[Any]:
@@ -47,49 +106,107 @@ def synthetic_samples(split: str, count: int, difficulty: int = 1) -> list[Any]:
     return out
 
 
-def jsonl_samples(path: str | Path) -> list[LoadedGroundingSample]:
-    path = Path(path)
-    if not path.exists():
-        raise DataSpecError(f"data file {path} does not exist")
-    samples = []
-    for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{line_no}"
-        try:
-            row = json.loads(line)
-            image_path = Path(row["image"])
-            if not image_path.is_absolute():
-                image_path = path.parent / image_path
-            box_values = [float(v) for v in row["box"]]
-            sample_id, expression = str(row["id"]), str(row["expression"])
-        except (KeyError, TypeError, ValueError) as error:
-            raise DataSpecError(f"{where}: expected keys id, image, expression, box=[x1,y1,x2,y2] ({error})") from error
-        if not image_path.exists():
-            raise DataSpecError(f"{where}: image file {image_path} does not exist")
-        try:
-            with Image.open(image_path) as handle:
-                image = handle.convert("RGB")
-        except (UnidentifiedImageError, OSError) as error:
-            raise DataSpecError(f"{where}: cannot read image {image_path}: {error}") from error
-        try:
-            box = Box.from_xywh(*box_values) if row.get("box_format") == "xywh" else Box(*box_values)
-            box.check_inside(*image.size)
-        except (InvalidBoxError, TypeError) as error:
-            raise DataSpecError(f"{where}: {error}") from error
-        samples.append(LoadedGroundingSample(sample_id, image, expression, box, {"source": where}))
-    if not samples:
-        raise DataSpecError(f"{path} holds no samples")
-    return samples
+def _synthetic(spec: ParsedSpec) -> list[Any]:
+    parts = spec.positional
+    if len(parts) not in (2, 3) or parts[0] not in ("train", "detect", "eval") or spec.options:
+        raise DataSpecError(f"bad synthetic spec {spec.text!r}: use synthetic:SPLIT:N[:LEVEL], SPLIT in "
+                            "detect/eval/train")
+    return synthetic_samples(parts[0], int(parts[1]), int(parts[2]) if len(parts) == 3 else 1)
 
 
-def load_data(spec: str) -> list[Any]:
-    kind, _, rest = spec.partition(":")
-    if kind == "synthetic":
-        parts = rest.split(":")
-        if len(parts) not in (2, 3) or parts[0] not in ("train", "detect", "eval"):
-            raise DataSpecError(f"bad synthetic spec {spec!r}: use synthetic:SPLIT:N[:LEVEL], SPLIT in detect/eval/train")
-        return synthetic_samples(parts[0], int(parts[1]), int(parts[2]) if len(parts) == 3 else 1)
-    if kind == "jsonl":
-        return jsonl_samples(rest)
-    raise DataSpecError(f"unknown data spec {spec!r}: use synthetic:SPLIT:N or jsonl:PATH")
+def _refer(spec: ParsedSpec) -> SampleSet:
+    usage = f"{spec.kind}:ROOT[:SPLIT]"
+    root, *split = spec.args(1, 2, usage)
+    options = spec.checked_options(("per", "images", "split_by"), usage)
+    if "images" in options:
+        options["image_dir"] = options.pop("images")
+    return load_refer(root, spec.kind, split[0] if split else "val", **options)  # type: ignore[arg-type]
+
+
+def _lmms(spec: ParsedSpec) -> SampleSet:
+    usage = "lmms-refcoco:PARQUET_DIR_OR_FILE[:SPLIT]"
+    path, *split = spec.args(1, 2, usage)
+    return load_lmms_refcoco(path, split[0] if split else "val", **spec.checked_options(("per",), usage))
+
+
+def _jxu124(spec: ParsedSpec) -> SampleSet:
+    usage = "jxu124-refcoco:PARQUET_DIR_OR_FILE[:SPLIT]:images=COCO_DIR"
+    path, *split = spec.args(1, 2, usage)
+    options = spec.checked_options(("images", "per"), usage, required=("images",))
+    return load_jxu124_refcoco(path, split[0] if split else "val", image_root=options.pop("images"), **options)
+
+
+def _toloka(spec: ParsedSpec) -> SampleSet:
+    usage = "toloka:CSV:IMAGE_DIR"
+    csv_path, image_dir = spec.args(2, 2, usage)
+    return load_toloka(csv_path, image_dir, **spec.checked_options((), usage))
+
+
+def _refspatial(spec: ParsedSpec) -> SampleSet:
+    usage = "refspatial:PATH[:SPLIT]"
+    path, *split = spec.args(1, 2, usage)
+    return load_refspatial(path, split[0] if split else "location", **spec.checked_options((), usage))
+
+
+def _jsonl(spec: ParsedSpec) -> SampleSet:
+    usage = "jsonl:PATH"
+    (path,) = spec.args(1, 1, usage)
+    return jsonl_samples(path, **spec.checked_options((), usage))
+
+
+GROUNDING_KINDS: Mapping[str, Callable[[ParsedSpec], Sequence[Any]]] = MappingProxyType({
+    "synthetic": _synthetic, "jsonl": _jsonl, "refcoco": _refer, "refcoco+": _refer, "refcocog": _refer,
+    "lmms-refcoco": _lmms, "jxu124-refcoco": _jxu124, "toloka": _toloka, "refspatial": _refspatial,
+})
+
+
+def load_data(spec: str) -> Sequence[Any]:
+    """Grounding samples for a ``--data`` spec."""
+    parsed = parse_spec(spec)
+    if parsed.kind not in GROUNDING_KINDS:
+        raise DataSpecError(f"unknown data spec {spec!r}: kinds are {', '.join(GROUNDING_KINDS)} "
+                            "(e.g. synthetic:SPLIT:N, jsonl:PATH, refcoco:ROOT[:SPLIT])")
+    return GROUNDING_KINDS[parsed.kind](parsed)
+
+
+def _comma_list(text: str) -> tuple[str, ...]:
+    return tuple(part for part in text.split(",") if part)
+
+
+def _vqa_loader(load: Callable[..., SampleSet[VQASample]], allowed: Sequence[str] = (), *,
+                required: Sequence[str] = (), converters: Mapping[str, Callable[[str], Any]] | None = None
+                ) -> Callable[[ParsedSpec], SampleSet[VQASample]]:
+    """Spec -> ``load(PATH, **options)``; ``images=`` becomes ``image_dir=``, ``converters`` parse option text."""
+    def from_spec(spec: ParsedSpec) -> SampleSet[VQASample]:
+        usage = f"{spec.kind}:PATH" + "".join(f":{r}=..." for r in required)
+        (path,) = spec.args(1, 1, usage)
+        options = spec.checked_options(allowed, usage, required=required)
+        for name, convert in (converters or {}).items():
+            if name in options:
+                options[name] = convert(options[name])
+        if "images" in options:
+            options["image_dir"] = options.pop("images")
+        return load(path, **options)
+    return from_spec
+
+
+VQA_BENCHMARKS: Mapping[str, Callable[[ParsedSpec], SampleSet[VQASample]]] = MappingProxyType({
+    "cvbench": _vqa_loader(load_cvbench, ("part",)),
+    "mmstar": _vqa_loader(load_mmstar, ("split",)),
+    "countbench": _vqa_loader(load_countbench),
+    "mathvista": _vqa_loader(load_mathvista, ("subset",)),
+    "spatial457": _vqa_loader(load_spatial457, ("subset", "images")),
+    "spatialrgpt": _vqa_loader(load_spatialrgpt, ("images", "categories"), required=("images",),
+                               converters={"categories": _comma_list}),
+    "vaw": _vqa_loader(load_vaw, ("images", "attribute_types", "seed"), required=("images",),
+                       converters={"seed": int}),
+})
+
+
+def load_vqa(spec: str) -> SampleSet[VQASample]:
+    """VQA samples for a ``--vqa NAME:PATH[:key=value...]`` spec."""
+    parsed = parse_spec(spec)
+    if parsed.kind not in VQA_BENCHMARKS:
+        raise DataSpecError(f"unknown VQA benchmark in {spec!r}: use NAME:PATH with NAME one of "
+                            f"{', '.join(VQA_BENCHMARKS)}")
+    return VQA_BENCHMARKS[parsed.kind](parsed)

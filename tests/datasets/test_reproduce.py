@@ -1,0 +1,65 @@
+"""run_reproduce end to end on the tiny random Qwen2-VL: files, protocol, resume (accuracy is ~0 by design)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tests.datasets import fixtures
+from vrh_interp.datasets.splits import detection_split
+from vrh_interp.reproduce import capped_ks, run_reproduce
+from vrh_interp.runs import RunMismatchError
+from vrh_interp.sources import load_data
+
+
+def test_capped_ks_leave_room_for_random_controls() -> None:
+    assert capped_ks((0, 1, 3, 5, 10, 20), 8) == [0, 1, 3]
+    assert capped_ks((1, 3, 5, 10, 20), 784) == [0, 1, 3, 5, 10, 20]
+
+
+def _no_model_calls(*args: object, **kwargs: object) -> None:
+    raise AssertionError("a resumed run must not run the model again")
+
+
+def test_reproduce_end_to_end_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fixtures.write_lmms_refcoco(tmp_path / "refcoco", fixtures.lmms_rows(14))
+    fixtures.write_cvbench(tmp_path / "cv", [{"idx": i, "choices": ["2", "3"], "answer": "(B)"} for i in range(2)])
+    fixtures.write_countbench(tmp_path / "count", [2, 5])
+    data = f"lmms-refcoco:{tmp_path / 'refcoco'}"
+    vqa = [f"cvbench:{tmp_path / 'cv'}", f"countbench:{tmp_path / 'count'}"]
+    out = tmp_path / "run"
+    arguments = dict(detect_count=6, batch_size=8, max_new_tokens=12, progress=False)
+    result = run_reproduce("tiny:qwen2_vl", data, vqa, out, **arguments)
+
+    assert result.ks == [0, 1, 3] and result.vqa_k == 3  # 8 heads: k <= 4 leaves room for k random heads
+    for name in ("manifest.json", "split.json", "scores-vrh.json", "detect/detect_records.jsonl",
+                 "sweep/sweep_records.jsonl", "sweep_summary.csv", "failure_split.csv", "vqa/vqa_records.jsonl",
+                 "vqa_summary.csv", "vqa_table.csv", "reproduce.json"):
+        assert (out / name).is_file(), name
+    split = json.loads((out / "split.json").read_text())
+    expected = detection_split(load_data(data), 6, seed=0)
+    assert split["detection_ids"] == [s.sample_id for s in expected.detection]
+    assert len(split["evaluation_ids"]) == 8 and not set(split["detection_ids"]) & set(split["evaluation_ids"])
+
+    summary = pd.read_csv(out / "sweep_summary.csv")
+    assert len(summary) == 1 + 2 * (1 + 3 + 1)  # baseline; per k: top, 3 seeds, pooled random
+    assert set(summary[summary["seed"].astype(str) != "all"]["n"]) == {8}
+    assert set(summary[summary["seed"].astype(str) == "all"]["n"]) == {24}
+    failures = result.failure_split
+    assert (failures[["correct", "mislocation", "parse_failure"]].sum(axis=1) == failures["n"]).all()
+    assert list(result.vqa_table.index) == ["Baseline (k=0)", "Random (k=3)", "VRH (k=3)"]
+    assert set(result.vqa_summary["benchmark"]) == {"cvbench", "countbench"}
+    report = json.loads((out / "reproduce.json").read_text())
+    assert report["used_ks"] == [0, 1, 3] and len(report["top_heads"]) == 3 and report["total_heads"] == 8
+
+    monkeypatch.setattr("vrh_interp.scoring.detect.collect_batch", _no_model_calls)
+    monkeypatch.setattr("vrh_interp.evaluation.sweep.ground_batch", _no_model_calls)
+    monkeypatch.setattr("vrh_interp.datasets.vqa_sweep.answer_batch", _no_model_calls)
+    resumed = run_reproduce("tiny:qwen2_vl", data, vqa, out, **arguments)
+    pd.testing.assert_frame_equal(resumed.sweep_summary, result.sweep_summary)
+    pd.testing.assert_frame_equal(resumed.vqa_table, result.vqa_table)
+    with pytest.raises(RunMismatchError, match="split_seed"):
+        run_reproduce("tiny:qwen2_vl", data, vqa, out, split_seed=1, **arguments)

@@ -1,0 +1,74 @@
+"""vqa_sweep on the tiny Qwen2-VL fixture: conditions, records, Table 3 layout, resume; the VQA prompt."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import tiny_vlm
+from tests.datasets import fixtures
+from vrh_interp.datasets import vqa_sweep as vqa_sweep_module
+from vrh_interp.datasets.countbench import load_countbench
+from vrh_interp.datasets.cvbench import load_cvbench
+from vrh_interp.datasets.images import ImageFile
+from vrh_interp.datasets.samples import VQASample
+from vrh_interp.datasets.vqa_prompt import vqa_prompt, vqa_user_text
+from vrh_interp.datasets.vqa_sweep import vqa_conditions, vqa_sweep
+from vrh_interp.heads import Head, HeadSet
+
+
+def test_vqa_prompt_uses_the_chat_template_and_letters_the_choices(tmp_path: Path) -> None:
+    item = VQASample(sample_id="x", benchmark="vaw", question="Which color does the cup have?", answer="B",
+                     scorer="letter", image_source=ImageFile(tmp_path / "x.png", "x"), choices=("blue", "red"),
+                     instruction="Answer with the option's letter from the given choices directly.")
+    assert vqa_user_text(item) == ("Which color does the cup have?\nA. blue\nB. red\n"
+                                   "Answer with the option's letter from the given choices directly.")
+    prompt = vqa_prompt(tiny_vlm("qwen2_vl"), item)
+    assert prompt.startswith("<|im_start|>system") and "<|vision_start|><|image_pad|><|vision_end|>" in prompt
+    assert prompt.endswith("directly.<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_random_controls_avoid_the_masked_heads() -> None:
+    geometry = tiny_vlm("qwen2_vl").geometry
+    heads = HeadSet([Head(1, 2), Head(0, 1)])
+    conditions = vqa_conditions(geometry, heads, (0, 1, 2), detected=HeadSet([Head(0, 0)]))
+    assert [c.key for c in conditions] == ["baseline:k=0", "top:k=2", "random:k=2:seed=0", "random:k=2:seed=1",
+                                           "random:k=2:seed=2"]
+    for condition in conditions[2:]:
+        assert len(condition.heads) == 2 and not set(condition.heads) & {Head(1, 2), Head(0, 1), Head(0, 0)}
+
+
+def test_vqa_sweep_table_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fixtures.write_cvbench(tmp_path / "cv", [{"idx": i, "choices": ["2", "3"], "answer": "(A)"} for i in range(3)])
+    fixtures.write_countbench(tmp_path / "count", [2, 3])
+    samples = [*load_cvbench(tmp_path / "cv"), *load_countbench(tmp_path / "count")]
+    vlm = tiny_vlm("qwen2_vl")
+    heads = HeadSet([Head(1, 0), Head(0, 3)])
+    result = vqa_sweep(vlm, samples, heads, random_seeds=(0, 1), batch_size=2, run_dir=tmp_path / "run",
+                       progress=False)
+    records = result.records
+    assert len(records) == 4 * 5 and result.benchmarks == ["cvbench", "countbench"]
+    assert records.groupby("condition").size().to_dict() == {"baseline:k=0": 5, "random:k=2:seed=0": 5,
+                                                             "random:k=2:seed=1": 5, "top:k=2": 5}
+    summary = result.summary()
+    assert len(summary) == 2 * 5
+    cv_top = summary[(summary["benchmark"] == "cvbench") & (summary["condition"] == "top")].iloc[0]
+    expected = records[(records["benchmark"] == "cvbench") & (records["kind"] == "top")]["correct"].mean()
+    assert cv_top["n"] == 3 and cv_top["accuracy"] == pytest.approx(expected)
+    table = result.table()
+    assert list(table.index) == ["Baseline (k=0)", "Random (k=2)", "VRH (k=2)"]
+    assert list(table.columns.get_level_values(0).unique()) == ["cvbench", "countbench"]
+    assert table.loc["VRH (k=2)", ("cvbench", "accuracy")] == pytest.approx(100 * expected)
+    pooled = records[(records["benchmark"] == "countbench") & (records["kind"] == "random")]["correct"].mean()
+    assert table.loc["Random (k=2)", ("countbench", "accuracy")] == pytest.approx(100 * pooled)
+    assert table.loc["Baseline (k=0)", ("countbench", "delta")] == 0
+
+    def no_generation(*args: object, **kwargs: object) -> list[str]:
+        raise AssertionError("a resumed sweep must not generate again")
+
+    monkeypatch.setattr(vqa_sweep_module, "answer_batch", no_generation)
+    resumed = vqa_sweep(vlm, samples, heads, random_seeds=(0, 1), batch_size=2, run_dir=tmp_path / "run",
+                        progress=False)
+    assert resumed.records.sort_values(["condition", "sample_id"]).reset_index(drop=True).equals(
+        records.sort_values(["condition", "sample_id"]).reset_index(drop=True))

@@ -1,0 +1,153 @@
+"""``vqa_sweep``: VQA accuracy per benchmark with a head set masked vs k random heads (the paper's Table 3).
+
+Conditions: the unmasked baseline, the given head set (``heads``, e.g. the top-20 VRHs detected on RefCOCO)
+and, per seed, ``len(heads)`` random heads drawn with ``evaluation.sweep.random_control`` from all heads
+outside ``detected`` (default: ``heads``), optionally excluding layer 0. Heads are zero-ablated at every
+generation step (greedy decoding, the model's chat template via ``vqa_prompt``); each response is scored by
+the sample's deterministic scorer (``vrh_interp.datasets.vqa``).
+
+Every (benchmark, sample, condition) answer is a record in ``run_dir`` (resumable like the grounding sweep).
+``summary()`` gives one row per benchmark x condition (random seeds separately and pooled as seed "all")
+with bootstrap CIs and an exact McNemar test against the baseline on the same samples; ``table()`` lays the
+pooled numbers out as Table 3: rows Baseline / Random / VRH, columns benchmarks, values in percent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import pandas as pd
+from tqdm.auto import tqdm
+
+from vrh_interp import interventions as iv
+from vrh_interp.datasets.samples import VQASample
+from vrh_interp.datasets.vqa import score_response
+from vrh_interp.datasets.vqa_prompt import vqa_prompt
+from vrh_interp.evaluation.statistics import bootstrap_ci, mcnemar_exact
+from vrh_interp.evaluation.sweep import Condition, random_control
+from vrh_interp.heads import HeadGeometry, HeadSet
+from vrh_interp.model import VLM
+from vrh_interp.provenance import model_provenance
+from vrh_interp.runs import RunFolder
+
+TABLE_ROWS: dict[str, str] = {"baseline": "Baseline", "random": "Random", "top": "VRH"}
+RECORD_COLUMNS: list[str] = ["benchmark", "sample_id", "condition", "kind", "k", "seed", "response", "prediction",
+                             "correct"]
+
+
+def vqa_conditions(geometry: HeadGeometry, heads: HeadSet, random_seeds: Sequence[int], *,
+                   detected: HeadSet | None = None, exclude_first_layer: bool = False) -> list[Condition]:
+    heads = geometry.validate(heads)
+    conditions = [Condition("baseline", 0, None, HeadSet())]
+    if len(heads):
+        excluded = heads.union(detected) if detected is not None else heads
+        conditions.append(Condition("top", len(heads), None, heads))
+        conditions += [Condition("random", len(heads), seed, random_control(
+            geometry, excluded, len(heads), seed, exclude_first_layer=exclude_first_layer)) for seed in random_seeds]
+    return conditions
+
+
+def answer_batch(vlm: VLM, samples: Sequence[VQASample], heads: HeadSet, *, max_new_tokens: int,
+                 remote: bool | str = False) -> list[str]:
+    """Greedy responses to one batch of VQA samples with ``heads`` zero-ablated at every step."""
+    prompts = [vqa_prompt(vlm, s) for s in samples]
+    encoding = vlm.adapter.encode(vlm.processor, [s.image for s in samples], prompts).to(vlm.device)
+    templates = [iv.head_ablation(vlm, heads)] if len(heads) else []
+    result = iv.run_generate(vlm, encoding, templates, max_new_tokens=max_new_tokens, remote=remote)
+    return vlm.decode_answers(result.ids, int(encoding["input_ids"].shape[1]))
+
+
+@dataclass
+class VQASweepResult:
+    records: pd.DataFrame
+    conditions: list[Condition]
+    benchmarks: list[str]
+
+    def summary(self, *, bootstrap_seed: int = 0) -> pd.DataFrame:
+        """One row per benchmark x condition (random seeds separately and pooled as seed "all"), fractions."""
+        rows = []
+        for benchmark in self.benchmarks:
+            part = self.records[self.records["benchmark"] == benchmark]
+            base = part[part["kind"] == "baseline"].set_index("sample_id")["correct"]
+            groups: list[tuple[str, int, Any, pd.DataFrame]] = [
+                (c.kind, c.k, c.seed, part[part["condition"] == c.key]) for c in self.conditions]
+            if any(c.kind == "random" for c in self.conditions):
+                random_k = next(c.k for c in self.conditions if c.kind == "random")
+                groups.append(("random", random_k, "all", part[part["kind"] == "random"]))
+            for kind, k, seed, group in groups:
+                if group.empty:
+                    continue
+                correct = group["correct"].to_numpy(dtype=bool)
+                low, high = bootstrap_ci(correct.astype(float), seed=bootstrap_seed)
+                paired = mcnemar_exact(base.loc[group["sample_id"]].to_numpy(dtype=bool), correct) \
+                    if kind != "baseline" else {"p_value": 1.0}
+                rows.append({"benchmark": benchmark, "condition": kind, "k": k, "seed": seed, "n": len(group),
+                             "accuracy": float(correct.mean()), "accuracy_ci_low": low, "accuracy_ci_high": high,
+                             "delta_vs_baseline": float(correct.mean() - base.mean()),
+                             "p_value_vs_baseline": paired["p_value"]})
+        return pd.DataFrame(rows)
+
+    def table(self, *, bootstrap_seed: int = 0) -> pd.DataFrame:
+        """Table 3: rows Baseline / Random (seeds pooled) / VRH; columns (benchmark, stat), stat one of accuracy,
+        ci_low, ci_high, delta (vs baseline); values in percent."""
+        summary = self.summary(bootstrap_seed=bootstrap_seed)
+        pooled = summary[(summary["condition"] != "random") | (summary["seed"].astype(str) == "all")]
+        cells: dict[tuple[str, str], dict[str, float]] = {}
+        for row in pooled.itertuples():
+            label = f"{TABLE_ROWS[row.condition]} (k={row.k})"
+            for stat, value in (("accuracy", row.accuracy), ("ci_low", row.accuracy_ci_low),
+                                ("ci_high", row.accuracy_ci_high), ("delta", row.delta_vs_baseline)):
+                cells.setdefault((row.benchmark, stat), {})[label] = 100 * value
+        labels = {c.kind: f"{TABLE_ROWS[c.kind]} (k={c.k})" for c in self.conditions}
+        order = [labels[kind] for kind in TABLE_ROWS if kind in labels]
+        table = pd.DataFrame(cells).reindex(order)
+        table.columns = pd.MultiIndex.from_tuples(table.columns, names=["benchmark", "stat"])
+        return table
+
+
+def vqa_sweep(vlm: VLM, samples: Sequence[VQASample], heads: HeadSet, *, random_seeds: Sequence[int] = (0, 1, 2),
+              detected: HeadSet | None = None, exclude_first_layer: bool = False, batch_size: int = 8,
+              run_dir: str | Path | None = None, progress: bool = True,
+              remote: bool | str = False) -> VQASweepResult:
+    """Answer every sample unmasked, with ``heads`` masked and with random controls; resumable via ``run_dir``."""
+    if not samples:
+        raise ValueError("vqa_sweep needs at least one VQA sample")
+    if batch_size < 1:
+        raise ValueError("batch_size must be >= 1")
+    keys = [(s.benchmark, s.sample_id) for s in samples]
+    if len(set(keys)) != len(keys):
+        raise ValueError("VQA samples must have unique (benchmark, sample_id) pairs")
+    conditions = vqa_conditions(vlm.geometry, heads, random_seeds, detected=detected,
+                                exclude_first_layer=exclude_first_layer)
+    benchmarks = list(dict.fromkeys(s.benchmark for s in samples))
+    config = {"kind": "vqa_sweep", "model": model_provenance(vlm),
+              "samples": {b: [s.sample_id for s in samples if s.benchmark == b] for b in benchmarks},
+              "conditions": {c.key: c.heads.to_list() for c in conditions}}
+    log = RunFolder(run_dir, config).log("vqa_records") if run_dir is not None else None
+    records: list[dict[str, Any]] = log.read() if log else []
+    done = {(r["benchmark"], r["sample_id"], r["condition"]) for r in records}
+    bar = tqdm(total=len(conditions) * len(samples), initial=len(done), desc="vqa sweep: masked answers",
+               disable=not progress, unit="answer")
+    for condition in conditions:
+        for benchmark in benchmarks:
+            todo = [s for s in samples if s.benchmark == benchmark and
+                    (benchmark, s.sample_id, condition.key) not in done]
+            for start in range(0, len(todo), batch_size):
+                chunk = todo[start: start + batch_size]
+                responses = answer_batch(vlm, chunk, condition.heads, remote=remote,
+                                         max_new_tokens=max(s.max_new_tokens for s in chunk))
+                new = []
+                for sample, response in zip(chunk, responses):
+                    scored = score_response(sample, response)
+                    new.append({"benchmark": benchmark, "sample_id": sample.sample_id, "condition": condition.key,
+                                "kind": condition.kind, "k": condition.k, "seed": condition.seed,
+                                "response": response, "prediction": scored.prediction, "correct": scored.correct})
+                if log is not None:
+                    log.append(new)
+                records.extend(new)
+                bar.update(len(chunk))
+    bar.close()
+    return VQASweepResult(records=pd.DataFrame(records, columns=RECORD_COLUMNS), conditions=conditions,
+                          benchmarks=benchmarks)
