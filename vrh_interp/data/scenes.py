@@ -377,6 +377,7 @@ def grounding_samples(
                     "difficulty": difficulty,
                     "kind": spec.kind,
                     "target_index": target,
+                    "query_attributes": {"colour": spec.target.colour, "shape": spec.target.shape, "size": spec.target.size},
                     "image_size": scene.image.size,
                     "object_boxes": [o.box for o in scene.objects],
                     "object_attributes": [(o.colour, o.shape, o.size) for o in scene.objects],

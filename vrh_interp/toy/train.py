@@ -40,7 +40,7 @@ import os
 import random
 import shutil
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -93,6 +93,8 @@ class TrainConfig:
     eval_every: int = 200
     eval_scenes: int = 32
     bf16: bool = True
+    query_probe_weight: float = 0.5
+    query_probe_layer: int = 2  # hidden_states index probed: output of decoder layer 1 (0-based) of 4
     # level mix per grounding phase: (fraction of grounding steps, {level: probability})
     level_schedule: tuple[tuple[float, tuple[tuple[int, float], ...]], ...] = (
         (0.4, ((0, 0.8), (1, 0.2))),
@@ -130,6 +132,7 @@ TINY_TEST_CONFIG = dict(
     warmup_steps=2,
     eval_every=2,
     eval_scenes=2,
+    query_probe_layer=1,
     text_shape=TextBackboneShape(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=16),
     vision_shape=VisionTowerShape(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2),
 )
@@ -162,6 +165,55 @@ class DenseVisionHeads(nn.Module):
         box_pred = box_logits.argmax(-1)
         accuracy["box_within1_acc"] = ((box_pred - labels["box"]).abs() <= 1)[fg].float().mean().item()
         return sum(losses.values()), accuracy
+
+
+class QueryProbeHeads(nn.Module):
+    """Temporary stage-2 scaffold: what does the expression ask for?
+
+    From the residual stream at every position that predicts an answer token (after decoder layer
+    ``query_probe_layer - 1``), linear heads predict the attributes the expression NAMES for its
+    referent (colour and size may be unnamed: class 0). This supervises only the gathering of the
+    query from the text into the answer positions; matching it against the visual tokens and
+    copying the box (the visual-retrieval step) is learnt from the answer loss alone. Without it,
+    the two-hop circuit (gather query, then retrieve) sat on a query-ignoring plateau (see
+    docs/toy-models.md). The heads are discarded after training.
+    """
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.colour = nn.Linear(hidden_size, len(COLOURS) + 1)
+        self.shape = nn.Linear(hidden_size, len(SHAPES))
+        self.size = nn.Linear(hidden_size, len(SIZES) + 1)
+
+    def loss(self, hidden: torch.Tensor, positions: torch.Tensor, labels: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        rows = positions.nonzero()[:, 0]
+        selected = hidden[positions]
+        total, accuracy = 0.0, {}
+        for key in ("colour", "shape", "size"):
+            logits = getattr(self, key)(selected).float()
+            target = labels[key][rows]
+            total = total + nn.functional.cross_entropy(logits, target)
+            accuracy[f"query_{key}_acc"] = (logits.argmax(-1) == target).float().mean().item()
+        return total, accuracy
+
+
+def query_labels(samples: Sequence[GroundingSample]) -> dict[str, torch.Tensor]:
+    """Class ids of the attributes each expression names for its referent (0 = not named)."""
+    named = [s.meta["query_attributes"] for s in samples]
+    return {
+        "colour": torch.tensor([0 if q["colour"] is None else 1 + list(COLOURS).index(q["colour"]) for q in named]),
+        "shape": torch.tensor([SHAPES.index(q["shape"]) for q in named]),
+        "size": torch.tensor([0 if q["size"] is None else 1 + list(SIZES).index(q["size"]) for q in named]),
+    }
+
+
+class TrainingHeads(nn.Module):
+    """All temporary heads, saved with the trainer state and never shipped."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.vision = DenseVisionHeads(hidden_size)
+        self.query = QueryProbeHeads(hidden_size)
 
 
 def patch_labels(object_index_map: np.ndarray, attributes: Sequence[tuple[str, str, str]], boxes: Sequence, image_size: tuple[int, int]) -> dict[str, np.ndarray]:
@@ -287,9 +339,23 @@ def held_out_samples(n_scenes: int, difficulty: int, offset: int = 0) -> list[Gr
     return [s for i in range(offset, offset + n_scenes) for s in grounding_samples("eval", i, difficulty)]
 
 
+def _centre_distance(a: Box, b: Box) -> float:
+    (ax, ay), (bx, by) = a.center, b.center
+    return math.hypot(ax - bx, ay - by)
+
+
 def grounding_metrics(samples: Sequence[GroundingSample], predictions: Sequence[Box | None]) -> dict[str, float]:
     """Accuracy (IoU >= 0.5), query-ignoring baselines and the swap test for one set of samples."""
     hits = [p is not None and iou(p, Box(*s.box)) >= 0.5 for s, p in zip(samples, predictions)]
+    nearest_is_target = [
+        p is not None
+        and min(
+            range(len(s.meta["object_boxes"])),
+            key=lambda k: _centre_distance(p, Box(*s.meta["object_boxes"][k])),
+        )
+        == s.meta["target_index"]
+        for s, p in zip(samples, predictions)
+    ]
     object_hits = [
         p is not None and any(iou(p, Box(*b)) >= 0.5 for b in s.meta["object_boxes"]) for s, p in zip(samples, predictions)
     ]
@@ -312,6 +378,7 @@ def grounding_metrics(samples: Sequence[GroundingSample], predictions: Sequence[
         "n": len(samples),
         "accuracy": float(np.mean(hits)),
         "any_object_hit_rate": float(np.mean(object_hits)),
+        "nearest_object_is_target_rate": float(np.mean(nearest_is_target)),
         "parse_failure_rate": float(np.mean([p is None for p in predictions])),
         "baseline_query_ignoring_ceiling": ceiling,
         "baseline_random_object": random_object,
@@ -355,14 +422,14 @@ def build_optimizer(config: TrainConfig, params: list[nn.Parameter], lr: float) 
     return torch.optim.AdamW(params, lr=lr, weight_decay=config.weight_decay, betas=(0.9, 0.98))
 
 
-def stage_parameters(model: PreTrainedModel, heads: DenseVisionHeads, stage: str) -> list[nn.Parameter]:
-    """Stage 1: vision tower + projector + dense heads. Stage 2: projector + language model."""
+def stage_parameters(model: PreTrainedModel, heads: TrainingHeads, stage: str) -> list[nn.Parameter]:
+    """Stage 1: vision tower + projector + dense heads. Stage 2: projector + language model + query probe."""
     vision = list(model.model.vision_tower.parameters())
     projector = list(model.model.multi_modal_projector.parameters())
     language = list(model.model.language_model.parameters())
     if stage == "vision":
-        return vision + projector + list(heads.parameters())
-    return projector + language  # lm_head is tied to the input embedding
+        return vision + projector + list(heads.vision.parameters())
+    return projector + language + list(heads.query.parameters())  # lm_head is tied to the input embedding
 
 
 def learning_rate(config: TrainConfig, step: int) -> float:
@@ -377,7 +444,7 @@ def learning_rate(config: TrainConfig, step: int) -> float:
     return base * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
-def save_trainer_state(path: Path, step: int, model: PreTrainedModel, heads: DenseVisionHeads, optimizer: torch.optim.AdamW, history: list[dict]) -> None:
+def save_trainer_state(path: Path, step: int, model: PreTrainedModel, heads: TrainingHeads, optimizer: torch.optim.AdamW, history: list[dict]) -> None:
     """Atomically write weights, heads, AdamW state and RNG state to ONE safetensors file."""
     tensors = {f"model.{k}": v.detach().clone().contiguous() for k, v in model.state_dict().items()}
     tensors.update({f"heads.{k}": v.detach().clone().contiguous() for k, v in heads.state_dict().items()})
@@ -396,7 +463,7 @@ def save_trainer_state(path: Path, step: int, model: PreTrainedModel, heads: Den
     os.replace(tmp, path)
 
 
-def load_trainer_state(path: Path, model: PreTrainedModel, heads: DenseVisionHeads, config: TrainConfig) -> tuple[int, torch.optim.AdamW, list[dict]]:
+def load_trainer_state(path: Path, model: PreTrainedModel, heads: TrainingHeads, config: TrainConfig) -> tuple[int, torch.optim.AdamW, list[dict]]:
     from safetensors import safe_open
 
     with safe_open(str(path), framework="pt") as handle:
@@ -441,11 +508,22 @@ def training_step(config: TrainConfig, model, heads, processor, optimizer, step:
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
         if step < config.vision_steps:
             pixel_values, labels = vision_batch(config, processor, step)
-            loss, stats = heads.loss(visual_tokens(model, pixel_values), labels)
+            loss, stats = heads.vision.loss(visual_tokens(model, pixel_values), labels)
         else:
-            inputs = encode_grounding(processor, config.model, grounding_batch(config, step), with_answers=True)
-            loss = model(**inputs).loss
-            stats = {}
+            samples = grounding_batch(config, step)
+            inputs = encode_grounding(processor, config.model, samples, with_answers=True)
+            probe = config.query_probe_weight > 0
+            outputs = model(**inputs, output_hidden_states=probe)
+            loss, stats = outputs.loss, {"answer_loss": outputs.loss.item()}
+            if probe:
+                labels = inputs["labels"]
+                predicts_answer = torch.zeros_like(labels, dtype=torch.bool)
+                predicts_answer[:, :-1] = labels[:, 1:] != IGNORE_INDEX
+                probe_loss, probe_stats = heads.query.loss(
+                    outputs.hidden_states[config.query_probe_layer], predicts_answer, query_labels(samples)
+                )
+                loss = loss + config.query_probe_weight * probe_loss
+                stats.update(probe_stats)
     loss.backward()
     torch.nn.utils.clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], 1.0)
     optimizer.step()
@@ -459,7 +537,7 @@ def train(config: TrainConfig, out_dir: Path, resume: bool) -> list[dict]:
     (out_dir / "train_config.json").write_text(json.dumps(dataclasses.asdict(config), indent=1))
     processor = build_processor(config.model)
     model = build_model(config, processor)
-    heads = DenseVisionHeads(model.config.get_text_config().hidden_size)
+    heads = TrainingHeads(model.config.get_text_config().hidden_size)
     checkpoint = out_dir / CHECKPOINT_FILE
     if resume and checkpoint.exists():
         step, optimizer, history = load_trainer_state(checkpoint, model, heads, config)
@@ -499,7 +577,7 @@ TEST_SET_SCENES = 32  # eval scenes 0..31 at level 1: the fixed set tests/test_t
 REPORT_SCENES = 200
 
 
-def ship(run_dir: Path, name: ModelName) -> dict:
+def ship(run_dir: Path, name: ModelName, lineage: str = "") -> dict:
     """Copy RUN_DIR/best into ``checkpoints/<name>``, re-measure it through ``load(name)``, write its log."""
     target = checkpoint_dir(name)
     target.mkdir(parents=True, exist_ok=True)
@@ -514,6 +592,7 @@ def ship(run_dir: Path, name: ModelName) -> dict:
     test_set = evaluate(model, processor, name, TEST_SET_SCENES, levels=(1,))["level1"]
     log = {
         "model": name,
+        "lineage": lineage,
         "selected_checkpoint_step": best["step"],
         "train_seconds_at_selected_step": best["train_seconds"],
         "config": best["config"],
@@ -540,6 +619,8 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--init-backbone", default=None, help="trained toy checkpoint folder whose language backbone initialises this model")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes and step counts (tests)")
     parser.add_argument("--ship", type=Path, default=None, help="copy RUN/best into vrh_interp/toy/checkpoints/<model> and measure it")
+    parser.add_argument("--evaluate", action="store_true", help="print held-out metrics of the shipped checkpoint of --model")
+    parser.add_argument("--lineage", default="", help="with --ship: how the run was produced (stored in training_log.json)")
     return parser.parse_args()
 
 
@@ -547,8 +628,12 @@ def main() -> None:
     """CLI entry point; uses 2 threads (run with OMP_WAIT_POLICY=PASSIVE on shared CPUs)."""
     args = _parse_args()
     torch.set_num_threads(2)
+    if args.evaluate:
+        model, processor = load(args.model)
+        print(json.dumps(evaluate(model, processor, args.model, REPORT_SCENES), indent=1))
+        return
     if args.ship is not None:
-        log = ship(args.ship, args.model)
+        log = ship(args.ship, args.model, args.lineage)
         print(json.dumps({"held_out": log["held_out"], "test_set_level1": log["test_set_level1"]}, indent=1))
         return
     overrides: dict = dict(MODEL_PRESETS[args.model])
