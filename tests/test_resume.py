@@ -33,7 +33,7 @@ SCRIPT = textwrap.dedent("""
     tiny = build_tiny("{family}")
     vlm = wrap(tiny.model, tiny.processor)
     if sys.argv[1] == "detect":
-        score_heads(vlm, synthetic_samples("detect", 8), batch_size=2, max_new_tokens=3, run_dir=sys.argv[2],
+        score_heads(vlm, synthetic_samples("detect", 24), batch_size=2, max_new_tokens=3, run_dir=sys.argv[2],
                     progress=False)
     else:
         sweep(vlm, synthetic_samples("eval", 4), vlm.geometry.all_heads(), ks=(0, 1, 2), random_seeds=(0, 1),
@@ -49,11 +49,11 @@ def _kill_after_first_records(kind: str, run_dir: Path, records: str) -> int:
     deadline = time.time() + 240
     try:
         while time.time() < deadline:
-            if log.exists() and log.read_text().count("\n") >= 2:
+            if log.exists() and log.read_text().count("\n") >= 1:
                 break
             if proc.poll() is not None:
                 pytest.fail(f"the {kind} run ended before it could be interrupted (exit {proc.returncode})")
-            time.sleep(0.05)
+            time.sleep(0.01)
         else:
             pytest.fail(f"the {kind} run wrote no records in time")
     finally:
@@ -67,14 +67,14 @@ def _kill_after_first_records(kind: str, run_dir: Path, records: str) -> int:
 
 def test_detection_killed_and_resumed_equals_uninterrupted(tmp_path):
     written = _kill_after_first_records("detect", tmp_path / "killed", "detect_records.jsonl")
-    assert 0 < written < 8
+    assert 0 < written < 24
     vlm = tiny_vlm(FAMILY)
-    samples = synthetic_samples("detect", 8)
+    samples = synthetic_samples("detect", 24)
     resumed = score_heads(vlm, samples, batch_size=2, max_new_tokens=3, run_dir=tmp_path / "killed", progress=False)
     fresh = score_heads(vlm, samples, batch_size=2, max_new_tokens=3, run_dir=tmp_path / "fresh", progress=False)
     np.testing.assert_allclose(resumed.scores, fresh.scores, rtol=0, atol=1e-7)
     assert resumed.sample_ids == fresh.sample_ids
-    assert len(RecordLog(tmp_path / "killed" / "detect_records.jsonl").read()) == 8  # nothing duplicated
+    assert len(RecordLog(tmp_path / "killed" / "detect_records.jsonl").read()) == 24  # nothing duplicated
 
 
 def test_sweep_killed_and_resumed_equals_uninterrupted(tmp_path):
