@@ -10,7 +10,6 @@ from tests.reference import eager_attention_maps
 from vrh_interp import interventions as iv
 from vrh_interp.heads import Head, HeadSet
 from vrh_interp.overlays import overlay_figures, prediction_overlays
-from vrh_interp.scoring.collect import answer_lengths
 from vrh_interp.sources import synthetic_samples
 
 
@@ -26,7 +25,7 @@ def test_overlay_grids_equal_eager_mean_over_answer_rows():
     full["attention_mask"] = torch.ones_like(ids)
     maps = torch.stack(eager_attention_maps(vlm.hf_model, full))[:, 0]  # [L, H, S, S]
     s = batch.prompt_length
-    n = max(1, answer_lengths(vlm, ids, s)[0])
+    n = max(1, vlm.answer_lengths(ids, s)[0])
     rows = maps[:, :, s - 1: s - 1 + n, :s].mean(2)  # [L, H, s]
     by_name = {o.name: o for o in result.overlays}
     mask = torch.zeros(rows.shape[:2], dtype=torch.bool)

@@ -50,7 +50,7 @@ class Head:
 class HeadSet:
     """An ordered collection of distinct heads (order = ranking order, or insertion order)."""
 
-    __slots__ = ("_heads",)
+    __slots__ = ("_heads", "_members")
 
     def __init__(self, heads: Iterable[Head | str] = ()) -> None:
         seen: dict[Head, None] = {}
@@ -65,6 +65,7 @@ class HeadSet:
                 raise ValueError(f"duplicate head {head} in head set")
             seen[head] = None
         self._heads: tuple[Head, ...] = tuple(seen)
+        self._members: frozenset[Head] = frozenset(seen)
 
     def __iter__(self) -> Iterator[Head]:
         return iter(self._heads)
@@ -73,7 +74,7 @@ class HeadSet:
         return len(self._heads)
 
     def __contains__(self, item: object) -> bool:
-        return item in set(self._heads)
+        return item in self._members
 
     @overload
     def __getitem__(self, index: int) -> Head: ...

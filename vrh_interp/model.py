@@ -94,22 +94,25 @@ class VLM:
         frames = [self.adapter.box_frame(encoding, size, i, processor=self.processor) for i, size in enumerate(sizes)]
         return GroundingBatch(encoding=encoding, layouts=layouts, frames=frames, prompts=prompts)
 
-    def decode_answers(self, generated: torch.Tensor, prompt_length: int) -> list[str]:
-        """Decode the new tokens of each row (special tokens kept: several box formats use them)."""
-        texts = []
-        specials = {self.tokenizer.pad_token, self.tokenizer.eos_token}
+    def answer_lengths(self, generated: torch.Tensor, prompt_length: int) -> list[int]:
+        """Answer tokens per row: the new tokens before the first EOS (tokenizer's or generation config's) / pad."""
+        stop = {self.tokenizer.eos_token_id, self.tokenizer.pad_token_id}
+        configured = getattr(self.hf_model.generation_config, "eos_token_id", None)
+        if configured is not None:
+            stop.update(configured if isinstance(configured, list) else [configured])
+        lengths = []
         for row in generated[:, prompt_length:].tolist():
-            tokens = self.tokenizer.convert_ids_to_tokens(row)
-            kept = []
-            for token_id, token in zip(row, tokens):
-                if token in specials:
-                    break
-                kept.append(token_id)
-            texts.append(self.tokenizer.decode(kept, skip_special_tokens=False))
-        return texts
+            n = 0
+            while n < len(row) and row[n] not in stop:
+                n += 1
+            lengths.append(n)
+        return lengths
 
-    def parse_boxes(self, texts: Sequence[str], frames: Sequence[BoxFrame]) -> list[Box | Any]:
-        return [self.adapter.parse_box(t, f) for t, f in zip(texts, frames)]
+    def decode_answers(self, generated: torch.Tensor, prompt_length: int) -> list[str]:
+        """Decode each row's answer tokens (special tokens kept: several box formats use them)."""
+        new_tokens = generated[:, prompt_length:].tolist()
+        return [self.tokenizer.decode(row[:n], skip_special_tokens=False)
+                for row, n in zip(new_tokens, self.answer_lengths(generated, prompt_length))]
 
 
 def wrap(model: Any, processor: Any, *, adapter: FamilyAdapter | None = None, model_id: str | None = None,

@@ -20,7 +20,7 @@ from vrh_interp.families.base import VisualBlock
 from vrh_interp.heads import HeadSet
 from vrh_interp.model import VLM
 from vrh_interp.samples import GroundingSampleLike, as_box
-from vrh_interp.scoring.collect import answer_lengths, grid_block
+from vrh_interp.scoring.collect import grid_block
 
 
 @dataclass
@@ -48,7 +48,7 @@ def prediction_overlays(vlm: VLM, sample: GroundingSampleLike, vrhs: HeadSet, *,
     prompt_len = batch.prompt_length
     rows = [torch.stack([step[0][layer][0, :, -1, :prompt_len] for layer in layers]) for step in result.steps]
     answer = vlm.decode_answers(result.ids, prompt_len)[0]
-    n_answer = max(1, answer_lengths(vlm, result.ids, prompt_len)[0])
+    n_answer = max(1, vlm.answer_lengths(result.ids, prompt_len)[0])
     mean_rows = torch.stack(rows[:n_answer]).mean(0)  # [L, H, prompt_len]
     geometry = vlm.geometry
     vrh_mask = torch.zeros(geometry.num_layers, geometry.num_heads, dtype=torch.bool)

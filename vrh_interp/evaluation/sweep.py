@@ -114,7 +114,6 @@ def sweep(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], ranking: HeadSc
           detection_ids: Sequence[str] | None = None, exclude_first_layer: bool = False,
           iou_threshold: float = 0.5, batch_size: int = 8, max_new_tokens: int = 24,
           run_dir: str | Path | None = None, progress: bool = True, remote: bool | str = False) -> SweepResult:
-    check_samples(eval_samples, minimum=1, what="evaluation samples")
     if isinstance(ranking, HeadScores):
         detection_ids = list(detection_ids or []) + list(ranking.sample_ids)
         head_ranking = ranking.ranking()

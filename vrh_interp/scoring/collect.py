@@ -139,7 +139,7 @@ def collect_batch(vlm: VLM, samples: Sequence[GroundingSampleLike], *, max_new_t
     last_rows = torch.stack([f[1] for f in first])  # [L, b, H, keys]
     decode_stats = [torch.stack([step[0][layer] for layer in layers]) for step in result.steps[1:]]  # [L,b,H,1,3]
     answers = vlm.decode_answers(result.ids, batch.prompt_length)
-    lengths = answer_lengths(vlm, result.ids, batch.prompt_length)
+    lengths = vlm.answer_lengths(result.ids, batch.prompt_length)
     entropies = _entropies(last_rows, batch.layouts)
     stats = []
     for i, sample in enumerate(samples):
@@ -150,23 +150,6 @@ def collect_batch(vlm: VLM, samples: Sequence[GroundingSampleLike], *, max_new_t
         stats.append(_sample_stats(vlm, sample, boxes[i], batch, i, answers[i], output_rows, input_rows,
                                    entropies[i], counts[i]))
     return stats
-
-
-def answer_lengths(vlm: VLM, ids: torch.Tensor, prompt_length: int) -> list[int]:
-    """Number of answer tokens per row: generated tokens before the first EOS / pad."""
-    stop = {vlm.tokenizer.eos_token_id, vlm.tokenizer.pad_token_id}
-    extra = getattr(vlm.hf_model.generation_config, "eos_token_id", None)
-    if extra is not None:
-        stop.update(extra if isinstance(extra, list) else [extra])
-    lengths = []
-    for row in ids[:, prompt_length:].tolist():
-        n = 0
-        for token in row:
-            if token in stop:
-                break
-            n += 1
-        lengths.append(n)
-    return lengths
 
 
 def _sample_stats(vlm: VLM, sample: GroundingSampleLike, box: Box, batch: GroundingBatch, index: int, answer: str,
