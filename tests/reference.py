@@ -88,3 +88,24 @@ def eager_attention_maps(model: Any, encoding: dict[str, Any]) -> list[torch.Ten
     finally:
         model.set_attn_implementation(previous)
     return [a.float() for a in out.attentions]
+
+
+@contextmanager
+def edited_o_proj_inputs(model: Any, edits: dict[int, Any]) -> Iterator[None]:
+    """Edit o_proj's input per layer with forward pre-hooks: ``edits[layer](x)`` gets ``[b, s, heads, head_dim]``
+    (a clone) and edits it in place."""
+    num_heads, head_dim = text_geometry(model)
+    handles = []
+    for layer, edit in edits.items():
+        def pre_hook(_module: Any, args: tuple[Any, ...], edit: Any = edit) -> tuple[Any, ...]:
+            x = args[0].clone()
+            b, s, _ = x.shape
+            edit(x.view(b, s, num_heads, head_dim))
+            return (x, *args[1:])
+
+        handles.append(decoder_layers(model)[layer].self_attn.o_proj.register_forward_pre_hook(pre_hook))
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()

@@ -62,3 +62,25 @@ def test_demo_runs_end_to_end_on_tiny_models(tmp_path, capsys):
     assert {"causal", "sparse", "functionally specific", "stable", "shared"} <= claims
     for name in ("report.html", "report.md", "sweep_summary.csv", "design_space.csv", "verdicts.csv", "transfer.csv"):
         assert (out / name).exists(), name
+
+
+def test_remote_flag_runs_detection_through_ndif_and_never_prints_the_key(tmp_path, capsys, monkeypatch):
+    """``--remote`` means ``remote=True`` with nnsight's configured host and key: here a host where nothing
+    listens, so the run fails with the clear error, and the key appears nowhere (output or run folder)."""
+    import nnsight
+
+    from vrh_interp.testing.ndif_server import free_port
+
+    secret = "ndif-test-key-4f1c9a"
+    host = f"http://127.0.0.1:{free_port()}"
+    monkeypatch.setattr(nnsight.CONFIG.API, "HOST", host)
+    monkeypatch.setattr(nnsight.CONFIG.API, "APIKEY", secret)
+    out = tmp_path / "run"
+    status = main(["detect", "--model", "toy:a", "--data", "synthetic:detect:2", "--out", str(out), "--batch-size",
+                   "2", "--max-new-tokens", "3", "--remote", "--json"])
+    printed = capsys.readouterr()
+    assert status == 2
+    # not "cannot name this model": the toy's remote_id named it without asking the hub, then the connection failed
+    assert f"could not reach an NDIF server at {host}" in printed.err
+    assert secret not in printed.out + printed.err
+    assert all(secret not in f.read_text(encoding="utf-8") for f in out.rglob("*") if f.is_file())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from transformers import GPT2Config
@@ -74,3 +75,38 @@ def test_hub_ids_are_not_mistaken_for_missing_folders(monkeypatch):
     with pytest.raises(Exception) as info:
         load("Qwen/Qwen2-VL-2B-Instruct")
     assert not isinstance(info.value, FileNotFoundError) or "does not exist (pass a hub id" not in str(info.value)
+
+
+def test_per_layer_device_map_loads_through_the_same_path_and_computes_the_same(tmp_path):
+    """A ``device_map`` splitting the language layers (layer 1 offloaded to disk: accelerate keeps it on ``meta``
+    and streams it in through a hook, the hook that moves activations between GPUs in a multi-GPU map) gives the
+    plain load's logits, ablated logits, greedy answers and attention statistics exactly."""
+    from vrh_interp.scoring.collect import collect_batch
+    from vrh_interp.sources import synthetic_samples
+
+    tiny = build_tiny("llava")
+    tiny.model.save_pretrained(tmp_path / "model")
+    tiny.processor.save_pretrained(tmp_path / "model")
+    device_map = {"model.vision_tower": "cpu", "model.multi_modal_projector": "cpu",
+                  "model.language_model.embed_tokens": "cpu", "model.language_model.layers.0": "cpu",
+                  "model.language_model.layers.1": "disk", "model.language_model.norm": "cpu", "lm_head": "cpu"}
+    plain = load(tmp_path / "model", dtype=torch.float32)
+    split = load(tmp_path / "model", dtype=torch.float32, device_map=device_map, offload_folder=tmp_path / "offload")
+    assert split.hf_model.hf_device_map == device_map
+    offloaded = split.hf_model.get_decoder().layers[1].self_attn.o_proj.weight
+    assert offloaded.device.type == "meta" and split.device == torch.device("cpu")
+    batch = plain.encode_grounding([noise_image(70, 50), noise_image(40, 60, seed=1)], ["the red circle", "a cat"])
+    heads = HeadSet([Head(0, 1), Head(1, 0), Head(1, 2)])
+    for templates in ([], [iv.head_ablation(plain, heads)]):
+        want = iv.run_forward(plain, batch.encoding, templates).logits
+        got = iv.run_forward(split, batch.encoding, [iv.head_ablation(split, heads)] if templates else []).logits
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    want_ids = iv.run_generate(plain, batch.encoding, [iv.head_ablation(plain, heads)], max_new_tokens=4).ids
+    got_ids = iv.run_generate(split, batch.encoding, [iv.head_ablation(split, heads)], max_new_tokens=4).ids
+    assert torch.equal(got_ids, want_ids)
+    samples = synthetic_samples("detect", 2)
+    for want_stats, got_stats in zip(collect_batch(plain, samples, max_new_tokens=3),
+                                     collect_batch(split, samples, max_new_tokens=3)):
+        assert got_stats.answer == want_stats.answer
+        assert np.array_equal(got_stats.output_rows, want_stats.output_rows)
+        assert np.array_equal(got_stats.input_rows, want_stats.input_rows)

@@ -30,3 +30,5 @@ def test_notebook_executes(path, tmp_path):
     outputs = [o for c in notebook.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     assert not [o for o in outputs if o.get("output_type") == "error"]
     assert any(o.get("output_type") in ("execute_result", "display_data", "stream") for o in outputs)
+    if any("plots." in c.source for c in notebook.cells if c.cell_type == "code"):  # a figure shows as a picture
+        assert any("image/png" in o.get("data", {}) for o in outputs), "figures shown as text: add %matplotlib inline"

@@ -10,15 +10,22 @@ import textwrap
 import time
 from pathlib import Path
 
+from dataclasses import dataclass, field
+
 import numpy as np
 import pandas as pd
 import pytest
+from PIL import Image
 
 from tests.conftest import tiny_vlm
-from vrh_interp.evaluation.sweep import sweep
+from vrh_interp.datasets.errors import DatasetError
+from vrh_interp.datasets.samples import GroundingSample
+from vrh_interp.evaluation.sweep import sweep, sweep_from_run
 from vrh_interp.heads import HeadSet
+from vrh_interp.merge import merge_runs
 from vrh_interp.runs import RecordLog, RunMismatchError
 from vrh_interp.scoring.detect import score_heads
+from vrh_interp.shards import Shard
 from vrh_interp.sources import synthetic_samples
 
 FAMILY = "qwen2_vl"
@@ -29,7 +36,7 @@ SCRIPT = textwrap.dedent("""
     from vrh_interp.testing.tiny import build_tiny
     from vrh_interp.sources import synthetic_samples
     from vrh_interp.scoring.detect import score_heads
-    from vrh_interp.evaluation.sweep import sweep
+    from vrh_interp.evaluation.sweep import sweep, sweep_from_run
     tiny = build_tiny("{family}")
     vlm = wrap(tiny.model, tiny.processor)
     if sys.argv[1] == "detect":
@@ -113,3 +120,66 @@ def test_bad_sample_sets_are_refused():
               detection_ids=[detection[0].sample_id])
     with pytest.raises(ValueError, match="out of range"):
         sweep(vlm, samples, vlm.geometry.all_heads(), ks=(0, 999), random_seeds=())
+
+
+@dataclass
+class FlakyStorage:
+    """An ``ImageSource`` on storage that drops out once, on read number ``fail_on`` (a network mount or object
+    store going away mid-run), and serves the image again afterwards: a real data-source failure raised through
+    the real pipeline (no model is replaced)."""
+
+    image: Image.Image
+    fail_on: int
+    reads: int = field(default=0)
+
+    def open(self) -> Image.Image:
+        self.reads += 1
+        if self.reads == self.fail_on:
+            raise DatasetError("remote storage", "connection reset while reading the image")
+        return self.image.copy()
+
+    def size(self, *, full_decode: bool = False) -> tuple[int, int]:
+        return self.image.size
+
+
+def _on_flaky_storage(samples, flaky_id: str, fail_on: int) -> list[GroundingSample]:
+    return [GroundingSample(s.sample_id, s.expression, s.box, s.image.size,
+                            FlakyStorage(s.image, fail_on if s.sample_id == flaky_id else 0)) for s in samples]
+
+
+SWEEP = dict(ks=(0, 1, 2), random_seeds=(0, 1), batch_size=2, max_new_tokens=3, progress=False)
+
+
+def test_remote_sweep_failing_mid_way_resumes_without_losing_or_repeating_answers(tmp_path):
+    """A remote-mode sweep (requests serialised as for NDIF) fails in its third condition; rerunning it resumes."""
+    vlm = tiny_vlm(FAMILY)
+    clean = synthetic_samples("eval", 5)
+    # read 1 is check_samples, then one read per condition: read 4 fails in the 3rd condition (random:k=1:seed=0)
+    samples = _on_flaky_storage(clean, clean[3].sample_id, fail_on=4)
+    with pytest.raises(DatasetError, match="connection reset"):
+        sweep(vlm, samples, vlm.geometry.all_heads(), run_dir=tmp_path / "run", remote="local", **SWEEP)
+    written = RecordLog(tmp_path / "run" / "sweep_records.jsonl").read()
+    # two whole conditions plus the batch before the failing one; the failing batch left nothing behind
+    assert len(written) == 2 * 5 + 2 and {r["condition"] for r in written[10:]} == {"random:k=1:seed=0"}
+    resumed = sweep(vlm, samples, vlm.geometry.all_heads(), run_dir=tmp_path / "run", remote="local", **SWEEP)
+    fresh = sweep(vlm, clean, vlm.geometry.all_heads(), **SWEEP)  # local, uninterrupted, no run folder
+    pd.testing.assert_frame_equal(resumed.records, fresh.records)
+    pd.testing.assert_frame_equal(resumed.summary(), fresh.summary())
+    log = RecordLog(tmp_path / "run" / "sweep_records.jsonl").read()
+    assert len(log) == 5 * 7 and len({(r["sample_id"], r["condition"]) for r in log}) == 5 * 7
+
+
+def test_interrupted_shard_resumes_and_merges_into_the_unsharded_run(tmp_path):
+    vlm = tiny_vlm(FAMILY)
+    clean = synthetic_samples("eval", 5)
+    whole = sweep(vlm, clean, vlm.geometry.all_heads(), run_dir=tmp_path / "whole", **SWEEP)
+    samples = _on_flaky_storage(clean, clean[4].sample_id, fail_on=6)  # shard 1/2 holds sample 4 (3rd batch)
+    with pytest.raises(DatasetError):
+        sweep(vlm, samples, vlm.geometry.all_heads(), run_dir=tmp_path / "s1", shard=Shard(1, 2), **SWEEP)
+    assert len(RecordLog(tmp_path / "s1" / "sweep_records.jsonl").read()) == 4  # 4 conditions of 1 sample
+    sweep(vlm, samples, vlm.geometry.all_heads(), run_dir=tmp_path / "s1", shard=Shard(1, 2), **SWEEP)
+    sweep(vlm, clean, vlm.geometry.all_heads(), run_dir=tmp_path / "s0", shard=Shard(0, 2), **SWEEP)
+    merge_runs(tmp_path / "merged", [tmp_path / "s0", tmp_path / "s1"])
+    assert (tmp_path / "merged" / "sweep_records.jsonl").read_bytes() == \
+        (tmp_path / "whole" / "sweep_records.jsonl").read_bytes()
+    pd.testing.assert_frame_equal(sweep_from_run(tmp_path / "merged").records, whole.records)

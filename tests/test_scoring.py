@@ -190,3 +190,30 @@ def test_teacher_forced_statistics_equal_brute_force(family):
         for t in range(answer_ids.shape[1]):
             want = maps[:, :, s - 1 + t][..., region].sum(-1).numpy()
             np.testing.assert_allclose(st.output_rows[t, ..., 0], want, atol=1e-5)
+
+
+@pytest.mark.parametrize("design", ["vrh", ScoringDesign("output", "sum", "mean", output_source="teacher_forced")],
+                         ids=["greedy", "teacher_forced"])
+def test_score_heads_through_the_serialised_remote_path_equals_the_local_run(design, tmp_path):
+    """``remote="local"`` serialises each batch's request exactly as for NDIF, then runs it in-process."""
+    from vrh_interp.scoring.detect import load_stats, score_heads
+
+    vlm = tiny_vlm("llava")
+    samples = _samples(3)
+    local = score_heads(vlm, samples, design, batch_size=2, max_new_tokens=4, progress=False)
+    remote = score_heads(vlm, samples, design, batch_size=2, max_new_tokens=4, progress=False, remote="local",
+                         run_dir=tmp_path / "run")
+    assert np.ptp(local.scores) > 0, "scores must not be trivially constant"
+    np.testing.assert_array_equal(remote.scores, local.scores)
+    np.testing.assert_array_equal(remote.per_position, local.per_position)
+    assert remote.sample_ids == local.sample_ids
+    assert (local.provenance["remote"], remote.provenance["remote"]) == (False, "local")
+    assert "remote" not in (tmp_path / "run" / "manifest.json").read_text(encoding="utf-8")
+    # the stored statistics equal a local collection of the same batches
+    stored = load_stats(tmp_path / "run")
+    expected = [s for start in (0, 2) for s in collect_batch(vlm, samples[start:start + 2], max_new_tokens=4,
+                                                             output_source=remote.design.output_source)]
+    for got, want in zip(stored, expected):
+        np.testing.assert_array_equal(got.output_rows, want.output_rows)
+        np.testing.assert_array_equal(got.input_rows, want.input_rows)
+        assert (got.answer, got.iou) == (want.answer, want.iou)

@@ -1,7 +1,11 @@
-"""The ``vrh`` command line: families, detect, sweep, design-space, report, demo.
+"""The ``vrh`` command line: families, detect, sweep, design-space, merge, reproduce, report, demo.
 
 Every long command takes ``--out`` (a run folder: rerunning the same command resumes it), shows progress
 bars, prints a summary table at the end, and ``--json`` prints the machine-readable result instead.
+``detect``, ``sweep``, ``design-space`` and ``reproduce`` take ``--shard i/n`` (one of n machines, its own ``--out``);
+``vrh merge OUT SHARD_FOLDERS...`` joins the shards and writes what the unsharded command writes.
+``detect``, ``sweep``, ``design-space`` and ``reproduce`` take ``--remote``: run the model on NDIF with nnsight's
+configured host and API key (``nnsight.CONFIG``, ``NDIF_HOST`` / ``NDIF_API_KEY``); the key is never printed or stored.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ def _load_model(spec: str, device: str | None, dtype: str | None) -> Any:
 
         name = spec.split(":", 1)[1]
         model, processor = toy.load(name, device=device or "cpu")
-        return wrap(model, processor, model_id=f"vrh-interp/toy-{name}")
+        # the id an NDIF server deploys a toy model under (`--remote`; the toys are not on the hub)
+        return wrap(model, processor, model_id=f"vrh-interp/toy-{name}", remote_id=f"vrh-interp/toy-{name}")
     import torch
 
     torch_dtype = getattr(torch, dtype) if dtype else None
@@ -53,21 +58,63 @@ def cmd_families(args: argparse.Namespace) -> int:
     return 0
 
 
+def _shard(text: str) -> Any:
+    from vrh_interp.shards import Shard
+
+    try:
+        return Shard.parse(text)
+    except (TypeError, ValueError) as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _shard_done(args: argparse.Namespace, done: int) -> int:
+    """What a shard run prints instead of the tables (they need every shard)."""
+    if args.json:
+        print(json.dumps({"shard": str(args.shard), "out": args.out, "done": done}))
+    else:
+        print(f"\nshard {args.shard} done: {done} units in {args.out}. When all {args.shard.count} shards are done: "
+              f"vrh merge MERGED_OUT SHARD_0_OUT ... SHARD_{args.shard.count - 1}_OUT")
+    return 0
+
+
+def _print_scores(scores: Any, path: Path, preset: str, top: int, as_json: bool) -> None:
+    top = min(top, scores.scores.size)
+    if as_json:
+        print(json.dumps({"scores_file": str(path), "top": scores.top(top).to_list()}))
+    else:
+        _print_table(scores.to_frame().head(top), f"Top {top} heads ({preset}); saved {path}")
+
+
+def _print_sweep(summary: pd.DataFrame, as_json: bool) -> None:
+    if as_json:
+        print(summary.to_json(orient="records"))
+    else:
+        _print_table(summary.drop(columns=["key"]), "k-sweep: top-k heads vs random heads")
+
+
+def _print_design_space(table: pd.DataFrame, k: int, as_json: bool) -> None:
+    if as_json:
+        print(table.to_json(orient="records"))
+    else:
+        _print_table(table.drop(columns=["top_heads"]), f"Design space: accuracy drop when masking top-{k}")
+
+
 def cmd_detect(args: argparse.Namespace) -> int:
-    from vrh_interp.scoring.detect import score_heads
+    from vrh_interp.scoring.design import resolve_design
+    from vrh_interp.scoring.detect import collect_detection_stats, score_heads
     from vrh_interp.sources import load_data
 
     vlm = _load_model(args.model, args.device, args.dtype)
     samples = load_data(args.data)
     out = Path(args.out)
+    if args.shard is not None:
+        stats = collect_detection_stats(vlm, samples, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
+                                        output_source=resolve_design(args.preset).output_source, run_dir=out,
+                                        dataset=args.data, shard=args.shard, remote=args.remote)
+        return _shard_done(args, len(stats))
     scores = score_heads(vlm, samples, args.preset, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
-                         run_dir=out, dataset=args.data)
-    path = scores.save(out / f"scores-{args.preset}.json")
-    top = min(args.top, scores.scores.size)
-    if args.json:
-        print(json.dumps({"scores_file": str(path), "top": scores.top(top).to_list()}))
-    else:
-        _print_table(scores.to_frame().head(top), f"Top {top} heads ({args.preset}); saved {path}")
+                         run_dir=out, dataset=args.data, remote=args.remote)
+    _print_scores(scores, scores.save(out / f"scores-{args.preset}.json"), args.preset, args.top, args.json)
     return 0
 
 
@@ -82,33 +129,73 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     result = sweep(vlm, samples, scores, ks=[int(k) for k in args.ks.split(",")],
                    random_seeds=[int(s) for s in args.seeds.split(",")], exclude_first_layer=args.exclude_first_layer,
                    iou_threshold=args.iou, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
-                   run_dir=args.out)
+                   run_dir=args.out, shard=args.shard, remote=args.remote)
+    if args.shard is not None:
+        return _shard_done(args, len(result.records))
     summary = result.summary()
     summary.to_csv(Path(args.out) / "sweep_summary.csv", index=False)
-    if args.json:
-        print(summary.to_json(orient="records"))
-    else:
-        _print_table(summary.drop(columns=["key"]), "k-sweep: top-k heads vs random heads")
+    _print_sweep(summary, args.json)
     return 0
 
 
 def cmd_design_space(args: argparse.Namespace) -> int:
-    from vrh_interp.scoring.analysis import design_space
+    from vrh_interp.evaluation.sweep import run_conditions
+    from vrh_interp.scoring.analysis import check_disjoint, design_space, design_space_plan
     from vrh_interp.scoring.detect import collect_detection_stats
     from vrh_interp.sources import load_data
 
     vlm = _load_model(args.model, args.device, args.dtype)
     detect, evaluate = load_data(args.data), load_data(args.eval_data)
     out = Path(args.out)
+    # every shard needs ALL detection statistics (they pick the heads to mask): it collects them, or resumes
+    # from a merged `vrh detect --shard` folder copied to OUT/detect
     stats = collect_detection_stats(vlm, detect, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
-                                    run_dir=out / "detect", dataset=args.data)
+                                    run_dir=out / "detect", dataset=args.data, remote=args.remote)
+    if args.shard is not None:
+        check_disjoint(stats, evaluate)
+        result = run_conditions(vlm, evaluate, design_space_plan(stats, k=args.k).conditions,
+                                batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
+                                run_dir=out / "design_space", shard=args.shard, remote=args.remote)
+        return _shard_done(args, len(result.records))
     table = design_space(vlm, stats, evaluate, k=args.k, batch_size=args.batch_size,
-                         max_new_tokens=args.max_new_tokens, run_dir=out)
+                         max_new_tokens=args.max_new_tokens, run_dir=out, remote=args.remote)
     table.to_csv(out / "design_space.csv", index=False)
-    if args.json:
-        print(table.to_json(orient="records"))
+    _print_design_space(table, args.k, args.json)
+    return 0
+
+
+def _run_kind(folder: Path) -> str | None:
+    manifest = folder / "manifest.json"
+    return json.loads(manifest.read_text(encoding="utf-8")).get("kind") if manifest.exists() else None
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    from vrh_interp.merge import merge_runs, merge_design_space_runs
+
+    out, shards = Path(args.out), [Path(d) for d in args.shards]
+    if all(_run_kind(d) == "reproduce" for d in shards):
+        from vrh_interp.reproduce import merge_reproduce_runs
+
+        result = merge_reproduce_runs(out, shards)
+        _print_reproduce(result, json.loads((out / "manifest.json").read_text())["data"], args.json)
+        return 0
+    if all((d / "design_space" / "manifest.json").exists() for d in shards):
+        table = merge_design_space_runs(out, shards)
+        table.to_csv(out / "design_space.csv", index=False)
+        _print_design_space(table, int(table["k"].iloc[0]), args.json)
+        return 0
+    merged = merge_runs(out, shards)
+    if merged.kind == "detect":
+        from vrh_interp.scoring.detect import scores_from_run
+
+        scores = scores_from_run(out, args.preset)
+        _print_scores(scores, scores.save(out / f"scores-{args.preset}.json"), args.preset, args.top, args.json)
     else:
-        _print_table(table.drop(columns=["top_heads"]), f"Design space: accuracy drop when masking top-{args.k}")
+        from vrh_interp.evaluation.sweep import sweep_from_run
+
+        summary = sweep_from_run(out, iou_threshold=args.iou).summary()
+        summary.to_csv(out / "sweep_summary.csv", index=False)
+        _print_sweep(summary, args.json)
     return 0
 
 
@@ -128,21 +215,28 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         split_seed=args.split_seed, ks=[int(k) for k in args.ks.split(",")],
         random_seeds=[int(s) for s in args.seeds.split(",")], vqa_k=args.vqa_k, vqa_limit=args.vqa_limit,
         batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, device=args.device, dtype=args.dtype,
-        progress=not args.json)
-    if args.json:
+        progress=not args.json, shard=args.shard, remote=args.remote)
+    if args.shard is not None:
+        per_condition = result.failure_split[result.failure_split["seed"].astype(str) != "all"]
+        return _shard_done(args, int(per_condition["n"].sum()))  # this shard's k-sweep answers
+    _print_reproduce(result, args.data, args.json)
+    return 0
+
+
+def _print_reproduce(result: Any, data: str, as_json: bool) -> None:
+    if as_json:
         print(json.dumps({"out": str(result.out), "ks": result.ks, "vqa_k": result.vqa_k,
                           "sweep": result.sweep_summary.to_dict(orient="records"),
                           "failure_split": result.failure_split.to_dict(orient="records"),
                           "vqa": None if result.vqa_summary is None else result.vqa_summary.to_dict(orient="records")},
                          default=str))
-        return 0
-    _print_table(result.sweep_summary.drop(columns=["key"]), f"k-sweep on {args.data} (ks {result.ks})")
+        return
+    _print_table(result.sweep_summary.drop(columns=["key"]), f"k-sweep on {data} (ks {result.ks})")
     _print_table(result.failure_split.drop(columns=["key"]), "Failure split: correct / mislocation / parse failure")
     if result.vqa_table is not None:
         _print_table(result.vqa_table.xs("accuracy", axis=1, level="stat").round(1).reset_index(names="condition"),
                      f"Cross-task VQA accuracy (%), top-{result.vqa_k} VRHs vs {result.vqa_k} random heads")
     print(f"\nrun folder: {result.out}")
-    return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -166,6 +260,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--batch-size", type=int, default=16)
         p.add_argument("--max-new-tokens", type=int, default=24)
         p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+        p.add_argument("--shard", type=_shard, default=None, metavar="I/N",
+                       help="run shard I (0-based) of N, into its own --out; join them with `vrh merge`")
+        p.add_argument("--remote", action="store_true",
+                       help="run the model on NDIF (nnsight's configured host and API key; docs/recipes/remote.md)")
 
     p = sub.add_parser("families", help="list supported VLM families")
     p.add_argument("--json", action="store_true")
@@ -192,6 +290,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-data", default="synthetic:eval:200")
     p.add_argument("--k", type=int, default=20)
     p.set_defaults(func=cmd_design_space)
+
+    p = sub.add_parser("merge", help="join the --out folders of a sharded detect, sweep, design-space or reproduce run")
+    p.add_argument("out", help="new folder for the merged run")
+    p.add_argument("shards", nargs="+", help="the --out folders of every shard 0/N .. N-1/N")
+    p.add_argument("--preset", default="vrh", help="detect runs: scoring preset of the scores file written")
+    p.add_argument("--top", type=int, default=20, help="detect runs: heads printed")
+    p.add_argument("--iou", type=float, default=0.5, help="sweep runs: correctness threshold of the summary")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    p.set_defaults(func=cmd_merge)
 
     p = sub.add_parser("reproduce", help="the paper's protocol on benchmark files: detect, k-sweep, failure split, VQA")
     common(p, data=False)

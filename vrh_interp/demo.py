@@ -2,7 +2,8 @@
 
 Detect on held-out synthetic scenes, k-sweep with seeded random controls on DISJOINT scenes, the
 failure split, design-space ranking, sparsity, stability, transfer to a second model sharing the
-backbone, and a report folder. Every step writes its records into the run folder, so rerunning resumes.
+backbone (score-map comparison and the cross-masking k-sweep of ``vrh_interp.transfer.cross_masking``),
+and a report folder. Every step writes its records into the run folder, so rerunning resumes.
 
 k values. The paper masks up to 20 of 784-1152 heads (1.7-2.6%). A toy has tens of heads, so the demo
 masks k in {0, 1, 2, 3, 5} capped at a quarter of all heads, and judges claims at k* = the largest k
@@ -20,15 +21,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from vrh_interp.evaluation.sweep import Condition, run_conditions, sweep
-from vrh_interp.heads import HeadSet
+from vrh_interp.evaluation.sweep import sweep
 from vrh_interp.provenance import library_versions, model_provenance, now_utc
 from vrh_interp.report import write_report
 from vrh_interp.scoring.analysis import design_space, stability, token_choice_stability
 from vrh_interp.scoring.detect import collect_detection_stats, scores_from_stats
 from vrh_interp.sources import synthetic_samples
-from vrh_interp.templates.transfer import transfer_heads
-from vrh_interp.transfer import compare_scores, same_grid
+from vrh_interp.transfer import compare_scores, cross_masking, masking_drops, same_grid
 
 ANSWER_TOKENS = 24
 
@@ -133,22 +132,6 @@ def _detect(vlm: Any, samples: list[Any], out: Path, batch_size: int) -> tuple[l
     return stats, scores_from_stats(stats, "vrh", provenance)
 
 
-def _cross_masking(target: Any, own: HeadSet, transferred: HeadSet, evals: list[Any], k: int, out: Path,
-                   batch_size: int, direction: str) -> dict[str, Any]:
-    from vrh_interp.evaluation.sweep import random_control
-
-    conditions = [Condition("baseline", 0, None, HeadSet()), Condition("own", k, None, own[:k]),
-                  Condition("transferred", k, None, transferred[:k])]
-    detected = own[:k].union(transferred[:k])
-    conditions += [Condition("random", k, seed, random_control(target.geometry, detected, k, seed)) for seed in (0, 1, 2)]
-    summary = run_conditions(target, evals, conditions, batch_size=batch_size, max_new_tokens=ANSWER_TOKENS,
-                             run_dir=out, progress=True).summary().set_index("key")
-    base = summary.loc["baseline:k=0", "accuracy"]
-    random_acc = summary.loc[f"random:k={k}:seed=all", "accuracy"]
-    return {"direction": direction, "k": k, "baseline": base, "own_drop": base - summary.loc[f"own:k={k}", "accuracy"],
-            "transferred_drop": base - summary.loc[f"transferred:k={k}", "accuracy"], "random_drop": base - random_acc}
-
-
 def run_demo(*, model_spec: str = "toy:a", out: Path = Path("runs/demo"), detect_scenes: int = 200,
              eval_scenes: int = 60, device: str | None = None, dtype: str | None = None,
              transfer_model: str | None = "toy:b", as_json: bool = False, batch_size: int = 50) -> int:
@@ -184,13 +167,11 @@ def run_demo(*, model_spec: str = "toy:a", out: Path = Path("runs/demo"), detect
             scores_b.save(out / "scores-vrh-b.json")
             transfer = compare_scores(scores, scores_b, ks=sorted({k_star, 2 * k_star, 3 * k_star}))
             transfer.to_csv(out / "transfer.csv", index=False)
-            rank_a, rank_b = scores.ranking(), scores_b.ranking()
-            cross = pd.DataFrame([
-                _cross_masking(vlm_b, rank_b, transfer_heads(rank_a[:k_star], vlm.geometry, vlm_b.geometry), evals,
-                               k_star, out / "cross_a_to_b", batch_size, "A's heads masked in B"),
-                _cross_masking(vlm, rank_a, transfer_heads(rank_b[:k_star], vlm_b.geometry, vlm.geometry), evals,
-                               k_star, out / "cross_b_to_a", batch_size, "B's heads masked in A"),
-            ])
+            curves = cross_masking(vlm, vlm_b, scores, scores_b, evals, ks=ks, random_seeds=(0, 1, 2),
+                                   labels=(f"A ({model_spec})", f"B ({transfer_model})"), batch_size=batch_size,
+                                   max_new_tokens=ANSWER_TOKENS, run_dir=out / "cross").summary()
+            curves.to_csv(out / "cross_masking.csv", index=False)
+            cross = masking_drops(curves, k_star)
             cross.to_csv(out / "transfer_masking.csv", index=False)
         else:
             print("      the two models do not share a head grid: transfer skipped")

@@ -6,13 +6,17 @@ the templates applied at EVERY step (prefill and each decode step) through nnsig
 ``tracer.iter[:]`` loop, and reads the generated ids in a second, empty invoke (code after an
 open-ended loop does not run; bounding the loop would need ``min_new_tokens``, which changes greedy
 outputs by suppressing EOS).
+
+With ``remote=True`` (NDIF) a failed run raises ``RemoteExecutionError``, whose message names the host and
+model key and says what to do (docs/recipes/remote.md); ``remote_errors`` gives the same to your own traces.
 """
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 
@@ -24,6 +28,65 @@ from vrh_interp.templates.head_outputs import HeadOutputCapture, HeadOutputPatch
 from vrh_interp.templates.readout import AttentionRowsReadout, attention_call_label
 
 _OPEN_LOOP_WARNING = r".*was never reached.*"
+
+
+class RemoteExecutionError(RuntimeError):
+    """A ``remote=True`` run failed: the NDIF server was unreachable, refused the request, or the traced code
+    raised on the server. The message names the host and model key and says what to do; the original
+    exception is chained (``__cause__``)."""
+
+
+def _remote_hint(message: str) -> str:
+    if "ModuleNotFoundError" in message or "No module named" in message:
+        return ("a module used inside the trace is not installed on the server: ship it with "
+                "nnsight.register(module) before the run (vrh_interp registers itself)")
+    lowered = message.lower()
+    if "deploy" in lowered or "not running" in lowered or "not found" in lowered or "no replica" in lowered:
+        return ("the server does not serve this model key: check nnsight.is_model_running(...) / the server's "
+                "deployments, and that VLM.remote_id spells the id exactly as deployed")
+    return "the traceback above is the server's; the same call with remote=False runs it locally"
+
+
+@contextlib.contextmanager
+def remote_errors(model: Any, remote: bool | str) -> Iterator[None]:
+    """Turn a failed remote run into a ``RemoteExecutionError`` that says what to do (local runs untouched).
+
+    nnsight reports a refused connection as a bare ``ConnectionRefusedError`` from its websocket client, a
+    model it cannot name as a hub error, and a server-side failure as ``RemoteError`` carrying only the
+    server's text; none of them names the host or the model key.
+    """
+    if not remote or remote == "local":
+        yield
+        return
+    import nnsight
+    from nnsight.intervention.backends.remote import RemoteError
+
+    host = remote if isinstance(remote, str) else nnsight.CONFIG.API.HOST
+    try:
+        key = f"model key {model.to_model_key()!r}"  # minted once, cached by nnsight
+    except Exception as err:  # noqa: BLE001 - any failure to name the model has the same fix
+        raise RemoteExecutionError(
+            f"cannot name this model for the NDIF server ({type(err).__name__}: {err}); nnsight asks the hub "
+            "for the id the model was loaded from. Pass the id the server deployed it under: "
+            "vrh.wrap(..., remote_id=...) or vrh.load(..., remote_id=...)") from err
+    try:
+        yield
+    except RemoteError as err:
+        text = str(err)
+        if text.startswith("Failed to send request"):
+            raise RemoteExecutionError(f"the NDIF server at {host} refused the request for {key}: {text}") from err
+        raise RemoteExecutionError(f"the NDIF server at {host} reported an error running {key}:\n{text}\n"
+                                   f"hint: {_remote_hint(text)}") from err
+    except OSError as err:  # ConnectionRefusedError, DNS failure, timeouts
+        raise RemoteExecutionError(
+            f"could not reach an NDIF server at {host} ({type(err).__name__}: {err}); set the host with "
+            "nnsight.CONFIG.API.HOST or the NDIF_HOST environment variable, check the server is up, or run "
+            "with remote=False to compute locally") from err
+    except Exception as err:
+        if type(err).__module__.startswith("websocket"):  # e.g. a host that is not an NDIF API
+            raise RemoteExecutionError(f"the NDIF connection to {host} failed ({type(err).__name__}: {err}); "
+                                       "is this host an NDIF API (nnsight.CONFIG.API.HOST)?") from err
+        raise
 
 
 def _prepare_remote(remote: bool | str) -> None:
@@ -89,7 +152,7 @@ def run_forward(vlm: VLM, encoding: Mapping[str, Any], templates: Sequence[Layer
 
     model = vlm.nn
     _prepare_remote(remote)
-    with torch.no_grad():
+    with torch.no_grad(), remote_errors(model, remote):
         with model.trace(**dict(encoding), remote=remote):
             values = nnsight.save(apply_in_order(model, templates))
             logits = nnsight.save(model.output.logits)
@@ -103,7 +166,7 @@ def run_generate(vlm: VLM, encoding: Mapping[str, Any], templates: Sequence[Laye
     model = vlm.nn
     _prepare_remote(remote)
     generate_kwargs.setdefault("do_sample", False)
-    with torch.no_grad(), warnings.catch_warnings():
+    with torch.no_grad(), warnings.catch_warnings(), remote_errors(model, remote):
         warnings.filterwarnings("ignore", message=_OPEN_LOOP_WARNING)
         if not templates:  # an iter loop that touches no module would never advance
             with model.generate(**dict(encoding), max_new_tokens=max_new_tokens, remote=remote,

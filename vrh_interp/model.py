@@ -8,10 +8,17 @@ fixtures, the shipped toy models and 7B checkpoints all go through ``wrap``.
 The nnsight ``TransformersModel`` is built lazily, because wrapping replaces every submodule's forward in
 place (a few percent slower even outside a trace). Plain-PyTorch paths (the references in tests) use
 ``hf_model`` directly.
+
+Remote runs (NDIF) name the model by a key nnsight mints from the hub id the wrapped model was loaded
+from; a model loaded from a local folder has no such id, and minting one asks the hub. ``remote_id``
+(on ``wrap`` / ``load`` / ``VLM``) gives the id the server deployed the model under, used verbatim, with no
+hub call (see docs/recipes/remote.md).
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -19,7 +26,6 @@ from typing import Any, Sequence
 import torch
 from PIL import Image
 
-from vrh_interp.boxes import Box
 from vrh_interp.families import FamilyAdapter, adapter_for_config
 from vrh_interp.families.base import BoxFrame, VisualLayout
 from vrh_interp.heads import HeadGeometry
@@ -42,6 +48,40 @@ class GroundingBatch:
     def prompt_length(self) -> int:
         return int(self.encoding["input_ids"].shape[1])
 
+    def with_answer_tokens(self, answer_ids: Sequence[Sequence[int]], pad_token_id: int, *,
+                           answer_token_type_id: int = 0) -> dict[str, Any]:
+        """The encoding with each row's answer tokens appended after the shared prompt end (teacher forcing).
+
+        Prompts are left-padded, so every prompt ends at ``prompt_length - 1``; answers are RIGHT-padded
+        (masked) to the longest, so answer token j of every row sits at ``prompt_length + j``. Per-token
+        tensors are extended: ``mm_token_type_ids`` with 0 (text), ``token_type_ids`` with the family's
+        ``answer_token_type_id`` (PaliGemma's 0 would put the answer in the bidirectional prefix, so the
+        prompt end would see the answer). Use ``VLM.teacher_forced`` to get the family's value right.
+        """
+        if len(answer_ids) != self.batch_size:
+            raise ValueError(f"{len(answer_ids)} answers for a batch of {self.batch_size}")
+        enc = dict(self.encoding)
+        ids = enc["input_ids"]
+        b, width = ids.shape[0], max((len(a) for a in answer_ids), default=0)
+        extra = torch.full((b, width), pad_token_id, dtype=ids.dtype, device=ids.device)
+        extra_mask = torch.zeros(b, width, dtype=enc["attention_mask"].dtype, device=ids.device)
+        for i, row in enumerate(answer_ids):
+            extra[i, : len(row)] = torch.as_tensor(list(row), dtype=ids.dtype)
+            extra_mask[i, : len(row)] = 1
+        known = {"input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids"}
+        unknown = [k for k, v in enc.items() if k not in known and isinstance(v, torch.Tensor)
+                   and tuple(v.shape[:2]) == tuple(ids.shape)]
+        if unknown:
+            raise ValueError(f"cannot teacher-force an encoding with per-token tensors {unknown}: their value for "
+                             "appended answer tokens is family-specific; extend with_answer_tokens for this family")
+        enc["input_ids"] = torch.cat([ids, extra], dim=1)
+        enc["attention_mask"] = torch.cat([enc["attention_mask"], extra_mask], dim=1)
+        for name, fill in (("mm_token_type_ids", 0), ("token_type_ids", answer_token_type_id)):
+            if name in enc and enc[name].shape == ids.shape:
+                enc[name] = torch.cat([enc[name], torch.full((b, width), fill, dtype=enc[name].dtype, device=ids.device)],
+                                      dim=1)
+        return enc
+
 
 @dataclass
 class VLM:
@@ -52,6 +92,7 @@ class VLM:
     adapter: FamilyAdapter
     model_id: str | None = None
     revision: str | None = None
+    remote_id: str | None = None  # the hub id an NDIF server serves this model under (None: nnsight's default)
     _nnsight_model: Any = field(default=None, repr=False)
 
     @property
@@ -68,9 +109,15 @@ class VLM:
         if self._nnsight_model is None:
             import nnsight
 
-            self._nnsight_model = nnsight.TransformersModel(
-                self.hf_model, task="image-text-to-text", processor=self.processor
-            )
+            if self.remote_id is None:
+                self._nnsight_model = nnsight.TransformersModel(
+                    self.hf_model, task="image-text-to-text", processor=self.processor
+                )
+            else:
+                self._nnsight_model = _remote_keyed_class()(
+                    self.hf_model, task="image-text-to-text", processor=self.processor,
+                    remote_id=self.remote_id, revision=self.revision,
+                )
         return self._nnsight_model
 
     @property
@@ -94,6 +141,12 @@ class VLM:
         frames = [self.adapter.box_frame(encoding, size, i, processor=self.processor) for i, size in enumerate(sizes)]
         return GroundingBatch(encoding=encoding, layouts=layouts, frames=frames, prompts=prompts)
 
+    def teacher_forced(self, batch: GroundingBatch, answer_ids: Sequence[Sequence[int]]) -> dict[str, Any]:
+        """``batch``'s encoding with ``answer_ids`` appended after the prompts (see ``with_answer_tokens``)."""
+        pad = self.tokenizer.pad_token_id
+        return batch.with_answer_tokens(answer_ids, pad if pad is not None else self.tokenizer.eos_token_id,
+                                        answer_token_type_id=self.adapter.answer_token_type_id)
+
     def answer_lengths(self, generated: torch.Tensor, prompt_length: int) -> list[int]:
         """Answer tokens per row: the new tokens before the first EOS (tokenizer's or generation config's) / pad."""
         stop = {self.tokenizer.eos_token_id, self.tokenizer.pad_token_id}
@@ -115,19 +168,53 @@ class VLM:
                 for row, n in zip(new_tokens, self.answer_lengths(generated, prompt_length))]
 
 
+@functools.cache
+def _remote_keyed_class() -> type:
+    """``nnsight.TransformersModel`` whose remote key names ``remote_id`` instead of asking the hub.
+
+    The key is nnsight 0.8.1's own format (``{"repo_id", "revision", ["trust_remote_code"], "task"}`` after
+    ``nnsight.modeling.transformers.TransformersModel:``; a test pins it against nnsight's minting) and
+    names nnsight's class, not this subclass, so the server needs nothing from vrh_interp to resolve it.
+    """
+    import nnsight
+    from transformers.pipelines import TASK_ALIASES
+
+    class RemoteKeyedTransformersModel(nnsight.TransformersModel):
+        def __init__(self, *args: Any, remote_id: str, **kwargs: Any) -> None:
+            self.remote_id = remote_id
+            super().__init__(*args, **kwargs)
+
+        def _remoteable_class(self) -> type:
+            return nnsight.TransformersModel
+
+        def _remoteable_model_key(self) -> str:
+            data: dict[str, Any] = {"repo_id": self.remote_id, "revision": self.revision}
+            if self.kwargs.get("trust_remote_code"):
+                data["trust_remote_code"] = True
+            data["task"] = TASK_ALIASES.get(self.task, self.task)
+            return json.dumps(data)
+
+    return RemoteKeyedTransformersModel
+
+
 def wrap(model: Any, processor: Any, *, adapter: FamilyAdapter | None = None, model_id: str | None = None,
-         revision: str | None = None) -> VLM:
-    """Wrap a HF ``*ForConditionalGeneration`` already in memory (any device / dtype)."""
+         revision: str | None = None, remote_id: str | None = None) -> VLM:
+    """Wrap a HF ``*ForConditionalGeneration`` already in memory (any device / dtype).
+
+    ``remote_id``: the hub id an NDIF server deployed this model under, for ``remote=True`` runs of a model
+    loaded from a local folder or on a machine without hub access (used verbatim; spell it as deployed).
+    """
     if adapter is None:
         adapter = adapter_for_config(model.config)
     model.eval()
     return VLM(hf_model=model, processor=processor, adapter=adapter,
-               model_id=model_id or getattr(model.config, "_name_or_path", None) or None, revision=revision)
+               model_id=model_id or getattr(model.config, "_name_or_path", None) or None, revision=revision,
+               remote_id=remote_id)
 
 
 def load(model_id_or_path: str | os.PathLike[str], *, device_map: Any = None, dtype: Any = None,
          revision: str | None = None, trust_remote_code: bool = False, adapter: FamilyAdapter | None = None,
-         attn_implementation: str = "sdpa", **from_pretrained_kwargs: Any) -> VLM:
+         attn_implementation: str = "sdpa", remote_id: str | None = None, **from_pretrained_kwargs: Any) -> VLM:
     """Load a checkpoint from a hub id or a local folder and wrap it.
 
     ``trust_remote_code`` is never enabled on the user's behalf: HF-native classes are used.
@@ -143,4 +230,4 @@ def load(model_id_or_path: str | os.PathLike[str], *, device_map: Any = None, dt
         attn_implementation=attn_implementation, **from_pretrained_kwargs,
     )
     processor = AutoProcessor.from_pretrained(source, revision=revision, trust_remote_code=trust_remote_code)
-    return wrap(model, processor, adapter=adapter, model_id=source, revision=revision)
+    return wrap(model, processor, adapter=adapter, model_id=source, revision=revision, remote_id=remote_id)

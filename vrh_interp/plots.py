@@ -110,3 +110,243 @@ def attention_overlay(image: Any, grid: np.ndarray, region: tuple[float, float, 
     ax.set_title(title)
     fig.tight_layout()
     return fig
+
+
+def score_map_comparison(a: np.ndarray, b: np.ndarray, labels: tuple[str, str] = ("A", "B"), k: int = 5) -> Any:
+    """Two models' layer x head score maps side by side, and each head's score in A against B.
+
+    Each heatmap has its own colour scale: index transfer is about WHICH heads score high, and two models'
+    scores can differ in scale. In the scatter (one point per head, same index in both grids) heads in A's
+    top-k are red, in B's top-k green, in both black; the rank statistics with chance baselines are
+    ``vrh_interp.transfer.compare_scores``.
+    """
+    from matplotlib.figure import Figure
+
+    if a.shape != b.shape:
+        raise ValueError(f"score maps of different grids {a.shape} vs {b.shape} cannot be compared head by head")
+    layers, heads = a.shape
+    fig = Figure(figsize=(max(10.0, 2 * (heads * 0.4 + 2) + 3.5), max(3.4, layers * 0.35 + 1.8)), dpi=100,
+                 layout="constrained")
+    axes = fig.subplots(1, 3, gridspec_kw={"width_ratios": [1, 1, 0.9]})
+    for ax, scores, label in zip(axes[:2], (a, b), labels):
+        image = ax.imshow(scores, aspect="auto", cmap="viridis", origin="lower", interpolation="nearest")
+        ax.set_xticks(range(heads))
+        ax.set_yticks(range(layers))
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        ax.set_title(f"{label} scores")
+        fig.colorbar(image, ax=ax)
+    k = min(k, a.size)
+    top_a = set(np.argsort(-a.ravel(), kind="stable")[:k])
+    top_b = set(np.argsort(-b.ravel(), kind="stable")[:k])
+    colours = ["black" if i in top_a and i in top_b else "tab:red" if i in top_a else "tab:green" if i in top_b
+               else "lightgrey" for i in range(a.size)]
+    axes[2].scatter(a.ravel(), b.ravel(), c=colours, s=18)
+    axes[2].locator_params(nbins=4)
+    axes[2].set_xlabel(f"{labels[0]} score")
+    axes[2].set_ylabel(f"{labels[1]} score")
+    axes[2].set_title(f"per head; top-{k}: {labels[0]} red, {labels[1]} green, both black", fontsize=8)
+    return fig
+
+
+# Transferred heads are dashed so they stay visible where they coincide with the own curve.
+CROSS_STYLE = {"own": ("tab:red", "o", "-"), "transferred": ("tab:green", "s", "--"), "random": ("tab:blue", "^", "-")}
+
+
+def cross_masking_curves(summary: pd.DataFrame, title: str = "cross-model masking") -> Any:
+    """The paper's Fig. 7: one panel per model, accuracy vs k with that model's own top-k heads, the other
+    model's top-k heads (transferred) and k random heads (pooled seeds) masked, with bootstrap CI bands.
+
+    ``summary`` is ``vrh_interp.transfer.CrossMaskingResult.summary()`` or its CSV read back. Every curve
+    starts at the model's unmasked baseline (k = 0). Panels share the y axis (accuracy in [0, 1]).
+    """
+    from matplotlib.figure import Figure
+
+    models = list(dict.fromkeys(summary["model"]))
+    fig = Figure(figsize=(4.2 * len(models) + 0.6, 4.0), dpi=100)
+    axes = fig.subplots(1, len(models), sharey=True, squeeze=False)[0]
+    for ax, model in zip(axes, models):
+        part = summary[summary["model"] == model]
+        base = part[part["condition"] == "baseline"]
+        for kind, (colour, marker, line) in CROSS_STYLE.items():
+            rows = part[part["condition"] == kind]
+            if kind == "random":
+                rows = rows[rows["seed"].astype(str) == "all"]
+                label = "random (pooled seeds)"
+            elif kind == "own":
+                label = f"own top-k ({model})"
+            else:
+                sources = rows["heads_from"].dropna().unique()
+                label = f"transferred top-k ({sources[0] if len(sources) else '?'})"
+            rows = pd.concat([base, rows]).sort_values("k")
+            if len(rows) < 2:
+                continue
+            ax.plot(rows["k"], rows["accuracy"], marker=marker, linestyle=line, color=colour, label=label)
+            ax.fill_between(rows["k"], rows["accuracy_ci_low"], rows["accuracy_ci_high"], color=colour, alpha=0.15)
+        ax.set_title(f"heads masked in {model}")
+        ax.set_xticks(sorted(int(k) for k in part["k"].unique()))
+        ax.set_xlabel("k masked heads")
+        ax.set_ylim(0, 1)
+        ax.legend(fontsize=8)
+    axes[0].set_ylabel("accuracy (IoU >= 0.5)")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+# ------------------------------------------------------------------------------------------ activation patching
+Rect = tuple[float, float, float, float]
+
+
+def _draw_box(ax: Any, box: Rect, colour: str, label: str | None = None, style: str = "-") -> None:
+    from matplotlib.patches import Rectangle
+
+    x1, y1, x2, y2 = box
+    ax.add_patch(Rectangle((x1, y1), x2 - x1, y2 - y1, fill=False, edgecolor=colour, linewidth=2, linestyle=style,
+                           label=label))
+
+
+def pair_panels(images: tuple[Any, Any], boxes: dict[str, Rect | None],
+                titles: tuple[str, str] = ("clean", "corrupted"),
+                answers: tuple[Rect | None, Rect | None] | None = None) -> Any:
+    """A clean/corrupted input pair side by side, every named box drawn on both images.
+
+    ``boxes`` maps a label (e.g. ``"clean referent"``) to a pixel box, ``None`` to skip; ``answers`` are the
+    model's parsed answer boxes on each image (dashed white), ``None`` where it did not parse.
+    """
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7.6, 4.0), dpi=100, layout="constrained")
+    axes = fig.subplots(1, 2)
+    colours = ("lime", "red", "cyan", "orange")
+    for index, (ax, image, title) in enumerate(zip(axes, images, titles)):
+        ax.imshow(image)
+        for (label, box), colour in zip(boxes.items(), colours):
+            if box is not None:
+                _draw_box(ax, box, colour, label)
+        if answers is not None and answers[index] is not None:
+            _draw_box(ax, answers[index], "white", "answer", "--")
+        ax.set_xlim(0, image.size[0])
+        ax.set_ylim(image.size[1], 0)
+        ax.set_axis_off()
+        ax.set_title(title, fontsize=9)
+    axes[1].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
+    return fig
+
+
+def patching_heatmap(grid: np.ndarray, title: str = "recovery per head") -> Any:
+    """Layer x head heatmap of patching recovery, centred on 0 (blue: hurts, red: recovers the clean answer).
+
+    ``grid`` is ``HeadPatchingResult.recovery_grid(layers, heads)`` (NaN for heads not patched); small grids
+    carry the value in each cell.
+    """
+    from matplotlib.colors import TwoSlopeNorm
+
+    layers, heads = grid.shape
+    fig, ax = _figure(max(4.0, heads * 0.5 + 2), max(3.0, layers * 0.45 + 1.5))
+    finite = grid[np.isfinite(grid)]
+    bound = float(np.abs(finite).max()) if finite.size else 1.0
+    bound = bound if bound > 0 else 1.0
+    image = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap="RdBu_r", origin="lower",
+                      norm=TwoSlopeNorm(vcenter=0.0, vmin=-bound, vmax=bound), interpolation="nearest")
+    if grid.size <= 256:
+        for layer in range(layers):
+            for head in range(heads):
+                if np.isfinite(grid[layer, head]):
+                    value = grid[layer, head]
+                    ax.text(head, layer, f"{value:.2f}", ha="center", va="center", fontsize=6,
+                            color="white" if abs(value) > 0.6 * bound else "black")
+    ax.set_xticks(range(heads))
+    ax.set_yticks(range(layers))
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_title(title)
+    fig.colorbar(image, ax=ax, label="recovery")
+    fig.tight_layout()
+    return fig
+
+
+def attribution_scatter(exact: pd.DataFrame, estimate: pd.DataFrame, stats: dict[str, float] | None = None,
+                        label_top: int = 3) -> Any:
+    """Attribution-patching estimate against exact patching recovery, one point per head, with y = x.
+
+    ``exact`` / ``estimate`` are the ``frame`` of ``patch_each_head`` / ``attribution_patching`` (joined on
+    ``head``); ``stats`` is ``compare_rankings(...)`` (its rank correlations go into the title); the
+    ``label_top`` heads of the exact ranking are named.
+    """
+    merged = exact.merge(estimate, on="head", suffixes=("_exact", "_attribution"))
+    fig, ax = _figure(4.6, 4.2)
+    x, y = merged["recovery_exact"].to_numpy(), merged["recovery_attribution"].to_numpy()
+    ax.scatter(x, y, s=16, color="tab:blue")
+    low, high = float(min(x.min(), y.min())), float(max(x.max(), y.max()))
+    ax.plot([low, high], [low, high], linestyle="--", color="grey", linewidth=0.8)
+    for row in merged.nlargest(label_top, "recovery_exact").itertuples():
+        ax.annotate(row.head, (row.recovery_exact, row.recovery_attribution), fontsize=7,
+                    xytext=(3, 3), textcoords="offset points")
+    ax.set_xlabel("exact patching recovery")
+    ax.set_ylabel("attribution estimate")
+    title = "attribution vs exact patching"
+    if stats:
+        title += f"\nSpearman {stats['spearman']:.2f}, Kendall tau-b {stats['kendall_tau_b']:.2f}"
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+REGION_COLOURS = {"head_output": "tab:grey", "clean_referent": "tab:green", "corrupted_referent": "tab:red",
+                  "distractors": "tab:cyan", "background": "tab:olive", "text": "tab:purple"}
+
+
+def position_patching_map(frame: pd.DataFrame, *, image: Any = None, boxes: dict[str, Rect | None] | None = None,
+                          title: str = "key/value patching by region") -> Any:
+    """Recovery per region from ``position_patching`` as bars with bootstrap CIs, one group per head.
+
+    The whole-head ceiling (``head_output``) is the grey bar and a dashed line. With ``image`` and ``boxes``
+    (region name -> a pixel box, e.g. ``{"clean_referent": pair.clean.box, "corrupted_referent":
+    pair.corrupted_box}``) a second panel draws the regions on the image, each labelled with its recovery for
+    the first head.
+    """
+    from matplotlib.figure import Figure
+
+    heads = list(dict.fromkeys(frame["head"]))
+    regions = list(dict.fromkeys(frame["region"]))
+    panels = 2 if image is not None else 1
+    fig = Figure(figsize=(max(5.0, 0.6 * len(regions) * len(heads) + 1.5) + 3.6 * (panels - 1), 3.8), dpi=100,
+                 layout="constrained")
+    axes = fig.subplots(1, panels, squeeze=False, gridspec_kw={"width_ratios": [2.2, 1][:panels]})[0]
+    ax = axes[0]
+    width = 0.8 / len(regions)
+    for h, head in enumerate(heads):
+        part = frame[frame["head"] == head].set_index("region")
+        for r, region in enumerate(regions):
+            if region not in part.index:
+                continue
+            row = part.loc[region]
+            x = h + (r - (len(regions) - 1) / 2) * width
+            error = [[max(row["recovery"] - row["ci_low"], 0.0)], [max(row["ci_high"] - row["recovery"], 0.0)]]
+            ax.bar(x, row["recovery"], width, yerr=error, capsize=2, color=REGION_COLOURS.get(region, "tab:blue"),
+                   label=region if h == 0 else None)
+        if "head_output" in part.index:
+            ceiling = float(part.loc["head_output", "recovery"])
+            ax.hlines(ceiling, h - 0.45, h + 0.45, linestyles="--", colors="grey", linewidth=0.8)
+    ax.axhline(0.0, color="black", linewidth=0.6)
+    ax.set_xticks(range(len(heads)), heads)
+    ax.set_ylabel("recovery")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    if image is not None:
+        first = frame[frame["head"] == heads[0]].set_index("region")["recovery"]
+        overlay = axes[1]
+        overlay.imshow(image)
+        for region, box in (boxes or {}).items():
+            if box is None:
+                continue
+            _draw_box(overlay, box, REGION_COLOURS.get(region, "tab:blue"))
+            if region in first.index:
+                overlay.text(box[0], box[1] - 1, f"{first[region]:.2f}", fontsize=8, va="bottom",
+                             color=REGION_COLOURS.get(region, "tab:blue"), fontweight="bold")
+        overlay.set_xlim(0, image.size[0])
+        overlay.set_ylim(image.size[1], 0)
+        overlay.set_axis_off()
+        overlay.set_title(f"{heads[0]}: recovery per region", fontsize=9)
+    return fig

@@ -2,7 +2,8 @@
 
 The report reads whatever artifacts the run folder holds (``scores-*.json``, ``sweep_summary.csv``,
 ``design_space.csv``, ``sparsity.csv``, ``stability.csv``, ``token_stability.csv``, ``transfer*.csv``,
-``verdicts.csv``) and skips what is absent, so it works for a detect-only run as for a full demo.
+``cross_masking.csv``, ``verdicts.csv``) and skips what is absent, so it works for a detect-only run as
+for a full demo.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ TABLES = (
     ("stability.csv", "Stability: top-k overlap with the all-sample ranking"),
     ("token_stability.csv", "Stability: single random output token vs all output tokens"),
     ("transfer.csv", "Transfer between models sharing a backbone"),
-    ("transfer_masking.csv", "Cross-masking"),
+    ("transfer_masking.csv", "Cross-masking at k*: accuracy drops"),
+    ("cross_masking.csv", "Cross-masking k-sweep: own, transferred and random heads in each model"),
 )
 
 
@@ -48,6 +50,8 @@ def _figures(run: Path) -> list[tuple[str, bytes]]:
         figures.append(("failure decomposition", _png(plots.failure_bars(summary))))
     if (run / "design_space.csv").exists():
         figures.append(("design space", _png(plots.design_space_bars(pd.read_csv(run / "design_space.csv")))))
+    if (run / "cross_masking.csv").exists():
+        figures.append(("cross-model masking", _png(plots.cross_masking_curves(pd.read_csv(run / "cross_masking.csv")))))
     return figures
 
 
@@ -65,8 +69,7 @@ def write_report(run: Path) -> dict[str, Path]:
     md = [f"# vrh-interp report: {run.name}", ""]
     body = [f"<h1>vrh-interp report: {html.escape(run.name)}</h1>"]
     for title, table in tables:
-        md += [f"## {title}", "", table.to_markdown(index=False, floatfmt=".3f") if _has_tabulate() else
-               table.to_string(index=False), ""]
+        md += [f"## {title}", "", markdown_table(table), ""]
         body.append(f"<h2>{html.escape(title)}</h2>" + table.to_html(index=False, float_format=lambda v: f"{v:.3f}",
                                                                       classes="table", border=0))
     for name, png in figures:
@@ -76,8 +79,10 @@ def write_report(run: Path) -> dict[str, Path]:
         data = base64.b64encode(png).decode()
         body.append(f"<figure><img alt='{html.escape(name)}' src='data:image/png;base64,{data}'/>"
                     f"<figcaption>{html.escape(name)}</figcaption></figure>")
+    # wide tables (the sweep summaries) scroll inside their own box instead of widening the page
     style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse;"
-             "font-size:12px}td,th{padding:2px 6px;border-bottom:1px solid #ddd}img{max-width:100%}")
+             "font-size:12px;display:block;overflow-x:auto}td,th{padding:2px 6px;border-bottom:1px solid #ddd}"
+             "img{max-width:100%}")
     page = f"<!doctype html><html><head><meta charset='utf-8'><title>vrh-interp report</title><style>{style}</style>" \
            f"</head><body>{''.join(body)}</body></html>"
     (run / "report.html").write_text(page, encoding="utf-8")
@@ -90,6 +95,13 @@ def _read_table(path: Path) -> pd.DataFrame:
         return pd.read_csv(path)
     except pd.errors.EmptyDataError:
         return pd.DataFrame()
+
+
+def markdown_table(table: pd.DataFrame) -> str:
+    """A DataFrame as a Markdown table (3 decimals); plain text when ``tabulate`` is not installed."""
+    if _has_tabulate():
+        return table.to_markdown(index=False, floatfmt=".3f")
+    return "```\n" + table.to_string(index=False, float_format=lambda v: f"{v:.3f}") + "\n```"
 
 
 def _has_tabulate() -> bool:

@@ -9,7 +9,8 @@ A torn last line (killed mid-write) is dropped and truncated on reopen.
 
 ``manifest.json`` holds the configuration that produced the records (model, data, design, seeds, library
 versions); reopening a folder with a different configuration is refused with the differing keys named,
-because mixing records of two configurations would silently corrupt the table.
+because mixing records of two configurations would silently corrupt the table. A shard's folder (``--shard
+i/n``) records the whole run's configuration plus a ``"shard"`` entry; ``vrh_interp.merge`` joins shard folders.
 """
 
 from __future__ import annotations

@@ -63,3 +63,42 @@ def test_reproduce_end_to_end_and_resume(tmp_path: Path, monkeypatch: pytest.Mon
     pd.testing.assert_frame_equal(resumed.vqa_table, result.vqa_table)
     with pytest.raises(RunMismatchError, match="split_seed"):
         run_reproduce("tiny:qwen2_vl", data, vqa, out, split_seed=1, **arguments)
+
+
+def _folder_bytes(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_sharded_reproduce_merges_into_the_unsharded_run(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Three shards (the last one with no samples at all), merged by `vrh merge`: the unsharded run's tables."""
+    from vrh_interp.cli import main
+    from vrh_interp.merge import ShardMergeError
+    from vrh_interp.reproduce import merge_reproduce_runs
+    from vrh_interp.shards import Shard
+
+    fixtures.write_lmms_refcoco(tmp_path / "refcoco", fixtures.lmms_rows(14))
+    fixtures.write_cvbench(tmp_path / "cv", [{"idx": i, "choices": ["2", "3"], "answer": "(B)"} for i in range(3)])
+    fixtures.write_countbench(tmp_path / "count", [2, 5])
+    data = f"lmms-refcoco:{tmp_path / 'refcoco'}"
+    vqa = [f"cvbench:{tmp_path / 'cv'}", f"countbench:{tmp_path / 'count'}"]
+    arguments = dict(detect_count=6, batch_size=2, max_new_tokens=6, random_seeds=(0, 1), progress=False)
+    whole = run_reproduce("tiny:qwen2_vl", data, vqa, tmp_path / "whole", **arguments)
+    for i in range(3):  # 8 evaluation samples in 4 batches of 2: shards take 2, 2 and 0 batches
+        part = run_reproduce("tiny:qwen2_vl", data, vqa, tmp_path / f"shard{i}", shard=Shard(i, 3), **arguments)
+        assert set(part.failure_split[part.failure_split["key"] == "baseline:k=0"]["n"]) == {[4, 4, 0][i]}
+        assert not (tmp_path / f"shard{i}" / "sweep_summary.csv").exists()
+    with pytest.raises(ShardMergeError, match="shard 2/3 missing"):
+        merge_reproduce_runs(tmp_path / "bad", [tmp_path / "shard0", tmp_path / "shard1"])
+
+    assert main(["merge", str(tmp_path / "merged"), *(str(tmp_path / f"shard{i}") for i in range(3)), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert printed["ks"] == whole.ks and printed["vqa_k"] == whole.vqa_k
+    merged, unsharded = _folder_bytes(tmp_path / "merged"), _folder_bytes(tmp_path / "whole")
+    assert set(merged) == set(unsharded)
+    differing = {name for name in merged if merged[name] != unsharded[name]}
+    assert differing <= {"reproduce.json", "scores-vrh.json"}  # run time and creation time only
+    report, reference = (json.loads((tmp_path / d / "reproduce.json").read_text()) for d in ("merged", "whole"))
+    assert report.pop("seconds") is None and reference.pop("seconds") > 0 and report == reference
+    scores, reference = (json.loads((tmp_path / d / "scores-vrh.json").read_text()) for d in ("merged", "whole"))
+    scores["provenance"].pop("created"), reference["provenance"].pop("created")
+    assert scores == reference

@@ -456,3 +456,43 @@ def vqa_samples(split: Split, index: int, difficulty: int = 1) -> list[VQASample
                 )
             )
     return out
+
+
+def recolour_object(scene: Scene, index: int, colour: str) -> Scene:
+    """The same scene with object ``index`` redrawn in ``colour`` (same pixels, same box)."""
+    if colour not in COLOURS:
+        raise ValueError(f"unknown colour {colour!r}; expected one of {sorted(COLOURS)}")
+    pixels = np.array(scene.image)
+    pixels[scene.object_index_map == index] = COLOURS[colour]
+    objects = list(scene.objects)
+    objects[index] = dataclasses.replace(objects[index], colour=colour)
+    return Scene(seed=scene.seed, image=Image.fromarray(pixels), objects=tuple(objects),
+                 object_index_map=scene.object_index_map.copy())
+
+
+def move_object(scene: Scene, index: int, dx: int, dy: int) -> Scene:
+    """The same scene with object ``index`` shifted by (dx, dy) pixels, every other pixel unchanged.
+
+    Raises ``ValueError`` when the moved object would leave the image or come closer than
+    ``OBJECT_MARGIN_PX`` to another object (the scene invariants: no overlap, fully visible objects).
+    """
+    height, width = scene.object_index_map.shape
+    x1, y1, x2, y2 = scene.objects[index].box
+    nx1, ny1, nx2, ny2 = x1 + dx, y1 + dy, x2 + dx, y2 + dy
+    if nx1 < 1 or ny1 < 1 or nx2 > width - 1 or ny2 > height - 1:
+        raise ValueError(f"moving object {index} by ({dx}, {dy}) leaves the image")
+    m = OBJECT_MARGIN_PX
+    for other, obj in enumerate(scene.objects):
+        ox1, oy1, ox2, oy2 = obj.box
+        if other != index and not (nx2 + m <= ox1 or ox2 + m <= nx1 or ny2 + m <= oy1 or oy2 + m <= ny1):
+            raise ValueError(f"moving object {index} by ({dx}, {dy}) collides with object {other}")
+    mask = scene.object_index_map == index
+    pixels = np.array(scene.image)
+    pixels[mask] = BACKGROUND_RGB
+    pixels[np.roll(mask, (dy, dx), axis=(0, 1))] = COLOURS[scene.objects[index].colour]
+    index_map = scene.object_index_map.copy()
+    index_map[mask] = -1
+    index_map[np.roll(mask, (dy, dx), axis=(0, 1))] = index
+    objects = list(scene.objects)
+    objects[index] = dataclasses.replace(objects[index], box=(nx1, ny1, nx2, ny2))
+    return Scene(seed=scene.seed, image=Image.fromarray(pixels), objects=tuple(objects), object_index_map=index_map)

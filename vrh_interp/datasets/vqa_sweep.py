@@ -10,10 +10,15 @@ Every (benchmark, sample, condition) answer is a record in ``run_dir`` (resumabl
 ``summary()`` gives one row per benchmark x condition (random seeds separately and pooled as seed "all")
 with bootstrap CIs and an exact McNemar test against the baseline on the same samples; ``table()`` lays the
 pooled numbers out as Table 3: rows Baseline / Random / VRH, columns benchmarks, values in percent.
+
+``shard=Shard(i, n)`` answers one shard of every benchmark's questions (``Shard.select`` on each benchmark's
+list, so batches stay those of an unsharded run); ``vrh_interp.merge.merge_runs`` joins the shard folders and
+``vqa_sweep_from_run`` reads the merged folder without the model.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -26,11 +31,12 @@ from vrh_interp.datasets.samples import VQASample
 from vrh_interp.datasets.vqa import score_response
 from vrh_interp.datasets.vqa_prompt import vqa_prompt
 from vrh_interp.evaluation.statistics import bootstrap_ci, mcnemar_exact
-from vrh_interp.evaluation.sweep import Condition, random_control
+from vrh_interp.evaluation.sweep import Condition, condition_order, random_control
 from vrh_interp.heads import HeadGeometry, HeadSet
 from vrh_interp.model import VLM
 from vrh_interp.provenance import model_provenance
-from vrh_interp.runs import RunFolder
+from vrh_interp.runs import RecordLog, RunFolder
+from vrh_interp.shards import Shard, shard_config
 
 TABLE_ROWS: dict[str, str] = {"baseline": "Baseline", "random": "Random", "top": "VRH"}
 RECORD_COLUMNS: list[str] = ["benchmark", "sample_id", "condition", "kind", "k", "seed", "response", "prediction",
@@ -110,8 +116,11 @@ class VQASweepResult:
 def vqa_sweep(vlm: VLM, samples: Sequence[VQASample], heads: HeadSet, *, random_seeds: Sequence[int] = (0, 1, 2),
               detected: HeadSet | None = None, exclude_first_layer: bool = False, batch_size: int = 8,
               run_dir: str | Path | None = None, progress: bool = True,
-              remote: bool | str = False) -> VQASweepResult:
-    """Answer every sample unmasked, with ``heads`` masked and with random controls; resumable via ``run_dir``."""
+              remote: bool | str = False, shard: Shard | None = None) -> VQASweepResult:
+    """Answer every sample unmasked, with ``heads`` masked and with random controls; resumable via ``run_dir``.
+
+    With ``shard``, only that shard of each benchmark's samples is answered and the result holds those records.
+    """
     if not samples:
         raise ValueError("vqa_sweep needs at least one VQA sample")
     if batch_size < 1:
@@ -125,15 +134,18 @@ def vqa_sweep(vlm: VLM, samples: Sequence[VQASample], heads: HeadSet, *, random_
     config = {"kind": "vqa_sweep", "model": model_provenance(vlm),
               "samples": {b: [s.sample_id for s in samples if s.benchmark == b] for b in benchmarks},
               "conditions": {c.key: c.heads.to_list() for c in conditions}}
-    log = RunFolder(run_dir, config).log("vqa_records") if run_dir is not None else None
+    log = RunFolder(run_dir, shard_config(config, shard, batch_size)).log("vqa_records") \
+        if run_dir is not None else None
+    mine = {b: [s for s in samples if s.benchmark == b] for b in benchmarks}
+    if shard is not None:
+        mine = {b: shard.select(part, batch_size) for b, part in mine.items()}
     records: list[dict[str, Any]] = log.read() if log else []
     done = {(r["benchmark"], r["sample_id"], r["condition"]) for r in records}
-    bar = tqdm(total=len(conditions) * len(samples), initial=len(done), desc="vqa sweep: masked answers",
-               disable=not progress, unit="answer")
+    bar = tqdm(total=len(conditions) * sum(map(len, mine.values())), initial=len(done),
+               desc="vqa sweep: masked answers", disable=not progress, unit="answer")
     for condition in conditions:
         for benchmark in benchmarks:
-            todo = [s for s in samples if s.benchmark == benchmark and
-                    (benchmark, s.sample_id, condition.key) not in done]
+            todo = [s for s in mine[benchmark] if (benchmark, s.sample_id, condition.key) not in done]
             for start in range(0, len(todo), batch_size):
                 chunk = todo[start: start + batch_size]
                 responses = answer_batch(vlm, chunk, condition.heads, remote=remote,
@@ -149,5 +161,30 @@ def vqa_sweep(vlm: VLM, samples: Sequence[VQASample], heads: HeadSet, *, random_
                 records.extend(new)
                 bar.update(len(chunk))
     bar.close()
+    return VQASweepResult(records=pd.DataFrame(records, columns=RECORD_COLUMNS), conditions=conditions,
+                          benchmarks=benchmarks)
+
+
+def vqa_sweep_from_run(run_dir: str | Path) -> VQASweepResult:
+    """The result of a complete VQA sweep folder (e.g. merged shards), read without the model: what
+    ``vqa_sweep`` on the same samples returns."""
+    run_dir = Path(run_dir)
+    manifest = run_dir / "manifest.json"
+    if not manifest.exists():
+        raise FileNotFoundError(f"{run_dir} is not a run folder (no manifest.json)")
+    config = json.loads(manifest.read_text(encoding="utf-8"))
+    if config.get("kind") != "vqa_sweep":
+        raise ValueError(f"{run_dir} holds a {config.get('kind')!r} run, not a VQA sweep")
+    if "shard" in config:
+        raise ValueError(f"{run_dir} holds shard {config['shard']['index']}/{config['shard']['count']} only: merge "
+                         "all shards first (vrh merge OUT SHARD_FOLDERS...) and read the merged folder")
+    records = RecordLog(run_dir / "vqa_records.jsonl").read()
+    expected = len(config["conditions"]) * sum(map(len, config["samples"].values()))
+    if len({(r["benchmark"], r["sample_id"], r["condition"]) for r in records}) != expected:
+        raise ValueError(f"{run_dir} is incomplete: {expected - len(records)} answers are missing; rerun its command "
+                         "to resume it")
+    # the manifest keeps mappings key-sorted; the log keeps the run's order (condition, then benchmark)
+    conditions = [Condition.from_key(key, HeadSet(config["conditions"][key])) for key in condition_order(records)]
+    benchmarks = list(dict.fromkeys(r["benchmark"] for r in records))
     return VQASweepResult(records=pd.DataFrame(records, columns=RECORD_COLUMNS), conditions=conditions,
                           benchmarks=benchmarks)

@@ -133,6 +133,8 @@ class FamilyAdapter(ABC):
     attention_attr: ClassVar[str] = "self_attn"
     output_projection_attr: ClassVar[str] = "o_proj"
     non_causal_image_attention: ClassVar[bool] = False
+    # ``token_type_ids`` value of answer tokens appended for teacher forcing (PaliGemma: 1 = causal suffix)
+    answer_token_type_id: ClassVar[int] = 0
 
     # ------------------------------------------------------------------ architecture
     def text_config(self) -> Any:

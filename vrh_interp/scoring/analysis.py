@@ -6,14 +6,14 @@ variants differ only in aggregation, and stability resamples the stored samples 
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import pandas as pd
 
-from vrh_interp.evaluation.sweep import Condition, run_conditions
+from vrh_interp.evaluation.sweep import Condition, SweepResult, run_conditions
 from vrh_interp.heads import HeadSet
 from vrh_interp.model import VLM
 from vrh_interp.samples import GroundingSampleLike
@@ -29,18 +29,27 @@ def design_variants(include_presets: bool = True) -> dict[str, ScoringDesign]:
     return variants
 
 
-def design_space(vlm: VLM, stats: Sequence[SampleStats], eval_samples: Sequence[GroundingSampleLike], *, k: int = 20,
-                 variants: dict[str, ScoringDesign] | None = None, batch_size: int = 8, max_new_tokens: int = 24,
-                 run_dir: str | Path | None = None, progress: bool = True) -> pd.DataFrame:
-    """Mask each variant's top-k heads on ``eval_samples``; rank variants by the accuracy drop they cause.
-
-    One unmasked baseline is shared by all variants; variants whose top-k sets coincide are evaluated once.
-    """
-    variants = variants or design_variants()
-    detection_ids = {s.sample_id for s in stats}
-    overlap = sorted(detection_ids & {s.sample_id for s in eval_samples})
+def check_disjoint(stats: Sequence[SampleStats], eval_samples: Sequence[GroundingSampleLike]) -> None:
+    overlap = sorted({s.sample_id for s in stats} & {s.sample_id for s in eval_samples})
     if overlap:
         raise ValueError(f"evaluation samples overlap the detection samples (e.g. {overlap[:3]}): use disjoint sets")
+
+
+@dataclass(frozen=True)
+class DesignSpacePlan:
+    """The conditions a design-space search evaluates: one per distinct top-k set, plus the baseline."""
+
+    k: int
+    conditions: list[Condition]
+    rankings: dict[str, HeadSet]  # variant -> its top-k heads
+    key_of: dict[str, str]  # variant -> the key of the condition masking its top-k
+    undefined: list[str]  # variants undefined on these statistics
+
+
+def design_space_plan(stats: Sequence[SampleStats], *, k: int = 20,
+                      variants: dict[str, ScoringDesign] | None = None) -> DesignSpacePlan:
+    """Score every variant from ``stats``; variants whose top-k sets coincide share one condition."""
+    variants = variants or design_variants()
     rankings: dict[str, HeadSet] = {}
     undefined: list[str] = []
     for name, design in variants.items():
@@ -58,22 +67,61 @@ def design_space(vlm: VLM, stats: Sequence[SampleStats], eval_samples: Sequence[
             by_heads[signature] = cond.key
             conditions.append(cond)
         key_of[name] = by_heads[signature]
-    result = run_conditions(vlm, eval_samples, conditions, batch_size=batch_size, max_new_tokens=max_new_tokens,
-                            run_dir=None if run_dir is None else Path(run_dir) / "design_space", progress=progress)
+    return DesignSpacePlan(k, conditions, rankings, key_of, undefined)
+
+
+def design_space_table(plan: DesignSpacePlan, result: SweepResult) -> pd.DataFrame:
+    """Variants ranked by the accuracy drop their top-k causes, from the evaluation of ``plan.conditions``."""
+    if [(c.key, c.heads.to_list()) for c in result.conditions] != [(c.key, c.heads.to_list()) for c in plan.conditions]:
+        raise ValueError("the evaluation was run for other conditions than this plan's (different statistics, "
+                         "k or variants)")
     summary = result.summary().set_index("key")
     baseline = float(summary.loc["baseline:k=0", "accuracy"])
     rows = []
-    for name, heads in rankings.items():
-        masked = summary.loc[key_of[name]]
-        rows.append({"variant": name, "k": k, "top_heads": ",".join(heads.to_list()),
+    for name, heads in plan.rankings.items():
+        masked = summary.loc[plan.key_of[name]]
+        rows.append({"variant": name, "k": plan.k, "top_heads": ",".join(heads.to_list()),
                      "accuracy_masked": float(masked["accuracy"]), "accuracy_ci_low": float(masked["accuracy_ci_low"]),
                      "accuracy_ci_high": float(masked["accuracy_ci_high"]), "baseline_accuracy": baseline,
                      "drop": baseline - float(masked["accuracy"]), "parse_failure_rate": float(masked["parse_failure_rate"]),
                      "p_value_vs_baseline": float(masked["p_value_vs_baseline"])})
-    for name in undefined:
-        rows.append({"variant": name, "k": k, "top_heads": "", "accuracy_masked": float("nan"),
+    for name in plan.undefined:
+        rows.append({"variant": name, "k": plan.k, "top_heads": "", "accuracy_masked": float("nan"),
                      "baseline_accuracy": baseline, "drop": float("nan")})
     return pd.DataFrame(rows).sort_values("drop", ascending=False, na_position="last").reset_index(drop=True)
+
+
+def design_space_from_run(run_dir: str | Path, *, variants: dict[str, ScoringDesign] | None = None) -> pd.DataFrame:
+    """The table of a design-space run folder (``run_dir/detect`` complete, ``run_dir/design_space`` complete,
+    e.g. merged shards), without the model: what ``design_space`` returned for it."""
+    from vrh_interp.evaluation.sweep import sweep_from_run
+    from vrh_interp.scoring.detect import stats_from_run
+
+    result = sweep_from_run(Path(run_dir) / "design_space")
+    k = next((c.k for c in result.conditions if c.kind != "baseline"), 0)
+    plan = design_space_plan(stats_from_run(Path(run_dir) / "detect"), k=k, variants=variants)
+    return design_space_table(plan, result)
+
+
+def design_space(vlm: VLM, stats: Sequence[SampleStats], eval_samples: Sequence[GroundingSampleLike], *, k: int = 20,
+                 variants: dict[str, ScoringDesign] | None = None, batch_size: int = 8, max_new_tokens: int = 24,
+                 run_dir: str | Path | None = None, progress: bool = True,
+                 remote: bool | str = False) -> pd.DataFrame:
+    """Mask each variant's top-k heads on ``eval_samples``; rank variants by the accuracy drop they cause.
+
+    One unmasked baseline is shared by all variants; variants whose top-k sets coincide are evaluated once.
+    The evaluation is stored under ``run_dir / "design_space"``. To split it across machines, run
+    ``run_conditions(vlm, eval_samples, design_space_plan(stats, k=k).conditions, shard=...)`` per shard, merge
+    the folders (``merge_runs``) and pass ``sweep_from_run(merged)`` to ``design_space_table``. ``remote`` is
+    passed to ``run_conditions`` (one request per batch per condition). Only this function runs the model: the
+    plan, the table and the stability analyses work on stored statistics.
+    """
+    check_disjoint(stats, eval_samples)
+    plan = design_space_plan(stats, k=k, variants=variants)
+    result = run_conditions(vlm, eval_samples, plan.conditions, batch_size=batch_size, max_new_tokens=max_new_tokens,
+                            run_dir=None if run_dir is None else Path(run_dir) / "design_space", progress=progress,
+                            remote=remote)
+    return design_space_table(plan, result)
 
 
 def _slug(name: str) -> str:

@@ -121,23 +121,31 @@ def _entropies(last_rows: torch.Tensor, layouts: Sequence[VisualLayout]) -> list
 
 
 def collect_batch(vlm: VLM, samples: Sequence[GroundingSampleLike], *, max_new_tokens: int,
-                  output_source: str = "greedy", ablation: HeadAblation | None = None) -> list[SampleStats]:
+                  output_source: str = "greedy", ablation: HeadAblation | None = None,
+                  remote: bool | str = False) -> list[SampleStats]:
+    """The statistics of one batch from ONE run of the model (a generation, or a forward when teacher-forced).
+
+    ``remote`` is passed to ``run_generate`` / ``run_forward``: the whole batch is one request, and only the
+    reduced per-row statistics (not attention maps) come back.
+    """
     boxes = [as_box(s.box) for s in samples]
     batch = vlm.encode_grounding([s.image for s in samples], [s.expression for s in samples])
     if output_source == "teacher_forced":
-        return _collect_teacher_forced(vlm, samples, boxes, batch)
+        return _collect_teacher_forced(vlm, samples, boxes, batch, remote=remote)
     region, visual, counts = _region_and_visual_masks(batch, boxes)
     in_index, in_valid = _input_rows(batch)
     prefill_rows = torch.cat([in_index, torch.full((batch.batch_size, 1), batch.prompt_length - 1)], dim=1)
     readout = iv.attention_readout(vlm, prefill_rows)
     region_readout = RegionAttentionReadout(readout, region, visual, last_row_map=True)
     templates: list[Any] = [region_readout] + ([ablation] if ablation is not None else [])
-    result = iv.run_generate(vlm, batch.encoding, templates, max_new_tokens=max_new_tokens)
+    result = iv.run_generate(vlm, batch.encoding, templates, max_new_tokens=max_new_tokens, remote=remote)
     layers = sorted(result.steps[0][0])
+    # to the host before stacking: with a device_map the layers' values live on different devices
     first = [result.steps[0][0][layer] for layer in layers]
-    prefill_stats = torch.stack([f[0] for f in first])  # [L, b, H, r+1, 3]
-    last_rows = torch.stack([f[1] for f in first])  # [L, b, H, keys]
-    decode_stats = [torch.stack([step[0][layer] for layer in layers]) for step in result.steps[1:]]  # [L,b,H,1,3]
+    prefill_stats = torch.stack([f[0].cpu() for f in first])  # [L, b, H, r+1, 3]
+    last_rows = torch.stack([f[1].cpu() for f in first])  # [L, b, H, keys]
+    decode_stats = [torch.stack([step[0][layer].cpu() for layer in layers])
+                    for step in result.steps[1:]]  # [L, b, H, 1, 3]
     answers = vlm.decode_answers(result.ids, batch.prompt_length)
     lengths = vlm.answer_lengths(result.ids, batch.prompt_length)
     entropies = _entropies(last_rows, batch.layouts)
@@ -152,6 +160,12 @@ def collect_batch(vlm: VLM, samples: Sequence[GroundingSampleLike], *, max_new_t
     return stats
 
 
+def _rows_array(rows: torch.Tensor) -> np.ndarray:
+    """float32, C-contiguous: the layout a run folder stores, so in-memory and reloaded statistics aggregate
+    to the same bits (numpy's summation order follows the memory layout)."""
+    return np.ascontiguousarray(rows.float().numpy())
+
+
 def _sample_stats(vlm: VLM, sample: GroundingSampleLike, box: Box, batch: GroundingBatch, index: int, answer: str,
                   output_rows: torch.Tensor, input_rows: torch.Tensor, neg_entropy: np.ndarray,
                   region_tokens: int) -> SampleStats:
@@ -159,8 +173,8 @@ def _sample_stats(vlm: VLM, sample: GroundingSampleLike, box: Box, batch: Ground
     ok = not isinstance(parsed, BoxParseFailure)
     return SampleStats(
         sample_id=sample.sample_id,
-        output_rows=output_rows.float().numpy(),
-        input_rows=input_rows.float().numpy(),
+        output_rows=_rows_array(output_rows),
+        input_rows=_rows_array(input_rows),
         neg_entropy=neg_entropy,
         region_tokens=region_tokens,
         answer=answer,
@@ -170,25 +184,13 @@ def _sample_stats(vlm: VLM, sample: GroundingSampleLike, box: Box, batch: Ground
 
 
 def _collect_teacher_forced(vlm: VLM, samples: Sequence[GroundingSampleLike], boxes: Sequence[Box],
-                            batch: GroundingBatch) -> list[SampleStats]:
+                            batch: GroundingBatch, *, remote: bool | str = False) -> list[SampleStats]:
     answers = [vlm.adapter.format_box(box, frame) for box, frame in zip(boxes, batch.frames)]
     answer_ids = [vlm.tokenizer(a, add_special_tokens=False)["input_ids"] for a in answers]
     width = max(len(a) for a in answer_ids)
-    enc = dict(batch.encoding)
-    pad = vlm.tokenizer.pad_token_id
+    # shorter answers are right-padded (masked) after the shared prompt end; their extra rows are ignored
+    enc = vlm.teacher_forced(batch, answer_ids)
     b, s = batch.batch_size, batch.prompt_length
-    # right-align answers after the prompt; pad answers on the LEFT of the answer block is not possible
-    # with a shared prompt end, so shorter answers are padded at the end and their rows ignored.
-    extra = torch.full((b, width), pad, dtype=enc["input_ids"].dtype)
-    extra_mask = torch.zeros(b, width, dtype=enc["attention_mask"].dtype)
-    for i, ids in enumerate(answer_ids):
-        extra[i, : len(ids)] = torch.tensor(ids)
-        extra_mask[i, : len(ids)] = 1
-    enc["input_ids"] = torch.cat([enc["input_ids"], extra.to(enc["input_ids"].device)], dim=1)
-    enc["attention_mask"] = torch.cat([enc["attention_mask"], extra_mask.to(enc["attention_mask"].device)], dim=1)
-    if "mm_token_type_ids" in enc:
-        enc["mm_token_type_ids"] = torch.cat(
-            [enc["mm_token_type_ids"], torch.zeros(b, width, dtype=enc["mm_token_type_ids"].dtype)], dim=1)
     region, visual, counts = _region_and_visual_masks(batch, boxes)
     region = torch.cat([region, torch.zeros(b, width, dtype=torch.bool)], dim=1)
     visual = torch.cat([visual, torch.zeros(b, width, dtype=torch.bool)], dim=1)
@@ -196,7 +198,7 @@ def _collect_teacher_forced(vlm: VLM, samples: Sequence[GroundingSampleLike], bo
     out_index = torch.arange(s - 1, s - 1 + width).unsqueeze(0).expand(b, -1)
     rows = torch.cat([in_index, out_index], dim=1)
     readout = RegionAttentionReadout(iv.attention_readout(vlm, rows), region, visual)
-    result = iv.run_forward(vlm, enc, [readout])
+    result = iv.run_forward(vlm, enc, [readout], remote=remote)
     stats_all = torch.stack([result.values[0][layer] for layer in sorted(result.values[0])])  # [L,b,H,r,3]
     r_in = in_index.shape[1]
     stats = []
@@ -205,14 +207,14 @@ def _collect_teacher_forced(vlm: VLM, samples: Sequence[GroundingSampleLike], bo
         output_rows = stats_all[:, i, :, r_in: r_in + n_out].permute(2, 0, 1, 3)
         input_rows = stats_all[:, i, :, :r_in][:, :, in_valid[i]].permute(2, 0, 1, 3)
         nan_entropy = np.full(output_rows.shape[1:3], np.nan)
-        stats.append(SampleStats(sample.sample_id, output_rows.float().numpy(), input_rows.float().numpy(),
+        stats.append(SampleStats(sample.sample_id, _rows_array(output_rows), _rows_array(input_rows),
                                  nan_entropy, counts[i], answers[i], 1.0, True))
     return stats
 
 
 def collect_stats(vlm: VLM, samples: Sequence[GroundingSampleLike], *, batch_size: int = 8, max_new_tokens: int = 24,
-                  output_source: str = "greedy") -> Iterator[list[SampleStats]]:
-    """Yield the statistics batch by batch (callers persist them as they come)."""
+                  output_source: str = "greedy", remote: bool | str = False) -> Iterator[list[SampleStats]]:
+    """Yield the statistics batch by batch (callers persist them as they come); one model run per batch."""
     for start in range(0, len(samples), batch_size):
         yield collect_batch(vlm, samples[start: start + batch_size], max_new_tokens=max_new_tokens,
-                            output_source=output_source)
+                            output_source=output_source, remote=remote)

@@ -3,11 +3,13 @@
 Statistics are collected once per sample (``collect.py``) and, with ``run_dir``, persisted batch by batch
 (a safetensors file written atomically, then one JSONL record per sample), so an interrupted detection
 resumes where it stopped and any design can later be re-scored from the stored statistics
-(``scores_from_stats``) without touching the model again.
+(``scores_from_stats``) without touching the model again. ``collect_detection_stats(..., shard=...)`` collects
+one shard's samples; ``scores_from_run`` scores a merged (or any complete) run folder without the model.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any, Sequence
@@ -17,13 +19,14 @@ from safetensors.numpy import load_file, save_file
 from tqdm.auto import tqdm
 
 from vrh_interp.model import VLM
-from vrh_interp.provenance import library_versions, model_provenance, now_utc
+from vrh_interp.provenance import library_versions, model_provenance, now_utc, remote_provenance
 from vrh_interp.runs import RecordLog, RunFolder
 from vrh_interp.samples import GroundingSampleLike, check_samples
 from vrh_interp.scoring.aggregate import aggregate
 from vrh_interp.scoring.collect import SampleStats, collect_batch
 from vrh_interp.scoring.design import ScoringDesign, resolve_design
 from vrh_interp.scoring.scores import HeadScores
+from vrh_interp.shards import Shard, shard_config
 
 
 def _save_batch(stats_dir: Path, name: str, batch: Sequence[SampleStats]) -> str:
@@ -80,25 +83,38 @@ def detection_config(vlm: VLM, samples: Sequence[GroundingSampleLike], *, output
 def collect_detection_stats(vlm: VLM, samples: Sequence[GroundingSampleLike], *, batch_size: int = 8,
                             max_new_tokens: int = 24, output_source: str = "greedy",
                             run_dir: str | Path | None = None, dataset: str | None = None,
-                            progress: bool = True) -> list[SampleStats]:
-    """Collect (or resume collecting) the per-sample statistics every scoring design needs."""
+                            progress: bool = True, shard: Shard | None = None,
+                            remote: bool | str = False) -> list[SampleStats]:
+    """Collect (or resume collecting) the per-sample statistics every scoring design needs.
+
+    ``remote`` (``True``: NDIF at nnsight's configured host; ``"local"``: serialised as for NDIF, run here)
+    sends one request per batch of ``batch_size`` samples. It is not part of the run folder's configuration:
+    remote and local runs give the same statistics, so either may resume the other.
+
+    With ``shard``, only that shard's samples (``Shard.select``) are processed and returned; ``samples`` is
+    still the full list (the run folder records it, so ``merge_runs`` can check the shards fit together).
+    """
     check_samples(samples, minimum=1, what="detection samples")
     if batch_size < 1:
         raise ValueError("batch_size must be >= 1")
-    config = detection_config(vlm, samples, output_source=output_source, max_new_tokens=max_new_tokens,
-                              dataset=dataset)
+    config = shard_config(detection_config(vlm, samples, output_source=output_source, max_new_tokens=max_new_tokens,
+                                           dataset=dataset), shard, batch_size)
+    mine = shard.select(samples, batch_size) if shard is not None else list(samples)
+    position = {s.sample_id: p for p, s in enumerate(samples)}
     folder = RunFolder(run_dir, config) if run_dir is not None else None
     log = folder.log("detect_records") if folder else None
     done = {r["sample_id"] for r in log.read()} if log else set()
-    todo = [s for s in samples if s.sample_id not in done]
+    todo = [s for s in mine if s.sample_id not in done]
     collected: list[SampleStats] = []
-    bar = tqdm(total=len(samples), initial=len(samples) - len(todo), desc="detect: scoring samples",
+    bar = tqdm(total=len(mine), initial=len(mine) - len(todo), desc="detect: scoring samples",
                disable=not progress, unit="sample")
     for start in range(0, len(todo), batch_size):
         chunk = todo[start: start + batch_size]
-        batch_stats = collect_batch(vlm, chunk, max_new_tokens=max_new_tokens, output_source=output_source)
+        batch_stats = collect_batch(vlm, chunk, max_new_tokens=max_new_tokens, output_source=output_source,
+                                    remote=remote)
         if folder is not None and log is not None:
-            name = f"batch-{len(done) + start:06d}-{chunk[0].sample_id}".replace(os.sep, "_")
+            # named by the batch's position in the FULL list: a shard writes the files an unsharded run writes
+            name = f"batch-{position[chunk[0].sample_id]:06d}-{chunk[0].sample_id}".replace(os.sep, "_")
             file = _save_batch(folder.path / "detect_stats", name, batch_stats)
             log.append({"sample_id": s.sample_id, "file": file, "index": i, "region_tokens": s.region_tokens,
                         "answer": s.answer, "iou": s.iou, "parsed": s.parsed} for i, s in enumerate(batch_stats))
@@ -107,24 +123,77 @@ def collect_detection_stats(vlm: VLM, samples: Sequence[GroundingSampleLike], *,
     bar.close()
     if folder is not None:
         by_id = {s.sample_id: s for s in load_stats(folder.path)}
-        return [by_id[s.sample_id] for s in samples]
+        return [by_id[s.sample_id] for s in mine]
     return collected
 
 
 def score_heads(vlm: VLM, samples: Sequence[GroundingSampleLike], design: ScoringDesign | str = "vrh", *,
                 batch_size: int = 8, max_new_tokens: int = 24, run_dir: str | Path | None = None,
-                dataset: str | None = None, progress: bool = True) -> HeadScores:
-    """Score every head of ``vlm`` on ``samples`` with ``design`` (a preset name or a ScoringDesign)."""
+                dataset: str | None = None, progress: bool = True, remote: bool | str = False) -> HeadScores:
+    """Score every head of ``vlm`` on ``samples`` with ``design`` (a preset name or a ScoringDesign).
+
+    ``remote``: run the model on NDIF (``True``, nnsight's configured host and API key) or serialise as for
+    NDIF and run in-process (``"local"``), one request per batch; the scores equal a local run's. The
+    provenance records only whether the run was remote (``remote_provenance``), never the host or key.
+
+    To split the work across machines, shard ``collect_detection_stats`` instead, merge the shard folders
+    (``vrh_interp.merge.merge_runs``) and score the merged folder with ``scores_from_run``.
+    """
     design = resolve_design(design)
     stats = collect_detection_stats(vlm, samples, batch_size=batch_size, max_new_tokens=max_new_tokens,
                                     output_source=design.output_source, run_dir=run_dir, dataset=dataset,
-                                    progress=progress)
-    provenance = {
-        **detection_config(vlm, samples, output_source=design.output_source, max_new_tokens=max_new_tokens,
-                           dataset=dataset),
+                                    progress=progress, remote=remote)
+    config = detection_config(vlm, samples, output_source=design.output_source, max_new_tokens=max_new_tokens,
+                              dataset=dataset)
+    return scores_from_stats(stats, design, {**_provenance(config, design, stats),
+                                             "remote": remote_provenance(remote)})
+
+
+def scores_from_run(run_dir: str | Path, design: ScoringDesign | str = "vrh") -> HeadScores:
+    """Score a complete detection run folder (e.g. merged shards) without the model: what ``score_heads`` on
+    the same samples returns (provenance from the folder's manifest)."""
+    design = resolve_design(design)
+    config = _complete_detection_config(Path(run_dir))
+    if config["output_source"] != design.output_source:
+        raise ValueError(f"{run_dir} holds {config['output_source']!r} statistics; design {design.label} needs "
+                         f"{design.output_source!r} ones")
+    stats = stats_from_run(run_dir)
+    return scores_from_stats(stats, design, _provenance(config, design, stats))
+
+
+def stats_from_run(run_dir: str | Path) -> list[SampleStats]:
+    """The statistics of a complete (unsharded or merged) detection run folder, in the run's sample order: what
+    ``collect_detection_stats`` returned for it."""
+    run_dir = Path(run_dir)
+    config = _complete_detection_config(run_dir)
+    by_id = {s.sample_id: s for s in load_stats(run_dir)}
+    return [by_id[i] for i in config["sample_ids"]]
+
+
+def _complete_detection_config(run_dir: Path) -> dict[str, Any]:
+    """The manifest of a detection run folder, after checking the folder is a whole run with every sample."""
+    manifest = run_dir / "manifest.json"
+    if not manifest.exists():
+        raise FileNotFoundError(f"{run_dir} is not a run folder (no manifest.json)")
+    config = json.loads(manifest.read_text(encoding="utf-8"))
+    if config.get("kind") != "detect":
+        raise ValueError(f"{run_dir} holds a {config.get('kind')!r} run, not a detection run")
+    if "shard" in config:
+        raise ValueError(f"{run_dir} holds shard {config['shard']['index']}/{config['shard']['count']} only: merge "
+                         "all shards first (vrh merge OUT SHARD_FOLDERS...) and read the merged folder")
+    done = {r["sample_id"] for r in RecordLog(run_dir / "detect_records.jsonl").read()}
+    missing = [i for i in config["sample_ids"] if i not in done]
+    if missing:
+        raise ValueError(f"{run_dir} is incomplete: {len(missing)} of {len(config['sample_ids'])} samples have no "
+                         f"statistics (e.g. {missing[:3]}); rerun its command to resume it")
+    return config
+
+
+def _provenance(config: dict[str, Any], design: ScoringDesign, stats: Sequence[SampleStats]) -> dict[str, Any]:
+    return {
+        **config,
         "design": design.as_dict(),
         "libraries": library_versions(),
         "created": now_utc(),
         "grounding_accuracy_at_detection": float(np.mean([s.iou >= 0.5 for s in stats])),
     }
-    return scores_from_stats(stats, design, provenance)

@@ -7,7 +7,8 @@ a template pickles by value into a remote (NDIF) request, and it works inside a 
 
 nnsight requires requests in execution order, so several templates at once are applied layer by layer,
 and inside a layer by site: first the attention call's inputs (readout), then the output projection's
-input (capture, ablation, patching). ``apply_in_order`` does that for any mix of templates.
+input (capture, ablation, patching), then (optional site) the MLP's output. ``apply_in_order`` does that
+for any mix of templates.
 """
 
 from __future__ import annotations
@@ -42,9 +43,9 @@ def apply_in_order(model: Any, templates: Sequence[LayerTemplate]) -> list[dict[
     results: list[dict[int, Any]] = [{} for _ in templates]
     layers = sorted({layer for t in templates for layer in t.layers()})
     for layer in layers:
-        for site in ("at_attention_call", "at_output_projection"):
+        for site in ("at_attention_call", "at_output_projection", "at_mlp_output"):
             for index, template in enumerate(templates):
-                if layer in template.layers():
+                if layer in template.layers() and hasattr(template, site):
                     value = getattr(template, site)(model, layer)
                     if value is not None:
                         results[index][layer] = value

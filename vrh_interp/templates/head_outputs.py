@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from vrh_interp.heads import HeadGeometry, HeadSet
+from vrh_interp.heads import Head, HeadGeometry, HeadSet
 from vrh_interp.templates import module_at
 
 
@@ -110,3 +110,55 @@ class HeadOutputPatch:
             per_head[torch.tensor(rows)[:, None, None], pos[None, :, None], torch.tensor(heads)[None, None, :]] = (
                 values.expand(len(rows), -1, -1, -1) if values.shape[0] == 1 else values[rows]
             )
+
+
+@dataclass(frozen=True)
+class RowPairHeadPatch:
+    """Many head patches in ONE forward: for each entry, copy one head's output from source rows to target rows.
+
+    ``patches`` holds ``(layer, head, source_rows, target_rows)``. With a batch laid out as
+    ``[clean_1..clean_n, corrupted block 1, corrupted block 2, ...]`` and one head per corrupted block,
+    one forward measures n pairs x k heads: the exact, batched form of patching every head one at a time.
+    Source rows are read before any write of the same layer, and clean rows are never targets, so each
+    block sees only its own head patched. ``positions`` (None = every position) are shared by all rows:
+    prompts are left-padded, so a position index means the same prompt-end-relative slot in every row.
+    """
+
+    projection_paths: Mapping[int, str]
+    num_heads: int
+    head_dim: int
+    patches: tuple[tuple[int, int, tuple[int, ...], tuple[int, ...]], ...]
+    positions: tuple[int, ...] | None = None
+
+    @classmethod
+    def build(cls, patches: Sequence[tuple[Head, Sequence[int], Sequence[int]]], geometry: HeadGeometry,
+              projection_path: Any, *, positions: Sequence[int] | None = None) -> "RowPairHeadPatch":
+        geometry.validate(HeadSet(sorted({h for h, _, _ in patches})))
+        entries = []
+        for head, source_rows, target_rows in patches:
+            if len(source_rows) != len(target_rows):
+                raise ValueError(f"{head}: {len(source_rows)} source rows but {len(target_rows)} target rows")
+            if set(source_rows) & {r for _, _, t in patches for r in t}:
+                raise ValueError(f"{head}: a source row is also a patch target; keep source rows unpatched")
+            entries.append((head.layer, head.head, tuple(source_rows), tuple(target_rows)))
+        layers = sorted({layer for layer, _, _, _ in entries})
+        return cls({layer: projection_path(layer) for layer in layers}, geometry.num_heads, geometry.head_dim,
+                   tuple(entries), tuple(positions) if positions is not None else None)
+
+    def layers(self) -> Sequence[int]:
+        return tuple(self.projection_paths)
+
+    def at_attention_call(self, model: Any, layer: int) -> None:
+        return None
+
+    def at_output_projection(self, model: Any, layer: int) -> None:
+        x = module_at(model, self.projection_paths[layer]).input
+        batch, seq, _ = x.shape
+        per_head = x.view(batch, seq, self.num_heads, self.head_dim)
+        positions = list(self.positions) if self.positions is not None else list(range(seq))
+        pos = torch.tensor(positions, device=x.device)
+        here = [entry for entry in self.patches if entry[0] == layer]
+        values = [per_head[torch.tensor(src, device=x.device)[:, None], pos[None, :], head].clone()
+                  for _, head, src, _ in here]
+        for (_, head, _, tgt), value in zip(here, values):
+            per_head[torch.tensor(tgt, device=x.device)[:, None], pos[None, :], head] = value

@@ -1,0 +1,365 @@
+"""Activation patching on tiny fixtures, checked against plain-PyTorch hooks (tests/reference.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import tiny_vlm
+from tests.reference import captured_o_proj_inputs, decoder_layers, eager_attention_maps, edited_o_proj_inputs, text_geometry
+from vrh_interp.data.scenes import COLOURS, make_scene, move_object, recolour_object
+from vrh_interp.heads import Head, HeadSet
+from vrh_interp.model import wrap
+from vrh_interp.patching.attribution import attribution_patching, compare_rankings
+from vrh_interp.patching.batch import PairBatch, baseline, logit_differences, prepare_pairs
+from vrh_interp.patching.head_patching import patch_each_head, patch_head_set, patched_answers
+from vrh_interp.patching.mediation import FreezeComponents, _corrupted_values, direct_and_total_effect, mlp_path
+from vrh_interp.patching.pairs import PAIR_KINDS, make_pairs
+from vrh_interp.patching.positions import position_patching
+from vrh_interp.templates.head_outputs import RowPairHeadPatch
+from vrh_interp.testing.tiny import TINY_FAMILIES, build_tiny
+from vrh_interp import interventions as iv
+
+MAX_NEW = 6
+
+
+def _pair_batch(vlm, kind: str = "referent_moved", n: int = 3) -> PairBatch:
+    # random-weight fixtures often give both inputs the same greedy answer: use the referents' boxes
+    return prepare_pairs(vlm, make_pairs(kind, n), targets="ground_truth")
+
+
+def _reference_ld(vlm, pairs: PairBatch, encoding, edits=None) -> np.ndarray:
+    """Logit difference of the corrupted rows from a plain HF forward with optional o_proj pre-hook edits."""
+    model = vlm.hf_model
+    with torch.no_grad():
+        if edits:
+            with edited_o_proj_inputs(model, edits):
+                logits = model(**encoding).logits
+        else:
+            logits = model(**encoding).logits
+    rows = torch.tensor(pairs.corrupted_rows())
+    picked = logits[rows, pairs.metric_positions]
+    return (picked.gather(1, pairs.clean_token[:, None]) - picked.gather(1, pairs.corrupted_token[:, None]))[:, 0].numpy()
+
+
+# --- pairs -------------------------------------------------------------------------------------------------
+
+def _fits(scene, dx: int) -> bool:
+    try:
+        move_object(scene, 0, dx, 0)
+        return True
+    except ValueError:
+        return False
+
+
+def test_move_object_changes_only_the_object_pixels():
+    scene = make_scene("eval", 3, 1)
+    moved = next(move_object(scene, 0, dx, 0) for dx in (25, -25, 20, -20, 30, -30) if _fits(scene, dx))
+    dx = moved.objects[0].box[0] - scene.objects[0].box[0]
+    before, after = np.asarray(scene.image), np.asarray(moved.image)
+    changed = np.any(before != after, axis=-1)
+    old = scene.object_index_map == 0
+    new = moved.object_index_map == 0
+    assert np.array_equal(changed, old ^ new)  # only the object's old and new pixels change
+    assert moved.objects[0].box == tuple(int(v) for v in np.add(scene.objects[0].box, (dx, 0, dx, 0)))
+    assert (after[new] == COLOURS[scene.objects[0].colour]).all()
+    with pytest.raises(ValueError, match="leaves the image"):
+        move_object(scene, 0, 500, 0)
+
+
+def test_recolour_keeps_layout():
+    scene = make_scene("eval", 4, 1)
+    colour = next(c for c in COLOURS if c != scene.objects[0].colour)
+    recoloured = recolour_object(scene, 0, colour)
+    assert np.array_equal(recoloured.object_index_map, scene.object_index_map)
+    assert (np.asarray(recoloured.image)[scene.object_index_map == 0] == COLOURS[colour]).all()
+    others = scene.object_index_map != 0
+    assert (np.asarray(recoloured.image)[others] == np.asarray(scene.image)[others]).all()
+
+
+@pytest.mark.parametrize("kind", PAIR_KINDS)
+def test_pairs_are_deterministic_and_consistent(kind):
+    pairs = make_pairs(kind, 5)
+    again = make_pairs(kind, 5)
+    assert [p.pair_id for p in pairs] == [p.pair_id for p in again]
+    for pair in pairs:
+        assert pair.kind == kind
+        if kind == "expression_swap":
+            assert pair.clean.image is pair.corrupted.image and pair.clean.expression != pair.corrupted.expression
+            assert pair.corrupted_box != tuple(pair.clean.box)
+        else:
+            assert pair.clean.expression == pair.corrupted.expression
+        if kind == "referent_moved":
+            assert pair.corrupted_box != tuple(pair.clean.box)
+        if kind == "referent_recoloured":
+            # the expression now names the other object, whose box is the corrupted answer
+            assert pair.corrupted_box in [tuple(b) for b in pair.corrupted.meta["object_boxes"]]
+            assert pair.corrupted_box != tuple(pair.clean.box)
+
+
+def test_swap_pairs_of_same_length():
+    pairs = make_pairs("expression_swap", 6, same_expression_length=True)
+    assert all(len(p.clean.expression.split()) == len(p.corrupted.expression.split()) for p in pairs)
+
+
+# --- head-output patching --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("family", TINY_FAMILIES)
+def test_patching_every_head_reproduces_the_clean_output(family):
+    """All heads at the answer positions: the corrupted rows' metric equals the clean rows' (MLPs are
+    position-wise and the answer-position tokens are identical, so the residual stream there is clean)."""
+    vlm = tiny_vlm(family)
+    pairs = _pair_batch(vlm)
+    base = baseline(vlm, pairs)
+    result = patch_head_set(vlm, pairs, vlm.geometry.all_heads(), base=base)
+    assert result["recovery"] == pytest.approx(1.0, abs=1e-4)
+    _, encoding = pairs.encode(vlm)
+    template = RowPairHeadPatch.build([(h, list(range(pairs.n)), pairs.corrupted_rows()) for h in vlm.geometry.all_heads()],
+                                      vlm.geometry, iv._projection_path(vlm), positions=pairs.positions("answer"))
+    values = logit_differences(vlm, encoding, pairs.corrupted_rows(), pairs.metric_positions, pairs.clean_token,
+                               pairs.corrupted_token, templates=[template]).numpy()
+    np.testing.assert_allclose(values, base.clean, atol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["llava", "qwen2_vl", "gemma3"])
+def test_patching_from_the_same_run_changes_nothing(family):
+    vlm = tiny_vlm(family)
+    pairs = _pair_batch(vlm)
+    same = PairBatch([type(p)(p.pair_id, p.kind, p.clean, p.clean, None) for p in pairs.pairs], [], pairs.clean_answers,
+                     pairs.clean_answers, pairs.prefixes, pairs.clean_token, pairs.corrupted_token, pairs.prompt_length)
+    _, encoding = same.encode(vlm)
+    unpatched = logit_differences(vlm, encoding, same.corrupted_rows(), same.metric_positions, same.clean_token,
+                                  same.corrupted_token).numpy()
+    template = RowPairHeadPatch.build([(h, list(range(same.n)), same.corrupted_rows()) for h in vlm.geometry.all_heads()],
+                                      vlm.geometry, iv._projection_path(vlm))
+    patched = logit_differences(vlm, encoding, same.corrupted_rows(), same.metric_positions, same.clean_token,
+                                same.corrupted_token, templates=[template]).numpy()
+    np.testing.assert_allclose(patched, unpatched, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["llava", "qwen2_vl", "internvl", "idefics3"])
+@pytest.mark.parametrize("positions", ["answer", "all"])
+def test_each_head_patch_equals_hook_reference(family, positions):
+    vlm = tiny_vlm(family)
+    pairs = _pair_batch(vlm)
+    g = vlm.geometry
+    heads = HeadSet([Head(0, 0), Head(g.num_layers - 1, g.num_heads - 1)])
+    result = patch_each_head(vlm, pairs, heads=heads, positions=positions, heads_per_forward=2, progress=False)
+    _, encoding = pairs.encode(vlm)
+    clean = captured_o_proj_inputs(vlm.hf_model, encoding)
+    n = pairs.n
+    pos = list(pairs.positions(positions)) if positions == "answer" else list(range(encoding["input_ids"].shape[1]))
+    for head in heads:
+        def edit(x, head=head):
+            x[n:2 * n, pos, head.head] = clean[head.layer][:n, pos, head.head]
+        expected = _reference_ld(vlm, pairs, encoding, {head.layer: edit})
+        np.testing.assert_allclose(result.per_pair[head], expected, atol=1e-4)
+    assert set(result.frame["head"]) == {str(h) for h in heads}
+
+
+def test_patched_generation_with_every_head_gives_the_clean_answer():
+    vlm = tiny_vlm("llava")
+    pairs = _pair_batch(vlm)
+    frame = patched_answers(vlm, pairs, vlm.geometry.all_heads(), max_new_tokens=MAX_NEW)
+    assert list(frame["patched_answer"]) == list(frame["clean_answer"])
+    none = patched_answers(vlm, pairs, HeadSet(), max_new_tokens=MAX_NEW)
+    corrupted = [p.corrupted for p in pairs.pairs]
+    batch = vlm.encode_grounding([s.image for s in corrupted], [s.expression for s in corrupted])
+    plain = vlm.hf_model.generate(**batch.encoding, max_new_tokens=MAX_NEW, do_sample=False)
+    assert list(none["patched_answer"]) == vlm.decode_answers(plain, batch.prompt_length)
+
+
+# --- attribution patching -------------------------------------------------------------------------------
+
+def _fresh(family: str, dtype=torch.float32):
+    tiny = build_tiny(family, seed=0)
+    return wrap(tiny.model.to(dtype), tiny.processor)
+
+
+def test_attribution_is_exact_when_the_metric_is_linear_in_the_head_outputs():
+    """Last layer with its MLP zeroed and the final norm removed: logits are linear in its head outputs."""
+    vlm = _fresh("llava")
+    model = vlm.hf_model
+    last = decoder_layers(model)[-1]
+    torch.nn.init.zeros_(last.mlp.down_proj.weight)
+    model.get_decoder().norm = torch.nn.Identity()
+    pairs = _pair_batch(vlm)
+    g = vlm.geometry
+    heads = HeadSet(Head(g.num_layers - 1, h) for h in range(g.num_heads))
+    exact = patch_each_head(vlm, pairs, heads=heads, progress=False)
+    estimate = attribution_patching(vlm, pairs)
+    for head in heads:
+        np.testing.assert_allclose(estimate.per_pair[head.layer, head.head], exact.per_pair[head] - exact.baseline.corrupted,
+                                   rtol=1e-3, atol=1e-4)
+
+
+def test_attribution_equals_the_finite_difference_estimate():
+    """Central differences (error O(alpha^2)) of the metric along clean - corrupted, from plain hooks."""
+    vlm = _fresh("llava", torch.float64)
+    pairs = _pair_batch(vlm)
+    _, encoding = pairs.encode(vlm)
+    encoding = {k: (v.double() if torch.is_floating_point(v) else v) for k, v in encoding.items()}
+    estimate = attribution_patching(vlm, pairs)
+    clean = captured_o_proj_inputs(vlm.hf_model, encoding)
+    n, pos = pairs.n, list(pairs.positions("answer"))
+    alpha = 1e-3
+    for head in [Head(0, 1), Head(1, 0)]:
+        def step(sign: float, head: Head = head):
+            def edit(x):
+                x[n:2 * n, pos, head.head] += sign * alpha * (
+                    clean[head.layer][:n, pos, head.head] - clean[head.layer][n:, pos, head.head])
+            return _reference_ld(vlm, pairs, encoding, {head.layer: edit})
+        central = (step(1.0) - step(-1.0)) / (2 * alpha)
+        np.testing.assert_allclose(estimate.per_pair[head.layer, head.head], central, rtol=2e-2, atol=2e-5)
+
+
+def test_rank_comparison_reports_correlations():
+    vlm = tiny_vlm("llava")
+    pairs = _pair_batch(vlm)
+    exact = patch_each_head(vlm, pairs, progress=False)
+    estimate = attribution_patching(vlm, pairs)
+    summary = compare_rankings(exact, estimate)
+    assert summary["heads"] == len(vlm.geometry.all_heads())
+    assert -1.0 <= summary["spearman"] <= 1.0 and -1.0 <= summary["kendall_tau_b"] <= 1.0
+    same = compare_rankings(exact, type(estimate)(exact.frame, estimate.per_pair, estimate.baseline))
+    assert same["spearman"] == pytest.approx(1.0)
+
+
+# --- key/value-position patching ------------------------------------------------------------------------
+
+def test_value_position_patch_equals_eager_reference():
+    """Values of one head at the referent's visual tokens: output change = p_corrupted[rows, P] @ dV[P]."""
+    vlm = tiny_vlm("llava")
+    pairs = _pair_batch(vlm, "referent_moved")
+    head = Head(1, 1)
+    frame = position_patching(vlm, pairs, [head], regions=["clean_referent"], states="values")
+    batch, encoding = pairs.encode(vlm)
+    from vrh_interp.patching.positions import region_positions
+    source_positions, positions = region_positions(pairs, batch, encoding)["clean_referent"]
+    model = vlm.hf_model
+    num_heads, head_dim = text_geometry(model)
+    kv = model.config.get_text_config().num_key_value_heads
+    group = head.head // (num_heads // kv)
+    values: dict[str, torch.Tensor] = {}
+    handle = decoder_layers(model)[head.layer].self_attn.v_proj.register_forward_hook(
+        lambda _m, _i, out: values.__setitem__("v", out.detach().clone()))
+    with torch.no_grad():
+        model(**encoding)
+    handle.remove()
+    b, s, _ = values["v"].shape
+    v = values["v"].view(b, s, kv, head_dim)[:, :, group]
+    probs = eager_attention_maps(model, encoding)[head.layer][:, head.head]  # [b, q, k]
+    n, rows = pairs.n, list(pairs.positions("answer"))
+
+    def edit(x):
+        for i in range(n):
+            p = positions[i]
+            delta = v[i, source_positions[i]] - v[n + i, p]  # [P, D]
+            x[n + i, rows, head.head] += probs[n + i][rows][:, p] @ delta
+    expected = _reference_ld(vlm, pairs, encoding, {head.layer: edit})
+    base = baseline(vlm, pairs)
+    got = frame.set_index("region").loc["clean_referent", "recovery"]
+    want = float(np.mean(expected - base.corrupted) / np.mean(base.clean - base.corrupted))
+    assert got == pytest.approx(want, abs=1e-4)
+
+
+def test_visual_positions_cannot_matter_in_expression_swaps():
+    """The image precedes the text, so visual keys/values are identical in both runs: recovery exactly 0."""
+    vlm = tiny_vlm("llava")
+    pairs = prepare_pairs(vlm, make_pairs("expression_swap", 3, same_expression_length=True), targets="ground_truth")
+    frame = position_patching(vlm, pairs, [Head(1, 0)], regions=["clean_referent", "background", "text"])
+    by_region = frame.set_index("region")["recovery"]
+    assert by_region["clean_referent"] == pytest.approx(0.0, abs=1e-6)
+    assert by_region["background"] == pytest.approx(0.0, abs=1e-6)
+    assert abs(by_region["text"]) > 1e-4  # the expression differs, so text keys/values do matter
+
+
+def test_regions_follow_the_image_when_padding_differs():
+    """Expressions of different lengths shift the image: regions are mapped through each row's own layout.
+
+    Copied keys keep the clean row's rotary phase, so recovery is near 0 rather than exactly 0; copying
+    the same absolute positions instead would read other patches (recoveries of several percent)."""
+    vlm = tiny_vlm("llava")
+    swaps = [p for p in make_pairs("expression_swap", 12) if len(p.clean.expression) != len(p.corrupted.expression)]
+    pairs = prepare_pairs(vlm, swaps[:3], targets="ground_truth")
+    batch, encoding = pairs.encode(vlm)
+    lengths = encoding["attention_mask"].sum(dim=1)
+    assert (lengths[: pairs.n] != lengths[pairs.n:]).any()
+    with pytest.raises(ValueError, match="equal length"):
+        patch_head_set(vlm, pairs, HeadSet([Head(0, 0)]), positions="all")
+    from vrh_interp.patching.positions import region_positions
+    source, target = region_positions(pairs, batch, encoding)["clean_referent"]
+    for i in range(pairs.n):
+        shift = int(lengths[pairs.n + i] - lengths[i])  # more text in the corrupted row: its image starts earlier
+        assert [s - t for s, t in zip(source[i], target[i])] == [shift] * len(source[i])
+        assert encoding["input_ids"][i, source[i]].eq(vlm.image_token_id).all()
+        assert encoding["input_ids"][pairs.n + i, target[i]].eq(vlm.image_token_id).all()
+
+
+# --- mediation ------------------------------------------------------------------------------------------
+
+def test_freezing_at_the_unpatched_values_changes_nothing():
+    vlm = tiny_vlm("llava")
+    pairs = _pair_batch(vlm)
+    g = vlm.geometry
+    _, encoding = pairs.encode(vlm)
+    rows, positions, layers = pairs.corrupted_rows(), pairs.positions("answer"), list(range(g.num_layers))
+    heads_out, mlps_out = _corrupted_values(vlm, encoding, rows, positions, layers, False)
+    freeze = FreezeComponents({l: iv._projection_path(vlm)(l) for l in layers}, {l: mlp_path(vlm, l) for l in layers},
+                              {l: tuple(range(g.num_heads)) for l in layers}, g.num_heads, g.head_dim, tuple(rows),
+                              positions, heads_out, mlps_out)
+    frozen = logit_differences(vlm, encoding, rows, pairs.metric_positions, pairs.clean_token, pairs.corrupted_token,
+                               templates=[freeze]).numpy()
+    np.testing.assert_allclose(frozen, baseline(vlm, pairs).corrupted, atol=1e-5)
+
+
+def test_direct_effect_of_first_layer_heads_is_what_reaches_the_logits_unmediated():
+    vlm = tiny_vlm("llava")
+    pairs = _pair_batch(vlm)
+    g = vlm.geometry
+    # every head of the last layer: its only downstream component is the last MLP
+    last = HeadSet(Head(g.num_layers - 1, h) for h in range(g.num_heads))
+    effect = direct_and_total_effect(vlm, pairs, last)
+    total = patch_head_set(vlm, pairs, last)
+    assert effect["total"] == pytest.approx(total["recovery"])
+    assert effect["indirect"] == pytest.approx(effect["total"] - effect["direct"])
+    # reference: patch the heads and replace the last MLP's output by its unpatched corrupted value
+    _, encoding = pairs.encode(vlm)
+    model = vlm.hf_model
+    mlp_out: dict[str, torch.Tensor] = {}
+    mlp = decoder_layers(model)[-1].mlp
+    handle = mlp.register_forward_hook(lambda _m, _i, out: mlp_out.__setitem__("v", out.detach().clone()))
+    with torch.no_grad():
+        model(**encoding)
+    handle.remove()
+    clean = captured_o_proj_inputs(model, encoding)
+    n, pos = pairs.n, list(pairs.positions("answer"))
+
+    def edit(x):
+        x[n:2 * n, pos] = clean[g.num_layers - 1][:n, pos]
+
+    def freeze_hook(_m, _i, out):
+        out = out.clone()
+        out[n:2 * n, pos] = mlp_out["v"][n:2 * n, pos]
+        return out
+    handle = mlp.register_forward_hook(freeze_hook)
+    try:
+        expected = _reference_ld(vlm, pairs, encoding, {g.num_layers - 1: edit})
+    finally:
+        handle.remove()
+    base = baseline(vlm, pairs)
+    want = float(np.mean(expected - base.corrupted) / np.mean(base.clean - base.corrupted))
+    assert effect["direct"] == pytest.approx(want, abs=1e-4)
+
+
+@pytest.mark.parametrize("family", TINY_FAMILIES)
+def test_teacher_forcing_does_not_leak_the_answer_into_the_prompt(family):
+    """Appending answer tokens leaves the prompt-end logits unchanged (PaliGemma needs token type 1 for them)."""
+    vlm = tiny_vlm(family)
+    pair = make_pairs("referent_moved", 1)[0]
+    batch = vlm.encode_grounding([pair.clean.image], [pair.clean.expression])
+    with torch.no_grad():
+        prompt_only = vlm.hf_model(**batch.encoding).logits[0, -1]
+        forced = vlm.hf_model(**vlm.teacher_forced(batch, [[5, 6, 7]])).logits[0, batch.prompt_length - 1]
+    torch.testing.assert_close(forced, prompt_only, atol=1e-5, rtol=0)

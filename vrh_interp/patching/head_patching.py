@@ -1,0 +1,147 @@
+"""Head-output patching: copy chosen heads' outputs from the clean run into the corrupted run.
+
+A head's output is its ``head_dim`` slice of the output projection's input (the site ablation zeroes).
+Patching it from clean into corrupted and measuring how much of the clean-vs-corrupted logit difference
+comes back (``recovery``, see ``vrh_interp.patching.batch``) asks: is this head's output, at these
+positions, SUFFICIENT to carry the clean input's answer? The complementary question (necessary?) is
+ablation.
+
+``patch_each_head`` does every head one at a time, exactly, batched: one forward holds the clean rows
+and one copy of the corrupted rows per head (``RowPairHeadPatch``), so ``heads_per_forward`` heads cost
+one pass. ``patch_head_set`` patches a set at once (e.g. the detected VRHs vs random heads), and
+``patched_answers`` lets the corrupted run generate freely after a prefill-only patch, to read the
+effect on the box itself (IoU with the clean box).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import nnsight
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from vrh_interp import interventions as iv
+from vrh_interp.boxes import BoxParseFailure
+from vrh_interp.heads import Head, HeadSet
+from vrh_interp.model import VLM
+from vrh_interp.patching.batch import Baseline, PairBatch, PatchPositions, baseline, logit_differences, recovery, recovery_ci
+from vrh_interp.samples import as_box
+from vrh_interp.templates import apply_in_order
+from vrh_interp.templates.head_outputs import RowPairHeadPatch
+
+
+@dataclass
+class HeadPatchingResult:
+    """Per-head recovery (``frame``), the per-pair patched metric and the unpatched baseline."""
+
+    frame: pd.DataFrame
+    per_pair: dict[Head, np.ndarray]
+    baseline: Baseline
+
+    def recovery_grid(self, num_layers: int, num_heads: int) -> np.ndarray:
+        grid = np.full((num_layers, num_heads), np.nan)
+        for row in self.frame.itertuples():
+            grid[row.layer, row.head_index] = row.recovery
+        return grid
+
+
+def patch_each_head(vlm: VLM, pairs: PairBatch, *, positions: PatchPositions = "answer", heads: HeadSet | None = None,
+                    heads_per_forward: int = 8, base: Baseline | None = None, remote: bool | str = False,
+                    progress: bool = True) -> HeadPatchingResult:
+    """Patch each head alone (clean -> corrupted) at ``positions``; recovery with a bootstrap CI per head."""
+    heads = vlm.geometry.validate(heads if heads is not None else vlm.geometry.all_heads())
+    base = base if base is not None else baseline(vlm, pairs, remote=remote)
+    n = pairs.n
+    clean_rows = list(range(n))
+    per_pair: dict[Head, np.ndarray] = {}
+    chunks = [list(heads)[i: i + heads_per_forward] for i in range(0, len(heads), heads_per_forward)]
+    for chunk in tqdm(chunks, desc="patching heads", disable=not progress):
+        _, encoding = pairs.encode(vlm, copies=len(chunk))
+        pairs.require_aligned(encoding, positions)
+        template = RowPairHeadPatch.build(
+            [(head, clean_rows, pairs.corrupted_rows(k)) for k, head in enumerate(chunk)],
+            vlm.geometry, iv._projection_path(vlm), positions=pairs.positions(positions))
+        rows = [r for k in range(len(chunk)) for r in pairs.corrupted_rows(k)]
+        k = len(chunk)
+        values = logit_differences(vlm, encoding, rows, pairs.metric_positions.repeat(k),
+                                   pairs.clean_token.repeat(k), pairs.corrupted_token.repeat(k),
+                                   templates=[template], remote=remote).numpy()
+        for j, head in enumerate(chunk):
+            per_pair[head] = values[j * n: (j + 1) * n]
+    records = []
+    for head, values in per_pair.items():
+        low, high = recovery_ci(values, base)
+        records.append({"head": str(head), "layer": head.layer, "head_index": head.head,
+                        "recovery": recovery(values, base), "ci_low": low, "ci_high": high,
+                        "n_pairs": n, "positions": positions})
+    return HeadPatchingResult(pd.DataFrame(records), per_pair, base)
+
+
+def patch_head_set(vlm: VLM, pairs: PairBatch, heads: HeadSet, *, positions: PatchPositions = "answer",
+                   base: Baseline | None = None, remote: bool | str = False) -> dict[str, float]:
+    """Patch every head of ``heads`` at once; recovery with its bootstrap CI."""
+    heads = vlm.geometry.validate(heads)
+    base = base if base is not None else baseline(vlm, pairs, remote=remote)
+    _, encoding = pairs.encode(vlm)
+    pairs.require_aligned(encoding, positions)
+    clean_rows, corrupted_rows = list(range(pairs.n)), pairs.corrupted_rows()
+    templates = [RowPairHeadPatch.build([(h, clean_rows, corrupted_rows) for h in heads], vlm.geometry,
+                                        iv._projection_path(vlm), positions=pairs.positions(positions))] if len(heads) else []
+    values = logit_differences(vlm, encoding, corrupted_rows, pairs.metric_positions, pairs.clean_token,
+                               pairs.corrupted_token, templates=templates, remote=remote).numpy()
+    low, high = recovery_ci(values, base)
+    return {"heads": len(heads), "recovery": recovery(values, base), "ci_low": low, "ci_high": high,
+            "n_pairs": pairs.n, "positions": positions}
+
+
+def patched_answers(vlm: VLM, pairs: PairBatch, heads: HeadSet, *, positions: PatchPositions = "answer",
+                    max_new_tokens: int = 24, remote: bool | str = False) -> pd.DataFrame:
+    """Greedy answers of the corrupted inputs with ``heads`` patched from the clean rows while generating.
+
+    Clean and corrupted rows generate in lockstep in one batch; at every decode step the heads' outputs
+    at the new token are copied from each clean row to its corrupted row, and in the prefill at the last
+    prompt position (``answer``) or at every prompt position (``all``). So "answer" means every answer
+    position, as in the logit-difference metric. One row per pair: the clean row's answer in the same run, the patched corrupted answer, parse status, IoU of the
+    patched box with the clean (ground-truth) box, with the model's own clean answer and with the
+    corrupted referent's box.
+    """
+    heads = vlm.geometry.validate(heads)
+    rows = [p.clean for p in pairs.pairs] + [p.corrupted for p in pairs.pairs]
+    batch = vlm.encode_grounding([s.image for s in rows], [s.expression for s in rows])
+    pairs.require_aligned(batch.encoding, positions)
+    n = pairs.n
+    entries = [(h, list(range(n)), list(range(n, 2 * n))) for h in heads]
+    prefill = RowPairHeadPatch.build(entries, vlm.geometry, iv._projection_path(vlm),
+                                     positions=None if positions == "all" else (batch.prompt_length - 1,))
+    decode = RowPairHeadPatch.build(entries, vlm.geometry, iv._projection_path(vlm), positions=None)
+    model = vlm.nn
+    iv._prepare_remote(remote)
+    with torch.no_grad(), warnings.catch_warnings(), iv.remote_errors(model, remote):
+        warnings.filterwarnings("ignore", message=iv._OPEN_LOOP_WARNING)
+        with model.generate(max_new_tokens=max_new_tokens, do_sample=False, remote=remote) as tracer:
+            with tracer.invoke(**dict(batch.encoding)):
+                for step in tracer.iter[:]:
+                    apply_in_order(model, [prefill if step == 0 else decode])
+            with tracer.invoke():
+                ids = nnsight.save(tracer.result)
+    answers = vlm.decode_answers(ids, batch.prompt_length)
+    records = []
+    for i, pair in enumerate(pairs.pairs):
+        frame = batch.frames[n + i]
+        parsed = vlm.adapter.parse_box(answers[n + i], frame)
+        ok = not isinstance(parsed, BoxParseFailure)
+        clean_box = vlm.adapter.parse_box(answers[i], batch.frames[i])
+        clean_ok = not isinstance(clean_box, BoxParseFailure)
+        records.append({
+            "pair_id": pair.pair_id, "kind": pair.kind, "clean_answer": answers[i],
+            "patched_answer": answers[n + i], "parsed": ok,
+            "iou_clean_box": parsed.iou(as_box(pair.clean.box)) if ok else 0.0,
+            "iou_clean_answer": parsed.iou(clean_box) if ok and clean_ok else float("nan"),
+            "iou_corrupted_box": (parsed.iou(as_box(pair.corrupted_box)) if ok and pair.corrupted_box is not None
+                                  else float("nan")),
+        })
+    return pd.DataFrame(records)

@@ -1,0 +1,180 @@
+"""Clean/corrupted pairs for grounding, built exactly from the synthetic scenes.
+
+Four kinds, each isolating a different input change (the synthetic scenes make the edits pixel-exact):
+
+* ``expression_swap``: same image, the referring expression of ANOTHER object in it. The image tokens are
+  identical, so any difference in the answer comes from which object the text asks for: the retrieval.
+* ``referent_moved``: same expression, the referent shifted to a free spot (every other pixel identical).
+  The answer must follow the object: where the heads read the referent's location from.
+* ``referent_recoloured``: same expression, the referent's colour swapped with a same-shape distractor's,
+  so the expression now names the distractor (two objects' pixels change, the layout stays).
+* ``different_image``: same expression on another scene (the corrupted referent may not exist there).
+
+Every pair keeps the clean sample's box (what the answer should be) and, where the corrupted input has
+one, the corrupted referent's box (``corrupted.box``; ``None`` in ``corrupted_box`` otherwise).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Literal, Sequence
+
+from vrh_interp.data.scenes import (
+    ExpressionSpec,
+    GroundingSample,
+    NounPhrase,
+    Scene,
+    Split,
+    grounding_samples,
+    make_scene,
+    move_object,
+    recolour_object,
+    resolve,
+)
+
+PairKind = Literal["expression_swap", "referent_moved", "referent_recoloured", "different_image"]
+PAIR_KINDS: tuple[PairKind, ...] = ("expression_swap", "referent_moved", "referent_recoloured", "different_image")
+
+Box = tuple[int, int, int, int]
+MIN_MOVE_PX = 20
+
+
+@dataclass(frozen=True)
+class PatchingPair:
+    """A clean and a corrupted grounding input; ``clean.box`` is the answer the clean input asks for."""
+
+    pair_id: str
+    kind: PairKind
+    clean: GroundingSample
+    corrupted: GroundingSample
+    corrupted_box: Box | None
+    distractor_boxes: tuple[Box, ...] = field(default=())  # other objects of the clean scene
+
+
+def _attribute_spec(sample: GroundingSample) -> ExpressionSpec:
+    q = sample.meta["query_attributes"]
+    return ExpressionSpec("attribute", NounPhrase(shape=q["shape"], colour=q["colour"], size=q["size"]))
+
+
+def _with_scene(sample: GroundingSample, scene: Scene, box: Box, suffix: str) -> GroundingSample:
+    meta = dict(sample.meta, object_boxes=[o.box for o in scene.objects],
+                object_attributes=[(o.colour, o.shape, o.size) for o in scene.objects])
+    return GroundingSample(sample_id=f"{sample.sample_id}-{suffix}", image=scene.image,
+                           expression=sample.expression, box=box, meta=meta)
+
+
+def _distractors(sample: GroundingSample) -> tuple[Box, ...]:
+    target = sample.meta["target_index"]
+    return tuple(tuple(b) for i, b in enumerate(sample.meta["object_boxes"]) if i != target)
+
+
+def expression_swap_pairs(split: Split, index: int, difficulty: int = 1) -> list[PatchingPair]:
+    """Pairs (object i's expression, object j's expression) on one scene, j = the next referable object."""
+    samples = grounding_samples(split, index, difficulty)
+    pairs = []
+    for i, clean in enumerate(samples):
+        if len(samples) < 2:
+            break
+        corrupted = samples[(i + 1) % len(samples)]
+        pairs.append(PatchingPair(f"{clean.sample_id}-swap", "expression_swap", clean, corrupted,
+                                  tuple(corrupted.box), _distractors(clean)))
+    return pairs
+
+
+def referent_moved_pairs(split: Split, index: int, difficulty: int = 1) -> list[PatchingPair]:
+    """Attribute samples of the scene with the referent moved >= ``MIN_MOVE_PX`` to a free spot."""
+    scene = make_scene(split, index, difficulty)
+    pairs = []
+    for sample in grounding_samples(split, index, difficulty, kinds=("attribute",)):
+        target = sample.meta["target_index"]
+        rng = random.Random(scene.seed * 16 + target)
+        for _ in range(200):
+            dx, dy = rng.randint(-60, 60), rng.randint(-60, 60)
+            if abs(dx) + abs(dy) < MIN_MOVE_PX:
+                continue
+            try:
+                moved = move_object(scene, target, dx, dy)
+            except ValueError:
+                continue
+            if resolve(_attribute_spec(sample), moved.objects) != [target]:
+                continue
+            box = moved.objects[target].box
+            pairs.append(PatchingPair(f"{sample.sample_id}-moved", "referent_moved", sample,
+                                      _with_scene(sample, moved, box, "moved"), box, _distractors(sample)))
+            break
+    return pairs
+
+
+def referent_recoloured_pairs(split: Split, index: int, difficulty: int = 1) -> list[PatchingPair]:
+    """Colour-naming attribute samples whose referent swaps colour with a same-shape distractor."""
+    scene = make_scene(split, index, difficulty)
+    pairs = []
+    for sample in grounding_samples(split, index, difficulty, kinds=("attribute",)):
+        spec = _attribute_spec(sample)
+        target = sample.meta["target_index"]
+        if spec.target.colour is None:
+            continue
+        referent = scene.objects[target]
+        for other, obj in enumerate(scene.objects):
+            if other == target or obj.shape != referent.shape or obj.colour == referent.colour:
+                continue
+            swapped = recolour_object(recolour_object(scene, target, obj.colour), other, referent.colour)
+            if resolve(spec, swapped.objects) != [other]:
+                continue
+            box = swapped.objects[other].box
+            pairs.append(PatchingPair(f"{sample.sample_id}-recoloured", "referent_recoloured", sample,
+                                      _with_scene(sample, swapped, box, "recoloured"), box, _distractors(sample)))
+            break
+    return pairs
+
+
+def different_image_pairs(split: Split, index: int, difficulty: int = 1) -> list[PatchingPair]:
+    """Each sample's expression on the NEXT scene of the split; ``corrupted_box`` only where it resolves."""
+    other = make_scene(split, index + 1, difficulty)
+    pairs = []
+    for sample in grounding_samples(split, index, difficulty, kinds=("attribute",)):
+        found = resolve(_attribute_spec(sample), other.objects)
+        box = other.objects[found[0]].box if len(found) == 1 else None
+        corrupted = _with_scene(sample, other, box if box is not None else tuple(sample.box), "other-image")
+        pairs.append(PatchingPair(f"{sample.sample_id}-other-image", "different_image", sample, corrupted, box,
+                                  _distractors(sample)))
+    return pairs
+
+
+_BUILDERS = {
+    "expression_swap": expression_swap_pairs,
+    "referent_moved": referent_moved_pairs,
+    "referent_recoloured": referent_recoloured_pairs,
+    "different_image": different_image_pairs,
+}
+
+
+def make_pairs(kind: PairKind, n: int, *, split: Split = "eval", difficulty: int = 1, start: int = 0,
+               same_expression_length: bool = False) -> list[PatchingPair]:
+    """The first ``n`` pairs of ``kind`` from scenes ``start, start+1, ...`` of ``split`` (deterministic).
+
+    ``same_expression_length`` keeps only pairs whose two expressions have the same number of words
+    (needed to patch at every position of an expression swap; other kinds share the expression).
+    """
+    if kind not in _BUILDERS:
+        raise ValueError(f"unknown pair kind {kind!r}; expected one of {PAIR_KINDS}")
+    step = 2 if kind == "different_image" else 1  # never reuse a corrupted scene as a clean one
+    pairs: list[PatchingPair] = []
+    index = start
+    while len(pairs) < n:
+        for pair in _BUILDERS[kind](split, index, difficulty):
+            if same_expression_length and len(pair.clean.expression.split()) != len(pair.corrupted.expression.split()):
+                continue
+            pairs.append(pair)
+        index += step
+        if index - start > 50 * max(n, 1):
+            raise RuntimeError(f"could not build {n} {kind} pairs from {index - start} scenes")
+    return pairs[:n]
+
+
+def pairs_by_kind(pairs: Sequence[PatchingPair]) -> dict[str, list[PatchingPair]]:
+    grouped: dict[str, list[PatchingPair]] = {}
+    for pair in pairs:
+        grouped.setdefault(pair.kind, []).append(pair)
+    return grouped

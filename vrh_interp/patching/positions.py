@@ -1,0 +1,122 @@
+"""Key/value-position patching: from which input positions does a head's contribution come?
+
+For one head, the keys and values at the positions of ONE region are copied from the clean run into the
+corrupted run, the head's output at the answer positions is recomputed (``HeadKeyValuePatch``), and the
+recovery of the logit difference is measured. Regions, per pair, in prompt positions:
+
+* ``clean_referent`` / ``corrupted_referent``: visual tokens whose patch overlaps the referent's box in
+  the clean / corrupted image (the family's layout rule, the same one head scoring uses);
+* ``distractors``: visual tokens on the other objects (neither referent);
+* ``background``: visual tokens on no object;
+* ``text``: every non-visual position up to the metric position (template, expression, answer prefix).
+
+What to expect by construction: in an ``expression_swap`` pair the image precedes the text, so under
+causal attention every visual key and value is identical in both runs and only ``text`` can recover
+anything (exactly so for expressions of equal length; with unequal lengths the two images sit at
+different positions and the copied keys keep the clean row's rotary phase: near 0, not exactly 0); in ``referent_moved`` / ``referent_recoloured`` pairs the text is identical and only visual
+regions can. ``head_output`` (the whole head output patched at the answer positions) is the ceiling
+any single region is compared with.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+from vrh_interp import interventions as iv
+from vrh_interp.heads import Head, HeadSet
+from vrh_interp.model import VLM, GroundingBatch
+from vrh_interp.patching.batch import Baseline, PairBatch, baseline, logit_differences, recovery, recovery_ci
+from vrh_interp.patching.head_patching import patch_head_set
+from vrh_interp.samples import as_box
+from vrh_interp.templates.position_patch import HeadKeyValuePatch, PatchedStates
+from vrh_interp.templates.readout import attention_call_label
+
+REGIONS: tuple[str, ...] = ("clean_referent", "corrupted_referent", "distractors", "background", "text")
+
+
+def region_positions(pairs: PairBatch, batch: GroundingBatch,
+                     encoding: dict[str, Any]) -> dict[str, tuple[list[list[int]], list[list[int]]]]:
+    """Per region: (positions in each CLEAN row, the matching positions in its CORRUPTED row).
+
+    Visual regions are computed on the visual-token grid and mapped into each row through its own layout,
+    so a region names the same image patches in both rows even when the prompts are padded differently
+    (expressions of different lengths shift the image). ``text`` holds positions aligned from the prompt
+    end (where both rows have text), as everything after the image is. ``batch``/``encoding``: from
+    ``pairs.encode``.
+    """
+    regions: dict[str, tuple[list[list[int]], list[list[int]]]] = {name: ([], []) for name in REGIONS}
+    n = pairs.n
+    mask = encoding["attention_mask"]
+    for i, pair in enumerate(pairs.pairs):
+        clean_layout, layout = batch.layouts[i], batch.layouts[n + i]
+        if len(clean_layout.visual_positions) != len(layout.visual_positions):
+            raise ValueError(f"pair {pair.pair_id}: the clean and corrupted images have different visual token "
+                             "layouts; position patching needs images of the same size")
+        index_of = {position: j for j, position in enumerate(layout.visual_positions)}
+
+        def grid(box: Any) -> set[int]:
+            return {index_of[p] for p in layout.positions_for_box(as_box(tuple(box)))}
+
+        clean = grid(pair.clean.box)
+        corrupted = grid(pair.corrupted_box) if pair.corrupted_box is not None else set()
+        objects = clean | corrupted
+        for box in list(pair.distractor_boxes) + list(pair.corrupted.meta.get("object_boxes", [])):
+            objects |= grid(box)
+        by_index = {
+            "clean_referent": clean,
+            "corrupted_referent": corrupted - clean,
+            "distractors": objects - clean - corrupted,
+            "background": set(range(len(layout.visual_positions))) - objects,
+        }
+        for name, indices in by_index.items():
+            order = sorted(indices)
+            regions[name][0].append([clean_layout.visual_positions[j] for j in order])
+            regions[name][1].append([layout.visual_positions[j] for j in order])
+        visual = set(layout.visual_positions) | set(clean_layout.visual_positions)
+        text = [p for p in range(int(pairs.metric_positions[i]) + 1)
+                if p not in visual and mask[i, p] and mask[n + i, p]]
+        regions["text"][0].append(text)
+        regions["text"][1].append(text)
+    return regions
+
+
+def position_patching(vlm: VLM, pairs: PairBatch, heads: Sequence[Head] | HeadSet, *,
+                      regions: Sequence[str] = REGIONS, states: PatchedStates = "both",
+                      base: Baseline | None = None, remote: bool | str = False) -> pd.DataFrame:
+    """Recovery per (head, region) from patching that head's keys/values at the region, clean -> corrupted."""
+    unknown = [r for r in regions if r not in REGIONS]
+    if unknown:
+        raise ValueError(f"unknown regions {unknown}; expected some of {REGIONS}")
+    heads = vlm.geometry.validate(HeadSet(heads))
+    base = base if base is not None else baseline(vlm, pairs, remote=remote)
+    batch, encoding = pairs.encode(vlm)
+    by_region = region_positions(pairs, batch, encoding)
+    text_config = vlm.hf_model.config.get_text_config()
+    num_kv = getattr(text_config, "num_key_value_heads", None) or vlm.geometry.num_heads
+    n = pairs.n
+    clean_rows, corrupted_rows = list(range(n)), pairs.corrupted_rows()
+    answer_rows = pairs.positions("answer")
+    records = []
+    for head in heads:
+        attention_path = vlm.adapter.attention_path(head.layer)
+        label = attention_call_label(vlm.adapter.attention_module(vlm.nn, head.layer).source.names)
+        whole = patch_head_set(vlm, pairs, HeadSet([head]), base=base, remote=remote)
+        records.append({"head": str(head), "region": "head_output", "recovery": whole["recovery"],
+                        "ci_low": whole["ci_low"], "ci_high": whole["ci_high"], "mean_positions": float("nan"),
+                        "n_pairs": n})
+        for region in regions:
+            source_positions, positions = by_region[region]
+            template = HeadKeyValuePatch.build(
+                head, vlm.geometry, attention_path=attention_path, projection_path=iv._projection_path(vlm)(head.layer),
+                call_label=label, num_key_value_heads=num_kv, source_rows=clean_rows, target_rows=corrupted_rows,
+                key_positions=positions, source_key_positions=source_positions, rows=answer_rows, states=states)
+            values = logit_differences(vlm, encoding, corrupted_rows, pairs.metric_positions, pairs.clean_token,
+                                       pairs.corrupted_token, extra=template.apply, remote=remote).numpy()
+            low, high = recovery_ci(values, base)
+            records.append({"head": str(head), "region": region, "recovery": recovery(values, base),
+                            "ci_low": low, "ci_high": high,
+                            "mean_positions": float(np.mean([len(p) for p in positions])), "n_pairs": n})
+    return pd.DataFrame(records)
