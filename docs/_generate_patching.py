@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 from vrh_interp.cli import main as vrh
+from vrh_interp.patching.study import PatchingStudy, study_markdown
 
 HERE = Path(__file__).resolve().parent
 
@@ -24,7 +25,8 @@ def generate(out: Path, model: str) -> Path:
         raise SystemExit(f"vrh patch failed with status {status}")
     manifest = json.loads((out / "patching.json").read_text())
     versions = ", ".join(f"{k} {v}" for k, v in manifest["provenance"]["versions"].items())
-    body = (out / "patching.md").read_text().split("\n", 1)[1]
+    # the Markdown is rebuilt from the run's tables, so wording rules apply without recomputing
+    body = study_markdown(PatchingStudy.load(out), "").split("\n", 1)[1]
     header = [
         f"# Results: activation patching on the shipped toy model {model.split(':')[-1].upper()}",
         "",
@@ -38,9 +40,34 @@ def generate(out: Path, model: str) -> Path:
         "Model A grounds below its accuracy target (see [toy models](../toy-models.md)); these numbers describe this "
         "model.",
     ]
-    target = HERE / "results" / f"patching-toy-{model.split(':')[-1]}.md"
-    target.write_text("\n".join(header) + "\n" + body, encoding="utf-8")
+    name = model.split(":")[-1]
+    target = HERE / "results" / f"patching-toy-{name}.md"
+    figures = _figures(PatchingStudy.load(out), HERE / "results" / "figures", f"patching-{name}")
+    target.write_text("\n".join(header + ["", *figures]) + "\n" + body, encoding="utf-8")
     return target
+
+
+def _figures(study: PatchingStudy, folder: Path, prefix: str) -> list[str]:
+    """Per pair kind: the layer x head recovery heatmap and the region bars; Markdown image lines."""
+    import numpy as np
+
+    from vrh_interp.plots import patching_heatmap, position_patching_map
+
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = []
+    each = study.tables["each_head"]
+    for kind, part in each.groupby("kind", sort=False):
+        grid = np.full((int(part["layer"].max()) + 1, int(part["head_index"].max()) + 1), np.nan)
+        grid[part["layer"], part["head_index"]] = part["recovery"]
+        path = folder / f"{prefix}-heads-{kind}.png"
+        patching_heatmap(grid, f"recovery per head ({kind})").savefig(path, dpi=100, bbox_inches="tight")
+        lines += [f"![recovery per head, {kind}](figures/{path.name})", ""]
+    for kind, part in study.tables["position_patching"].groupby("kind", sort=False):
+        path = folder / f"{prefix}-positions-{kind}.png"
+        position_patching_map(part, title=f"key/value patching by region ({kind})").savefig(path, dpi=100,
+                                                                                             bbox_inches="tight")
+        lines += [f"![key/value patching by region, {kind}](figures/{path.name})", ""]
+    return lines
 
 
 if __name__ == "__main__":

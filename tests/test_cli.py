@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pandas as pd
 
 from vrh_interp.cli import main
@@ -84,3 +85,32 @@ def test_remote_flag_runs_detection_through_ndif_and_never_prints_the_key(tmp_pa
     assert f"could not reach an NDIF server at {host}" in printed.err
     assert secret not in printed.out + printed.err
     assert all(secret not in f.read_text(encoding="utf-8") for f in out.rglob("*") if f.is_file())
+
+
+def test_patch_command_writes_tables_and_numeric_answers(tmp_path, capsys):
+    out = tmp_path / "patching"
+    status = main(["patch", "--model", "tiny:llava", "--vrhs", "L0H1,L1H0", "--pairs", "3", "--probe-scenes", "12",
+                   "--seeds", "0", "--targets", "ground_truth", "--out", str(out)])
+    assert status == 0
+    printed = capsys.readouterr().out
+    assert "**Location** (referent_moved" in printed and "Spearman" in printed
+    manifest = json.loads((out / "patching.json").read_text())
+    assert manifest["provenance"]["vrhs"] == ["L0H1", "L1H0"]
+    sets = pd.read_csv(out / "head_set_patching.csv")
+    assert set(sets["head_set"]) == {"vrh", "random:seed=0", "all"}
+    # patching every head at the answer positions restores the clean metric exactly
+    assert np.allclose(sets[sets["head_set"] == "all"]["recovery"], 1.0, atol=1e-4)
+    assert (out / "patching.md").read_text().startswith("# Activation patching: tiny:llava")
+
+
+def test_patch_command_resumes_a_finished_run_and_refuses_other_settings(tmp_path, capsys):
+    out = tmp_path / "patching"
+    argv = ["patch", "--model", "tiny:llava", "--vrhs", "L0H1", "--pairs", "2", "--probe-scenes", "12", "--seeds", "0",
+            "--targets", "ground_truth", "--out", str(out)]
+    assert main(argv) == 0
+    first = (out / "head_set_patching.csv").read_text()
+    stamp = (out / "patching.json").stat().st_mtime_ns
+    assert main(argv) == 0  # finished: read back, not recomputed
+    assert (out / "patching.json").stat().st_mtime_ns == stamp and (out / "head_set_patching.csv").read_text() == first
+    assert main(argv[:-2] + ["--pairs", "3", "--out", str(out)]) == 2
+    assert "other settings" in capsys.readouterr().err

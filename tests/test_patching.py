@@ -265,13 +265,18 @@ def test_value_position_patch_equals_eager_reference():
 
 
 def test_visual_positions_cannot_matter_in_expression_swaps():
-    """The image precedes the text, so visual keys/values are identical in both runs: recovery exactly 0."""
+    """The image precedes the text, so visual keys/values are identical in both runs: recovery 0."""
     vlm = tiny_vlm("llava")
-    pairs = prepare_pairs(vlm, make_pairs("expression_swap", 3, same_expression_length=True), targets="ground_truth")
+    candidates = make_pairs("expression_swap", 12, same_expression_length=True)
+    lengths = {p.pair_id: [vlm.encode_grounding([s.image], [s.expression]).prompt_length for s in (p.clean, p.corrupted)]
+               for p in candidates}
+    same = [p for p in candidates if lengths[p.pair_id][0] == lengths[p.pair_id][1]]  # equal TOKEN counts
+    pairs = prepare_pairs(vlm, same[:3], targets="ground_truth")
     frame = position_patching(vlm, pairs, [Head(1, 0)], regions=["clean_referent", "background", "text"])
     by_region = frame.set_index("region")["recovery"]
-    assert by_region["clean_referent"] == pytest.approx(0.0, abs=1e-6)
-    assert by_region["background"] == pytest.approx(0.0, abs=1e-6)
+    # 0 up to the recomputation's float32 rounding (the head output is recomputed outside the sdpa kernel)
+    assert by_region["clean_referent"] == pytest.approx(0.0, abs=5e-5)
+    assert by_region["background"] == pytest.approx(0.0, abs=5e-5)
     assert abs(by_region["text"]) > 1e-4  # the expression differs, so text keys/values do matter
 
 

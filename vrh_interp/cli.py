@@ -1,4 +1,4 @@
-"""The ``vrh`` command line: families, detect, sweep, design-space, merge, reproduce, report, demo.
+"""The ``vrh`` command line: families, detect, sweep, design-space, merge, reproduce, report, demo, patch.
 
 Every long command takes ``--out`` (a run folder: rerunning the same command resumes it), shows progress
 bars, prints a summary table at the end, and ``--json`` prints the machine-readable result instead.
@@ -246,6 +246,26 @@ def cmd_demo(args: argparse.Namespace) -> int:
                     device=args.device, dtype=args.dtype, transfer_model=args.transfer_model, as_json=args.json)
 
 
+def cmd_patch(args: argparse.Namespace) -> int:
+    from vrh_interp.demo import demo_ks
+    from vrh_interp.heads import HeadSet
+    from vrh_interp.patching.study import answers, detect_and_study
+
+    vlm = _load_model(args.model, args.device, args.dtype)
+    top = args.top if args.top is not None else demo_ks(vlm.geometry.total_heads)[1]
+    vrhs = HeadSet.parse(args.vrhs) if args.vrhs else None
+    study = detect_and_study(vlm, Path(args.out), detect_scenes=args.detect, top=top, vrhs=vrhs,
+                             pairs_per_kind=args.pairs, probe_scenes=args.probe_scenes,
+                             random_seeds=[int(s) for s in args.seeds.split(",")], targets=args.targets)
+    if args.json:
+        print(json.dumps({"out": args.out, "facts": study.facts,
+                          "tables": {k: v.to_dict(orient="records") for k, v in study.tables.items()}}, default=str))
+        return 0
+    print("\n".join(f"- {line}" for line in answers(study)))
+    print(f"\nrun folder: {args.out} (patching.md, patching.json and one CSV per table)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vrh", description="Find and test Visual Retrieval Heads in VLMs.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -331,6 +351,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default=None)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("patch", help="activation patching: what the VRHs read out and write (synthetic pairs)")
+    p.add_argument("--model", default="toy:a")
+    p.add_argument("--out", default="runs/patching")
+    p.add_argument("--vrhs", default=None, help="heads to study, e.g. L2H6,L2H7 (default: detect them)")
+    p.add_argument("--detect", type=int, default=200, help="detection scenes (when --vrhs is not given)")
+    p.add_argument("--top", type=int, default=None, help="how many top-scored heads are the VRHs (default: the demo's k*)")
+    p.add_argument("--pairs", type=int, default=48, help="clean/corrupted pairs per kind (held-out eval scenes)")
+    p.add_argument("--probe-scenes", type=int, default=120, help="eval scenes for the linear probes")
+    p.add_argument("--seeds", default="0,1,2", help="random-control seeds")
+    p.add_argument("--targets", choices=("greedy", "ground_truth"), default="greedy",
+                   help="the two answers of a pair: the model's greedy answers, or the referents' boxes")
+    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", default=None)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_patch)
     return parser
 
 

@@ -124,6 +124,7 @@ class VLM:
     def tokenizer(self) -> Any:
         return self.processor.tokenizer
 
+    @property
     def image_token_id(self) -> int:
         return self.adapter.image_token_id(self.processor)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import nnsight
 import numpy as np
@@ -114,20 +115,11 @@ def patched_answers(vlm: VLM, pairs: PairBatch, heads: HeadSet, *, positions: Pa
     batch = vlm.encode_grounding([s.image for s in rows], [s.expression for s in rows])
     pairs.require_aligned(batch.encoding, positions)
     n = pairs.n
-    entries = [(h, list(range(n)), list(range(n, 2 * n))) for h in heads]
-    prefill = RowPairHeadPatch.build(entries, vlm.geometry, iv._projection_path(vlm),
-                                     positions=None if positions == "all" else (batch.prompt_length - 1,))
-    decode = RowPairHeadPatch.build(entries, vlm.geometry, iv._projection_path(vlm), positions=None)
-    model = vlm.nn
-    iv._prepare_remote(remote)
-    with torch.no_grad(), warnings.catch_warnings(), iv.remote_errors(model, remote):
-        warnings.filterwarnings("ignore", message=iv._OPEN_LOOP_WARNING)
-        with model.generate(max_new_tokens=max_new_tokens, do_sample=False, remote=remote) as tracer:
-            with tracer.invoke(**dict(batch.encoding)):
-                for step in tracer.iter[:]:
-                    apply_in_order(model, [prefill if step == 0 else decode])
-            with tracer.invoke():
-                ids = nnsight.save(tracer.result)
+    if len(heads):
+        ids = _generate_with_row_patches(vlm, batch, [(h, list(range(n)), list(range(n, 2 * n))) for h in heads],
+                                         positions, max_new_tokens, remote)
+    else:  # nothing to patch: a loop that touches no module would never advance
+        ids = iv.run_generate(vlm, batch.encoding, max_new_tokens=max_new_tokens, remote=remote).ids
     answers = vlm.decode_answers(ids, batch.prompt_length)
     records = []
     for i, pair in enumerate(pairs.pairs):
@@ -145,3 +137,22 @@ def patched_answers(vlm: VLM, pairs: PairBatch, heads: HeadSet, *, positions: Pa
                                   else float("nan")),
         })
     return pd.DataFrame(records)
+
+
+def _generate_with_row_patches(vlm: VLM, batch: Any, entries: list[tuple[Head, list[int], list[int]]],
+                               positions: PatchPositions, max_new_tokens: int, remote: bool | str) -> torch.Tensor:
+    """Greedy generation with the row patches applied in the prefill (``positions``) and at every decode step."""
+    prefill = RowPairHeadPatch.build(entries, vlm.geometry, iv._projection_path(vlm),
+                                     positions=None if positions == "all" else (batch.prompt_length - 1,))
+    decode = RowPairHeadPatch.build(entries, vlm.geometry, iv._projection_path(vlm), positions=None)
+    model = vlm.nn
+    iv._prepare_remote(remote)
+    with torch.no_grad(), warnings.catch_warnings(), iv.remote_errors(model, remote):
+        warnings.filterwarnings("ignore", message=iv._OPEN_LOOP_WARNING)
+        with model.generate(max_new_tokens=max_new_tokens, do_sample=False, remote=remote) as tracer:
+            with tracer.invoke(**dict(batch.encoding)):
+                for step in tracer.iter[:]:
+                    apply_in_order(model, [prefill if step == 0 else decode])
+            with tracer.invoke():
+                ids = nnsight.save(tracer.result)
+    return ids

@@ -171,10 +171,3 @@ def make_pairs(kind: PairKind, n: int, *, split: Split = "eval", difficulty: int
         if index - start > 50 * max(n, 1):
             raise RuntimeError(f"could not build {n} {kind} pairs from {index - start} scenes")
     return pairs[:n]
-
-
-def pairs_by_kind(pairs: Sequence[PatchingPair]) -> dict[str, list[PatchingPair]]:
-    grouped: dict[str, list[PatchingPair]] = {}
-    for pair in pairs:
-        grouped.setdefault(pair.kind, []).append(pair)
-    return grouped

@@ -48,12 +48,18 @@ class PatchingStudy:
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
     facts: dict[str, Any] = field(default_factory=dict)
 
-    def save(self, out: Path, provenance: dict[str, Any]) -> None:
+    def save(self, out: Path, provenance: dict[str, Any], config: dict[str, Any]) -> None:
+        """CSV per table, then ``patching.json`` LAST: its presence marks a complete run."""
         out.mkdir(parents=True, exist_ok=True)
         for name, table in self.tables.items():
             table.to_csv(out / f"{name}.csv", index=False)
-        (out / "patching.json").write_text(json.dumps({"provenance": provenance, "facts": self.facts,
+        (out / "patching.json").write_text(json.dumps({"config": config, "provenance": provenance, "facts": self.facts,
                                                        "tables": sorted(self.tables)}, indent=1, default=str))
+
+    @classmethod
+    def load(cls, out: Path) -> "PatchingStudy":
+        manifest = json.loads((out / "patching.json").read_text())
+        return cls({name: pd.read_csv(out / f"{name}.csv") for name in manifest["tables"]}, manifest["facts"])
 
 
 def run_patching_study(vlm: VLM, vrhs: HeadSet, *, pairs_per_kind: int = 48, probe_scenes: int = 120,
@@ -175,8 +181,15 @@ def answers(study: PatchingStudy) -> list[str]:
             whole = rows[rows["region"] == "head_output"].iloc[0]["recovery"]
             regions = rows[rows["region"] != "head_output"].set_index("region")["recovery"]
             best = regions.idxmax()
+            if regions.max() >= 0.02:
+                reading = f"largest: {best}"
+            elif whole >= 0.05:
+                reading = ("no region >= 0.02 although the whole head recovers: its effect comes through its query "
+                           "(where it looks), not from changed keys/values")
+            else:
+                reading = "the head's own effect is small"
             cells.append(f"{head}: whole output {whole:.3f}, " + ", ".join(f"{r} {v:.3f}" for r, v in regions.items())
-                         + f" (largest: {best})")
+                         + f" ({reading})")
         lines.append(f"**Positions** ({kind}, keys+values of one head patched at one region): " + "; ".join(cells) + ".")
     for kind in med["kind"].unique():
         part = med[med["kind"] == kind]
@@ -204,12 +217,25 @@ def study_markdown(study: PatchingStudy, title: str, preamble: Sequence[str] = (
 
 def detect_and_study(vlm: VLM, out: Path, *, detect_scenes: int = 200, top: int = 3, vrhs: HeadSet | None = None,
                      pairs_per_kind: int = 48, probe_scenes: int = 120, random_seeds: Sequence[int] = (0, 1, 2),
-                     progress: bool = True) -> PatchingStudy:
-    """Detect the VRHs on ``detect`` scenes (unless given), run the study on ``eval`` scenes, save it in ``out``."""
+                     targets: str = "greedy", progress: bool = True) -> PatchingStudy:
+    """Detect the VRHs on ``detect`` scenes (unless given), run the study on ``eval`` scenes, save it in ``out``.
+
+    Rerunning with the same arguments returns the finished run from ``out`` (detection resumes batch by batch;
+    the study is recomputed unless it completed); other arguments on a finished ``out`` are refused.
+    """
     from vrh_interp.provenance import library_versions, model_provenance
+    from vrh_interp.runs import RunMismatchError
     from vrh_interp.scoring.detect import score_heads
     from vrh_interp.sources import synthetic_samples
 
+    config = {"model": model_provenance(vlm), "detect_scenes": detect_scenes, "top": top,
+              "vrhs": [str(h) for h in vrhs] if vrhs is not None else None, "pairs_per_kind": pairs_per_kind,
+              "probe_scenes": probe_scenes, "random_seeds": list(random_seeds), "targets": targets}
+    if (out / "patching.json").exists():
+        previous = json.loads((out / "patching.json").read_text()).get("config")
+        if json.loads(json.dumps(previous, default=str)) != json.loads(json.dumps(config, default=str)):
+            raise RunMismatchError(f"{out} holds a patching run with other settings; use another --out or delete it")
+        return PatchingStudy.load(out)
     started = time.time()
     detected = vrhs is None
     if vrhs is None:
@@ -217,11 +243,11 @@ def detect_and_study(vlm: VLM, out: Path, *, detect_scenes: int = 200, top: int 
                              dataset=f"synthetic:detect:{detect_scenes}", progress=progress)
         vrhs = scores.top(top)
     study = run_patching_study(vlm, vrhs, pairs_per_kind=pairs_per_kind, probe_scenes=probe_scenes,
-                               random_seeds=random_seeds, progress=progress)
+                               random_seeds=random_seeds, targets=targets, progress=progress)
     study.facts["seconds"] = time.time() - started
     study.facts["vrhs_from"] = f"top {top} of preset vrh on {detect_scenes} detect scenes" if detected else "given"
     provenance = {"model": model_provenance(vlm), "versions": library_versions(), "vrhs": [str(h) for h in vrhs],
                   "vrhs_from": study.facts["vrhs_from"]}
-    study.save(out, provenance)
+    study.save(out, provenance, config)
     (out / "patching.md").write_text(study_markdown(study, f"Activation patching: {vlm.model_id}"), encoding="utf-8")
     return study

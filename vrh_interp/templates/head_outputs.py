@@ -133,6 +133,8 @@ class RowPairHeadPatch:
     @classmethod
     def build(cls, patches: Sequence[tuple[Head, Sequence[int], Sequence[int]]], geometry: HeadGeometry,
               projection_path: Any, *, positions: Sequence[int] | None = None) -> "RowPairHeadPatch":
+        if not patches:
+            raise ValueError("RowPairHeadPatch needs at least one (head, source_rows, target_rows) patch")
         geometry.validate(HeadSet(sorted({h for h, _, _ in patches})))
         entries = []
         for head, source_rows, target_rows in patches:
