@@ -42,7 +42,8 @@ def generate(out: Path, model: str) -> Path:
     ]
     name = model.split(":")[-1]
     target = HERE / "results" / f"patching-toy-{name}.md"
-    figures = _figures(PatchingStudy.load(out), HERE / "results" / "figures", f"patching-{name}")
+    # a folder of its own: docs/_generate_results.py replaces results/figures/ wholesale
+    figures = _figures(PatchingStudy.load(out), HERE / "results" / "patching-figures", f"toy-{name}")
     target.write_text("\n".join(header + ["", *figures]) + "\n" + body, encoding="utf-8")
     return target
 
@@ -61,12 +62,12 @@ def _figures(study: PatchingStudy, folder: Path, prefix: str) -> list[str]:
         grid[part["layer"], part["head_index"]] = part["recovery"]
         path = folder / f"{prefix}-heads-{kind}.png"
         patching_heatmap(grid, f"recovery per head ({kind})").savefig(path, dpi=100, bbox_inches="tight")
-        lines += [f"![recovery per head, {kind}](figures/{path.name})", ""]
+        lines += [f"![recovery per head, {kind}]({folder.name}/{path.name})", ""]
     for kind, part in study.tables["position_patching"].groupby("kind", sort=False):
         path = folder / f"{prefix}-positions-{kind}.png"
         position_patching_map(part, title=f"key/value patching by region ({kind})").savefig(path, dpi=100,
                                                                                              bbox_inches="tight")
-        lines += [f"![key/value patching by region, {kind}](figures/{path.name})", ""]
+        lines += [f"![key/value patching by region, {kind}]({folder.name}/{path.name})", ""]
     return lines
 
 
