@@ -99,3 +99,17 @@ class RunFolder:
 
     def log(self, name: str) -> RecordLog:
         return RecordLog(self.path / f"{name}.jsonl")
+
+
+def whole_run_manifest(run_dir: Path, kind: str, what: str) -> dict[str, Any]:
+    """The manifest of an unsharded (or merged) run folder of ``kind``; ``what`` names the kind in errors."""
+    manifest = Path(run_dir) / "manifest.json"
+    if not manifest.exists():
+        raise FileNotFoundError(f"{run_dir} is not a run folder (no manifest.json)")
+    config = json.loads(manifest.read_text(encoding="utf-8"))
+    if config.get("kind") != kind:
+        raise ValueError(f"{run_dir} holds a {config.get('kind')!r} run, not {what}")
+    if "shard" in config:
+        raise ValueError(f"{run_dir} holds shard {config['shard']['index']}/{config['shard']['count']} only: merge "
+                         "all shards first (vrh merge OUT SHARD_FOLDERS...) and read the merged folder")
+    return config

@@ -18,7 +18,6 @@ list, so batches stay those of an unsharded run); ``vrh_interp.merge.merge_runs`
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -35,7 +34,7 @@ from vrh_interp.evaluation.sweep import Condition, condition_order, random_contr
 from vrh_interp.heads import HeadGeometry, HeadSet
 from vrh_interp.model import VLM
 from vrh_interp.provenance import model_provenance
-from vrh_interp.runs import RecordLog, RunFolder
+from vrh_interp.runs import RecordLog, RunFolder, whole_run_manifest
 from vrh_interp.shards import Shard, shard_config
 
 TABLE_ROWS: dict[str, str] = {"baseline": "Baseline", "random": "Random", "top": "VRH"}
@@ -169,15 +168,7 @@ def vqa_sweep_from_run(run_dir: str | Path) -> VQASweepResult:
     """The result of a complete VQA sweep folder (e.g. merged shards), read without the model: what
     ``vqa_sweep`` on the same samples returns."""
     run_dir = Path(run_dir)
-    manifest = run_dir / "manifest.json"
-    if not manifest.exists():
-        raise FileNotFoundError(f"{run_dir} is not a run folder (no manifest.json)")
-    config = json.loads(manifest.read_text(encoding="utf-8"))
-    if config.get("kind") != "vqa_sweep":
-        raise ValueError(f"{run_dir} holds a {config.get('kind')!r} run, not a VQA sweep")
-    if "shard" in config:
-        raise ValueError(f"{run_dir} holds shard {config['shard']['index']}/{config['shard']['count']} only: merge "
-                         "all shards first (vrh merge OUT SHARD_FOLDERS...) and read the merged folder")
+    config = whole_run_manifest(run_dir, "vqa_sweep", "a VQA sweep")
     records = RecordLog(run_dir / "vqa_records.jsonl").read()
     expected = len(config["conditions"]) * sum(map(len, config["samples"].values()))
     if len({(r["benchmark"], r["sample_id"], r["condition"]) for r in records}) != expected:

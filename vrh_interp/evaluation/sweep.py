@@ -18,7 +18,6 @@ Scale-out. ``shard=Shard(i, n)`` grounds one shard's samples (``vrh_interp.shard
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -32,7 +31,7 @@ from vrh_interp.evaluation.statistics import bootstrap_ci, mcnemar_exact
 from vrh_interp.heads import HeadGeometry, HeadSet
 from vrh_interp.model import VLM
 from vrh_interp.provenance import library_versions, model_provenance
-from vrh_interp.runs import RecordLog, RunFolder
+from vrh_interp.runs import RecordLog, RunFolder, whole_run_manifest
 from vrh_interp.samples import GroundingSampleLike, check_samples
 from vrh_interp.scoring.scores import HeadScores
 from vrh_interp.shards import Shard, shard_config
@@ -202,15 +201,7 @@ def sweep_from_run(run_dir: str | Path, *, iou_threshold: float = 0.5) -> SweepR
     """The result of a complete sweep run folder (e.g. merged shards), read without the model: what ``sweep``
     or ``run_conditions`` on the same samples and conditions returns."""
     run_dir = Path(run_dir)
-    manifest = run_dir / "manifest.json"
-    if not manifest.exists():
-        raise FileNotFoundError(f"{run_dir} is not a run folder (no manifest.json)")
-    config = json.loads(manifest.read_text(encoding="utf-8"))
-    if config.get("kind") != "sweep":
-        raise ValueError(f"{run_dir} holds a {config.get('kind')!r} run, not a sweep")
-    if "shard" in config:
-        raise ValueError(f"{run_dir} holds shard {config['shard']['index']}/{config['shard']['count']} only: merge "
-                         "all shards first (vrh merge OUT SHARD_FOLDERS...) and read the merged folder")
+    config = whole_run_manifest(run_dir, "sweep", "a sweep")
     records = RecordLog(run_dir / "sweep_records.jsonl").read()
     conditions = [Condition.from_key(key, HeadSet(config["conditions"][key])) for key in condition_order(records)]
     if len(conditions) != len(config["conditions"]):

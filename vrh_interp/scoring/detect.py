@@ -9,7 +9,6 @@ one shard's samples; ``scores_from_run`` scores a merged (or any complete) run f
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Sequence
@@ -20,7 +19,7 @@ from tqdm.auto import tqdm
 
 from vrh_interp.model import VLM
 from vrh_interp.provenance import library_versions, model_provenance, now_utc, remote_provenance
-from vrh_interp.runs import RecordLog, RunFolder
+from vrh_interp.runs import RecordLog, RunFolder, whole_run_manifest
 from vrh_interp.samples import GroundingSampleLike, check_samples
 from vrh_interp.scoring.aggregate import aggregate
 from vrh_interp.scoring.collect import SampleStats, collect_batch
@@ -172,15 +171,7 @@ def stats_from_run(run_dir: str | Path) -> list[SampleStats]:
 
 def _complete_detection_config(run_dir: Path) -> dict[str, Any]:
     """The manifest of a detection run folder, after checking the folder is a whole run with every sample."""
-    manifest = run_dir / "manifest.json"
-    if not manifest.exists():
-        raise FileNotFoundError(f"{run_dir} is not a run folder (no manifest.json)")
-    config = json.loads(manifest.read_text(encoding="utf-8"))
-    if config.get("kind") != "detect":
-        raise ValueError(f"{run_dir} holds a {config.get('kind')!r} run, not a detection run")
-    if "shard" in config:
-        raise ValueError(f"{run_dir} holds shard {config['shard']['index']}/{config['shard']['count']} only: merge "
-                         "all shards first (vrh merge OUT SHARD_FOLDERS...) and read the merged folder")
+    config = whole_run_manifest(run_dir, "detect", "a detection run")
     done = {r["sample_id"] for r in RecordLog(run_dir / "detect_records.jsonl").read()}
     missing = [i for i in config["sample_ids"] if i not in done]
     if missing:
