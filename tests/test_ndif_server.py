@@ -220,7 +220,7 @@ def test_templates_reach_the_server_only_because_vrh_interp_registers_itself(
     vlm = toy_vlm()
     batch = vlm.encode_grounding([grounding_samples("detect", 0)[0].image], ["the red circle"])
     ablation = iv.head_ablation(vlm, HeadSet(["L0H0"]))
-    monkeypatch.setattr(iv, "_prepare_remote", lambda remote: None)
+    monkeypatch.setattr(iv, "prepare_remote", lambda remote: None)
     monkeypatch.setattr(cloudpickle_impl, "_PICKLE_BY_VALUE_MODULES",
                         cloudpickle_impl._PICKLE_BY_VALUE_MODULES - {"vrh_interp"})
     with client_host(ndif.host), pytest.raises(RemoteExecutionError) as raised:

@@ -116,7 +116,7 @@ def test_patching_every_head_reproduces_the_clean_output(family):
     assert result["recovery"] == pytest.approx(1.0, abs=1e-4)
     _, encoding = pairs.encode(vlm)
     template = RowPairHeadPatch.build([(h, list(range(pairs.n)), pairs.corrupted_rows()) for h in vlm.geometry.all_heads()],
-                                      vlm.geometry, iv._projection_path(vlm), positions=pairs.positions("answer"))
+                                      vlm.geometry, iv.projection_path(vlm), positions=pairs.positions("answer"))
     values = logit_differences(vlm, encoding, pairs.corrupted_rows(), pairs.metric_positions, pairs.clean_token,
                                pairs.corrupted_token, templates=[template]).numpy()
     np.testing.assert_allclose(values, base.clean, atol=1e-4)
@@ -132,7 +132,7 @@ def test_patching_from_the_same_run_changes_nothing(family):
     unpatched = logit_differences(vlm, encoding, same.corrupted_rows(), same.metric_positions, same.clean_token,
                                   same.corrupted_token).numpy()
     template = RowPairHeadPatch.build([(h, list(range(same.n)), same.corrupted_rows()) for h in vlm.geometry.all_heads()],
-                                      vlm.geometry, iv._projection_path(vlm))
+                                      vlm.geometry, iv.projection_path(vlm))
     patched = logit_differences(vlm, encoding, same.corrupted_rows(), same.metric_positions, same.clean_token,
                                 same.corrupted_token, templates=[template]).numpy()
     np.testing.assert_allclose(patched, unpatched, atol=1e-5)
@@ -311,7 +311,7 @@ def test_freezing_at_the_unpatched_values_changes_nothing():
     _, encoding = pairs.encode(vlm)
     rows, positions, layers = pairs.corrupted_rows(), pairs.positions("answer"), list(range(g.num_layers))
     heads_out, mlps_out = _corrupted_values(vlm, encoding, rows, positions, layers, False)
-    freeze = FreezeComponents({l: iv._projection_path(vlm)(l) for l in layers}, {l: mlp_path(vlm, l) for l in layers},
+    freeze = FreezeComponents({l: iv.projection_path(vlm)(l) for l in layers}, {l: mlp_path(vlm, l) for l in layers},
                               {l: tuple(range(g.num_heads)) for l in layers}, g.num_heads, g.head_dim, tuple(rows),
                               positions, heads_out, mlps_out)
     frozen = logit_differences(vlm, encoding, rows, pairs.metric_positions, pairs.clean_token, pairs.corrupted_token,

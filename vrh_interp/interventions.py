@@ -27,7 +27,7 @@ from vrh_interp.templates.ablation import AblationMode, HeadAblation
 from vrh_interp.templates.head_outputs import HeadOutputCapture, HeadOutputPatch
 from vrh_interp.templates.readout import AttentionRowsReadout, attention_call_label
 
-_OPEN_LOOP_WARNING = r".*was never reached.*"
+OPEN_LOOP_WARNING = r".*was never reached.*"
 
 
 class RemoteExecutionError(RuntimeError):
@@ -89,7 +89,7 @@ def remote_errors(model: Any, remote: bool | str) -> Iterator[None]:
         raise
 
 
-def _prepare_remote(remote: bool | str) -> None:
+def prepare_remote(remote: bool | str) -> None:
     """Ship vrh_interp's template code with a remote request (the server need not have it installed).
 
     ``nnsight.register`` makes cloudpickle serialise the package by value; it is idempotent.
@@ -102,7 +102,7 @@ def _prepare_remote(remote: bool | str) -> None:
 
 def head_ablation(vlm: VLM, heads: HeadSet, *, mode: AblationMode = "zero",
                   means: Mapping[int, torch.Tensor] | None = None) -> HeadAblation:
-    return HeadAblation.build(heads, vlm.geometry, _projection_path(vlm), mode=mode, means=means)
+    return HeadAblation.build(heads, vlm.geometry, projection_path(vlm), mode=mode, means=means)
 
 
 def attention_readout(vlm: VLM, prefill_rows: Sequence[int] | torch.Tensor, *, layers: Sequence[int] | None = None,
@@ -127,11 +127,11 @@ def attention_readout(vlm: VLM, prefill_rows: Sequence[int] | torch.Tensor, *, l
 def head_output_capture(vlm: VLM, layers: Sequence[int] | None = None) -> HeadOutputCapture:
     geometry = vlm.geometry
     return HeadOutputCapture.build(list(layers) if layers is not None else list(range(geometry.num_layers)),
-                                   geometry, _projection_path(vlm))
+                                   geometry, projection_path(vlm))
 
 
 def head_output_patch(vlm: VLM, heads: HeadSet, **kwargs: Any) -> HeadOutputPatch:
-    return HeadOutputPatch.build(heads, vlm.geometry, _projection_path(vlm), **kwargs)
+    return HeadOutputPatch.build(heads, vlm.geometry, projection_path(vlm), **kwargs)
 
 
 @dataclass
@@ -151,7 +151,7 @@ def run_forward(vlm: VLM, encoding: Mapping[str, Any], templates: Sequence[Layer
     import nnsight
 
     model = vlm.nn
-    _prepare_remote(remote)
+    prepare_remote(remote)
     with torch.no_grad(), remote_errors(model, remote):
         with model.trace(**dict(encoding), remote=remote):
             values = nnsight.save(apply_in_order(model, templates))
@@ -164,10 +164,10 @@ def run_generate(vlm: VLM, encoding: Mapping[str, Any], templates: Sequence[Laye
     import nnsight
 
     model = vlm.nn
-    _prepare_remote(remote)
+    prepare_remote(remote)
     generate_kwargs.setdefault("do_sample", False)
     with torch.no_grad(), warnings.catch_warnings(), remote_errors(model, remote):
-        warnings.filterwarnings("ignore", message=_OPEN_LOOP_WARNING)
+        warnings.filterwarnings("ignore", message=OPEN_LOOP_WARNING)
         if not templates:  # an iter loop that touches no module would never advance
             with model.generate(**dict(encoding), max_new_tokens=max_new_tokens, remote=remote,
                                 **generate_kwargs) as tracer:
@@ -183,6 +183,7 @@ def run_generate(vlm: VLM, encoding: Mapping[str, Any], templates: Sequence[Laye
     return GenerateResult(ids=ids, steps=steps)
 
 
-def _projection_path(vlm: VLM) -> Any:
+def projection_path(vlm: VLM) -> Any:
+    """``layer -> dotted path`` of the output projection whose input holds the per-head outputs."""
     adapter = vlm.adapter
     return lambda layer: f"{adapter.attention_path(layer)}.{adapter.output_projection_attr}"

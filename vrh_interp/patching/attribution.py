@@ -52,9 +52,9 @@ def attribution_patching(vlm: VLM, pairs: PairBatch, *, positions: PatchPosition
     metric_positions = pairs.metric_positions
     clean_token, corrupted_token = pairs.clean_token, pairs.corrupted_token  # not `pairs` (images) in a request
     chosen = pairs.positions(positions)
-    paths = [iv._projection_path(vlm)(layer) for layer in range(geometry.num_layers)]
+    paths = [iv.projection_path(vlm)(layer) for layer in range(geometry.num_layers)]
     model = vlm.nn
-    iv._prepare_remote(remote)
+    iv.prepare_remote(remote)
     # in the trace, before `with metric.backward():`, one physical line per statement and no comment lines:
     # nnsight 0.8.1's remote="local" finds that block by line in this file, in the unparsed shipped source
     with torch.enable_grad(), iv.remote_errors(model, remote):

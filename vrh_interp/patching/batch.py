@@ -164,7 +164,7 @@ def logit_differences(vlm: VLM, encoding: dict[str, Any], rows: Sequence[int], p
     templates, e.g. ``HeadKeyValuePatch.apply``). The logits never leave the trace in full.
     """
     model = vlm.nn
-    iv._prepare_remote(remote)
+    iv.prepare_remote(remote)
     row_index = torch.as_tensor(list(rows))
     with torch.no_grad(), iv.remote_errors(model, remote):
         with model.trace(**encoding, remote=remote):

@@ -65,7 +65,7 @@ def patch_each_head(vlm: VLM, pairs: PairBatch, *, positions: PatchPositions = "
         pairs.require_aligned(encoding, positions)
         template = RowPairHeadPatch.build(
             [(head, clean_rows, pairs.corrupted_rows(k)) for k, head in enumerate(chunk)],
-            vlm.geometry, iv._projection_path(vlm), positions=pairs.positions(positions))
+            vlm.geometry, iv.projection_path(vlm), positions=pairs.positions(positions))
         rows = [r for k in range(len(chunk)) for r in pairs.corrupted_rows(k)]
         k = len(chunk)
         values = logit_differences(vlm, encoding, rows, pairs.metric_positions.repeat(k),
@@ -91,7 +91,7 @@ def patch_head_set(vlm: VLM, pairs: PairBatch, heads: HeadSet, *, positions: Pat
     pairs.require_aligned(encoding, positions)
     clean_rows, corrupted_rows = list(range(pairs.n)), pairs.corrupted_rows()
     templates = [RowPairHeadPatch.build([(h, clean_rows, corrupted_rows) for h in heads], vlm.geometry,
-                                        iv._projection_path(vlm), positions=pairs.positions(positions))] if len(heads) else []
+                                        iv.projection_path(vlm), positions=pairs.positions(positions))] if len(heads) else []
     values = logit_differences(vlm, encoding, corrupted_rows, pairs.metric_positions, pairs.clean_token,
                                pairs.corrupted_token, templates=templates, remote=remote).numpy()
     low, high = recovery_ci(values, base)
@@ -142,13 +142,13 @@ def patched_answers(vlm: VLM, pairs: PairBatch, heads: HeadSet, *, positions: Pa
 def _generate_with_row_patches(vlm: VLM, batch: Any, entries: list[tuple[Head, list[int], list[int]]],
                                positions: PatchPositions, max_new_tokens: int, remote: bool | str) -> torch.Tensor:
     """Greedy generation with the row patches applied in the prefill (``positions``) and at every decode step."""
-    prefill = RowPairHeadPatch.build(entries, vlm.geometry, iv._projection_path(vlm),
+    prefill = RowPairHeadPatch.build(entries, vlm.geometry, iv.projection_path(vlm),
                                      positions=None if positions == "all" else (batch.prompt_length - 1,))
-    decode = RowPairHeadPatch.build(entries, vlm.geometry, iv._projection_path(vlm), positions=None)
+    decode = RowPairHeadPatch.build(entries, vlm.geometry, iv.projection_path(vlm), positions=None)
     model = vlm.nn
-    iv._prepare_remote(remote)
+    iv.prepare_remote(remote)
     with torch.no_grad(), warnings.catch_warnings(), iv.remote_errors(model, remote):
-        warnings.filterwarnings("ignore", message=iv._OPEN_LOOP_WARNING)
+        warnings.filterwarnings("ignore", message=iv.OPEN_LOOP_WARNING)
         with model.generate(max_new_tokens=max_new_tokens, do_sample=False, remote=remote) as tracer:
             with tracer.invoke(**dict(batch.encoding)):
                 for step in tracer.iter[:]:

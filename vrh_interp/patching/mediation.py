@@ -99,9 +99,9 @@ def _corrupted_values(vlm: VLM, encoding: dict[str, Any], rows: list[int], posit
     # plain values only inside the trace: a remote request ships what the block references, and `vlm` is
     # the whole local model (weights included)
     shape = (len(rows), len(positions), g.num_heads, g.head_dim)
-    head_paths = {layer: iv._projection_path(vlm)(layer) for layer in layers}
+    head_paths = {layer: iv.projection_path(vlm)(layer) for layer in layers}
     mlp_paths = {layer: mlp_path(vlm, layer) for layer in layers}
-    iv._prepare_remote(remote)
+    iv.prepare_remote(remote)
     with torch.no_grad(), iv.remote_errors(model, remote):
         with model.trace(**encoding, remote=remote):
             heads_out = nnsight.save({})
@@ -131,13 +131,13 @@ def direct_and_total_effect(vlm: VLM, pairs: PairBatch, heads: HeadSet, *, base:
     frozen_heads = {layer: tuple(h for h in range(g.num_heads) if (layer, h) not in {(x.layer, x.head) for x in heads})
                     for layer in layers if layer > first}
     freeze = FreezeComponents(
-        projection_paths={layer: iv._projection_path(vlm)(layer) for layer in frozen_heads},
+        projection_paths={layer: iv.projection_path(vlm)(layer) for layer in frozen_heads},
         mlp_paths={layer: mlp_path(vlm, layer) for layer in layers},
         heads_by_layer=frozen_heads, num_heads=g.num_heads, head_dim=g.head_dim,
         target_rows=tuple(corrupted_rows), positions=positions,
         head_values={layer: head_values[layer] for layer in frozen_heads}, mlp_values=mlp_values)
     patch = RowPairHeadPatch.build([(h, list(range(pairs.n)), corrupted_rows) for h in heads], g,
-                                   iv._projection_path(vlm), positions=positions)
+                                   iv.projection_path(vlm), positions=positions)
     values = logit_differences(vlm, encoding, corrupted_rows, pairs.metric_positions, pairs.clean_token,
                                pairs.corrupted_token, templates=[patch, freeze], remote=remote).numpy()
     direct = recovery(values, base)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Literal, Sequence
+from typing import Literal
 
 from vrh_interp.data.scenes import (
     ExpressionSpec,

@@ -110,7 +110,7 @@ def position_patching(vlm: VLM, pairs: PairBatch, heads: Sequence[Head] | HeadSe
         for region in regions:
             source_positions, positions = by_region[region]
             template = HeadKeyValuePatch.build(
-                head, vlm.geometry, attention_path=attention_path, projection_path=iv._projection_path(vlm)(head.layer),
+                head, vlm.geometry, attention_path=attention_path, projection_path=iv.projection_path(vlm)(head.layer),
                 call_label=label, num_key_value_heads=num_kv, source_rows=clean_rows, target_rows=corrupted_rows,
                 key_positions=positions, source_key_positions=source_positions, rows=answer_rows, states=states)
             values = logit_differences(vlm, encoding, corrupted_rows, pairs.metric_positions, pairs.clean_token,
