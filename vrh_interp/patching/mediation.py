@@ -28,7 +28,7 @@ from vrh_interp.heads import HeadSet
 from vrh_interp.model import VLM
 from vrh_interp.patching.batch import Baseline, PairBatch, baseline, logit_differences, recovery, recovery_ci
 from vrh_interp.patching.head_patching import patch_head_set
-from vrh_interp.templates import module_at
+from vrh_interp.templates import module_at, per_head_view
 from vrh_interp.templates.head_outputs import RowPairHeadPatch
 
 
@@ -70,13 +70,11 @@ class FreezeComponents:
     def at_output_projection(self, model: Any, layer: int) -> None:
         if layer not in self.heads_by_layer:
             return None
-        x = module_at(model, self.projection_paths[layer]).input
-        batch, seq, _ = x.shape
-        per_head = x.view(batch, seq, self.num_heads, self.head_dim)
-        rows = torch.tensor(self.target_rows, device=x.device)
-        pos = torch.tensor(self.positions, device=x.device)
-        heads = torch.tensor(self.heads_by_layer[layer], device=x.device)
-        values = self.head_values[layer][:, :, list(self.heads_by_layer[layer])].to(device=x.device, dtype=x.dtype)
+        per_head = per_head_view(model, self.projection_paths[layer], self.num_heads, self.head_dim)
+        rows = torch.tensor(self.target_rows, device=per_head.device)
+        pos = torch.tensor(self.positions, device=per_head.device)
+        heads = torch.tensor(self.heads_by_layer[layer], device=per_head.device)
+        values = self.head_values[layer][:, :, list(self.heads_by_layer[layer])].to(device=per_head.device, dtype=per_head.dtype)
         per_head[rows[:, None, None], pos[None, :, None], heads[None, None, :]] = values
         return None
 

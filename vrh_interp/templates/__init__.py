@@ -34,6 +34,16 @@ def module_at(root: Any, path: str) -> Any:
     return obj
 
 
+def per_head_view(model: Any, projection_path: str, num_heads: int, head_dim: int) -> Any:
+    """The output projection's input at ``projection_path`` viewed ``[batch, seq, heads, head_dim]``.
+
+    A view: in-place edits (ablation, patching) reach the model; ``.clone()`` it to keep values.
+    """
+    x = module_at(model, projection_path).input
+    batch, seq, _ = x.shape
+    return x.view(batch, seq, num_heads, head_dim)
+
+
 def apply_in_order(model: Any, templates: Sequence[LayerTemplate]) -> list[dict[int, Any]]:
     """Apply every template at its layers, in the order a forward pass reaches each site.
 

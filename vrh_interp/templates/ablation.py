@@ -16,7 +16,7 @@ from typing import Any, Literal, Mapping, Sequence
 import torch
 
 from vrh_interp.heads import HeadGeometry, HeadSet
-from vrh_interp.templates import module_at
+from vrh_interp.templates import per_head_view
 
 AblationMode = Literal["zero", "mean"]
 
@@ -65,15 +65,13 @@ class HeadAblation:
         return None
 
     def at_output_projection(self, model: Any, layer: int) -> None:
-        x = module_at(model, self.projection_paths[layer]).input
-        batch, seq, _ = x.shape
-        per_head = x.view(batch, seq, self.num_heads, self.head_dim)
+        per_head = per_head_view(model, self.projection_paths[layer], self.num_heads, self.head_dim)
         heads = list(self.heads_by_layer[layer])
         if self.mode == "zero":
             per_head[:, :, heads] = 0
         else:
             mean = self.means[layer].view(self.num_heads, self.head_dim)[heads]
-            per_head[:, :, heads] = mean.to(device=x.device, dtype=x.dtype)
+            per_head[:, :, heads] = mean.to(device=per_head.device, dtype=per_head.dtype)
 
     def apply(self, model: Any) -> None:
         """Apply at every layer, in order (for use inside ``model.trace`` or one generation step)."""

@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from vrh_interp.heads import Head, HeadGeometry, HeadSet
-from vrh_interp.templates import module_at
+from vrh_interp.templates import per_head_view
 
 
 @dataclass(frozen=True)
@@ -40,9 +40,7 @@ class HeadOutputCapture:
         return None
 
     def at_output_projection(self, model: Any, layer: int) -> torch.Tensor:
-        x = module_at(model, self.projection_paths[layer]).input
-        batch, seq, _ = x.shape
-        return x.view(batch, seq, self.num_heads, self.head_dim).clone()
+        return per_head_view(model, self.projection_paths[layer], self.num_heads, self.head_dim).clone()
 
 
 @dataclass(frozen=True)
@@ -92,12 +90,11 @@ class HeadOutputPatch:
         return None
 
     def at_output_projection(self, model: Any, layer: int) -> None:
-        x = module_at(model, self.projection_paths[layer]).input
-        batch, seq, _ = x.shape
-        per_head = x.view(batch, seq, self.num_heads, self.head_dim)
+        per_head = per_head_view(model, self.projection_paths[layer], self.num_heads, self.head_dim)
+        batch, seq = per_head.shape[:2]
         heads = list(self.heads_by_layer[layer])
         positions = list(self.positions) if self.positions is not None else list(range(seq))
-        pos = torch.tensor(positions, device=x.device)
+        pos = torch.tensor(positions, device=per_head.device)
         if self.source_row is not None:
             targets = list(self.target_rows) if self.target_rows is not None else [
                 r for r in range(batch) if r != self.source_row]
@@ -105,7 +102,7 @@ class HeadOutputPatch:
             for row in targets:
                 per_head[row, pos[:, None], torch.tensor(heads)[None, :]] = values
         else:
-            values = self.source[layer].to(device=x.device, dtype=x.dtype)[:, pos][:, :, heads]
+            values = self.source[layer].to(device=per_head.device, dtype=per_head.dtype)[:, pos][:, :, heads]
             rows = list(self.target_rows) if self.target_rows is not None else list(range(batch))
             per_head[torch.tensor(rows)[:, None, None], pos[None, :, None], torch.tensor(heads)[None, None, :]] = (
                 values.expand(len(rows), -1, -1, -1) if values.shape[0] == 1 else values[rows]
@@ -154,13 +151,12 @@ class RowPairHeadPatch:
         return None
 
     def at_output_projection(self, model: Any, layer: int) -> None:
-        x = module_at(model, self.projection_paths[layer]).input
-        batch, seq, _ = x.shape
-        per_head = x.view(batch, seq, self.num_heads, self.head_dim)
+        per_head = per_head_view(model, self.projection_paths[layer], self.num_heads, self.head_dim)
+        batch, seq = per_head.shape[:2]
         positions = list(self.positions) if self.positions is not None else list(range(seq))
-        pos = torch.tensor(positions, device=x.device)
+        pos = torch.tensor(positions, device=per_head.device)
         here = [entry for entry in self.patches if entry[0] == layer]
-        values = [per_head[torch.tensor(src, device=x.device)[:, None], pos[None, :], head].clone()
+        values = [per_head[torch.tensor(src, device=per_head.device)[:, None], pos[None, :], head].clone()
                   for _, head, src, _ in here]
         for (_, head, _, tgt), value in zip(here, values):
-            per_head[torch.tensor(tgt, device=x.device)[:, None], pos[None, :], head] = value
+            per_head[torch.tensor(tgt, device=per_head.device)[:, None], pos[None, :], head] = value

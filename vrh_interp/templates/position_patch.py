@@ -22,7 +22,7 @@ from typing import Any, Literal, Sequence
 import torch
 
 from vrh_interp.heads import Head, HeadGeometry
-from vrh_interp.templates import module_at
+from vrh_interp.templates import module_at, per_head_view
 from vrh_interp.templates.readout import softmax_rows
 
 PatchedStates = Literal["keys", "values", "both"]
@@ -119,12 +119,10 @@ class HeadKeyValuePatch:
 
     def write(self, model: Any, recomputed: torch.Tensor) -> None:
         """Overwrite the head's output at ``rows`` of the target rows with the recomputed values."""
-        x = module_at(model, self.projection_path).input
-        batch, seq, _ = x.shape
-        per_head = x.view(batch, seq, self.num_heads, self.head_dim)
-        tgt = torch.tensor(self.target_rows, device=x.device)
-        rows = torch.tensor(self.rows, device=x.device)
-        per_head[tgt[:, None], rows[None, :], self.head.head] = recomputed.to(x.dtype)
+        per_head = per_head_view(model, self.projection_path, self.num_heads, self.head_dim)
+        tgt = torch.tensor(self.target_rows, device=per_head.device)
+        rows = torch.tensor(self.rows, device=per_head.device)
+        per_head[tgt[:, None], rows[None, :], self.head.head] = recomputed.to(per_head.dtype)
 
 
 def _position_matrix(positions: Sequence[Sequence[int]] | torch.Tensor) -> torch.Tensor:
