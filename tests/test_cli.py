@@ -60,8 +60,13 @@ def test_demo_runs_end_to_end_on_tiny_models(tmp_path, capsys):
                  "--detect", "4", "--eval", "3", "--json"]) == 0
     payload = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     claims = {v["claim"].split(":")[0] for v in payload["verdicts"]}
-    assert {"causal", "sparse", "functionally specific", "stable", "shared"} <= claims
-    for name in ("report.html", "report.md", "sweep_summary.csv", "design_space.csv", "verdicts.csv", "transfer.csv"):
+    assert {"causal", "sparse", "functionally specific", "stable", "shared", "generalises to VQA"} <= claims
+    vqa = pd.read_csv(out / "vqa_summary.csv")
+    assert set(vqa["benchmark"]) == {"synthetic-attribute", "synthetic-counting", "synthetic-spatial"}
+    assert set(vqa["condition"]) == {"baseline", "top", "random"}
+    assert vqa["majority_baseline"].between(0, 1).all()
+    for name in ("report.html", "report.md", "sweep_summary.csv", "design_space.csv", "verdicts.csv", "transfer.csv",
+                 "vqa_summary.csv"):
         assert (out / name).exists(), name
 
 
@@ -114,3 +119,29 @@ def test_patch_command_resumes_a_finished_run_and_refuses_other_settings(tmp_pat
     assert (out / "patching.json").stat().st_mtime_ns == stamp and (out / "head_set_patching.csv").read_text() == first
     assert main(argv[:-2] + ["--pairs", "3", "--out", str(out)]) == 2
     assert "other settings" in capsys.readouterr().err
+
+
+def _vqa_rows(benchmark, base, top, top_ci, rand_ci, p_top, majority):
+    row = {"benchmark": benchmark, "k": 3, "majority_baseline": majority}
+    return [{**row, "condition": "baseline", "seed": None, "accuracy": base, "accuracy_ci_low": base - 0.1,
+             "accuracy_ci_high": base + 0.1, "p_value_vs_baseline": 1.0},
+            {**row, "condition": "top", "seed": None, "accuracy": top, "accuracy_ci_low": top_ci[0],
+             "accuracy_ci_high": top_ci[1], "p_value_vs_baseline": p_top},
+            {**row, "condition": "random", "seed": "all", "accuracy": sum(rand_ci) / 2, "accuracy_ci_low": rand_ci[0],
+             "accuracy_ci_high": rand_ci[1], "p_value_vs_baseline": 0.5}]
+
+
+def test_vqa_verdict_judges_only_the_kinds_the_model_answers():
+    from vrh_interp.demo import vqa_verdict
+
+    drop = _vqa_rows("synthetic-counting", 0.9, 0.3, (0.2, 0.4), (0.8, 0.95), 0.001, 0.4)
+    no_drop = _vqa_rows("synthetic-spatial", 0.8, 0.78, (0.7, 0.86), (0.72, 0.88), 0.7, 0.5)
+    unanswered = _vqa_rows("synthetic-attribute", 0.3, 0.0, (0.0, 0.05), (0.25, 0.35), 0.001, 0.25)
+    assert vqa_verdict(pd.DataFrame(drop + unanswered), 3)["verdict"] == "holds"
+    assert vqa_verdict(pd.DataFrame(no_drop + unanswered), 3)["verdict"] == "does not hold"
+    assert vqa_verdict(pd.DataFrame(drop + no_drop), 3)["verdict"] == "inconclusive"
+    result = vqa_verdict(pd.DataFrame(unanswered), 3)
+    assert result["verdict"] == "not measured"
+    assert "synthetic-attribute: baseline 0.300 (majority answer 0.250)" in result["numbers"]
+    assert "not judged" in result["numbers"]
+    assert vqa_verdict(None, 3)["verdict"] == "not measured"

@@ -264,6 +264,48 @@ def test_value_position_patch_equals_eager_reference():
     assert got == pytest.approx(want, abs=1e-4)
 
 
+def test_key_position_patch_equals_a_two_pass_hook_reference():
+    """Keys of one head's KV group at the referent's visual tokens, by hooks alone: pass 1 swaps the clean
+    run's k_proj output into the corrupted rows there (same layout, so same RoPE positions) and captures that
+    head's o_proj input at the answer rows; pass 2 writes only those values into an otherwise unpatched run."""
+    vlm = tiny_vlm("llava")
+    pairs = _pair_batch(vlm, "referent_moved")
+    head = Head(0, 0)  # the fixture's head whose keys at the referent matter most (recovery ~ -0.007)
+    frame = position_patching(vlm, pairs, [head], regions=["clean_referent"], states="keys")
+    batch, encoding = pairs.encode(vlm)
+    from vrh_interp.patching.positions import region_positions
+    source_positions, positions = region_positions(pairs, batch, encoding)["clean_referent"]
+    assert [list(a) for a in source_positions] == [list(b) for b in positions]  # same expression, same layout
+    model = vlm.hf_model
+    num_heads, head_dim = text_geometry(model)
+    kv = model.config.get_text_config().num_key_value_heads
+    group = slice(head.head // (num_heads // kv) * head_dim, (head.head // (num_heads // kv) + 1) * head_dim)
+    n, rows = pairs.n, list(pairs.positions("answer"))
+
+    def swap_keys(_module, _inputs, out):
+        out = out.clone()
+        for i in range(n):
+            p = [int(x) for x in positions[i]]
+            out[n + i, p, group] = out[i, p, group]
+        return out
+
+    handle = decoder_layers(model)[head.layer].self_attn.k_proj.register_forward_hook(swap_keys)
+    try:
+        patched = captured_o_proj_inputs(model, encoding)[head.layer]
+    finally:
+        handle.remove()
+
+    def edit(x):
+        for i in range(n):
+            x[n + i, rows, head.head] = patched[n + i, rows, head.head]
+    expected = _reference_ld(vlm, pairs, encoding, {head.layer: edit})
+    base = baseline(vlm, pairs)
+    got = frame.set_index("region").loc["clean_referent", "recovery"]
+    want = float(np.mean(expected - base.corrupted) / np.mean(base.clean - base.corrupted))
+    assert abs(want) > 5e-3  # the keys there matter in this fixture, so the comparison is not 0 == 0
+    assert got == pytest.approx(want, abs=2e-5)  # measured agreement ~5e-6 (float32 recomputation)
+
+
 def test_visual_positions_cannot_matter_in_expression_swaps():
     """The image precedes the text, so visual keys/values are identical in both runs: recovery 0."""
     vlm = tiny_vlm("llava")

@@ -92,3 +92,53 @@ def _metadata_step(run_dir: Path) -> int:
 
     with safe_open(str(run_dir / trainer.CHECKPOINT_FILE), framework="pt") as handle:
         return int(handle.metadata()["step"])
+
+
+def test_vqa_rows_supervise_only_their_answer_words_and_leave_the_grounding_batch_unchanged() -> None:
+    from vrh_interp.datasets.synthetic_vqa import answer_text
+    from vrh_interp.toy.configs import build_processor, format_box_answer
+    from vrh_interp.toy.tokenizer import IM_END
+
+    plain = trainer.TrainConfig(**{**trainer.TINY_TEST_CONFIG, "vision_steps": 0})
+    with_vqa = trainer.TrainConfig(**{**trainer.TINY_TEST_CONFIG, "vision_steps": 0, "vqa_batch_scenes": 2})
+    samples, questions = trainer.grounding_batch(with_vqa, 5)
+    assert [s.sample_id for s in samples] == [s.sample_id for s in trainer.grounding_batch(plain, 5)[0]]
+    assert trainer.grounding_batch(plain, 5)[1] == []
+    assert {q.meta["index"] for q in questions} == {s.meta["index"] for s in samples}
+    processor = build_processor("a")
+    inputs = trainer.encode_supervised(
+        processor, [s.image for s in samples] + [q.image for q in questions],
+        trainer.grounding_prompts(processor, "a", samples) + trainer.vqa_prompts(processor, questions),
+        [format_box_answer("a", s.expression, s.box, s.image.size) for s in samples] + [answer_text(q) for q in questions])
+    targets = [format_box_answer("a", s.expression, s.box, s.image.size) for s in samples] + [answer_text(q) for q in questions]
+    for row, target in enumerate(targets):
+        supervised = inputs["input_ids"][row][inputs["labels"][row] != trainer.IGNORE_INDEX]
+        assert supervised.tolist() == processor.tokenizer(target + IM_END, add_special_tokens=False)["input_ids"]
+    for q, row in zip(questions, inputs["input_ids"][len(samples):].tolist()):
+        question = processor.tokenizer(q.question, add_special_tokens=False)["input_ids"]
+        assert any(row[i : i + len(question)] == question for i in range(len(row)))
+
+
+def test_warm_start_continues_from_the_shipped_weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from transformers import AutoModelForImageTextToText
+
+    first = trainer.TrainConfig(**{**trainer.TINY_TEST_CONFIG, "vision_steps": 2, "grounding_steps": 2})
+    trainer.train(first, tmp_path / "first", resume=False)
+    donor = AutoModelForImageTextToText.from_pretrained(tmp_path / "first" / "best", dtype=torch.float32)
+    second = trainer.TrainConfig(**{**trainer.TINY_TEST_CONFIG, "vision_steps": 0, "grounding_steps": 2,
+                                    "vqa_batch_scenes": 1, "warm_start": str(tmp_path / "first" / "best")})
+    seen: list[dict[str, torch.Tensor]] = []
+    real_step = trainer.training_step
+
+    def record_start(cfg, model, heads, processor, optimizer, step):
+        if not seen:
+            seen.append({k: v.clone() for k, v in model.state_dict().items()})
+            assert not any(p.requires_grad for p in model.model.vision_tower.parameters())
+        return real_step(cfg, model, heads, processor, optimizer, step)
+
+    monkeypatch.setattr(trainer, "training_step", record_start)
+    history = trainer.train(second, tmp_path / "second", resume=False)
+    expected = donor.state_dict()
+    assert seen[0].keys() == expected.keys()
+    assert all(torch.equal(seen[0][k], expected[k]) for k in expected)
+    assert set(history[-1]["eval"]["vqa"]) == {"attribute", "counting", "spatial"}

@@ -346,7 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--transfer-model", default="toy:b", help="second model sharing the backbone ('' to skip)")
     p.add_argument("--out", default="runs/demo")
     p.add_argument("--detect", type=int, default=200, help="detection scenes")
-    p.add_argument("--eval", type=int, default=60, help="evaluation scenes (disjoint from detection)")
+    p.add_argument("--eval", type=int, default=100, help="evaluation scenes (disjoint from detection)")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None)
     p.add_argument("--json", action="store_true")

@@ -3,7 +3,8 @@
 Detect on held-out synthetic scenes, k-sweep with seeded random controls on DISJOINT scenes, the
 failure split, design-space ranking, sparsity, stability, transfer to a second model sharing the
 backbone (score-map comparison and the cross-masking k-sweep of ``vrh_interp.transfer.cross_masking``),
-and a report folder. Every step writes its records into the run folder, so rerunning resumes.
+cross-task VQA on the eval scenes' synthetic questions (``vrh_interp.datasets.synthetic_vqa``; judged only
+on the question kinds the model answers above the majority-answer level) and a report folder. Every step writes its records into the run folder, so rerunning resumes.
 
 k values. The paper masks up to 20 of 784-1152 heads (1.7-2.6%). A toy has tens of heads, so the demo
 masks k in {0, 1, 2, 3, 5} capped at a quarter of all heads, and judges claims at k* = the largest k
@@ -43,7 +44,7 @@ def _ci_separate(a: pd.Series, b: pd.Series) -> bool:
 
 
 def verdicts(summary: pd.DataFrame, k_star: int, scores: Any, stab: pd.DataFrame, design: pd.DataFrame,
-             transfer: pd.DataFrame | None, cross: pd.DataFrame | None) -> pd.DataFrame:
+             transfer: pd.DataFrame | None, cross: pd.DataFrame | None, vqa: pd.DataFrame | None) -> pd.DataFrame:
     rows = []
     base = summary[summary["condition"] == "baseline"].iloc[0]
     top = summary[(summary["condition"] == "top") & (summary["k"] == k_star)].iloc[0]
@@ -100,9 +101,59 @@ def verdicts(summary: pd.DataFrame, k_star: int, scores: Any, stab: pd.DataFrame
     else:
         rows.append({"claim": "shared: heads transfer between models sharing the backbone", "verdict": "not measured",
                      "numbers": "no second model"})
-    rows.append({"claim": "generalises to VQA", "verdict": "not measured",
-                 "numbers": "the toy models are trained for grounding only"})
+    rows.append(vqa_verdict(vqa, k_star))
     return pd.DataFrame(rows)
+
+
+ANSWERS_VQA_MARGIN = 0.1  # a kind counts as answered when the unmasked model beats the majority answer by this
+
+
+def vqa_verdict(vqa: pd.DataFrame | None, k_star: int) -> dict[str, str]:
+    """The cross-task claim, judged per VQA kind the model actually answers, with the causal claim's rule.
+
+    ``vqa`` is ``VQASweepResult.summary()`` plus a ``majority_baseline`` column. Kinds where the unmasked
+    model does not beat always giving the most common answer by ``ANSWERS_VQA_MARGIN`` are reported but not
+    judged (masking cannot show anything on a kind the model cannot do).
+    """
+    claim = "generalises to VQA: masking the top-k VRHs hurts VQA more than k random heads"
+    if vqa is None or vqa.empty:
+        return {"claim": claim, "verdict": "not measured", "numbers": "no VQA items"}
+    parts, judged = [], []
+    for benchmark, part in vqa.groupby("benchmark", sort=False):
+        base = part[part["condition"] == "baseline"].iloc[0]
+        top = part[part["condition"] == "top"].iloc[0]
+        rand = part[(part["condition"] == "random") & (part["seed"].astype(str) == "all")].iloc[0]
+        answered = base["accuracy"] >= base["majority_baseline"] + ANSWERS_VQA_MARGIN
+        holds = _ci_separate(top, rand) and top["p_value_vs_baseline"] < 0.05
+        if answered:
+            judged.append(holds)
+        parts.append(f"{benchmark}: baseline {base['accuracy']:.3f} (majority answer {base['majority_baseline']:.3f}), "
+                     f"top-{k_star} {top['accuracy']:.3f} [{top['accuracy_ci_low']:.3f}, {top['accuracy_ci_high']:.3f}], "
+                     f"random {rand['accuracy']:.3f} [{rand['accuracy_ci_low']:.3f}, {rand['accuracy_ci_high']:.3f}]"
+                     + ("" if answered else " (not answered: not judged)"))
+    if not judged:
+        verdict = "not measured"
+        parts.insert(0, "the model does not answer the VQA items above the majority-answer level")
+    else:
+        verdict = "holds" if all(judged) else "does not hold" if not any(judged) else "inconclusive"
+    return {"claim": claim, "verdict": verdict, "numbers": "; ".join(parts)}
+
+
+def cross_task_vqa(vlm: Any, scores: Any, k_star: int, eval_scenes: int, out: Path, batch_size: int) -> pd.DataFrame:
+    """VQA sweep on the eval scenes' synthetic VQA items: unmasked, top-k* heads, k* random heads (seeds 0-2)."""
+    from vrh_interp.datasets.synthetic_vqa import answer_text, synthetic_vqa
+    from vrh_interp.datasets.vqa_sweep import vqa_sweep
+
+    items = synthetic_vqa("eval", eval_scenes)
+    result = vqa_sweep(vlm, items, scores.top(k_star), random_seeds=(0, 1, 2), batch_size=batch_size,
+                       run_dir=out / "vqa")
+    summary = result.summary()
+    majority = {}
+    for benchmark in result.benchmarks:
+        answers = [answer_text(s) for s in items if s.benchmark == benchmark]
+        majority[benchmark] = max(answers.count(a) for a in set(answers)) / len(answers)
+    summary["majority_baseline"] = summary["benchmark"].map(majority)
+    return summary
 
 
 def _available(spec: str) -> bool:
@@ -113,7 +164,7 @@ def _available(spec: str) -> bool:
 
     if (checkpoint_dir(spec.split(":", 1)[1]) / "config.json").exists():
         return True
-    print(f"[5/6] transfer skipped: {spec} has no shipped checkpoint in this installation")
+    print(f"[5/7] transfer skipped: {spec} has no shipped checkpoint in this installation")
     return False
 
 
@@ -133,34 +184,34 @@ def _detect(vlm: Any, samples: list[Any], out: Path, batch_size: int) -> tuple[l
 
 
 def run_demo(*, model_spec: str = "toy:a", out: Path = Path("runs/demo"), detect_scenes: int = 200,
-             eval_scenes: int = 60, device: str | None = None, dtype: str | None = None,
+             eval_scenes: int = 100, device: str | None = None, dtype: str | None = None,
              transfer_model: str | None = "toy:b", as_json: bool = False, batch_size: int = 50) -> int:
     started = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     vlm = _load(model_spec, device, dtype)
     detect = synthetic_samples("detect", detect_scenes)
     evals = synthetic_samples("eval", eval_scenes)
-    print(f"[1/6] detecting heads of {model_spec} on {len(detect)} held-out scenes")
+    print(f"[1/7] detecting heads of {model_spec} on {len(detect)} held-out scenes")
     stats, scores = _detect(vlm, detect, out / "detect", batch_size)
     scores.save(out / "scores-vrh.json")
     ks, k_star = demo_ks(vlm.geometry.total_heads)
-    print(f"[2/6] k-sweep on {len(evals)} disjoint scenes, ks={ks}, random seeds 0,1,2")
+    print(f"[2/7] k-sweep on {len(evals)} disjoint scenes, ks={ks}, random seeds 0,1,2")
     result = sweep(vlm, evals, scores, ks=ks, random_seeds=(0, 1, 2), batch_size=batch_size,
                    max_new_tokens=ANSWER_TOKENS, run_dir=out / "sweep")
     summary = result.summary()
     summary.to_csv(out / "sweep_summary.csv", index=False)
-    print(f"[3/6] design space at k={k_star}")
+    print(f"[3/7] design space at k={k_star}")
     design = design_space(vlm, stats, evals, k=k_star, batch_size=batch_size, max_new_tokens=ANSWER_TOKENS,
                           run_dir=out)
     design.to_csv(out / "design_space.csv", index=False)
-    print("[4/6] sparsity and stability")
+    print("[4/7] sparsity and stability")
     scores.sparsity().to_csv(out / "sparsity.csv", index=False)
     stab = stability(stats, k=k_star, sizes=(2, 5, 10, 20, 50, 100, 200))
     stab.to_csv(out / "stability.csv", index=False)
     token_choice_stability(stats, k=k_star).to_csv(out / "token_stability.csv", index=False)
     transfer = cross = None
     if transfer_model and _available(transfer_model):
-        print(f"[5/6] transfer to {transfer_model}")
+        print(f"[5/7] transfer to {transfer_model}")
         vlm_b = _load(transfer_model, device, dtype)
         if same_grid(vlm.geometry, vlm_b.geometry):
             _, scores_b = _detect(vlm_b, detect, out / "detect_b", batch_size)
@@ -175,9 +226,12 @@ def run_demo(*, model_spec: str = "toy:a", out: Path = Path("runs/demo"), detect
             cross.to_csv(out / "transfer_masking.csv", index=False)
         else:
             print("      the two models do not share a head grid: transfer skipped")
-    table = verdicts(summary, k_star, scores, stab, design, transfer, cross)
+    print(f"[6/7] cross-task VQA on the eval scenes' questions (top-{k_star} vs {k_star} random heads)")
+    vqa = cross_task_vqa(vlm, scores, k_star, eval_scenes, out, batch_size)
+    vqa.to_csv(out / "vqa_summary.csv", index=False)
+    table = verdicts(summary, k_star, scores, stab, design, transfer, cross, vqa)
     table.to_csv(out / "verdicts.csv", index=False)
-    print("[6/6] report")
+    print("[7/7] report")
     paths = write_report(out)
     elapsed = time.perf_counter() - started
     (out / "demo.json").write_text(json.dumps({"model": model_spec, "seconds": elapsed, "k_star": k_star, "ks": ks,

@@ -2,7 +2,7 @@
 
 The report reads whatever artifacts the run folder holds (``scores-*.json``, ``sweep_summary.csv``,
 ``design_space.csv``, ``sparsity.csv``, ``stability.csv``, ``token_stability.csv``, ``transfer*.csv``,
-``cross_masking.csv``, ``verdicts.csv``) and skips what is absent, so it works for a detect-only run as
+``cross_masking.csv``, ``vqa_summary.csv``, ``verdicts.csv``) and skips what is absent, so it works for a detect-only run as
 for a full demo.
 """
 
@@ -29,6 +29,7 @@ TABLES = (
     ("transfer.csv", "Transfer between models sharing a backbone"),
     ("transfer_masking.csv", "Cross-masking at k*: accuracy drops"),
     ("cross_masking.csv", "Cross-masking k-sweep: own, transferred and random heads in each model"),
+    ("vqa_summary.csv", "Cross-task VQA: top-k heads vs random heads masked, per question kind"),
 )
 
 

@@ -19,7 +19,8 @@ Grounding samples (``load_data``):
 VQA samples (``load_vqa``): ``NAME:PATH[:key=value...]`` with NAME one of ``VQA_BENCHMARKS``:
 ``cvbench`` (``part=all|2d|3d``), ``mmstar``, ``countbench``, ``mathvista`` (``subset=mcq|all``),
 ``spatial457`` (``subset=L1_single``, ``images=``), ``spatialrgpt`` (``images=`` required,
-``categories=a,b``), ``vaw`` (``images=`` required, ``attribute_types=``, ``seed=``).
+``categories=a,b``), ``vaw`` (``images=`` required, ``attribute_types=``, ``seed=``), and
+``synthetic:SPLIT:N[:LEVEL]`` (the VQA items of N synthetic scenes, ``vrh_interp.datasets.synthetic_vqa``).
 
 Every file-backed kind also takes ``on_error=skip`` (drop unusable rows, listed in the result's
 ``skipped``) and ``verify_images=true`` (decode every image while loading, to catch truncated files).
@@ -44,6 +45,7 @@ from vrh_interp.datasets.refspatial import load_refspatial
 from vrh_interp.datasets.samples import SampleSet, VQASample
 from vrh_interp.datasets.spatial457 import load_spatial457
 from vrh_interp.datasets.spatialrgpt import load_spatialrgpt
+from vrh_interp.datasets.synthetic_vqa import synthetic_vqa
 from vrh_interp.datasets.toloka import load_toloka
 from vrh_interp.datasets.vaw import load_vaw
 
@@ -112,6 +114,15 @@ def _synthetic(spec: ParsedSpec) -> list[Any]:
         raise DataSpecError(f"bad synthetic spec {spec.text!r}: use synthetic:SPLIT:N[:LEVEL], SPLIT in "
                             "detect/eval/train")
     return synthetic_samples(parts[0], int(parts[1]), int(parts[2]) if len(parts) == 3 else 1)
+
+
+def _synthetic_vqa(spec: ParsedSpec) -> SampleSet[VQASample]:
+    parts = spec.positional
+    if len(parts) not in (2, 3) or parts[0] not in ("train", "detect", "eval") or spec.options \
+            or not all(p.isdigit() for p in parts[1:]) or int(parts[1]) < 1:
+        raise DataSpecError(f"bad synthetic VQA spec {spec.text!r}: use synthetic:SPLIT:N[:LEVEL], SPLIT in "
+                            "detect/eval/train, N >= 1 scenes")
+    return synthetic_vqa(parts[0], int(parts[1]), int(parts[2]) if len(parts) == 3 else 1)  # type: ignore[arg-type]
 
 
 def _refer(spec: ParsedSpec) -> SampleSet:
@@ -200,6 +211,7 @@ VQA_BENCHMARKS: Mapping[str, Callable[[ParsedSpec], SampleSet[VQASample]]] = Map
                                converters={"categories": _comma_list}),
     "vaw": _vqa_loader(load_vaw, ("images", "attribute_types", "seed"), required=("images",),
                        converters={"seed": int}),
+    "synthetic": _synthetic_vqa,
 })
 
 

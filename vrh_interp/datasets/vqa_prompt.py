@@ -21,10 +21,13 @@ def vqa_user_text(sample: VQASample) -> str:
     return "\n".join(parts)
 
 
+def vqa_messages(sample: VQASample) -> list[dict]:
+    """One user turn: the image, then the question text."""
+    return [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": vqa_user_text(sample)}]}]
+
+
 def vqa_prompt(vlm: VLM, sample: VQASample) -> str:
     processor = vlm.processor
-    text = vqa_user_text(sample)
     if getattr(processor, "chat_template", None) is None:
-        return f"{vlm.adapter.image_token(processor)}{text}"
-    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}]
-    return processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return f"{vlm.adapter.image_token(processor)}{vqa_user_text(sample)}"
+    return processor.apply_chat_template(vqa_messages(sample), add_generation_prompt=True, tokenize=False)

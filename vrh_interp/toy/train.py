@@ -45,6 +45,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image
 from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm import tqdm
@@ -52,6 +53,10 @@ from transformers import AutoModelForImageTextToText, InternVLForConditionalGene
 
 from vrh_interp.boxes import Box, iou
 from vrh_interp.data.scenes import COLOURS, SHAPES, SIZES, GroundingSample, grounding_samples, make_scene
+from vrh_interp.datasets.samples import VQASample
+from vrh_interp.datasets.synthetic_vqa import answer_text, scene_vqa_items, synthetic_vqa
+from vrh_interp.datasets.vqa import score_response
+from vrh_interp.datasets.vqa_prompt import vqa_messages
 from vrh_interp.toy.configs import (
     COORDINATE_BINS,
     GRID_SIDE,
@@ -95,6 +100,7 @@ class TrainConfig:
     bf16: bool = True
     query_probe_weight: float = 0.5
     query_probe_layer: int = 2  # hidden_states index probed: output of decoder layer 1 (0-based) of 4
+    vqa_batch_scenes: int = 0  # scenes per grounding step whose synthetic VQA items join the batch
     # level mix per grounding phase: (fraction of grounding steps, {level: probability})
     level_schedule: tuple[tuple[float, tuple[tuple[int, float], ...]], ...] = (
         (0.4, ((0, 0.8), (1, 0.2))),
@@ -104,6 +110,7 @@ class TrainConfig:
     text_shape: TextBackboneShape = TextBackboneShape()
     vision_shape: VisionTowerShape = VisionTowerShape()
     init_backbone: str | None = None  # trained toy checkpoint whose language backbone is loaded at stage 2
+    warm_start: str | None = None  # trained toy checkpoint whose whole model starts a grounding-only run
 
     @property
     def total_steps(self) -> int:
@@ -123,6 +130,9 @@ MODEL_PRESETS: dict[str, dict] = {
         vision_shape=VisionTowerShape(hidden_size=64, intermediate_size=256, num_hidden_layers=4, num_attention_heads=2),
     ),
 }
+
+# A warm-started run continues a trained model on the harder levels only (no level-0 scenes).
+WARM_START_LEVELS = ((1.0, ((1, 0.6), (2, 0.4))),)
 
 TINY_TEST_CONFIG = dict(
     vision_steps=3,
@@ -254,25 +264,35 @@ def training_scene_indices(config: TrainConfig, step: int, n_scenes: int) -> lis
     return [(config.seed * 7_919_000 + step * n_scenes + j) % 1_000_000_000 for j in range(n_scenes)]
 
 
-def grounding_batch(config: TrainConfig, step: int) -> list[GroundingSample]:
+def grounding_batch(config: TrainConfig, step: int) -> tuple[list[GroundingSample], list[VQASample]]:
+    """Batch ``step``: all referents of each scene, plus the VQA items of the first ``vqa_batch_scenes`` scenes."""
     rng = _step_rng(config, step)
     levels, probs = zip(*level_probabilities(config, step - config.vision_steps), strict=True)
     samples: list[GroundingSample] = []
-    for index in training_scene_indices(config, step, config.grounding_batch_scenes):
-        samples.extend(grounding_samples("train", index, rng.choices(levels, probs)[0]))
-    return samples
+    questions: list[VQASample] = []
+    for position, index in enumerate(training_scene_indices(config, step, config.grounding_batch_scenes)):
+        level = rng.choices(levels, probs)[0]
+        samples.extend(grounding_samples("train", index, level))
+        if position < config.vqa_batch_scenes:
+            questions.extend(scene_vqa_items("train", index, level))
+    return samples, questions
 
 
-def encode_grounding(processor, name: ModelName, samples: Sequence[GroundingSample], with_answers: bool) -> dict[str, torch.Tensor]:
-    """Processor inputs; with answers, ``labels`` supervise only the answer and end-of-turn tokens."""
-    prompts = [
+def grounding_prompts(processor, name: ModelName, samples: Sequence[GroundingSample]) -> list[str]:
+    return [
         processor.apply_chat_template(grounding_messages(name, s.expression), add_generation_prompt=True, tokenize=False)
         for s in samples
     ]
-    if not with_answers:
-        return dict(processor(images=[s.image for s in samples], text=prompts, return_tensors="pt", padding=True))
-    answers = [format_box_answer(name, s.expression, s.box, s.image.size) + IM_END for s in samples]
-    encoded = dict(processor(images=[s.image for s in samples], text=[p + a for p, a in zip(prompts, answers)], return_tensors="pt", padding=True))
+
+
+def vqa_prompts(processor, samples: Sequence[VQASample]) -> list[str]:
+    return [processor.apply_chat_template(vqa_messages(s), add_generation_prompt=True, tokenize=False) for s in samples]
+
+
+def encode_supervised(processor, images: Sequence[Image.Image], prompts: Sequence[str], answers: Sequence[str]) -> dict[str, torch.Tensor]:
+    """Prompt + answer + end-of-turn per row; ``labels`` supervise only the answer and end-of-turn tokens."""
+    answers = [a + IM_END for a in answers]
+    encoded = dict(processor(images=list(images), text=[p + a for p, a in zip(prompts, answers)], return_tensors="pt", padding=True))
     answer_lengths = [len(processor.tokenizer(a, add_special_tokens=False)["input_ids"]) for a in answers]
     labels = torch.full_like(encoded["input_ids"], IGNORE_INDEX)
     for row, n in enumerate(answer_lengths):  # left padding: answers are the last n tokens
@@ -325,7 +345,7 @@ def predict_boxes(model, processor, name: ModelName, samples: Sequence[Grounding
     out: list[tuple[str, Box | None]] = []
     for start in range(0, len(samples), batch_size):
         chunk = samples[start : start + batch_size]
-        inputs = encode_grounding(processor, name, chunk, with_answers=False)
+        inputs = dict(processor(images=[s.image for s in chunk], text=grounding_prompts(processor, name, chunk), return_tensors="pt", padding=True))
         generated = model.generate(**inputs, max_new_tokens=max_new_tokens(name), do_sample=False)
         texts = processor.batch_decode(generated[:, inputs["input_ids"].shape[1] :], skip_special_tokens=False)
         for sample, text in zip(chunk, texts):
@@ -404,6 +424,31 @@ def evaluate(model, processor, name: ModelName, n_scenes: int, levels: Sequence[
     return results
 
 
+@torch.no_grad()
+def evaluate_vqa(model, processor, n_scenes: int, batch_size: int = 64) -> dict[str, dict[str, float]]:
+    """Greedy answers to the VQA items of eval scenes ``0..n_scenes-1`` (level 1): accuracy per kind.
+
+    ``baseline_majority`` is the accuracy of always giving the kind's most common correct answer (for colour
+    questions the options are shuffled per item, so it is near 1/4).
+    """
+    model.eval()
+    items = list(synthetic_vqa("eval", n_scenes))
+    correct = []
+    for start in range(0, len(items), batch_size):
+        chunk = items[start : start + batch_size]
+        inputs = dict(processor(images=[q.image for q in chunk], text=vqa_prompts(processor, chunk), return_tensors="pt", padding=True))
+        generated = model.generate(**inputs, max_new_tokens=max(q.max_new_tokens for q in chunk), do_sample=False)
+        texts = processor.batch_decode(generated[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+        correct.extend(score_response(q, text).correct for q, text in zip(chunk, texts))
+    results = {}
+    for kind in sorted({q.meta["kind"] for q in items}):
+        keep = [i for i, q in enumerate(items) if q.meta["kind"] == kind]
+        answers = [answer_text(items[i]) for i in keep]
+        majority = max(answers.count(a) for a in set(answers)) / len(answers)
+        results[kind] = {"n": len(keep), "accuracy": float(np.mean([correct[i] for i in keep])), "baseline_majority": majority}
+    return results
+
+
 def build_model(config: TrainConfig, processor) -> PreTrainedModel:
     """Fresh model of the configured family (seeded)."""
     torch.manual_seed(config.seed)
@@ -416,6 +461,12 @@ def load_language_backbone(model: PreTrainedModel, checkpoint_folder: str) -> No
     """Copy a trained toy checkpoint's language backbone (lm_head is tied to its embedding) into ``model``."""
     donor = AutoModelForImageTextToText.from_pretrained(checkpoint_folder, dtype=torch.float32, local_files_only=True)
     model.model.language_model.load_state_dict(donor.model.language_model.state_dict(), strict=True)
+
+
+def load_whole_model(model: PreTrainedModel, checkpoint_folder: str) -> None:
+    """Copy every weight of a trained toy checkpoint of the same family and shape into ``model``."""
+    donor = AutoModelForImageTextToText.from_pretrained(checkpoint_folder, dtype=torch.float32, local_files_only=True)
+    model.load_state_dict(donor.state_dict(), strict=True)
 
 
 def build_optimizer(config: TrainConfig, params: list[nn.Parameter], lr: float) -> torch.optim.AdamW:
@@ -510,15 +561,21 @@ def training_step(config: TrainConfig, model, heads, processor, optimizer, step:
             pixel_values, labels = vision_batch(config, processor, step)
             loss, stats = heads.vision.loss(visual_tokens(model, pixel_values), labels)
         else:
-            samples = grounding_batch(config, step)
-            inputs = encode_grounding(processor, config.model, samples, with_answers=True)
+            samples, questions = grounding_batch(config, step)
+            inputs = encode_supervised(
+                processor,
+                [s.image for s in samples] + [q.image for q in questions],
+                grounding_prompts(processor, config.model, samples) + vqa_prompts(processor, questions),
+                [format_box_answer(config.model, s.expression, s.box, s.image.size) for s in samples]
+                + [answer_text(q) for q in questions],
+            )
             probe = config.query_probe_weight > 0
             outputs = model(**inputs, output_hidden_states=probe)
             loss, stats = outputs.loss, {"answer_loss": outputs.loss.item()}
-            if probe:
+            if probe:  # on the grounding rows only (the VQA rows follow them)
                 labels = inputs["labels"]
                 predicts_answer = torch.zeros_like(labels, dtype=torch.bool)
-                predicts_answer[:, :-1] = labels[:, 1:] != IGNORE_INDEX
+                predicts_answer[: len(samples), :-1] = labels[: len(samples), 1:] != IGNORE_INDEX
                 probe_loss, probe_stats = heads.query.loss(
                     outputs.hidden_states[config.query_probe_layer], predicts_answer, query_labels(samples)
                 )
@@ -551,7 +608,9 @@ def train(config: TrainConfig, out_dir: Path, resume: bool) -> list[dict]:
     progress = tqdm(range(step, config.total_steps), initial=step, total=config.total_steps, mininterval=10)
     for step in progress:
         if step == config.vision_steps:
-            if config.init_backbone is not None:
+            if config.warm_start is not None:
+                load_whole_model(model, config.warm_start)
+            elif config.init_backbone is not None:
                 load_language_backbone(model, config.init_backbone)
             configure_stage(model, "grounding")
             optimizer = build_optimizer(config, stage_parameters(model, heads, "grounding"), learning_rate(config, step))
@@ -563,6 +622,8 @@ def train(config: TrainConfig, out_dir: Path, resume: bool) -> list[dict]:
             record = {"step": done, "train_seconds": elapsed_before + time.time() - started, **running}
             if done > config.vision_steps:
                 record["eval"] = evaluate(model, processor, config.model, config.eval_scenes)
+                if config.vqa_batch_scenes:
+                    record["eval"]["vqa"] = evaluate_vqa(model, processor, config.eval_scenes)
                 best = max((h["eval"]["level1"]["accuracy"] for h in history if "eval" in h), default=-1.0)
                 if record["eval"]["level1"]["accuracy"] > best:
                     export_checkpoint(model, processor, out_dir / "best", {"config": dataclasses.asdict(config), **record})
@@ -617,17 +678,21 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eval-every", type=int, default=None)
     parser.add_argument("--init-backbone", default=None, help="trained toy checkpoint folder whose language backbone initialises this model")
+    parser.add_argument("--warm-start", default=None, help="trained toy checkpoint folder (same family) that a grounding-only run continues from: no stage 1, fresh optimiser and schedule")
+    parser.add_argument("--lr", type=float, default=None, help="peak grounding (stage-2) learning rate")
+    parser.add_argument("--vqa-scenes", type=int, default=None, help="scenes per grounding step whose synthetic VQA items join the batch")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes and step counts (tests)")
     parser.add_argument("--ship", type=Path, default=None, help="copy RUN/best into vrh_interp/toy/checkpoints/<model> and measure it")
     parser.add_argument("--evaluate", action="store_true", help="print held-out metrics of the shipped checkpoint of --model")
     parser.add_argument("--lineage", default="", help="with --ship: how the run was produced (stored in training_log.json)")
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (1 each when two runs share 2 cores)")
     return parser.parse_args()
 
 
 def main() -> None:
-    """CLI entry point; uses 2 threads (run with OMP_WAIT_POLICY=PASSIVE on shared CPUs)."""
+    """CLI entry point (run with OMP_WAIT_POLICY=PASSIVE on shared CPUs)."""
     args = _parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     if args.evaluate:
         model, processor = load(args.model)
         print(json.dumps(evaluate(model, processor, args.model, REPORT_SCENES), indent=1))
@@ -640,9 +705,15 @@ def main() -> None:
     if args.tiny:
         overrides.update(TINY_TEST_CONFIG)
     init_backbone = args.init_backbone
-    if init_backbone is None and args.model == "b":
+    if args.warm_start is not None:
+        overrides.update(warm_start=args.warm_start, vision_steps=0, level_schedule=WARM_START_LEVELS)
+    elif init_backbone is None and args.model == "b":
         init_backbone = str(checkpoint_dir("a"))
     overrides.update(model=args.model, seed=args.seed, init_backbone=init_backbone)
+    if args.lr is not None:
+        overrides["grounding_lr"] = args.lr
+    if args.vqa_scenes is not None:
+        overrides["vqa_batch_scenes"] = args.vqa_scenes
     if args.steps is not None:
         overrides["grounding_steps"] = args.steps
     if args.vision_steps is not None:
