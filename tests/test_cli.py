@@ -121,6 +121,43 @@ def test_patch_command_resumes_a_finished_run_and_refuses_other_settings(tmp_pat
     assert "other settings" in capsys.readouterr().err
 
 
+def test_patch_command_resumes_an_interrupted_study_part_by_part(tmp_path, monkeypatch):
+    from vrh_interp.patching import study
+
+    argv = ["patch", "--model", "tiny:llava", "--vrhs", "L0H1", "--pairs", "2", "--probe-scenes", "12", "--seeds", "0",
+            "--targets", "ground_truth"]
+    assert main(argv + ["--out", str(tmp_path / "whole")]) == 0
+    real, computed = study._kind_tables, []
+
+    def killed_at_third_kind(vlm, kind, *args, **kwargs):
+        if kind == study.PAIR_KINDS_STUDIED[2]:
+            raise KeyboardInterrupt("simulated kill")
+        computed.append(kind)
+        return real(vlm, kind, *args, **kwargs)
+
+    monkeypatch.setattr(study, "_kind_tables", killed_at_third_kind)
+    out = tmp_path / "interrupted"
+    try:
+        main(argv + ["--out", str(out)])
+    except KeyboardInterrupt:
+        pass
+    assert computed == list(study.PAIR_KINDS_STUDIED[:2]) and not (out / "patching.json").exists()
+
+    def resumed(vlm, kind, *args, **kwargs):
+        computed.append(kind)
+        return real(vlm, kind, *args, **kwargs)
+
+    monkeypatch.setattr(study, "_kind_tables", resumed)
+    assert main(argv + ["--out", str(out)]) == 0
+    assert computed == list(study.PAIR_KINDS_STUDIED)  # the two finished kinds were not recomputed
+    for table in json.loads((out / "patching.json").read_text())["tables"]:
+        assert (out / f"{table}.csv").read_text() == (tmp_path / "whole" / f"{table}.csv").read_text(), table
+    (tmp_path / "changed").mkdir()
+    (tmp_path / "changed" / "parts").mkdir()
+    (tmp_path / "changed" / "parts" / "config.json").write_text("{}")
+    assert main(argv + ["--out", str(tmp_path / "changed")]) == 2
+
+
 def _vqa_rows(benchmark, base, top, top_ci, rand_ci, p_top, majority):
     row = {"benchmark": benchmark, "k": 3, "majority_baseline": majority}
     return [{**row, "condition": "baseline", "seed": None, "accuracy": base, "accuracy_ci_low": base - 0.1,

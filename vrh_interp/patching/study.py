@@ -16,7 +16,8 @@ the VRHs, several seeds):
 5. Which heads matter most by patching, and does attribution patching rank them the same? Every head
    exactly vs gradient x difference; rank correlations; overlap of the top heads with the VRHs.
 
-``run_patching_study`` returns DataFrames; ``save`` writes them as CSV plus a JSON manifest.
+``run_patching_study`` returns DataFrames; ``save`` writes them as CSV plus a JSON manifest. With
+``parts_dir`` every pair kind (and the probes) is saved as it finishes, so an interrupted run resumes.
 """
 
 from __future__ import annotations
@@ -62,53 +63,83 @@ class PatchingStudy:
         return cls({name: pd.read_csv(out / f"{name}.csv") for name in manifest["tables"]}, manifest["facts"])
 
 
+PAIR_KINDS_STUDIED = ("referent_moved", "referent_recoloured", "expression_swap", "different_image")
+PART_DONE = "done.json"  # written last in each part folder: its presence marks a finished part
+
+
+def _kind_tables(vlm: VLM, kind: str, vrhs: HeadSet, with_all: dict[str, HeadSet], *, pairs_per_kind: int,
+                 targets: str, progress: bool) -> dict[str, pd.DataFrame]:
+    """Every measurement on one kind of pair (questions 1-5 where they apply)."""
+    sets = {name: heads for name, heads in with_all.items() if name != "all"}
+    pairs = prepare_pairs(vlm, make_pairs(kind, pairs_per_kind), targets=targets)
+    base = baseline(vlm, pairs)
+    tables = {"pairs": pd.DataFrame([{"kind": kind, "pairs": pairs.n + len(pairs.excluded), "kept": pairs.n,
+                                      "excluded": len(pairs.excluded), "clean_metric": float(np.mean(base.clean)),
+                                      "corrupted_metric": float(np.mean(base.corrupted))}])}
+    set_rows, answer_rows = [], []
+    for name, heads in with_all.items():
+        patched = patch_head_set(vlm, pairs, heads, base=base)
+        set_rows.append({"kind": kind, "head_set": name, **patched})
+        answers = patched_answers(vlm, pairs, heads)
+        answer_rows.append({"kind": kind, "head_set": name, "heads": len(heads),
+                            "iou_clean_box": float(answers["iou_clean_box"].mean()),
+                            "hit_clean_box": float((answers["iou_clean_box"] >= 0.5).mean()),
+                            "iou_corrupted_box": float(answers["iou_corrupted_box"].mean()),
+                            "same_as_clean_answer": float((answers["patched_answer"] == answers["clean_answer"]).mean()),
+                            "parsed": float(answers["parsed"].mean()), "n_pairs": pairs.n})
+    tables["head_set_patching"] = pd.DataFrame(set_rows)
+    tables["patched_answers"] = pd.DataFrame(answer_rows)
+    if kind in ("referent_moved", "expression_swap"):
+        tables["position_patching"] = position_patching(vlm, pairs, list(vrhs), base=base).assign(kind=kind)
+    if kind in ("referent_moved", "expression_swap", "referent_recoloured"):
+        tables["mediation"] = mediation_table(vlm, pairs, sets).assign(kind=kind)
+        exact = patch_each_head(vlm, pairs, base=base, progress=progress)
+        estimate = attribution_patching(vlm, pairs, base=base)
+        ranking = compare_rankings(exact, estimate)
+        top = exact.frame.nlargest(len(vrhs), "recovery")["head"].tolist()
+        tables["rankings"] = pd.DataFrame([{"kind": kind, **ranking, "top_exact_heads": " ".join(top),
+                                            "top_exact_in_vrhs": len(set(top) & {str(h) for h in vrhs}) / len(vrhs)}])
+        tables["each_head"] = exact.frame.merge(estimate.frame[["head", "recovery"]], on="head",
+                                                suffixes=("", "_attribution")).assign(kind=kind)
+    return tables
+
+
+def _part(parts_dir: Path | None, name: str, compute: Any) -> dict[str, pd.DataFrame]:
+    """``compute()``'s tables, or the ones a previous run saved under ``parts_dir/name`` (CSV, marker last)."""
+    if parts_dir is None:
+        return compute()
+    folder = parts_dir / name
+    if (folder / PART_DONE).exists():
+        saved = json.loads((folder / PART_DONE).read_text())["tables"]
+        return {table: pd.read_csv(folder / f"{table}.csv") for table in saved}
+    tables = compute()
+    folder.mkdir(parents=True, exist_ok=True)
+    for table, frame in tables.items():
+        frame.to_csv(folder / f"{table}.csv", index=False)
+    (folder / PART_DONE).write_text(json.dumps({"tables": list(tables)}))
+    return {table: pd.read_csv(folder / f"{table}.csv") for table in tables}  # the same values either way
+
+
 def run_patching_study(vlm: VLM, vrhs: HeadSet, *, pairs_per_kind: int = 48, probe_scenes: int = 120,
                        random_seeds: Sequence[int] = (0, 1, 2), targets: str = "greedy",
-                       progress: bool = True) -> PatchingStudy:
-    """Run questions 1-5 of the module docstring on ``vlm`` with ``vrhs`` (detected on other scenes)."""
-    study = PatchingStudy()
+                       progress: bool = True, parts_dir: Path | None = None) -> PatchingStudy:
+    """Run questions 1-5 of the module docstring on ``vlm`` with ``vrhs`` (detected on other scenes).
+
+    With ``parts_dir``, each pair kind and the probes are saved there as they finish and read back on a rerun,
+    so an interrupted study loses at most the part it was in (the caller checks the settings match).
+    """
     with_all = comparison_head_sets(vrhs, vlm.geometry, random_seeds=tuple(random_seeds), include_all=True)
-    sets = {name: heads for name, heads in with_all.items() if name != "all"}
-    set_rows, answer_rows, position_rows, mediation_rows, ranking_rows, pair_rows = [], [], [], [], [], []
-    exact_frames = []
-    for kind in ("referent_moved", "referent_recoloured", "expression_swap", "different_image"):
-        pairs = prepare_pairs(vlm, make_pairs(kind, pairs_per_kind), targets=targets)
-        base = baseline(vlm, pairs)
-        pair_rows.append({"kind": kind, "pairs": pairs.n + len(pairs.excluded), "kept": pairs.n,
-                          "excluded": len(pairs.excluded), "clean_metric": float(np.mean(base.clean)),
-                          "corrupted_metric": float(np.mean(base.corrupted))})
-        for name, heads in with_all.items():
-            patched = patch_head_set(vlm, pairs, heads, base=base)
-            set_rows.append({"kind": kind, "head_set": name, **patched})
-            answers = patched_answers(vlm, pairs, heads)
-            answer_rows.append({"kind": kind, "head_set": name, "heads": len(heads),
-                                "iou_clean_box": float(answers["iou_clean_box"].mean()),
-                                "hit_clean_box": float((answers["iou_clean_box"] >= 0.5).mean()),
-                                "iou_corrupted_box": float(answers["iou_corrupted_box"].mean()),
-                                "same_as_clean_answer": float((answers["patched_answer"] == answers["clean_answer"]).mean()),
-                                "parsed": float(answers["parsed"].mean()), "n_pairs": pairs.n})
-        if kind in ("referent_moved", "expression_swap"):
-            frame = position_patching(vlm, pairs, list(vrhs), base=base)
-            position_rows.append(frame.assign(kind=kind))
-        if kind in ("referent_moved", "expression_swap", "referent_recoloured"):
-            mediation_rows.append(mediation_table(vlm, pairs, sets).assign(kind=kind))
-            exact = patch_each_head(vlm, pairs, base=base, progress=progress)
-            estimate = attribution_patching(vlm, pairs, base=base)
-            ranking = compare_rankings(exact, estimate)
-            top = exact.frame.nlargest(len(vrhs), "recovery")["head"].tolist()
-            ranking_rows.append({"kind": kind, **ranking, "top_exact_heads": " ".join(top),
-                                 "top_exact_in_vrhs": len(set(top) & {str(h) for h in vrhs}) / len(vrhs)})
-            exact_frames.append(exact.frame.merge(estimate.frame[["head", "recovery"]], on="head",
-                                                  suffixes=("", "_attribution")).assign(kind=kind))
-    study.tables["pairs"] = pd.DataFrame(pair_rows)
-    study.tables["head_set_patching"] = pd.DataFrame(set_rows)
-    study.tables["patched_answers"] = pd.DataFrame(answer_rows)
-    study.tables["position_patching"] = pd.concat(position_rows, ignore_index=True)
-    study.tables["mediation"] = pd.concat(mediation_rows, ignore_index=True)
-    study.tables["rankings"] = pd.DataFrame(ranking_rows)
-    study.tables["each_head"] = pd.concat(exact_frames, ignore_index=True)
+    parts = [_part(parts_dir, kind, lambda kind=kind: _kind_tables(
+        vlm, kind, vrhs, with_all, pairs_per_kind=pairs_per_kind, targets=targets, progress=progress))
+        for kind in PAIR_KINDS_STUDIED]
     samples = [s for index in range(probe_scenes) for s in grounding_samples("eval", index, difficulty=1)]
-    study.tables["probes"] = readout_probes(vlm, samples, vrhs, random_seeds=tuple(random_seeds))
+    probes = _part(parts_dir, "probes", lambda: {"probes": readout_probes(vlm, samples, vrhs,
+                                                                          random_seeds=tuple(random_seeds))})
+    study = PatchingStudy()
+    for table in ("pairs", "head_set_patching", "patched_answers", "position_patching", "mediation", "rankings",
+                  "each_head"):
+        study.tables[table] = pd.concat([part[table] for part in parts if table in part], ignore_index=True)
+    study.tables["probes"] = probes["probes"]
     study.facts = {"vrhs": [str(h) for h in vrhs], "pairs_per_kind": pairs_per_kind, "targets": targets,
                    "probe_samples": len(samples), "random_seeds": list(random_seeds)}
     return study
@@ -220,8 +251,8 @@ def detect_and_study(vlm: VLM, out: Path, *, detect_scenes: int = 200, top: int 
                      targets: str = "greedy", progress: bool = True) -> PatchingStudy:
     """Detect the VRHs on ``detect`` scenes (unless given), run the study on ``eval`` scenes, save it in ``out``.
 
-    Rerunning with the same arguments returns the finished run from ``out`` (detection resumes batch by batch;
-    the study is recomputed unless it completed); other arguments on a finished ``out`` are refused.
+    Rerunning with the same arguments returns the finished run from ``out``, or resumes an interrupted one
+    (detection batch by batch, the study part by part from ``out/parts``); other arguments are refused.
     """
     from vrh_interp.provenance import library_versions, model_provenance
     from vrh_interp.runs import RunMismatchError
@@ -231,11 +262,18 @@ def detect_and_study(vlm: VLM, out: Path, *, detect_scenes: int = 200, top: int 
     config = {"model": model_provenance(vlm), "detect_scenes": detect_scenes, "top": top,
               "vrhs": [str(h) for h in vrhs] if vrhs is not None else None, "pairs_per_kind": pairs_per_kind,
               "probe_scenes": probe_scenes, "random_seeds": list(random_seeds), "targets": targets}
+    comparable = json.loads(json.dumps(config, default=str))
     if (out / "patching.json").exists():
         previous = json.loads((out / "patching.json").read_text()).get("config")
-        if json.loads(json.dumps(previous, default=str)) != json.loads(json.dumps(config, default=str)):
+        if json.loads(json.dumps(previous, default=str)) != comparable:
             raise RunMismatchError(f"{out} holds a patching run with other settings; use another --out or delete it")
         return PatchingStudy.load(out)
+    parts_config = out / "parts" / "config.json"
+    if parts_config.exists() and json.loads(parts_config.read_text()) != comparable:
+        raise RunMismatchError(f"{out} holds an unfinished patching run with other settings; use another --out or "
+                               "delete it")
+    parts_config.parent.mkdir(parents=True, exist_ok=True)
+    parts_config.write_text(json.dumps(comparable, indent=1))
     started = time.time()
     detected = vrhs is None
     if vrhs is None:
@@ -243,7 +281,7 @@ def detect_and_study(vlm: VLM, out: Path, *, detect_scenes: int = 200, top: int 
                              dataset=f"synthetic:detect:{detect_scenes}", progress=progress)
         vrhs = scores.top(top)
     study = run_patching_study(vlm, vrhs, pairs_per_kind=pairs_per_kind, probe_scenes=probe_scenes,
-                               random_seeds=random_seeds, targets=targets, progress=progress)
+                               random_seeds=random_seeds, targets=targets, progress=progress, parts_dir=out / "parts")
     study.facts["seconds"] = time.time() - started
     study.facts["vrhs_from"] = f"top {top} of preset vrh on {detect_scenes} detect scenes" if detected else "given"
     provenance = {"model": model_provenance(vlm), "versions": library_versions(), "vrhs": [str(h) for h in vrhs],
