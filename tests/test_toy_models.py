@@ -142,3 +142,28 @@ def test_warm_start_continues_from_the_shipped_weights(tmp_path: Path, monkeypat
     assert seen[0].keys() == expected.keys()
     assert all(torch.equal(seen[0][k], expected[k]) for k in expected)
     assert set(history[-1]["eval"]["vqa"]) == {"attribute", "counting", "spatial"}
+
+
+@pytest.mark.parametrize("vqa_query_probe", [False, True])
+def test_query_probe_reads_grounding_rows_and_optionally_one_object_questions(vqa_query_probe: bool) -> None:
+    from vrh_interp.data.scenes import make_scene
+
+    config = trainer.TrainConfig(**{**trainer.TINY_TEST_CONFIG, "vision_steps": 0, "vqa_batch_scenes": 2,
+                                    "vqa_query_probe": vqa_query_probe})
+    samples, questions = trainer.grounding_batch(config, 3)
+    labels = torch.full((len(samples) + len(questions), 10), trainer.IGNORE_INDEX)
+    labels[:, -2:] = 7  # every row: a 2-token answer at the end
+    positions, named = trainer.probe_targets(config, labels, samples, questions)
+    for row, sample in enumerate(samples):
+        assert positions[row].nonzero().flatten().tolist() == [7, 8]
+        assert named[row] == sample.meta["query_attributes"]
+    for row, question in enumerate(questions, start=len(samples)):
+        one_object = question.meta["kind"] != "spatial"
+        assert positions[row].any().item() == (vqa_query_probe and one_object)
+        if one_object:  # the named attributes are those of the object(s) the question is about
+            scene = make_scene("train", question.meta["index"], question.meta["difficulty"])
+            about = [o for o in scene.objects if list(o.box) in question.meta["evidence_boxes"]]
+            assert {o.shape for o in about} == {named[row]["shape"]}
+            assert named[row]["colour"] is None
+            if named[row]["size"] is not None:
+                assert {o.size for o in about} == {named[row]["size"]}

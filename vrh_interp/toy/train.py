@@ -101,6 +101,7 @@ class TrainConfig:
     query_probe_weight: float = 0.5
     query_probe_layer: int = 2  # hidden_states index probed: output of decoder layer 1 (0-based) of 4
     vqa_batch_scenes: int = 0  # scenes per grounding step whose synthetic VQA items join the batch
+    vqa_query_probe: bool = False  # the query probe also reads the answer positions of one-object VQA rows
     # level mix per grounding phase: (fraction of grounding steps, {level: probability})
     level_schedule: tuple[tuple[float, tuple[tuple[int, float], ...]], ...] = (
         (0.4, ((0, 0.8), (1, 0.2))),
@@ -207,9 +208,20 @@ class QueryProbeHeads(nn.Module):
         return total, accuracy
 
 
-def query_labels(samples: Sequence[GroundingSample]) -> dict[str, torch.Tensor]:
+def question_attributes(question: VQASample) -> dict[str, str | None] | None:
+    """The attributes a one-object question names (colour and counting questions), None for two-object ones."""
+    if question.meta["kind"] == "spatial":
+        return None
+    words = question.question.split("?")[0].split()
+    return {
+        "colour": next((w for w in words if w in COLOURS), None),
+        "shape": next(shape for shape in SHAPES if shape in words or f"{shape}s" in words),
+        "size": next((w for w in words if w in SIZES), None),
+    }
+
+
+def query_labels(named: Sequence[dict[str, str | None]]) -> dict[str, torch.Tensor]:
     """Class ids of the attributes each expression names for its referent (0 = not named)."""
-    named = [s.meta["query_attributes"] for s in samples]
     return {
         "colour": torch.tensor([0 if q["colour"] is None else 1 + list(COLOURS).index(q["colour"]) for q in named]),
         "shape": torch.tensor([SHAPES.index(q["shape"]) for q in named]),
@@ -552,6 +564,18 @@ def export_checkpoint(model: PreTrainedModel, processor, out_dir: Path, log: dic
     (out_dir / "training_log.json").write_text(json.dumps(log, indent=1))
 
 
+def probe_targets(config: TrainConfig, labels: torch.Tensor, samples: Sequence[GroundingSample],
+                  questions: Sequence[VQASample]) -> tuple[torch.Tensor, list[dict[str, str | None]]]:
+    """Positions the query probe reads (those predicting an answer token, in probed rows) and each row's named
+    attributes. Probed rows: every grounding row; with ``vqa_query_probe`` also the one-object VQA rows."""
+    named = [s.meta["query_attributes"] for s in samples] + [question_attributes(q) for q in questions]
+    probed = torch.tensor([n is not None and (row < len(samples) or config.vqa_query_probe) for row, n in enumerate(named)])
+    positions = torch.zeros_like(labels, dtype=torch.bool)
+    positions[:, :-1] = (labels[:, 1:] != IGNORE_INDEX) & probed[:, None]
+    placeholder = {"colour": None, "shape": SHAPES[0], "size": None}  # rows that are not probed: never read
+    return positions, [n if n is not None else placeholder for n in named]
+
+
 def training_step(config: TrainConfig, model, heads, processor, optimizer, step: int) -> dict[str, float]:
     for group in optimizer.param_groups:
         group["lr"] = learning_rate(config, step)
@@ -572,12 +596,10 @@ def training_step(config: TrainConfig, model, heads, processor, optimizer, step:
             probe = config.query_probe_weight > 0
             outputs = model(**inputs, output_hidden_states=probe)
             loss, stats = outputs.loss, {"answer_loss": outputs.loss.item()}
-            if probe:  # on the grounding rows only (the VQA rows follow them)
-                labels = inputs["labels"]
-                predicts_answer = torch.zeros_like(labels, dtype=torch.bool)
-                predicts_answer[: len(samples), :-1] = labels[: len(samples), 1:] != IGNORE_INDEX
+            if probe:  # grounding rows, and with vqa_query_probe the one-object VQA rows (which follow them)
+                positions, named = probe_targets(config, inputs["labels"], samples, questions)
                 probe_loss, probe_stats = heads.query.loss(
-                    outputs.hidden_states[config.query_probe_layer], predicts_answer, query_labels(samples)
+                    outputs.hidden_states[config.query_probe_layer], positions, query_labels(named)
                 )
                 loss = loss + config.query_probe_weight * probe_loss
                 stats.update(probe_stats)
@@ -681,6 +703,7 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--warm-start", default=None, help="trained toy checkpoint folder (same family) that a grounding-only run continues from: no stage 1, fresh optimiser and schedule")
     parser.add_argument("--lr", type=float, default=None, help="peak grounding (stage-2) learning rate")
     parser.add_argument("--vqa-scenes", type=int, default=None, help="scenes per grounding step whose synthetic VQA items join the batch")
+    parser.add_argument("--vqa-query-probe", action="store_true", help="apply the query-probe scaffold to one-object VQA rows too")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes and step counts (tests)")
     parser.add_argument("--ship", type=Path, default=None, help="copy RUN/best into vrh_interp/toy/checkpoints/<model> and measure it")
     parser.add_argument("--evaluate", action="store_true", help="print held-out metrics of the shipped checkpoint of --model")
@@ -714,6 +737,8 @@ def main() -> None:
         overrides["grounding_lr"] = args.lr
     if args.vqa_scenes is not None:
         overrides["vqa_batch_scenes"] = args.vqa_scenes
+    if args.vqa_query_probe:
+        overrides["vqa_query_probe"] = True
     if args.steps is not None:
         overrides["grounding_steps"] = args.steps
     if args.vision_steps is not None:
