@@ -141,17 +141,14 @@ def vqa_verdict(vqa: pd.DataFrame | None, k_star: int) -> dict[str, str]:
 
 def cross_task_vqa(vlm: Any, scores: Any, k_star: int, eval_scenes: int, out: Path, batch_size: int) -> pd.DataFrame:
     """VQA sweep on the eval scenes' synthetic VQA items: unmasked, top-k* heads, k* random heads (seeds 0-2)."""
-    from vrh_interp.datasets.synthetic_vqa import answer_text, synthetic_vqa
+    from vrh_interp.datasets.synthetic_vqa import majority_answer_rate, synthetic_vqa
     from vrh_interp.datasets.vqa_sweep import vqa_sweep
 
     items = synthetic_vqa("eval", eval_scenes)
     result = vqa_sweep(vlm, items, scores.top(k_star), random_seeds=(0, 1, 2), batch_size=batch_size,
                        run_dir=out / "vqa")
     summary = result.summary()
-    majority = {}
-    for benchmark in result.benchmarks:
-        answers = [answer_text(s) for s in items if s.benchmark == benchmark]
-        majority[benchmark] = max(answers.count(a) for a in set(answers)) / len(answers)
+    majority = {b: majority_answer_rate([s for s in items if s.benchmark == b]) for b in result.benchmarks}
     summary["majority_baseline"] = summary["benchmark"].map(majority)
     return summary
 

@@ -60,3 +60,14 @@ def test_vqa_spec_loads_and_rejects_bad_specs() -> None:
     for bad in ("synthetic:eval", "synthetic:holdout:5", "synthetic:eval:0", "synthetic:eval:x"):
         with pytest.raises(DataSpecError, match="synthetic:SPLIT:N"):
             load_vqa(bad)
+
+
+def test_majority_answer_rate_is_the_most_common_answers_share() -> None:
+    from collections import Counter
+
+    from vrh_interp.datasets.synthetic_vqa import majority_answer_rate
+
+    counting = [s for s in synthetic_vqa("eval", 50) if s.benchmark == "synthetic-counting"]
+    top = Counter(s.answer for s in counting).most_common(1)[0][1]
+    assert majority_answer_rate(counting) == top / len(counting)
+    assert majority_answer_rate(counting[:1]) == 1.0

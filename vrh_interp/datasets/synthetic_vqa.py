@@ -22,6 +22,7 @@ items holds no pixels.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from PIL import Image
@@ -58,6 +59,13 @@ def answer_text(sample: VQASample) -> str:
     if sample.scorer == "letter":
         return sample.choices[sample.letters.index(sample.answer)]
     return sample.answer
+
+
+def majority_answer_rate(samples: Sequence[VQASample]) -> float:
+    """Accuracy of always giving the most common correct answer: the level a model that ignores the image
+    and the question can reach on ``samples`` (for colour questions the options are shuffled per item)."""
+    answers = [answer_text(s) for s in samples]
+    return max(answers.count(a) for a in set(answers)) / len(answers)
 
 
 def scene_vqa_items(split: Split, index: int, difficulty: int = 1) -> list[VQASample]:

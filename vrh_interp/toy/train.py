@@ -54,7 +54,7 @@ from transformers import AutoModelForImageTextToText, InternVLForConditionalGene
 from vrh_interp.boxes import Box, iou
 from vrh_interp.data.scenes import COLOURS, SHAPES, SIZES, GroundingSample, grounding_samples, make_scene
 from vrh_interp.datasets.samples import VQASample
-from vrh_interp.datasets.synthetic_vqa import answer_text, scene_vqa_items, synthetic_vqa
+from vrh_interp.datasets.synthetic_vqa import answer_text, majority_answer_rate, scene_vqa_items, synthetic_vqa
 from vrh_interp.datasets.vqa import score_response
 from vrh_interp.datasets.vqa_prompt import vqa_messages
 from vrh_interp.toy.configs import (
@@ -440,8 +440,7 @@ def evaluate(model, processor, name: ModelName, n_scenes: int, levels: Sequence[
 def evaluate_vqa(model, processor, n_scenes: int, batch_size: int = 64) -> dict[str, dict[str, float]]:
     """Greedy answers to the VQA items of eval scenes ``0..n_scenes-1`` (level 1): accuracy per kind.
 
-    ``baseline_majority`` is the accuracy of always giving the kind's most common correct answer (for colour
-    questions the options are shuffled per item, so it is near 1/4).
+    ``baseline_majority``: ``synthetic_vqa.majority_answer_rate`` of the kind's items.
     """
     model.eval()
     items = list(synthetic_vqa("eval", n_scenes))
@@ -455,9 +454,8 @@ def evaluate_vqa(model, processor, n_scenes: int, batch_size: int = 64) -> dict[
     results = {}
     for kind in sorted({q.meta["kind"] for q in items}):
         keep = [i for i, q in enumerate(items) if q.meta["kind"] == kind]
-        answers = [answer_text(items[i]) for i in keep]
-        majority = max(answers.count(a) for a in set(answers)) / len(answers)
-        results[kind] = {"n": len(keep), "accuracy": float(np.mean([correct[i] for i in keep])), "baseline_majority": majority}
+        results[kind] = {"n": len(keep), "accuracy": float(np.mean([correct[i] for i in keep])),
+                         "baseline_majority": majority_answer_rate([items[i] for i in keep])}
     return results
 
 
