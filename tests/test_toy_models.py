@@ -52,6 +52,11 @@ def test_shipped_checkpoint_is_small_and_reaches_recorded_accuracy(name: str) ->
     assert measured["accuracy"] >= measured["baseline_query_ignoring_ceiling"] + 0.15
     assert measured["swap_same_box_rate"] <= 0.3
     assert measured["nearest_object_is_target_rate"] >= measured["baseline_random_object"] + 0.1
+    if "test_set_vqa" in log:  # checkpoints trained on the synthetic VQA items too
+        vqa = trainer.evaluate_vqa(model, processor, log["test_set_scenes"])
+        for kind, recorded_kind in log["test_set_vqa"].items():
+            assert vqa[kind]["n"] == recorded_kind["n"]
+            assert vqa[kind]["accuracy"] >= recorded_kind["accuracy"] - ACCURACY_MARGIN
 
 
 def _final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -167,3 +172,22 @@ def test_query_probe_reads_grounding_rows_and_optionally_one_object_questions(vq
             assert named[row]["colour"] is None
             if named[row]["size"] is not None:
                 assert {o.size for o in about} == {named[row]["size"]}
+
+
+def test_final_export_holds_the_finished_runs_last_weights(tmp_path: Path) -> None:
+    from transformers import AutoModelForImageTextToText
+
+    config = trainer.TrainConfig(**{**trainer.TINY_TEST_CONFIG, "vision_steps": 2, "grounding_steps": 2})
+    trainer.train(config, tmp_path / "run", resume=False)
+    assert trainer.config_from_json(json.loads((tmp_path / "run" / "train_config.json").read_text())) == config
+    final = AutoModelForImageTextToText.from_pretrained(trainer.export_final(tmp_path / "run"), dtype=torch.float32)
+    last = _final_weights(tmp_path / "run")
+    weights = {k[len("model."):]: v for k, v in last.items() if k.startswith("model.")}
+    assert all(torch.equal(v, weights[k].to(torch.float16).float()) for k, v in final.state_dict().items())
+
+    longer = trainer.TrainConfig(**{**trainer.TINY_TEST_CONFIG, "vision_steps": 2, "grounding_steps": 2, "eval_every": 1})
+    trainer.train(longer, tmp_path / "unfinished", resume=False)
+    (tmp_path / "unfinished" / "train_config.json").write_text(json.dumps(
+        {**json.loads((tmp_path / "unfinished" / "train_config.json").read_text()), "grounding_steps": 5}))
+    with pytest.raises(ValueError, match="stopped at step 4 of 7"):
+        trainer.export_final(tmp_path / "unfinished")

@@ -658,15 +658,40 @@ TEST_SET_SCENES = 32  # eval scenes 0..31 at level 1: the fixed set tests/test_t
 REPORT_SCENES = 200
 
 
-def ship(run_dir: Path, name: ModelName, lineage: str = "") -> dict:
-    """Copy RUN_DIR/best into ``checkpoints/<name>``, re-measure it through ``load(name)``, write its log."""
+def config_from_json(data: dict) -> TrainConfig:
+    """The ``TrainConfig`` a run folder's ``train_config.json`` describes (fields added later take their defaults)."""
+    data = dict(data)
+    data["text_shape"] = TextBackboneShape(**data["text_shape"])
+    data["vision_shape"] = VisionTowerShape(**data["vision_shape"])
+    data["level_schedule"] = tuple((end, tuple((level, p) for level, p in mix)) for end, mix in data["level_schedule"])
+    return TrainConfig(**data)
+
+
+def export_final(run_dir: Path) -> Path:
+    """``RUN_DIR/final``: the finished run's last weights (chosen without looking at any evaluation)."""
+    config = config_from_json(json.loads((run_dir / "train_config.json").read_text()))
+    processor = build_processor(config.model)
+    model = build_model(config, processor)
+    heads = TrainingHeads(model.config.get_text_config().hidden_size)
+    step, _, history = load_trainer_state(run_dir / CHECKPOINT_FILE, model, heads, config)
+    if step != config.total_steps:
+        raise ValueError(f"{run_dir} stopped at step {step} of {config.total_steps}: finish it with --resume, or ship "
+                         "its best checkpoint")
+    export_checkpoint(model, processor, run_dir / "final", {"config": dataclasses.asdict(config), **history[-1]})
+    return run_dir / "final"
+
+
+def ship(run_dir: Path, name: ModelName, lineage: str = "", checkpoint: str = "best") -> dict:
+    """Copy RUN_DIR/best (or the run's final weights) into ``checkpoints/<name>``, re-measure it through
+    ``load(name)`` (grounding on 200 held-out scenes, the test set, VQA items), write its log."""
+    source = run_dir / "best" if checkpoint == "best" else export_final(run_dir)
     target = checkpoint_dir(name)
     target.mkdir(parents=True, exist_ok=True)
-    for item in (run_dir / "best").iterdir():
+    for item in source.iterdir():
         if item.name != "training_log.json":
             shutil.copy2(item, target / item.name)
     history = json.loads((run_dir / "history.json").read_text())
-    best = json.loads((run_dir / "best" / "training_log.json").read_text())
+    selected = json.loads((source / "training_log.json").read_text())
     model, processor = load(name)
     started = time.time()
     report = evaluate(model, processor, name, REPORT_SCENES)
@@ -674,13 +699,16 @@ def ship(run_dir: Path, name: ModelName, lineage: str = "") -> dict:
     log = {
         "model": name,
         "lineage": lineage,
-        "selected_checkpoint_step": best["step"],
-        "train_seconds_at_selected_step": best["train_seconds"],
-        "config": best["config"],
+        "selected_checkpoint": checkpoint,
+        "selected_checkpoint_step": selected["step"],
+        "train_seconds_at_selected_step": selected["train_seconds"],
+        "config": selected["config"],
         "held_out_eval_scenes": REPORT_SCENES,
         "held_out": report,
+        "held_out_vqa": evaluate_vqa(model, processor, REPORT_SCENES),
         "test_set_scenes": TEST_SET_SCENES,
         "test_set_level1": test_set,
+        "test_set_vqa": evaluate_vqa(model, processor, TEST_SET_SCENES),
         "eval_seconds": time.time() - started,
         "history": history,
     }
@@ -706,6 +734,7 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--ship", type=Path, default=None, help="copy RUN/best into vrh_interp/toy/checkpoints/<model> and measure it")
     parser.add_argument("--evaluate", action="store_true", help="print held-out metrics of the shipped checkpoint of --model")
     parser.add_argument("--lineage", default="", help="with --ship: how the run was produced (stored in training_log.json)")
+    parser.add_argument("--checkpoint", choices=("best", "final"), default="best", help="with --ship: the best checkpoint by level-1 accuracy on eval scenes 0-31, or the finished run's last weights")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (1 each when two runs share 2 cores)")
     return parser.parse_args()
 
@@ -716,11 +745,12 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if args.evaluate:
         model, processor = load(args.model)
-        print(json.dumps(evaluate(model, processor, args.model, REPORT_SCENES), indent=1))
+        print(json.dumps({**evaluate(model, processor, args.model, REPORT_SCENES),
+                          "vqa": evaluate_vqa(model, processor, REPORT_SCENES)}, indent=1))
         return
     if args.ship is not None:
-        log = ship(args.ship, args.model, args.lineage)
-        print(json.dumps({"held_out": log["held_out"], "test_set_level1": log["test_set_level1"]}, indent=1))
+        log = ship(args.ship, args.model, args.lineage, args.checkpoint)
+        print(json.dumps({key: log[key] for key in ("held_out", "held_out_vqa", "test_set_level1")}, indent=1))
         return
     overrides: dict = dict(MODEL_PRESETS[args.model])
     if args.tiny:
