@@ -191,3 +191,10 @@ def test_final_export_holds_the_finished_runs_last_weights(tmp_path: Path) -> No
         {**json.loads((tmp_path / "unfinished" / "train_config.json").read_text()), "grounding_steps": 5}))
     with pytest.raises(ValueError, match="stopped at step 4 of 7"):
         trainer.export_final(tmp_path / "unfinished")
+
+
+def test_warm_start_from_another_family_is_a_clear_error(tmp_path: Path) -> None:
+    config = trainer.TrainConfig(**{**trainer.TINY_TEST_CONFIG, "vision_steps": 0, "grounding_steps": 1,
+                                    "warm_start": str(checkpoint_dir("b"))})
+    with pytest.raises(ValueError, match="do not match this run's LlavaForConditionalGeneration"):
+        trainer.train(config, tmp_path / "run", resume=False)

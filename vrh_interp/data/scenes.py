@@ -388,7 +388,11 @@ def grounding_samples(
 
 
 def vqa_samples(split: Split, index: int, difficulty: int = 1) -> list[VQASample]:
-    """Attribute MCQ, counting and spatial yes/no questions on scene ``index`` (same scenes as grounding)."""
+    """Attribute MCQ, counting and spatial yes/no questions on scene ``index`` (same scenes as grounding).
+
+    One-object questions (attribute, counting) carry ``meta["query_attributes"]``: the colour / shape / size
+    their noun phrase names (None = not named), as grounding samples do.
+    """
     scene = make_scene(split, index, difficulty)
     objs = scene.objects
     rng = random.Random(scene.seed * 8 + difficulty + 5)
@@ -412,7 +416,8 @@ def vqa_samples(split: Split, index: int, difficulty: int = 1) -> list[VQASample
                 choices=choices,
                 answer=obj.colour,
                 evidence_boxes=(obj.box,),
-                meta={**meta, "kind": "attribute"},
+                meta={**meta, "kind": "attribute",
+                      "query_attributes": {"colour": None, "shape": phrase.shape, "size": phrase.size}},
             )
         )
         break
@@ -428,7 +433,7 @@ def vqa_samples(split: Split, index: int, difficulty: int = 1) -> list[VQASample
             choices=(),
             answer=str(len(counted)),
             evidence_boxes=counted,
-            meta={**meta, "kind": "counting"},
+            meta={**meta, "kind": "counting", "query_attributes": {"colour": None, "shape": shape, "size": None}},
         )
     )
 

@@ -134,10 +134,11 @@ class RowPairHeadPatch:
             raise ValueError("RowPairHeadPatch needs at least one (head, source_rows, target_rows) patch")
         geometry.validate(HeadSet(sorted({h for h, _, _ in patches})))
         entries = []
+        all_targets = {r for _, _, t in patches for r in t}
         for head, source_rows, target_rows in patches:
             if len(source_rows) != len(target_rows):
                 raise ValueError(f"{head}: {len(source_rows)} source rows but {len(target_rows)} target rows")
-            if set(source_rows) & {r for _, _, t in patches for r in t}:
+            if set(source_rows) & all_targets:
                 raise ValueError(f"{head}: a source row is also a patch target; keep source rows unpatched")
             entries.append((head.layer, head.head, tuple(source_rows), tuple(target_rows)))
         layers = sorted({layer for layer, _, _, _ in entries})

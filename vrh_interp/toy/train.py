@@ -208,18 +208,6 @@ class QueryProbeHeads(nn.Module):
         return total, accuracy
 
 
-def question_attributes(question: VQASample) -> dict[str, str | None] | None:
-    """The attributes a one-object question names (colour and counting questions), None for two-object ones."""
-    if question.meta["kind"] == "spatial":
-        return None
-    words = question.question.split("?")[0].split()
-    return {
-        "colour": next((w for w in words if w in COLOURS), None),
-        "shape": next(shape for shape in SHAPES if shape in words or f"{shape}s" in words),
-        "size": next((w for w in words if w in SIZES), None),
-    }
-
-
 def query_labels(named: Sequence[dict[str, str | None]]) -> dict[str, torch.Tensor]:
     """Class ids of the attributes each expression names for its referent (0 = not named)."""
     return {
@@ -476,6 +464,11 @@ def load_language_backbone(model: PreTrainedModel, checkpoint_folder: str) -> No
 def load_whole_model(model: PreTrainedModel, checkpoint_folder: str) -> None:
     """Copy every weight of a trained toy checkpoint of the same family and shape into ``model``."""
     donor = AutoModelForImageTextToText.from_pretrained(checkpoint_folder, dtype=torch.float32, local_files_only=True)
+    if type(donor) is not type(model) or {k: v.shape for k, v in donor.state_dict().items()} != {
+            k: v.shape for k, v in model.state_dict().items()}:
+        raise ValueError(f"--warm-start {checkpoint_folder} holds a {type(donor).__name__} whose weights do not match "
+                         f"this run's {type(model).__name__} (family or shape differ): warm-start from a checkpoint "
+                         "of the same --model")
     model.load_state_dict(donor.state_dict(), strict=True)
 
 
@@ -566,7 +559,7 @@ def probe_targets(config: TrainConfig, labels: torch.Tensor, samples: Sequence[G
                   questions: Sequence[VQASample]) -> tuple[torch.Tensor, list[dict[str, str | None]]]:
     """Positions the query probe reads (those predicting an answer token, in probed rows) and each row's named
     attributes. Probed rows: every grounding row; with ``vqa_query_probe`` also the one-object VQA rows."""
-    named = [s.meta["query_attributes"] for s in samples] + [question_attributes(q) for q in questions]
+    named = [s.meta["query_attributes"] for s in samples] + [q.meta.get("query_attributes") for q in questions]
     probed = torch.tensor([n is not None and (row < len(samples) or config.vqa_query_probe) for row, n in enumerate(named)])
     positions = torch.zeros_like(labels, dtype=torch.bool)
     positions[:, :-1] = (labels[:, 1:] != IGNORE_INDEX) & probed[:, None]
