@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from vrh_interp.boxes import Box
 from vrh_interp.toy import checkpoint_dir, load
 from vrh_interp.toy import train as trainer
 
@@ -64,12 +65,21 @@ def _final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return {k: v for k, v in tensors.items() if k.startswith(("model.", "heads.", "optim."))}
 
 
-def test_resume_after_kill_reproduces_uninterrupted_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    config = trainer.TrainConfig(**{**trainer.TINY_TEST_CONFIG, "vision_steps": 4, "grounding_steps": 4, "eval_every": 3})
+@pytest.mark.parametrize(
+    ("vision_steps", "eval_every", "kill_at", "checkpoint_step"),
+    [
+        (4, 3, 5, 3),  # killed in stage 1 (checkpoint after step 3; steps 3 and 4, 0-based, are lost)
+        (2, 2, 3, 2),  # the last checkpoint is the end of stage 1: it holds the stage-1 optimiser
+        (2, 2, 5, 4),  # killed in stage 2 after a new best was exported at step 4
+    ],
+)
+def test_resume_after_kill_reproduces_uninterrupted_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, vision_steps: int,
+                                                        eval_every: int, kill_at: int, checkpoint_step: int) -> None:
+    config = trainer.TrainConfig(**{**trainer.TINY_TEST_CONFIG, "vision_steps": vision_steps, "grounding_steps": 4,
+                                    "eval_every": eval_every})
     trainer.train(config, tmp_path / "uninterrupted", resume=False)
 
     real_step = trainer.training_step
-    kill_at = 5  # checkpoint written after step 3; steps 3 and 4 (0-based) are lost
 
     def step_until_killed(cfg, model, heads, processor, optimizer, step):
         if step == kill_at:
@@ -79,7 +89,7 @@ def test_resume_after_kill_reproduces_uninterrupted_run(tmp_path: Path, monkeypa
     monkeypatch.setattr(trainer, "training_step", step_until_killed)
     with pytest.raises(KeyboardInterrupt):
         trainer.train(config, tmp_path / "killed", resume=False)
-    assert _metadata_step(tmp_path / "killed") == 3  # the last checkpoint before the kill
+    assert _metadata_step(tmp_path / "killed") == checkpoint_step  # the last checkpoint before the kill
     killed_at_checkpoint = _final_weights(tmp_path / "killed")
     uninterrupted = _final_weights(tmp_path / "uninterrupted")
     assert any(not torch.equal(killed_at_checkpoint[k], uninterrupted[k]) for k in uninterrupted if k.startswith("model."))
@@ -174,6 +184,19 @@ def test_query_probe_reads_grounding_rows_and_optionally_one_object_questions(vq
                 assert {o.size for o in about} == {named[row]["size"]}
 
 
+def test_exporting_a_checkpoint_leaves_the_live_model_unchanged(tmp_path: Path) -> None:
+    config = trainer.TrainConfig(**{**trainer.TINY_TEST_CONFIG, "vision_steps": 0})
+    processor = trainer.build_processor("a")
+    model = trainer.build_model(config, processor)
+    before = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    before = {k: v.detach().clone() for k, v in before.items()}
+    assert any(not torch.equal(v, v.half().float()) for v in before.values())  # fp16 rounding would be visible
+    trainer.export_checkpoint(model, processor, tmp_path / "best", {})
+    after = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    assert all(after[k].dtype == v.dtype and torch.equal(after[k], v) for k, v in before.items())
+    assert all(v.dtype == torch.float16 for v in load_file(str(tmp_path / "best" / "model.safetensors")).values())
+
+
 def test_final_export_holds_the_finished_runs_last_weights(tmp_path: Path) -> None:
     from transformers import AutoModelForImageTextToText
 
@@ -198,3 +221,27 @@ def test_warm_start_from_another_family_is_a_clear_error(tmp_path: Path) -> None
                                     "warm_start": str(checkpoint_dir("b"))})
     with pytest.raises(ValueError, match="do not match this run's LlavaForConditionalGeneration"):
         trainer.train(config, tmp_path / "run", resume=False)
+
+
+def test_binding_errors_name_the_attributes_the_boxed_object_gets_wrong() -> None:
+    samples = trainer.held_out_samples(12, difficulty=1)
+    predictions: list = []
+    expected: dict[str, int] = {}
+    for i, sample in enumerate(samples):
+        boxes, attributes, target = sample.meta["object_boxes"], sample.meta["object_attributes"], sample.meta["target_index"]
+        other = (target + 1) % len(boxes)
+        if i % 3 == 0:  # the box of another object: an error keyed by the attributes that differ
+            predictions.append(Box(*boxes[other]))
+            differs = [n for n, a, b in zip(("colour", "shape", "size"), attributes[target], attributes[other]) if a != b]
+            key = "+".join(differs) or "none"
+            expected[key] = expected.get(key, 0) + 1
+        elif i % 3 == 1:  # the referent, shifted by 2 px: right object, not an error
+            x1, y1, x2, y2 = boxes[target]
+            predictions.append(Box(x1 + 2, y1 + 2, x2 + 2, y2 + 2))
+        else:  # unparsable answer: counted as a parse failure, not a binding error
+            predictions.append(None)
+    measured = trainer.binding_errors(samples, predictions)
+    assert measured == pytest.approx({key: count / len(samples) for key, count in expected.items()})
+    assert sum(measured.values()) == pytest.approx(1 / 3, abs=1 / len(samples))
+    metrics = trainer.grounding_metrics(samples, predictions)
+    assert sum(measured.values()) == pytest.approx(1 - metrics["nearest_object_is_target_rate"] - metrics["parse_failure_rate"])

@@ -33,6 +33,7 @@ Methodological choices
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import json
 import math
@@ -364,18 +365,16 @@ def _centre_distance(a: Box, b: Box) -> float:
     return math.hypot(ax - bx, ay - by)
 
 
+def nearest_object(sample: GroundingSample, box: Box) -> int:
+    """Index of the scene object whose box centre is closest to ``box``'s centre."""
+    boxes = sample.meta["object_boxes"]
+    return min(range(len(boxes)), key=lambda k: _centre_distance(box, Box(*boxes[k])))
+
+
 def grounding_metrics(samples: Sequence[GroundingSample], predictions: Sequence[Box | None]) -> dict[str, float]:
     """Accuracy (IoU >= 0.5), query-ignoring baselines and the swap test for one set of samples."""
     hits = [p is not None and iou(p, Box(*s.box)) >= 0.5 for s, p in zip(samples, predictions)]
-    nearest_is_target = [
-        p is not None
-        and min(
-            range(len(s.meta["object_boxes"])),
-            key=lambda k: _centre_distance(p, Box(*s.meta["object_boxes"][k])),
-        )
-        == s.meta["target_index"]
-        for s, p in zip(samples, predictions)
-    ]
+    nearest_is_target = [p is not None and nearest_object(s, p) == s.meta["target_index"] for s, p in zip(samples, predictions)]
     object_hits = [
         p is not None and any(iou(p, Box(*b)) >= 0.5 for b in s.meta["object_boxes"]) for s, p in zip(samples, predictions)
     ]
@@ -409,6 +408,27 @@ def grounding_metrics(samples: Sequence[GroundingSample], predictions: Sequence[
     }
 
 
+def binding_errors(samples: Sequence[GroundingSample], predictions: Sequence[Box | None]) -> dict[str, float]:
+    """Where wrong-object answers go: the share of ALL samples whose box lands nearest another object,
+    split by the attributes in which that object differs from the referent ("colour", "colour+size", ...).
+
+    A model that binds shape and size but not colour puts its errors under "colour" (and "colour+size"
+    when the query does not name the size); a query-ignoring model spreads them over every key.
+    """
+    counts: dict[str, int] = {}
+    for sample, box in zip(samples, predictions):
+        if box is None:
+            continue
+        boxed = nearest_object(sample, box)
+        if boxed == sample.meta["target_index"]:
+            continue
+        referent = sample.meta["object_attributes"][sample.meta["target_index"]]
+        other = sample.meta["object_attributes"][boxed]
+        key = "+".join(name for name, a, b in zip(("colour", "shape", "size"), referent, other) if a != b) or "none"
+        counts[key] = counts.get(key, 0) + 1
+    return {key: counts[key] / len(samples) for key in sorted(counts)}
+
+
 def evaluate(model, processor, name: ModelName, n_scenes: int, levels: Sequence[int] = (1, 2)) -> dict[str, dict[str, float]]:
     """Held-out metrics per level, on eval-split scenes ``0..n_scenes-1``."""
     results = {}
@@ -416,6 +436,7 @@ def evaluate(model, processor, name: ModelName, n_scenes: int, levels: Sequence[
         samples = held_out_samples(n_scenes, level)
         predictions = [box for _, box in predict_boxes(model, processor, name, samples)]
         results[f"level{level}"] = grounding_metrics(samples, predictions)
+        results[f"level{level}_binding_errors"] = binding_errors(samples, predictions)
         if level == 2:
             for kind in ("attribute", "relational", "ordinal"):
                 keep = [i for i, s in enumerate(samples) if s.meta["kind"] == kind]
@@ -526,7 +547,9 @@ def load_trainer_state(path: Path, model: PreTrainedModel, heads: TrainingHeads,
     step = int(metadata["step"])
     model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")}, strict=True)
     heads.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("heads.")}, strict=True)
-    stage = "vision" if step < config.vision_steps else "grounding"
+    # a checkpoint written at the end of stage 1 (step == vision_steps) holds the stage-1 optimiser;
+    # the training loop switches to stage 2 at that step
+    stage = "vision" if step <= config.vision_steps and config.vision_steps > 0 else "grounding"
     configure_stage(model, stage)
     params = stage_parameters(model, heads, stage)
     optimizer = build_optimizer(config, params, learning_rate(config, step))
@@ -549,8 +572,9 @@ def configure_stage(model: PreTrainedModel, stage: str) -> None:
 def export_checkpoint(model: PreTrainedModel, processor, out_dir: Path, log: dict) -> None:
     """Ship-ready folder: fp16 safetensors + config + processor/tokenizer files + training_log.json."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    model.to(torch.float16).save_pretrained(out_dir)
-    model.to(torch.float32)
+    # a half-precision COPY: casting the live model there and back would round its weights and RoPE
+    # buffers mid-training (a run's weights would then depend on when it found a new best)
+    copy.deepcopy(model).to(torch.float16).save_pretrained(out_dir)
     processor.save_pretrained(out_dir)
     (out_dir / "training_log.json").write_text(json.dumps(log, indent=1))
 

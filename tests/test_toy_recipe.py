@@ -1,0 +1,87 @@
+"""Toy training recipes: the declared stages are the shipped runs, chained by final weights, resumable."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from vrh_interp.toy import checkpoint_dir
+from vrh_interp.toy import recipe
+from vrh_interp.toy import train as trainer
+
+TINY_STAGES = (
+    recipe.RecipeStage("first", "a", "scratch", dict(vision_steps=2, grounding_steps=2, eval_every=2)),
+    recipe.RecipeStage("second", "a", "warm", dict(grounding_steps=3, eval_every=2, seed=1, vqa_batch_scenes=1)),
+)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.mark.parametrize("name", ["a", "b"])
+def test_last_recipe_stage_is_the_shipped_run(name: str) -> None:
+    log = json.loads((checkpoint_dir(name) / "training_log.json").read_text())
+    shipped = trainer.config_from_json(log["config"])
+    assert recipe.stage_config(recipe.RECIPES[name][-1], Path(shipped.warm_start)) == shipped
+
+
+def test_b_recipe_starts_from_a_backbone_trained_in_the_same_folder(tmp_path: Path) -> None:
+    a_first, b_first = recipe.RECIPES["a"][0], recipe.RECIPES["b"][0]
+    assert recipe.stage_folder(tmp_path, 0, a_first) == recipe.stage_folder(tmp_path, 0, b_first)  # shared, run once
+    config = recipe.stage_config(recipe.RECIPES["b"][1], tmp_path / "00-a-from-scratch" / "final")
+    assert (config.model, config.init_backbone, config.warm_start) == ("b", str(tmp_path / "00-a-from-scratch" / "final"), None)
+    with pytest.raises(ValueError, match="first stage"):
+        recipe.stage_config(recipe.RECIPES["b"][1], None)
+
+
+def _model_weights(folder: Path) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in load_file(str(folder / trainer.CHECKPOINT_FILE)).items() if k.startswith("model.")}
+
+
+def test_recipe_chains_final_weights_and_resumes_after_a_kill(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    base = dict(trainer.TINY_TEST_CONFIG)
+    last = recipe.run_recipe(TINY_STAGES, tmp_path / "uninterrupted", base)
+    assert last == tmp_path / "uninterrupted" / "01-second"
+    second = trainer.config_from_json(json.loads((last / "train_config.json").read_text()))
+    assert second.warm_start == str(tmp_path / "uninterrupted" / "00-first" / "final")
+    assert (second.vision_steps, second.grounding_steps) == (0, 3)
+
+    real_step = trainer.training_step
+
+    def killed_in_second_stage(cfg, model, heads, processor, optimizer, step):
+        if cfg.warm_start is not None and step == 2:
+            raise KeyboardInterrupt("simulated kill")
+        return real_step(cfg, model, heads, processor, optimizer, step)
+
+    monkeypatch.setattr(trainer, "training_step", killed_in_second_stage)
+    with pytest.raises(KeyboardInterrupt):
+        recipe.run_recipe(TINY_STAGES, tmp_path / "killed", base)
+    first_final = (tmp_path / "killed" / "00-first" / "final" / "model.safetensors").read_bytes()
+    assert not (tmp_path / "killed" / "01-second" / "final").exists()
+
+    stages_trained: list[int] = []
+    real_train = trainer.train
+
+    def counting_train(config, out_dir, resume):
+        stages_trained.append(config.grounding_steps)
+        return real_train(config, out_dir, resume)
+
+    monkeypatch.setattr(trainer, "training_step", real_step)
+    monkeypatch.setattr(recipe, "train", counting_train)
+    recipe.run_recipe(TINY_STAGES, tmp_path / "killed", base)
+    assert stages_trained == [3]  # the finished first stage is skipped, the second resumed
+    assert (tmp_path / "killed" / "00-first" / "final" / "model.safetensors").read_bytes() == first_final
+    expected, resumed = _model_weights(last), _model_weights(tmp_path / "killed" / "01-second")
+    assert all(torch.equal(expected[k], resumed[k]) for k in expected)
+
+    recipe.run_recipe(TINY_STAGES, tmp_path / "killed", base)  # everything done: nothing trained again
+    assert stages_trained == [3]
