@@ -15,6 +15,7 @@ from pathlib import Path
 
 from vrh_interp.cli import main as vrh
 from vrh_interp.patching.study import PatchingStudy, study_markdown
+from vrh_interp.toy import grounding_status
 
 HERE = Path(__file__).resolve().parent
 
@@ -27,6 +28,7 @@ def generate(out: Path, model: str) -> Path:
     versions = ", ".join(f"{k} {v}" for k, v in manifest["provenance"]["versions"].items())
     # the Markdown is rebuilt from the run's tables, so wording rules apply without recomputing
     body = study_markdown(PatchingStudy.load(out), "").split("\n", 1)[1]
+    name = model.split(":")[-1]
     header = [
         f"# Results: activation patching on the shipped toy model {model.split(':')[-1].upper()}",
         "",
@@ -37,10 +39,8 @@ def generate(out: Path, model: str) -> Path:
         "answers' first diverging box token; recovery = (patched - corrupted) / (clean - corrupted), ratio of means "
         "over pairs, 95% bootstrap CI. Random head sets: same size, drawn outside the VRHs, seeds 0-2.",
         "",
-        "Model A grounds below its accuracy target (see [toy models](../toy-models.md)); these numbers describe this "
-        "model.",
+        f"{grounding_status(name)} These numbers describe this model.",
     ]
-    name = model.split(":")[-1]
     target = HERE / "results" / f"patching-toy-{name}.md"
     # a folder of its own: docs/_generate_results.py replaces results/figures/ wholesale
     figures = _figures(PatchingStudy.load(out), HERE / "results" / "patching-figures", f"toy-{name}")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from vrh_interp.cli import main as vrh
 from vrh_interp.provenance import library_versions
+from vrh_interp.toy import grounding_status
 
 HERE = Path(__file__).resolve().parent
 
@@ -35,8 +36,8 @@ def generate(out: Path) -> Path:
         f"k in {demo['ks']}, claims judged at k* = {demo['k_star']}). Library versions: "
         + ", ".join(f"{k} {v}" for k, v in library_versions().items()) + ".",
         "",
-        "Model A is below its accuracy target (see [toy models](../toy-models.md)): read these verdicts as what "
-        "this model shows, not as a test of the paper. Verdict rules are fixed in `vrh_interp/demo.py`.",
+        f"{grounding_status('a')} Read these verdicts as what this model shows, not as a test of the 7B models "
+        "of the paper. Verdict rules are fixed in `vrh_interp/demo.py`.",
         "",
     ]
     report = (out / "report.md").read_text().split("\n", 1)[1]

@@ -245,3 +245,28 @@ def test_binding_errors_name_the_attributes_the_boxed_object_gets_wrong() -> Non
     assert sum(measured.values()) == pytest.approx(1 / 3, abs=1 / len(samples))
     metrics = trainer.grounding_metrics(samples, predictions)
     assert sum(measured.values()) == pytest.approx(1 - metrics["nearest_object_is_target_rate"] - metrics["parse_failure_rate"])
+
+
+def test_accuracy_interval_resamples_whole_scenes() -> None:
+    samples = trainer.held_out_samples(40, difficulty=1)
+    exact = [Box(*s.box) for s in samples]
+    assert (lambda m: (m["accuracy_ci_low"], m["accuracy_ci_high"]))(trainer.grounding_metrics(samples, exact)) == (1.0, 1.0)
+    # every referent of the even scenes right, of the odd scenes wrong: accuracy ~0.5, interval around it,
+    # and wider than the interval that treats referents as independent (they share a scene)
+    half = [box if s.meta["index"] % 2 == 0 else None for s, box in zip(samples, exact)]
+    measured = trainer.grounding_metrics(samples, half)
+    assert measured["accuracy_ci_low"] < measured["accuracy"] < measured["accuracy_ci_high"]
+    from vrh_interp.evaluation.statistics import bootstrap_ci
+    low, high = bootstrap_ci([float(b is not None) for b in half])
+    assert measured["accuracy_ci_high"] - measured["accuracy_ci_low"] > high - low
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_grounding_status_words_the_logged_accuracy_against_the_target(name: str) -> None:
+    from vrh_interp.toy import GROUNDING_TARGET, grounding_status
+
+    log = json.loads((checkpoint_dir(name) / "training_log.json").read_text())
+    report, fresh = log["held_out"]["level1"]["accuracy"], log["fresh_level1"]["accuracy"]
+    sentence = grounding_status(name)
+    assert f"{report:.3f} on the report scenes, {fresh:.3f} on fresh scenes" in sentence
+    assert ("reaches" in sentence) == (min(report, fresh) >= GROUNDING_TARGET)

@@ -63,6 +63,7 @@ RECIPES: dict[str, tuple[RecipeStage, ...]] = {
         _warm("a-vqa-1", "a", steps=3600, lr=6e-4, seed=1, vqa_scenes=8, vqa_query_probe=True),  # run a4
         _warm("a-vqa-2", "a", steps=1600, lr=3e-4, seed=2, vqa_scenes=8, vqa_query_probe=True),  # run a5
         _warm("a-vqa-3", "a", steps=3200, lr=4e-4, seed=3, vqa_scenes=8, vqa_query_probe=True),  # run a6
+        _warm("a-vqa-4", "a", steps=2000, lr=3e-4, seed=4, vqa_scenes=8, vqa_query_probe=True),  # run a7
     ),
     "b": (
         _A_FROM_SCRATCH,
