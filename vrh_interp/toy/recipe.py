@@ -70,6 +70,7 @@ RECIPES: dict[str, tuple[RecipeStage, ...]] = {
         _B_FROM_SCRATCH,
         _warm("b-vqa-1", "b", steps=4000, lr=1.8e-4, seed=1, vqa_scenes=4, vqa_query_probe=False),  # run b3
         _warm("b-vqa-2", "b", steps=3600, lr=2.5e-4, seed=2, vqa_scenes=8, vqa_query_probe=True),  # run b4
+        _warm("b-vqa-3", "b", steps=1600, lr=2e-4, seed=3, vqa_scenes=8, vqa_query_probe=True),  # run b5
     ),
 }
 
