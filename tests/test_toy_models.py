@@ -270,3 +270,15 @@ def test_grounding_status_words_the_logged_accuracy_against_the_target(name: str
     sentence = grounding_status(name)
     assert f"{report:.3f} on the report scenes, {fresh:.3f} on fresh scenes" in sentence
     assert ("reaches" in sentence) == (min(report, fresh) >= GROUNDING_TARGET)
+
+
+def test_load_reads_a_trainer_folder_instead_of_the_shipped_checkpoint(tmp_path: Path) -> None:
+    config = trainer.TrainConfig(**{**trainer.TINY_TEST_CONFIG, "vision_steps": 0})
+    processor = trainer.build_processor("a")
+    model = trainer.build_model(config, processor)
+    trainer.export_checkpoint(model, processor, tmp_path / "final", {})
+    loaded, _ = load("a", folder=tmp_path / "final")
+    expected = model.state_dict()
+    assert all(torch.equal(v, expected[k].half().float()) for k, v in loaded.state_dict().items())
+    shipped, _ = load("a")
+    assert loaded.config.text_config.hidden_size != shipped.config.text_config.hidden_size

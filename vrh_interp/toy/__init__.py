@@ -25,9 +25,13 @@ def checkpoint_dir(name: str) -> Path:
     return CHECKPOINT_ROOT / name
 
 
-def load(name: str = "a", device: str | torch.device = "cpu") -> tuple[PreTrainedModel, ProcessorMixin]:
-    """Load shipped toy model ``name`` in fp32, eval mode, with its processor (no network access)."""
-    path = checkpoint_dir(name)
+def load(name: str = "a", device: str | torch.device = "cpu", folder: str | Path | None = None) -> tuple[PreTrainedModel, ProcessorMixin]:
+    """Load shipped toy model ``name`` in fp32, eval mode, with its processor (no network access).
+
+    ``folder``: a checkpoint folder of the same family written by the trainer (``RUN/final``, ``RUN/best``)
+    instead of the shipped one.
+    """
+    path = checkpoint_dir(name) if folder is None else Path(folder)
     if name == "a":
         model_class, processor_class = LlavaForConditionalGeneration, LlavaProcessor
     else:

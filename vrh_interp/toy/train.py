@@ -762,7 +762,8 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--vqa-query-probe", action="store_true", help="apply the query-probe scaffold to one-object VQA rows too")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes and step counts (tests)")
     parser.add_argument("--ship", type=Path, default=None, help="copy RUN/best into vrh_interp/toy/checkpoints/<model> and measure it")
-    parser.add_argument("--evaluate", action="store_true", help="print held-out metrics of the shipped checkpoint of --model")
+    parser.add_argument("--evaluate", action="store_true", help="print held-out metrics of the shipped checkpoint of --model (or of --folder)")
+    parser.add_argument("--folder", type=Path, default=None, help="with --evaluate: a checkpoint folder of --model's family (e.g. RUN/final) instead of the shipped one")
     parser.add_argument("--lineage", default="", help="with --ship: how the run was produced (stored in training_log.json)")
     parser.add_argument("--checkpoint", choices=("best", "final"), default="best", help="with --ship: the best checkpoint by level-1 accuracy on eval scenes 0-31, or the finished run's last weights")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (1 each when two runs share 2 cores)")
@@ -774,7 +775,7 @@ def main() -> None:
     args = _parse_args()
     torch.set_num_threads(args.threads)
     if args.evaluate:
-        model, processor = load(args.model)
+        model, processor = load(args.model, folder=args.folder)
         print(json.dumps({**evaluate(model, processor, args.model, REPORT_SCENES),
                           "vqa": evaluate_vqa(model, processor, REPORT_SCENES),
                           "fresh_level1": evaluate(model, processor, args.model, REPORT_SCENES, levels=(1,),
