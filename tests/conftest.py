@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -29,6 +30,17 @@ def tiny_vlm(family: str) -> VLM:
 def noise_image(width: int, height: int, seed: int = 0) -> Image.Image:
     rng = np.random.default_rng(seed)
     return Image.fromarray(rng.integers(0, 256, size=(height, width, 3), dtype=np.uint8))
+
+
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """Torch on one thread for the test, restored after: the toy trainer's runs and the NDIF actor's local
+    references (CPU reductions can depend on the thread count; 2 spinning threads on a shared CPU are ~5x
+    slower without OMP_WAIT_POLICY=PASSIVE)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
 
 
 @pytest.fixture(params=TINY_FAMILIES)

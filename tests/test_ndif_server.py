@@ -39,13 +39,7 @@ from vrh_interp.toy import load as load_toy
 REMOTE_ID = "vrh-interp/toy-a"
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    """Local references on one thread, as the server's actor runs (CPU reductions can depend on threads)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def toy_vlm(remote_id: str | None = REMOTE_ID) -> VLM:

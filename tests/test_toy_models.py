@@ -17,13 +17,7 @@ SHIPPED = [name for name in ("a", "b") if (checkpoint_dir(name) / "model.safeten
 ACCURACY_MARGIN = 0.03
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One thread: without OMP_WAIT_POLICY=PASSIVE, 2 spinning threads on a shared CPU are ~5x slower."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_model_a_is_shipped() -> None:
@@ -282,3 +276,7 @@ def test_load_reads_a_trainer_folder_instead_of_the_shipped_checkpoint(tmp_path:
     assert all(torch.equal(v, expected[k].half().float()) for k, v in loaded.state_dict().items())
     shipped, _ = load("a")
     assert loaded.config.text_config.hidden_size != shipped.config.text_config.hidden_size
+    with pytest.raises(ValueError, match="holds a 'internvl' checkpoint, but toy model 'a' is 'llava'"):
+        load("a", folder=checkpoint_dir("b"))
+    with pytest.raises(ValueError, match="not a toy checkpoint folder"):
+        load("a", folder=tmp_path / "missing")

@@ -36,6 +36,15 @@ def load(name: str = "a", device: str | torch.device = "cpu", folder: str | Path
         model_class, processor_class = LlavaForConditionalGeneration, LlavaProcessor
     else:
         model_class, processor_class = InternVLForConditionalGeneration, InternVLImageOnlyProcessor
+    if folder is not None:
+        config_file = path / "config.json"
+        if not config_file.is_file():
+            raise ValueError(f"{path} is not a toy checkpoint folder (no config.json): pass a trainer folder such as "
+                             "RUN/final or RUN/best")
+        model_type = json.loads(config_file.read_text()).get("model_type")
+        if model_type != model_class.config_class.model_type:
+            raise ValueError(f"{path} holds a {model_type!r} checkpoint, but toy model {name!r} is "
+                             f"{model_class.config_class.model_type!r}: pass the --model that trained it")
     processor = processor_class.from_pretrained(path, local_files_only=True)
     model = model_class.from_pretrained(path, dtype=torch.float32, local_files_only=True).to(device).eval()
     return model, processor

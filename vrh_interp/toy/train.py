@@ -396,9 +396,9 @@ def grounding_metrics(samples: Sequence[GroundingSample], predictions: Sequence[
         for i, j in pairs
     ]
     # the referents of one scene share an image: resample whole scenes for the accuracy's interval
-    scene_hits = [np.array([hits[i] for i in idx], dtype=float) for idx in by_image.values()]
-    accuracy_ci = bootstrap_statistic_ci(lambda pick: float(np.concatenate([scene_hits[k] for k in pick]).mean()),
-                                         len(scene_hits))
+    scene_hits = np.array([sum(hits[i] for i in idx) for idx in by_image.values()], dtype=float)
+    scene_sizes = np.array([len(idx) for idx in by_image.values()], dtype=float)
+    accuracy_ci = bootstrap_statistic_ci(lambda pick: scene_hits[pick].sum() / scene_sizes[pick].sum(), len(scene_hits))
     return {
         "n": len(samples),
         "accuracy": float(np.mean(hits)),
@@ -557,7 +557,7 @@ def load_trainer_state(path: Path, model: PreTrainedModel, heads: TrainingHeads,
     heads.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("heads.")}, strict=True)
     # a checkpoint written at the end of stage 1 (step == vision_steps) holds the stage-1 optimiser;
     # the training loop switches to stage 2 at that step
-    stage = "vision" if step <= config.vision_steps and config.vision_steps > 0 else "grounding"
+    stage = "vision" if step <= config.vision_steps else "grounding"  # checkpoints are written at step >= 1
     configure_stage(model, stage)
     params = stage_parameters(model, heads, stage)
     optimizer = build_optimizer(config, params, learning_rate(config, step))
@@ -686,6 +686,11 @@ REPORT_SCENES = 200
 FRESH_SCENES_OFFSET = 200
 
 
+def fresh_level1(model, processor, name: ModelName) -> dict[str, float]:
+    """Level-1 metrics on the fresh eval scenes (``FRESH_SCENES_OFFSET`` onwards, ``REPORT_SCENES`` of them)."""
+    return evaluate(model, processor, name, REPORT_SCENES, levels=(1,), offset=FRESH_SCENES_OFFSET)["level1"]
+
+
 def config_from_json(data: dict) -> TrainConfig:
     """The ``TrainConfig`` a run folder's ``train_config.json`` describes (fields added later take their defaults)."""
     data = dict(data)
@@ -738,7 +743,7 @@ def ship(run_dir: Path, name: ModelName, lineage: str = "", checkpoint: str = "b
         "test_set_level1": test_set,
         "test_set_vqa": evaluate_vqa(model, processor, TEST_SET_SCENES),
         "fresh_scenes": [FRESH_SCENES_OFFSET, FRESH_SCENES_OFFSET + REPORT_SCENES - 1],
-        "fresh_level1": evaluate(model, processor, name, REPORT_SCENES, levels=(1,), offset=FRESH_SCENES_OFFSET)["level1"],
+        "fresh_level1": fresh_level1(model, processor, name),
         "eval_seconds": time.time() - started,
         "history": history,
     }
@@ -778,8 +783,7 @@ def main() -> None:
         model, processor = load(args.model, folder=args.folder)
         print(json.dumps({**evaluate(model, processor, args.model, REPORT_SCENES),
                           "vqa": evaluate_vqa(model, processor, REPORT_SCENES),
-                          "fresh_level1": evaluate(model, processor, args.model, REPORT_SCENES, levels=(1,),
-                                                   offset=FRESH_SCENES_OFFSET)["level1"]}, indent=1))
+                          "fresh_level1": fresh_level1(model, processor, args.model)}, indent=1))
         return
     if args.ship is not None:
         log = ship(args.ship, args.model, args.lineage, args.checkpoint)
