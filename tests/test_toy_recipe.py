@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from vrh_interp.toy import checkpoint_dir
+from vrh_interp.toy import checkpoint_dir, load
 from vrh_interp.toy import recipe
 from vrh_interp.toy import train as trainer
 
@@ -80,3 +82,46 @@ def test_recipe_chains_final_weights_and_resumes_after_a_kill(tmp_path: Path, mo
 
     recipe.run_recipe(TINY_STAGES, tmp_path / "killed", base)  # everything done: nothing trained again
     assert stages_trained == [3]
+
+
+@pytest.mark.parametrize("name", ["a", "b"])
+def test_every_recipe_stage_names_its_shipped_counterpart(name: str) -> None:
+    for stage in recipe.RECIPES[name]:
+        log = json.loads((checkpoint_dir(stage.model) / "training_log.json").read_text())
+        assert 0.0 < log[stage.shipped_table]["level1"]["accuracy"] < 1.0, stage.name
+    assert recipe.RECIPES[name][-1].shipped_table == "held_out"  # the last stage is the shipped checkpoint
+
+
+def test_compare_measures_finished_stages_beside_the_shipped_lineage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # two finished stages whose final weights are the shipped checkpoints (a real, different accuracy each)
+    stages = (recipe.RecipeStage("first", "a", "scratch", {}, shipped_table="held_out"),
+              recipe.RecipeStage("second", "b", "warm", {}),
+              recipe.RecipeStage("never-run", "a", "warm", {}))
+    for index, stage in enumerate(stages[:2]):
+        shutil.copytree(checkpoint_dir(stage.model), recipe.stage_folder(tmp_path, index, stage) / "final")
+    monkeypatch.setattr(recipe, "REPORT_SCENES", 3)  # quote the shipped tables although only 3 scenes are measured
+    table = recipe.compare_with_shipped(stages, tmp_path, n_scenes=3).set_index("stage")
+    assert table["finished"].tolist() == [True, True, False]
+
+    for stage in stages[:2]:
+        model, processor = load(stage.model)
+        direct = trainer.evaluate(model, processor, stage.model, 3)
+        row = table.loc[stage.name]
+        assert row["level1"] == direct["level1"]["accuracy"] > 0.5 and row["level2"] == direct["level2"]["accuracy"]
+        assert row["level1_ci_low"] == direct["level1"]["accuracy_ci_low"]
+        assert row["level2_ordinal"] == direct["level2_ordinal"]["accuracy"]
+        assert row["fresh_level1"] == trainer.fresh_level1(model, processor, stage.model, 3)["accuracy"]
+        assert row["vqa_counting"] == trainer.evaluate_vqa(model, processor, 3)["counting"]["accuracy"]
+    assert table.loc["first", "level1"] != table.loc["second", "level1"] or table.loc["first", "level2"] != table.loc["second", "level2"]
+    shipped = json.loads((checkpoint_dir("a") / "training_log.json").read_text())["held_out"]
+    assert table.loc["first", "shipped_level1"] == shipped["level1"]["accuracy"]
+    assert table.loc["first", "level1_minus_shipped"] == pytest.approx(table.loc["first", "level1"] - shipped["level1"]["accuracy"])
+    assert pd.isna(table.loc["second", "shipped_level1"])  # no counterpart declared
+
+    def not_again(*args, **kwargs):
+        raise AssertionError("a cached stage was measured again")
+
+    monkeypatch.setattr(recipe, "evaluate", not_again)
+    pd.testing.assert_frame_equal(recipe.compare_with_shipped(stages, tmp_path, n_scenes=3).set_index("stage"), table)
+    with pytest.raises(AssertionError, match="measured again"):  # another number of scenes is measured anew
+        recipe.compare_with_shipped(stages, tmp_path, n_scenes=4)

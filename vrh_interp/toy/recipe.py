@@ -13,6 +13,13 @@ Resume: a stage whose ``final/`` folder exists is done and skipped; an unfinishe
 its trainer state (``train(..., resume=True)``: bit-exact, at most one evaluation interval lost), so a
 killed recipe rerun with the same command loses at most one interval of one stage.
 
+Measure: ``python -m vrh_interp.toy.recipe --model a|b --out DIR --compare`` trains nothing; it measures
+every finished stage's final weights on the shipped checkpoint's held-out scenes (level 1/2 on the 200
+report scenes, level 1 on the 200 fresh scenes, the VQA items) and prints them beside the SAME stage of
+the shipped lineage (``RecipeStage.shipped_table``: the key of that stage's table in the shipped
+``training_log.json``), writing ``DIR/comparison-<model>.csv``. Each stage's measurement is cached in
+``STAGE/final_eval.json``.
+
 Honesty note: the warm-restart stages are exactly the shipped runs' settings (tested against each
 checkpoint's ``training_log.json``), but stage 1 of both shipped lineages was an iterated run (see
 docs/toy-models.md); the recipe's from-scratch stages are the clean version of it (the code
@@ -24,13 +31,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
+import pandas as pd
 import torch
 
+from vrh_interp.toy import checkpoint_dir, load
 from vrh_interp.toy.configs import ModelName
-from vrh_interp.toy.train import MODEL_PRESETS, WARM_START_LEVELS, TrainConfig, export_final, train
+from vrh_interp.toy.train import (MODEL_PRESETS, REPORT_SCENES, WARM_START_LEVELS, TrainConfig, evaluate, evaluate_vqa,
+                                  export_final, fresh_level1, train)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,37 +51,43 @@ class RecipeStage:
     ``start``: "scratch" (a fresh model, stage 1 included), "backbone" (fresh model whose language
     backbone is the PREVIOUS stage's, loaded at stage 2) or "warm" (the previous stage's whole model,
     grounding only, levels 1/2). ``overrides``: ``TrainConfig`` fields on top of the model's preset.
+    ``shipped_table``: key of the held-out table of the same stage of the shipped lineage in the shipped
+    checkpoint's ``training_log.json`` (``None``: no counterpart).
     """
 
     name: str
     model: ModelName
     start: str
     overrides: dict
+    shipped_table: str | None = None
 
 
-def _warm(name: str, model: ModelName, steps: int, lr: float, seed: int, vqa_scenes: int, vqa_query_probe: bool) -> RecipeStage:
+def _warm(name: str, model: ModelName, steps: int, lr: float, seed: int, vqa_scenes: int, vqa_query_probe: bool,
+          shipped_table: str) -> RecipeStage:
     return RecipeStage(name, model, "warm", dict(grounding_steps=steps, grounding_lr=lr, seed=seed, eval_every=400,
-                                                  vqa_batch_scenes=vqa_scenes, vqa_query_probe=vqa_query_probe))
+                                                  vqa_batch_scenes=vqa_scenes, vqa_query_probe=vqa_query_probe),
+                       shipped_table)
 
 
-# from-scratch stages: the clean version of the iterated stage 1 (~6,000 grounding steps, as the shipped runs had)
-_A_FROM_SCRATCH = RecipeStage("a-from-scratch", "a", "scratch", dict(grounding_steps=6000, seed=0))
-_B_FROM_SCRATCH = RecipeStage("b-from-scratch", "b", "backbone", dict(grounding_steps=6000, seed=0))
+# from-scratch stages: the clean version of the iterated stage 1 (~6,000 grounding steps, as the shipped runs
+# had); their shipped counterpart is that iterated stage 1 (kept as ``previous_held_out``)
+_A_FROM_SCRATCH = RecipeStage("a-from-scratch", "a", "scratch", dict(grounding_steps=6000, seed=0), "previous_held_out")
+_B_FROM_SCRATCH = RecipeStage("b-from-scratch", "b", "backbone", dict(grounding_steps=6000, seed=0), "previous_held_out")
 
 RECIPES: dict[str, tuple[RecipeStage, ...]] = {
     "a": (
         _A_FROM_SCRATCH,
-        _warm("a-vqa-1", "a", steps=3600, lr=6e-4, seed=1, vqa_scenes=8, vqa_query_probe=True),  # run a4
-        _warm("a-vqa-2", "a", steps=1600, lr=3e-4, seed=2, vqa_scenes=8, vqa_query_probe=True),  # run a5
-        _warm("a-vqa-3", "a", steps=3200, lr=4e-4, seed=3, vqa_scenes=8, vqa_query_probe=True),  # run a6
-        _warm("a-vqa-4", "a", steps=2000, lr=3e-4, seed=4, vqa_scenes=8, vqa_query_probe=True),  # run a7
+        _warm("a-vqa-1", "a", steps=3600, lr=6e-4, seed=1, vqa_scenes=8, vqa_query_probe=True, shipped_table="stage2_held_out"),  # run a4
+        _warm("a-vqa-2", "a", steps=1600, lr=3e-4, seed=2, vqa_scenes=8, vqa_query_probe=True, shipped_table="stage3_held_out"),  # run a5
+        _warm("a-vqa-3", "a", steps=3200, lr=4e-4, seed=3, vqa_scenes=8, vqa_query_probe=True, shipped_table="stage4_held_out"),  # run a6
+        _warm("a-vqa-4", "a", steps=2000, lr=3e-4, seed=4, vqa_scenes=8, vqa_query_probe=True, shipped_table="held_out"),  # run a7
     ),
     "b": (
         _A_FROM_SCRATCH,
         _B_FROM_SCRATCH,
-        _warm("b-vqa-1", "b", steps=4000, lr=1.8e-4, seed=1, vqa_scenes=4, vqa_query_probe=False),  # run b3
-        _warm("b-vqa-2", "b", steps=3600, lr=2.5e-4, seed=2, vqa_scenes=8, vqa_query_probe=True),  # run b4
-        _warm("b-vqa-3", "b", steps=1600, lr=2e-4, seed=3, vqa_scenes=8, vqa_query_probe=True),  # run b5
+        _warm("b-vqa-1", "b", steps=4000, lr=1.8e-4, seed=1, vqa_scenes=4, vqa_query_probe=False, shipped_table="stage2_held_out"),  # run b3
+        _warm("b-vqa-2", "b", steps=3600, lr=2.5e-4, seed=2, vqa_scenes=8, vqa_query_probe=True, shipped_table="stage3_held_out"),  # run b4
+        _warm("b-vqa-3", "b", steps=1600, lr=2e-4, seed=3, vqa_scenes=8, vqa_query_probe=True, shipped_table="held_out"),  # run b5
     ),
 }
 
@@ -108,13 +125,71 @@ def run_recipe(stages: Sequence[RecipeStage], out_dir: Path, base_overrides: dic
     return folder
 
 
+STAGE_MEASUREMENT_FILE = "final_eval.json"
+VQA_KINDS = ("attribute", "counting", "spatial")
+
+
+def measure_stage(stage: RecipeStage, folder: Path, n_scenes: int = REPORT_SCENES) -> dict:
+    """Held-out metrics of a finished stage's final weights: ``evaluate`` (levels 1/2, eval scenes
+    ``0..n_scenes-1``), ``fresh_level1`` (level 1, ``n_scenes`` fresh eval scenes) and ``vqa``.
+
+    Cached in ``folder/final_eval.json`` (re-measured if it was measured on another number of scenes).
+    """
+    cache = folder / STAGE_MEASUREMENT_FILE
+    if cache.is_file():
+        cached = json.loads(cache.read_text())
+        if cached.get("n_scenes") == n_scenes:
+            return cached
+    model, processor = load(stage.model, folder=folder / "final")
+    measured = {"n_scenes": n_scenes, **evaluate(model, processor, stage.model, n_scenes),
+                "fresh_level1": fresh_level1(model, processor, stage.model, n_scenes),
+                "vqa": evaluate_vqa(model, processor, n_scenes)}
+    cache.write_text(json.dumps(measured, indent=1))
+    return measured
+
+
+def compare_with_shipped(stages: Sequence[RecipeStage], out_dir: Path, n_scenes: int = REPORT_SCENES) -> pd.DataFrame:
+    """One row per stage: the recipe's final weights measured (``measure_stage``) beside the shipped lineage's
+    same stage (its table in the shipped ``training_log.json``; quoted only when ``n_scenes`` is the number
+    of scenes those tables were measured on). Unfinished stages get a row with ``finished=False``."""
+    rows = []
+    for index, stage in enumerate(stages):
+        folder = stage_folder(out_dir, index, stage)
+        row: dict = {"stage": stage.name, "model": stage.model, "finished": (folder / "final").exists(),
+                     "shipped_table": stage.shipped_table}
+        if row["finished"]:
+            measured = measure_stage(stage, folder, n_scenes)
+            level1 = measured["level1"]
+            row.update(level1=level1["accuracy"], level1_ci_low=level1["accuracy_ci_low"], level1_ci_high=level1["accuracy_ci_high"],
+                       fresh_level1=measured["fresh_level1"]["accuracy"], level2=measured["level2"]["accuracy"],
+                       **{f"level2_{kind}": measured[f"level2_{kind}"]["accuracy"] for kind in ("attribute", "relational", "ordinal")},
+                       **{f"vqa_{kind}": measured["vqa"][kind]["accuracy"] for kind in VQA_KINDS})
+        if stage.shipped_table is not None and n_scenes == REPORT_SCENES:
+            log = json.loads((checkpoint_dir(stage.model) / "training_log.json").read_text())
+            shipped, shipped_vqa = log[stage.shipped_table], log.get(f"{stage.shipped_table}_vqa", {})
+            row.update(shipped_level1=shipped["level1"]["accuracy"], shipped_level2=shipped["level2"]["accuracy"],
+                       **{f"shipped_vqa_{kind}": shipped_vqa[kind]["accuracy"] for kind in VQA_KINDS if kind in shipped_vqa})
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    if "level1" in table and "shipped_level1" in table:
+        table["level1_minus_shipped"] = table["level1"] - table["shipped_level1"]
+    return table
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", choices=sorted(RECIPES), default="a")
     parser.add_argument("--out", type=Path, required=True, help="recipe folder (one subfolder per stage; rerun to resume)")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (run with OMP_WAIT_POLICY=PASSIVE)")
+    parser.add_argument("--compare", action="store_true",
+                        help="train nothing: measure every finished stage and print it beside the shipped lineage's same stage")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.compare:
+        table = compare_with_shipped(RECIPES[args.model], args.out)
+        table.to_csv(args.out / f"comparison-{args.model}.csv", index=False)
+        print(table.drop(columns=["model"]).round(3).to_string(index=False))
+        return
     last = run_recipe(RECIPES[args.model], args.out)
     print(f"done: ship with  python -m vrh_interp.toy.train --model {args.model} --ship {last} --checkpoint final")
 

@@ -686,9 +686,9 @@ REPORT_SCENES = 200
 FRESH_SCENES_OFFSET = 200
 
 
-def fresh_level1(model, processor, name: ModelName) -> dict[str, float]:
-    """Level-1 metrics on the fresh eval scenes (``FRESH_SCENES_OFFSET`` onwards, ``REPORT_SCENES`` of them)."""
-    return evaluate(model, processor, name, REPORT_SCENES, levels=(1,), offset=FRESH_SCENES_OFFSET)["level1"]
+def fresh_level1(model, processor, name: ModelName, n_scenes: int = REPORT_SCENES) -> dict[str, float]:
+    """Level-1 metrics on the fresh eval scenes (``FRESH_SCENES_OFFSET`` onwards, ``n_scenes`` of them)."""
+    return evaluate(model, processor, name, n_scenes, levels=(1,), offset=FRESH_SCENES_OFFSET)["level1"]
 
 
 def config_from_json(data: dict) -> TrainConfig:
