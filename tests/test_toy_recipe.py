@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from vrh_interp.toy import checkpoint_dir, load
 from vrh_interp.toy import recipe
@@ -125,3 +125,9 @@ def test_compare_measures_finished_stages_beside_the_shipped_lineage(tmp_path: P
     pd.testing.assert_frame_equal(recipe.compare_with_shipped(stages, tmp_path, n_scenes=3).set_index("stage"), table)
     with pytest.raises(AssertionError, match="measured again"):  # another number of scenes is measured anew
         recipe.compare_with_shipped(stages, tmp_path, n_scenes=4)
+    first_final = recipe.stage_folder(tmp_path, 0, stages[0]) / "final"
+    weights = load_file(str(first_final / "model.safetensors"))
+    first_key = sorted(weights)[0]
+    save_file({**weights, first_key: weights[first_key] + 1}, str(first_final / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(AssertionError, match="measured again"):  # other final weights are measured anew
+        recipe.measure_stage(stages[0], first_final.parent, n_scenes=3)

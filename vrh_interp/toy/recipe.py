@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,6 +39,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from vrh_interp.runs import write_json_atomic
 from vrh_interp.toy import checkpoint_dir, load
 from vrh_interp.toy.configs import ModelName
 from vrh_interp.toy.train import (MODEL_PRESETS, REPORT_SCENES, WARM_START_LEVELS, TrainConfig, evaluate, evaluate_vqa,
@@ -133,18 +135,20 @@ def measure_stage(stage: RecipeStage, folder: Path, n_scenes: int = REPORT_SCENE
     """Held-out metrics of a finished stage's final weights: ``evaluate`` (levels 1/2, eval scenes
     ``0..n_scenes-1``), ``fresh_level1`` (level 1, ``n_scenes`` fresh eval scenes) and ``vqa``.
 
-    Cached in ``folder/final_eval.json`` (re-measured if it was measured on another number of scenes).
+    Cached in ``folder/final_eval.json`` with the weights file's SHA-256: re-measured if it was measured
+    on another number of scenes or on other final weights (a stage retrained after its ``final/`` was deleted).
     """
     cache = folder / STAGE_MEASUREMENT_FILE
+    weights_sha256 = hashlib.sha256((folder / "final" / "model.safetensors").read_bytes()).hexdigest()
     if cache.is_file():
         cached = json.loads(cache.read_text())
-        if cached.get("n_scenes") == n_scenes:
+        if (cached.get("n_scenes"), cached.get("weights_sha256")) == (n_scenes, weights_sha256):
             return cached
     model, processor = load(stage.model, folder=folder / "final")
-    measured = {"n_scenes": n_scenes, **evaluate(model, processor, stage.model, n_scenes),
+    measured = {"n_scenes": n_scenes, "weights_sha256": weights_sha256, **evaluate(model, processor, stage.model, n_scenes),
                 "fresh_level1": fresh_level1(model, processor, stage.model, n_scenes),
                 "vqa": evaluate_vqa(model, processor, n_scenes)}
-    cache.write_text(json.dumps(measured, indent=1))
+    write_json_atomic(cache, measured)
     return measured
 
 
