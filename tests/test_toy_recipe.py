@@ -121,7 +121,7 @@ def test_compare_measures_finished_stages_beside_the_shipped_lineage(tmp_path: P
     def not_again(*args, **kwargs):
         raise AssertionError("a cached stage was measured again")
 
-    monkeypatch.setattr(recipe, "evaluate", not_again)
+    monkeypatch.setattr(recipe, "measure_held_out", not_again)
     pd.testing.assert_frame_equal(recipe.compare_with_shipped(stages, tmp_path, n_scenes=3).set_index("stage"), table)
     with pytest.raises(AssertionError, match="measured again"):  # another number of scenes is measured anew
         recipe.compare_with_shipped(stages, tmp_path, n_scenes=4)
@@ -131,3 +131,10 @@ def test_compare_measures_finished_stages_beside_the_shipped_lineage(tmp_path: P
     save_file({**weights, first_key: weights[first_key] + 1}, str(first_final / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(AssertionError, match="measured again"):  # other final weights are measured anew
         recipe.measure_stage(stages[0], first_final.parent, n_scenes=3)
+
+
+def test_compare_names_a_missing_recipe_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.setattr("sys.argv", ["recipe", "--model", "a", "--out", str(tmp_path / "nowhere"), "--compare", "--threads", "1"])
+    with pytest.raises(SystemExit):
+        recipe.main()
+    assert "nowhere is not a folder" in capsys.readouterr().err

@@ -42,8 +42,8 @@ import torch
 from vrh_interp.runs import write_json_atomic
 from vrh_interp.toy import checkpoint_dir, load
 from vrh_interp.toy.configs import ModelName
-from vrh_interp.toy.train import (MODEL_PRESETS, REPORT_SCENES, WARM_START_LEVELS, TrainConfig, evaluate, evaluate_vqa,
-                                  export_final, fresh_level1, train)
+from vrh_interp.toy.train import (MODEL_PRESETS, REPORT_SCENES, WARM_START_LEVELS, TrainConfig, export_final,
+                                  measure_held_out, train)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,8 +132,7 @@ VQA_KINDS = ("attribute", "counting", "spatial")
 
 
 def measure_stage(stage: RecipeStage, folder: Path, n_scenes: int = REPORT_SCENES) -> dict:
-    """Held-out metrics of a finished stage's final weights: ``evaluate`` (levels 1/2, eval scenes
-    ``0..n_scenes-1``), ``fresh_level1`` (level 1, ``n_scenes`` fresh eval scenes) and ``vqa``.
+    """``measure_held_out`` of a finished stage's final weights (levels 1/2, fresh level 1, VQA).
 
     Cached in ``folder/final_eval.json`` with the weights file's SHA-256: re-measured if it was measured
     on another number of scenes or on other final weights (a stage retrained after its ``final/`` was deleted).
@@ -145,9 +144,7 @@ def measure_stage(stage: RecipeStage, folder: Path, n_scenes: int = REPORT_SCENE
         if (cached.get("n_scenes"), cached.get("weights_sha256")) == (n_scenes, weights_sha256):
             return cached
     model, processor = load(stage.model, folder=folder / "final")
-    measured = {"n_scenes": n_scenes, "weights_sha256": weights_sha256, **evaluate(model, processor, stage.model, n_scenes),
-                "fresh_level1": fresh_level1(model, processor, stage.model, n_scenes),
-                "vqa": evaluate_vqa(model, processor, n_scenes)}
+    measured = {"n_scenes": n_scenes, "weights_sha256": weights_sha256, **measure_held_out(model, processor, stage.model, n_scenes)}
     write_json_atomic(cache, measured)
     return measured
 
@@ -190,6 +187,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.compare:
+        if not args.out.is_dir():
+            parser.error(f"--out {args.out} is not a folder: pass the folder a recipe was trained into (--compare trains nothing)")
         table = compare_with_shipped(RECIPES[args.model], args.out)
         table.to_csv(args.out / f"comparison-{args.model}.csv", index=False)
         print(table.drop(columns=["model"]).round(3).to_string(index=False))

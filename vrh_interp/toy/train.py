@@ -691,6 +691,13 @@ def fresh_level1(model, processor, name: ModelName, n_scenes: int = REPORT_SCENE
     return evaluate(model, processor, name, n_scenes, levels=(1,), offset=FRESH_SCENES_OFFSET)["level1"]
 
 
+def measure_held_out(model, processor, name: ModelName, n_scenes: int = REPORT_SCENES) -> dict:
+    """Everything ``--evaluate`` prints: ``evaluate`` (levels 1/2, eval scenes ``0..n_scenes-1``), ``vqa``
+    (those scenes' VQA items) and ``fresh_level1`` (``n_scenes`` fresh scenes)."""
+    return {**evaluate(model, processor, name, n_scenes), "vqa": evaluate_vqa(model, processor, n_scenes),
+            "fresh_level1": fresh_level1(model, processor, name, n_scenes)}
+
+
 def config_from_json(data: dict) -> TrainConfig:
     """The ``TrainConfig`` a run folder's ``train_config.json`` describes (fields added later take their defaults)."""
     data = dict(data)
@@ -781,9 +788,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if args.evaluate:
         model, processor = load(args.model, folder=args.folder)
-        print(json.dumps({**evaluate(model, processor, args.model, REPORT_SCENES),
-                          "vqa": evaluate_vqa(model, processor, REPORT_SCENES),
-                          "fresh_level1": fresh_level1(model, processor, args.model)}, indent=1))
+        print(json.dumps(measure_held_out(model, processor, args.model), indent=1))
         return
     if args.ship is not None:
         log = ship(args.ship, args.model, args.lineage, args.checkpoint)
