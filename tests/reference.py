@@ -109,3 +109,72 @@ def edited_o_proj_inputs(model: Any, edits: dict[int, Any]) -> Iterator[None]:
     finally:
         for handle in handles:
             handle.remove()
+
+
+# Segments of the ablation kinds, by the reference's own rule: visual = the config's image token, answer = every
+# position from the prompt length on, pad = attention mask 0, prompt = the rest.
+PAD, VISUAL, PROMPT, ANSWER = -1, 0, 1, 2
+
+
+def reference_segments(model: Any, encoding: dict[str, Any], prompt_length: int) -> torch.Tensor:
+    config = model.config
+    image_token = getattr(config, "image_token_id", None)
+    image_token = image_token if image_token is not None else config.image_token_index
+    ids = encoding["input_ids"].cpu()
+    segments = torch.full(ids.shape, PROMPT, dtype=torch.long)
+    segments[ids == image_token] = VISUAL
+    segments[:, prompt_length:] = ANSWER
+    segments[encoding["attention_mask"].cpu() == 0] = PAD
+    return segments
+
+
+def segment_sums(model: Any, encoding: dict[str, Any], segments: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row, layer and segment (visual, prompt, answer): the sum of o_proj's input over the segment's
+    positions ``[batch, layers, 3, heads * head_dim]`` and the token counts ``[batch, 3]``."""
+    captured = captured_o_proj_inputs(model, encoding)
+    batch = segments.shape[0]
+    sums = torch.zeros(batch, len(captured), 3, captured[0].shape[2] * captured[0].shape[3], dtype=torch.float64)
+    counts = torch.zeros(batch, 3, dtype=torch.long)
+    for row in range(batch):
+        for segment in range(3):
+            where = segments[row] == segment
+            counts[row, segment] = int(where.sum())
+            for layer, outputs in captured.items():
+                sums[row, layer, segment] = outputs[row][where].double().sum(0).reshape(-1)
+    return sums, counts
+
+
+@contextmanager
+def replaced_heads(model: Any, heads_by_layer: dict[int, list[int]], tables: dict[int, torch.Tensor],
+                   segments: torch.Tensor) -> Iterator[None]:
+    """Replace heads' slices of o_proj's input position by position with ``tables[layer][row or 0, segment]``
+    (``[rows, 3, heads * head_dim]``): on a forward as long as ``segments`` each position's segment, on a
+    one-token decode step the answer segment; padding untouched."""
+    num_heads, head_dim = text_geometry(model)
+    handles = []
+    for layer, heads in heads_by_layer.items():
+        def pre_hook(_module: Any, args: tuple[Any, ...], heads: list[int] = heads,
+                     table: torch.Tensor = tables[layer]) -> tuple[Any, ...]:
+            x = args[0].clone()
+            b, s, _ = x.shape
+            view = x.view(b, s, num_heads, head_dim)
+            if s == segments.shape[1]:
+                here = segments
+            else:
+                assert s == 1, f"unexpected forward of {s} tokens"
+                here = torch.full((b, 1), ANSWER)
+            for row in range(b):
+                values = table[row if table.shape[0] > 1 else 0].view(3, num_heads, head_dim)
+                for pos in range(s):
+                    segment = int(here[row, pos])
+                    if segment != PAD:
+                        for head in heads:
+                            view[row, pos, head] = values[segment, head]
+            return (x, *args[1:])
+
+        handles.append(decoder_layers(model)[layer].self_attn.o_proj.register_forward_pre_hook(pre_hook))
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()

@@ -27,10 +27,12 @@ def test_detect_sweep_report_pipeline(tmp_path, capsys):
     scores = HeadScores.load(detected["scores_file"])
     assert detected["top"] == scores.top(3).to_list()
     assert scores.provenance["dataset"] == "synthetic:detect:4" and len(scores.sample_ids) == 4
-    assert main(["sweep", *common, "--data", "synthetic:eval:3", "--scores", detected["scores_file"], "--ks", "0,1,2",
-                 "--seeds", "0", "--out", str(out / "sweep"), "--json"]) == 0
+    assert main(["sweep", *common, "--data", "synthetic:eval:3", "--scores", detected["scores_file"], "--ks",
+                 "0,12.5%,2", "--random-sets", "2", "--out", str(out / "sweep"), "--json"]) == 0
     summary = pd.DataFrame(json.loads(capsys.readouterr().out))
-    assert set(summary["condition"]) == {"baseline", "top", "random"} and (summary["n"] >= 3).all()
+    assert set(summary["condition"]) == {"baseline", "top", "random", "matched"} and (summary["n"] >= 3).all()
+    assert set(zip(summary["k"], summary["k_fraction"])) == {(0, 0.0), (1, 0.125), (2, 0.25)}  # 12.5% of 8 heads
+    assert set(summary["seed"].dropna().astype(str)) == {"0", "1", "all"}
     (out / "sweep" / "sweep_summary.csv").replace(out / "sweep_summary.csv")
     assert main(["report", str(out)]) == 0
     page = (out / "report.html").read_text()
@@ -57,13 +59,16 @@ def test_bad_data_spec_is_a_clear_error(capsys):
 def test_demo_runs_end_to_end_on_tiny_models(tmp_path, capsys):
     out = tmp_path / "demo"
     assert main(["demo", "--model", "tiny:llava", "--transfer-model", "tiny:llava", "--out", str(out),
-                 "--detect", "4", "--eval", "3", "--json"]) == 0
+                 "--detect", "4", "--eval", "3", "--random-sets", "2", "--json"]) == 0
     payload = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     claims = {v["claim"].split(":")[0] for v in payload["verdicts"]}
     assert {"causal", "sparse", "functionally specific", "stable", "shared", "generalises to VQA"} <= claims
     vqa = pd.read_csv(out / "vqa_summary.csv")
     assert set(vqa["benchmark"]) == {"synthetic-attribute", "synthetic-counting", "synthetic-spatial"}
-    assert set(vqa["condition"]) == {"baseline", "top", "random"}
+    assert set(vqa["condition"]) == {"baseline", "top", "random", "matched"}
+    sweep = pd.read_csv(out / "sweep_summary.csv")
+    assert {"k_fraction", "p_vs_random", "p_vs_matched", "accuracy_q05", "other_object_rate"} <= set(sweep)
+    assert set(sweep[sweep["seed"].astype(str) == "all"]["sets"]) == {2}
     assert vqa["majority_baseline"].between(0, 1).all()
     for name in ("report.html", "report.md", "sweep_summary.csv", "design_space.csv", "verdicts.csv", "transfer.csv",
                  "vqa_summary.csv"):
@@ -158,27 +163,38 @@ def test_patch_command_resumes_an_interrupted_study_part_by_part(tmp_path, monke
     assert main(argv + ["--out", str(tmp_path / "changed")]) == 2
 
 
-def _vqa_rows(benchmark, base, top, top_ci, rand_ci, p_top, majority):
-    row = {"benchmark": benchmark, "k": 3, "majority_baseline": majority}
-    return [{**row, "condition": "baseline", "seed": None, "accuracy": base, "accuracy_ci_low": base - 0.1,
-             "accuracy_ci_high": base + 0.1, "p_value_vs_baseline": 1.0},
-            {**row, "condition": "top", "seed": None, "accuracy": top, "accuracy_ci_low": top_ci[0],
-             "accuracy_ci_high": top_ci[1], "p_value_vs_baseline": p_top},
-            {**row, "condition": "random", "seed": "all", "accuracy": sum(rand_ci) / 2, "accuracy_ci_low": rand_ci[0],
-             "accuracy_ci_high": rand_ci[1], "p_value_vs_baseline": 0.5}]
+def _vqa_summary(benchmark, n, base, top, sets, majority):
+    """A VQA summary from hand-built records: ``base`` / ``top`` / each set's number of correct answers of ``n``
+    (20 random and 20 layer-matched sets answering ``sets`` correctly, each missing other items)."""
+    from vrh_interp.datasets.vqa_sweep import RECORD_COLUMNS, VQASweepResult
+    from vrh_interp.evaluation.sweep import Condition
+    from vrh_interp.heads import HeadSet
+
+    conditions = [Condition("baseline", 0, None, HeadSet()), Condition("top", 3, None, HeadSet())]
+    conditions += [Condition(kind, 3, seed, HeadSet()) for kind in ("random", "matched") for seed in range(20)]
+    hits = {"baseline": base, "top": top}
+    records = [{"benchmark": benchmark, "sample_id": f"q{i}", "condition": c.key, "kind": c.kind, "k": c.k,
+                "seed": c.seed, "response": "", "prediction": None,
+                "correct": (i - (c.seed or 0)) % n < hits.get(c.kind, sets)}
+               for c in conditions for i in range(n)]
+    result = VQASweepResult(pd.DataFrame(records, columns=RECORD_COLUMNS), conditions, [benchmark], total_heads=32)
+    return result.summary(resamples=200).assign(majority_baseline=majority)
 
 
 def test_vqa_verdict_judges_only_the_kinds_the_model_answers():
     from vrh_interp.demo import vqa_verdict
 
-    drop = _vqa_rows("synthetic-counting", 0.9, 0.3, (0.2, 0.4), (0.8, 0.95), 0.001, 0.4)
-    no_drop = _vqa_rows("synthetic-spatial", 0.8, 0.78, (0.7, 0.86), (0.72, 0.88), 0.7, 0.5)
-    unanswered = _vqa_rows("synthetic-attribute", 0.3, 0.0, (0.0, 0.05), (0.25, 0.35), 0.001, 0.25)
-    assert vqa_verdict(pd.DataFrame(drop + unanswered), 3)["verdict"] == "holds"
-    assert vqa_verdict(pd.DataFrame(no_drop + unanswered), 3)["verdict"] == "does not hold"
-    assert vqa_verdict(pd.DataFrame(drop + no_drop), 3)["verdict"] == "inconclusive"
-    result = vqa_verdict(pd.DataFrame(unanswered), 3)
+    drop = _vqa_summary("synthetic-counting", 20, 18, 6, 17, 0.4)  # every set less harmful: p = 1/21
+    no_drop = _vqa_summary("synthetic-spatial", 20, 16, 16, 16, 0.5)
+    unanswered = _vqa_summary("synthetic-attribute", 20, 6, 0, 6, 0.25)
+    spread = _vqa_summary("synthetic-colour", 20, 18, 6, 5, 0.2)  # sets as harmful as the top-k: not separated
+    assert vqa_verdict(pd.concat([drop, unanswered]), 3)["verdict"] == "holds"
+    assert vqa_verdict(pd.concat([no_drop, unanswered]), 3)["verdict"] == "does not hold"
+    assert vqa_verdict(pd.concat([drop, no_drop]), 3)["verdict"] == "inconclusive"
+    assert vqa_verdict(spread, 3)["verdict"] == "does not hold"
+    result = vqa_verdict(unanswered, 3)
     assert result["verdict"] == "not measured"
     assert "synthetic-attribute: baseline 0.300 (majority answer 0.250)" in result["numbers"]
     assert "not judged" in result["numbers"]
+    assert "random sets (20) mean 0.850" in vqa_verdict(drop, 3)["numbers"]
     assert vqa_verdict(None, 3)["verdict"] == "not measured"

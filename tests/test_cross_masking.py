@@ -121,6 +121,10 @@ def test_masking_drops_and_figure_read_the_summary(pair):
         assert row.own_drop == pytest.approx(rows["baseline:k=0"] - rows["own:k=2"])
         assert row.transferred_drop == pytest.approx(rows["baseline:k=0"] - rows["transferred:k=2"])
         assert row.random_drop == pytest.approx(rows["baseline:k=0"] - rows["random:k=2:seed=all"])
+        sets = [rows[f"random:k=2:seed={seed}"] for seed in SEEDS]  # set-level p-value against the random sets
+        assert row.transferred_p_vs_random == pytest.approx(
+            (1 + sum(a <= rows["transferred:k=2"] for a in sets)) / (1 + len(SEEDS)))
+        assert row.random_sets == len(SEEDS) and row.transferred_verdict != "holds"  # too few sets to hold
     fig = plots.cross_masking_curves(summary)
     axes = fig.get_axes()
     assert [ax.get_title() for ax in axes] == ["heads masked in A", "heads masked in B"]

@@ -63,7 +63,7 @@ def report_page(browser, tmp_path_factory):
     the test would skip anyway)."""
     run = tmp_path_factory.mktemp("report") / "demo"
     assert main(["demo", "--model", "toy:a", "--transfer-model", "toy:a", "--out", str(run), "--detect", "8",
-                 "--eval", "6", "--json"]) == 0
+                 "--eval", "6", "--random-sets", "2", "--json"]) == 0
     assert main(["report", str(run)]) == 0
     browser.get((run / "report.html").as_uri())
     return run, browser
@@ -124,7 +124,7 @@ def test_tables_show_the_run_folders_numbers(report_page):
         " [...t.querySelectorAll('tbody tr')].map(r => [...r.cells].map(c => c.innerText.trim()))]; })")
     expected = [(title, pd.read_csv(run / name)) for name, title in TABLES if (run / name).exists()]
     assert [title for title, _ in expected] == [title for title, *_ in tables]
-    assert {"Causal k-sweep: top-k heads vs random heads",
+    assert {"Causal k-sweep: top-k heads vs random and layer-matched head sets",
             "Cross-masking k-sweep: own, transferred and random heads in each model"} <= {t for t, _ in expected}
     for (title, frame), (_, header, rows) in zip(expected, tables):
         assert header == list(frame.columns), title
@@ -135,12 +135,12 @@ def test_tables_show_the_run_folders_numbers(report_page):
     # Across tables, from the page alone: masking model A's own top-k in the cross-masking sweep is the
     # k-sweep's top-k condition (same model, heads and scenes), so the two tables must agree.
     page = {title: pd.DataFrame(rows, columns=header) for title, header, rows in tables}
-    sweep = page["Causal k-sweep: top-k heads vs random heads"]
+    sweep = page["Causal k-sweep: top-k heads vs random and layer-matched head sets"]
     cross = page["Cross-masking k-sweep: own, transferred and random heads in each model"]
     own_in_a = cross[(cross["model"] == "A (toy:a)") & (cross["condition"].isin(["baseline", "own"]))]
     top = sweep[sweep["condition"].isin(["baseline", "top"])]
     assert own_in_a[["k", "accuracy", "mean_iou"]].values.tolist() == top[["k", "accuracy", "mean_iou"]].values.tolist()
-    assert len(own_in_a) == 5  # k = 0, 1, 2, 3, 5 on the toy's 32 heads
+    assert len(own_in_a) == 4  # k = 0, 1, 2, 3 on the toy's 32 heads (demo_ks)
 
 
 def test_report_page_screenshot_is_not_blank(report_page):

@@ -48,15 +48,15 @@ SCRIPT = textwrap.dedent("""
 """).format(family=FAMILY)
 
 
-def _kill_after_first_records(kind: str, run_dir: Path, records: str) -> int:
-    """Start a run in a subprocess and SIGKILL it once some (not all) records are written."""
+def _kill_after_first_records(kind: str, run_dir: Path, records: str, lines: int = 1) -> int:
+    """Start a run in a subprocess and SIGKILL it once at least ``lines`` (not all) records are written."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     proc = subprocess.Popen([sys.executable, "-c", SCRIPT, kind, str(run_dir)], env=env)
     log = run_dir / records
     deadline = time.time() + 240
     try:
         while time.time() < deadline:
-            if log.exists() and log.read_text().count("\n") >= 1:
+            if log.exists() and log.read_text().count("\n") >= lines:
                 break
             if proc.poll() is not None:
                 pytest.fail(f"the {kind} run ended before it could be interrupted (exit {proc.returncode})")
@@ -85,8 +85,10 @@ def test_detection_killed_and_resumed_equals_uninterrupted(tmp_path):
 
 
 def test_sweep_killed_and_resumed_equals_uninterrupted(tmp_path):
-    written = _kill_after_first_records("sweep", tmp_path / "killed", "sweep_records.jsonl")
-    assert 0 < written
+    # conditions: baseline, then per k top, random seed 0 and 1, matched seed 0 and 1; 4 samples each, so the
+    # 17th record is the first layer-matched answer: the kill lands in or after the new conditions
+    written = _kill_after_first_records("sweep", tmp_path / "killed", "sweep_records.jsonl", lines=17)
+    assert 17 <= written < 44
     vlm = tiny_vlm(FAMILY)
     samples = synthetic_samples("eval", 4)
     kwargs = dict(ks=(0, 1, 2), random_seeds=(0, 1), batch_size=2, max_new_tokens=3, progress=False)
@@ -94,7 +96,9 @@ def test_sweep_killed_and_resumed_equals_uninterrupted(tmp_path):
     fresh = sweep(vlm, samples, vlm.geometry.all_heads(), run_dir=tmp_path / "fresh", **kwargs)
     pd.testing.assert_frame_equal(resumed.records, fresh.records)
     pd.testing.assert_frame_equal(resumed.summary(), fresh.summary())
-    assert len(resumed.records) == 4 * 7  # baseline + (top + 2 random) x 2 ks
+    assert len(resumed.records) == 4 * 11  # baseline + (top + 2 random + 2 layer-matched) x 2 ks
+    assert {"matched:k=1:seed=0", "matched:k=2:seed=1", "matched:k=2:seed=all"} <= set(resumed.summary()["key"])
+    assert len(RecordLog(tmp_path / "killed" / "sweep_records.jsonl").read()) == 44  # nothing duplicated
 
 
 def test_run_folder_of_another_configuration_is_refused(tmp_path):
@@ -166,7 +170,7 @@ def test_remote_sweep_failing_mid_way_resumes_without_losing_or_repeating_answer
     pd.testing.assert_frame_equal(resumed.records, fresh.records)
     pd.testing.assert_frame_equal(resumed.summary(), fresh.summary())
     log = RecordLog(tmp_path / "run" / "sweep_records.jsonl").read()
-    assert len(log) == 5 * 7 and len({(r["sample_id"], r["condition"]) for r in log}) == 5 * 7
+    assert len(log) == 5 * 11 and len({(r["sample_id"], r["condition"]) for r in log}) == 5 * 11
 
 
 def test_interrupted_shard_resumes_and_merges_into_the_unsharded_run(tmp_path):

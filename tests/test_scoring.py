@@ -157,7 +157,7 @@ def test_random_control_excludes_detected_and_is_seeded():
     assert all(h.layer > 0 for h in random_control(g, detected, 20, seed=0, exclude_first_layer=True))
     with pytest.raises(ValueError, match="only 22 heads"):
         random_control(g, detected, 23, seed=0)
-    conditions = sweep_conditions(g.all_heads(), g, [0, 1, 3], [0, 1])
+    conditions = sweep_conditions(g.all_heads(), g, [0, 1, 3], [0, 1], matched=False)
     assert [c.key for c in conditions] == ["baseline:k=0", "top:k=1", "random:k=1:seed=0", "random:k=1:seed=1",
                                            "top:k=3", "random:k=3:seed=0", "random:k=3:seed=1"]
     assert set(conditions[2].heads) <= set(conditions[5].heads)  # nested for one seed

@@ -74,13 +74,14 @@ def sweep_runs(tmp_path_factory) -> Path:
     sweep(vlm, samples, vlm.geometry.all_heads(), run_dir=root / "whole", **SWEEP)
     for i in range(3):
         part = sweep(vlm, samples, vlm.geometry.all_heads(), run_dir=root / f"shard{i}", shard=Shard(i, 3), **SWEEP)
-        assert len(part.records) == 7 * len(Shard(i, 3).select(samples, 2))  # baseline + (top + 2 random) x 2 ks
+        # baseline + (top + 2 random + 2 layer-matched) x 2 ks
+        assert len(part.records) == 11 * len(Shard(i, 3).select(samples, 2))
     return root
 
 
 def test_sharded_sweep_merges_into_the_unsharded_result(sweep_runs, tmp_path):
     merged = merge_runs(tmp_path / "merged", [sweep_runs / f"shard{i}" for i in range(3)])
-    assert (merged.kind, merged.records) == ("sweep", 5 * 7)
+    assert (merged.kind, merged.records) == ("sweep", 5 * 11)
     assert folder_bytes(tmp_path / "merged") == folder_bytes(sweep_runs / "whole")
     vlm = tiny_vlm(FAMILY)
     whole = sweep(vlm, synthetic_samples("eval", 5), vlm.geometry.all_heads(), run_dir=sweep_runs / "whole", **SWEEP)
@@ -126,7 +127,7 @@ def test_merge_refuses_incomplete_shards_and_resumed_shards_merge(sweep_runs, tm
     log = shards[1] / "sweep_records.jsonl"
     lines = log.read_text().splitlines(keepends=True)
     log.write_text("".join(lines[:-3]))  # as if shard 1 was interrupted
-    with pytest.raises(ShardMergeError, match=r"shard 1/3 .* is incomplete: 3 of 14 units are missing.*--shard 1/3"):
+    with pytest.raises(ShardMergeError, match=r"shard 1/3 .* is incomplete: 3 of 22 units are missing.*--shard 1/3"):
         merge_runs(tmp_path / "merged", shards)
     log.write_text("".join(lines + lines[:1]))
     with pytest.raises(ShardMergeError, match="twice"):
@@ -169,7 +170,8 @@ def test_cli_sharded_detect_sweep_and_design_space_merge_like_unsharded(tmp_path
     assert (tmp_path / "sweep-merged" / "sweep_summary.csv").read_bytes() == \
         (tmp_path / "sweep" / "sweep_summary.csv").read_bytes()
 
-    design = [*common, "--data", "synthetic:detect:5", "--eval-data", "synthetic:eval:3", "--k", "2"]
+    design = [*common, "--data", "synthetic:detect:5", "--eval-data", "synthetic:eval:3", "--k", "1",
+              "--random-sets", "2"]
     table = _run(capsys, "design-space", *design, "--out", str(tmp_path / "design"))
     for i in range(2):  # shard 0 collects its own detection statistics, shard 1 starts from the merged detect run
         if i == 1:

@@ -86,10 +86,14 @@ def _print_scores(scores: Any, path: Path, preset: str, top: int, as_json: bool)
 
 
 def _print_sweep(summary: pd.DataFrame, as_json: bool) -> None:
+    """The summary; in the table, each control's distribution row stands for its per-set rows (in the CSV)."""
     if as_json:
         print(summary.to_json(orient="records"))
     else:
-        _print_table(summary.drop(columns=["key"]), "k-sweep: top-k heads vs random heads")
+        per_set = summary["condition"].isin(("random", "matched")) & (summary["seed"].astype(str) != "all")
+        shown = summary[~per_set]
+        _print_table(shown.drop(columns=["key"]), "k-sweep: top-k heads vs random and layer-matched head sets "
+                                                  "(one row per control: its sets' distribution)")
 
 
 def _print_design_space(table: pd.DataFrame, k: int, as_json: bool) -> None:
@@ -118,6 +122,15 @@ def cmd_detect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _control_seeds(args: argparse.Namespace) -> list[int]:
+    """``--seeds`` when given, else seeds 0 .. ``--random-sets`` - 1."""
+    if args.seeds:
+        return [int(s) for s in args.seeds.split(",")]
+    if args.random_sets < 1:
+        raise ValueError(f"--random-sets must be >= 1, got {args.random_sets}")
+    return list(range(args.random_sets))
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     from vrh_interp.evaluation.sweep import sweep
     from vrh_interp.scoring.scores import HeadScores
@@ -126,10 +139,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     vlm = _load_model(args.model, args.device, args.dtype)
     scores = HeadScores.load(args.scores)
     samples = load_data(args.data)
-    result = sweep(vlm, samples, scores, ks=[int(k) for k in args.ks.split(",")],
-                   random_seeds=[int(s) for s in args.seeds.split(",")], exclude_first_layer=args.exclude_first_layer,
-                   iou_threshold=args.iou, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
-                   run_dir=args.out, shard=args.shard, remote=args.remote)
+    result = sweep(vlm, samples, scores, ks=args.ks, random_seeds=_control_seeds(args), matched=not args.no_matched,
+                   exclude_first_layer=args.exclude_first_layer, iou_threshold=args.iou, batch_size=args.batch_size,
+                   max_new_tokens=args.max_new_tokens, run_dir=args.out, shard=args.shard, remote=args.remote)
     if args.shard is not None:
         return _shard_done(args, len(result.records))
     summary = result.summary()
@@ -153,11 +165,13 @@ def cmd_design_space(args: argparse.Namespace) -> int:
                                     run_dir=out / "detect", dataset=args.data, remote=args.remote)
     if args.shard is not None:
         check_disjoint(stats, evaluate)
-        result = run_conditions(vlm, evaluate, design_space_plan(stats, k=args.k).conditions,
+        plan = design_space_plan(stats, k=args.k, random_seeds=range(args.random_sets))
+        result = run_conditions(vlm, evaluate, plan.conditions,
                                 batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
                                 run_dir=out / "design_space", shard=args.shard, remote=args.remote)
         return _shard_done(args, len(result.records))
-    table = design_space(vlm, stats, evaluate, k=args.k, batch_size=args.batch_size,
+    table = design_space(vlm, stats, evaluate, k=args.k, random_seeds=range(args.random_sets),
+                         batch_size=args.batch_size,
                          max_new_tokens=args.max_new_tokens, run_dir=out, remote=args.remote)
     table.to_csv(out / "design_space.csv", index=False)
     _print_design_space(table, args.k, args.json)
@@ -243,7 +257,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from vrh_interp.demo import run_demo
 
     return run_demo(model_spec=args.model, out=Path(args.out), detect_scenes=args.detect, eval_scenes=args.eval,
-                    device=args.device, dtype=args.dtype, transfer_model=args.transfer_model, as_json=args.json)
+                    device=args.device, dtype=args.dtype, transfer_model=args.transfer_model, as_json=args.json,
+                    random_sets=args.random_sets)
 
 
 def cmd_patch(args: argparse.Namespace) -> int:
@@ -299,16 +314,25 @@ def build_parser() -> argparse.ArgumentParser:
     common(p)
     p.set_defaults(data="synthetic:eval:200")
     p.add_argument("--scores", required=True, help="scores JSON written by `vrh detect`")
-    p.add_argument("--ks", default="0,1,3,5,10,20")
-    p.add_argument("--seeds", default="0,1,2", help="random-control seeds")
+    p.add_argument("--ks", default="0,1,3,5,10,20",
+                   help="k values: head counts and/or percentages of all heads, e.g. 0,1%%,2.5%%,5 (a positive "
+                        "percentage is rounded half up to at least 1 head)")
+    p.add_argument("--random-sets", type=int, default=20,
+                   help="control head sets per k and control kind (seeds 0 .. N-1)")
+    p.add_argument("--seeds", default=None, help="explicit control seeds, e.g. 0,1,2 (overrides --random-sets)")
+    p.add_argument("--no-matched", action="store_true",
+                   help="leave out the layer-matched control (only the uniform random sets)")
     p.add_argument("--iou", type=float, default=0.5)
-    p.add_argument("--exclude-first-layer", action="store_true")
+    p.add_argument("--exclude-first-layer", action="store_true", help="random controls avoid layer 0")
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("design-space", help="rank the scoring variants by the drop their top-k causes")
     common(p)
     p.add_argument("--eval-data", default="synthetic:eval:200")
     p.add_argument("--k", type=int, default=20)
+    p.add_argument("--random-sets", type=int, default=20,
+                   help="random sets of k heads (outside every variant's top-k) each variant is compared with; "
+                        "0: rank the variants without a random control")
     p.set_defaults(func=cmd_design_space)
 
     p = sub.add_parser("merge", help="join the --out folders of a sharded detect, sweep, design-space or reproduce run")
@@ -347,6 +371,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="runs/demo")
     p.add_argument("--detect", type=int, default=200, help="detection scenes")
     p.add_argument("--eval", type=int, default=100, help="evaluation scenes (disjoint from detection)")
+    p.add_argument("--random-sets", type=int, default=20,
+                   help="random (and layer-matched) control head sets per k in every sweep")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None)
     p.add_argument("--json", action="store_true")

@@ -21,9 +21,9 @@ from typing import Any, Iterator, Mapping, Sequence
 import torch
 
 from vrh_interp.heads import HeadSet
-from vrh_interp.model import VLM
+from vrh_interp.model import VLM, GroundingBatch
 from vrh_interp.templates import LayerTemplate, apply_in_order
-from vrh_interp.templates.ablation import AblationMode, HeadAblation
+from vrh_interp.templates.ablation import ZERO_ABLATION, Ablation, HeadAblation, segment_ids
 from vrh_interp.templates.head_outputs import HeadOutputCapture, HeadOutputPatch
 from vrh_interp.templates.readout import AttentionRowsReadout, attention_call_label
 
@@ -100,9 +100,27 @@ def prepare_remote(remote: bool | str) -> None:
         nnsight.register("vrh_interp")
 
 
-def head_ablation(vlm: VLM, heads: HeadSet, *, mode: AblationMode = "zero",
-                  means: Mapping[int, torch.Tensor] | None = None) -> HeadAblation:
-    return HeadAblation.build(heads, vlm.geometry, projection_path(vlm), mode=mode, means=means)
+def head_ablation(vlm: VLM, heads: HeadSet, ablation: Ablation = ZERO_ABLATION, *,
+                  segments: torch.Tensor | None = None, sample_ids: Sequence[str] | None = None) -> HeadAblation:
+    """Ablate ``heads`` (``ablation``: zero by default). ``mean`` / ``resample`` act segment by segment and need
+    the batch's ``segments`` (``batch_segments``); ``resample`` also its ``sample_ids`` (row order)."""
+    return HeadAblation.build(heads, vlm.geometry, projection_path(vlm), ablation, segments=segments,
+                              sample_ids=sample_ids)
+
+
+def batch_segments(batch: GroundingBatch, encoding: Mapping[str, Any] | None = None) -> torch.Tensor:
+    """``[batch, seq]`` position segments (visual / prompt / answer / pad, ``templates.ablation.segment_ids``) of
+    ``batch``'s encoding, or of ``encoding`` (the batch's prompts with a teacher-forced answer appended)."""
+    encoding = batch.encoding if encoding is None else encoding
+    return segment_ids(encoding["attention_mask"], [layout.visual_positions for layout in batch.layouts],
+                       batch.prompt_length)
+
+
+def encoding_segments(vlm: VLM, encoding: Mapping[str, Any], image_sizes: Sequence[tuple[int, int]]) -> torch.Tensor:
+    """``[batch, seq]`` position segments of any prompt encoding with one image per row (e.g. VQA prompts):
+    visual positions from the family's ``visual_layout`` of each row's image (``(width, height)``)."""
+    layouts = [vlm.adapter.visual_layout(encoding, size, vlm.processor, i) for i, size in enumerate(image_sizes)]
+    return segment_ids(encoding["attention_mask"], [layout.visual_positions for layout in layouts])
 
 
 def attention_readout(vlm: VLM, prefill_rows: Sequence[int] | torch.Tensor, *, layers: Sequence[int] | None = None,

@@ -41,36 +41,68 @@ def score_distribution(scores: np.ndarray, thresholds: tuple[float, ...] = (1e-3
     return fig
 
 
+CONTROL_STYLE = {"random": ("tab:blue", "random sets"), "matched": ("tab:green", "layer-matched sets")}
+
+
+def _control_band(ax: Any, rows: pd.DataFrame, colour: str, alpha: float = 0.2) -> None:
+    """The 5-95 % band of the control sets' accuracies (seed "all" rows); the mean's interval where a summary
+    has no quantile columns (written before set-level statistics)."""
+    if {"accuracy_q05", "accuracy_q95"} <= set(rows.columns):
+        low, high = rows["accuracy_q05"], rows["accuracy_q95"]
+    else:
+        low, high = rows["accuracy_ci_low"], rows["accuracy_ci_high"]
+    accuracy = rows["accuracy"].astype(float)  # the baseline row (k = 0) has no sets: the band starts at its point
+    ax.fill_between(rows["k"], low.astype(float).fillna(accuracy), high.astype(float).fillna(accuracy), color=colour,
+                    alpha=alpha, linewidth=0)
+
+
 def k_sweep_curve(summary: pd.DataFrame, title: str = "grounding accuracy vs masked heads") -> Any:
-    """Accuracy vs k for the top-k heads and the pooled random control, with bootstrap CI bands."""
+    """Accuracy vs k: the top-k heads with their bootstrap CI band, and for each control (random, layer-matched)
+    the mean accuracy of its head sets (dashed) with the band where 90 % of the sets lie (5-95 % quantiles)."""
     fig, ax = _figure()
     base = summary[summary["condition"] == "baseline"]
-    for kind, colour in (("top", "tab:red"), ("random", "tab:blue")):
-        part = summary[summary["condition"] == kind]
-        if kind == "random":
-            part = part[part["seed"].astype(str) == "all"]
-        part = pd.concat([base, part]).sort_values("k")
-        if len(part) < 2:
+    top = pd.concat([base, summary[summary["condition"] == "top"]]).sort_values("k")
+    if len(top) >= 2:
+        ax.plot(top["k"], top["accuracy"], marker="o", color="tab:red", label="top-k VRHs")
+        ax.fill_between(top["k"], top["accuracy_ci_low"], top["accuracy_ci_high"], color="tab:red", alpha=0.2,
+                        linewidth=0)
+    for kind, (colour, label) in CONTROL_STYLE.items():
+        rows = summary[(summary["condition"] == kind) & (summary["seed"].astype(str) == "all")]
+        if rows.empty:
             continue
-        ax.plot(part["k"], part["accuracy"], marker="o", color=colour, label="top-k VRHs" if kind == "top" else "random (pooled seeds)")
-        ax.fill_between(part["k"], part["accuracy_ci_low"], part["accuracy_ci_high"], color=colour, alpha=0.2)
-    ax.set_xlabel("k masked heads")
+        rows = pd.concat([base, rows]).sort_values("k")
+        sets = int(rows["sets"].max()) if "sets" in rows and rows["sets"].notna().any() else None
+        ax.plot(rows["k"], rows["accuracy"], marker="^", linestyle="--", color=colour,
+                label=f"{label}: mean, 5-95% band" + (f" ({sets} per k)" if sets else ""))
+        _control_band(ax, rows, colour)
+    ks = sorted(int(k) for k in summary["k"].unique())
+    if "k_fraction" in summary and summary["k_fraction"].notna().all():
+        fraction = summary.groupby("k")["k_fraction"].first()
+        ax.set_xticks(ks, [f"{k}\n{fraction[k]:.1%}" for k in ks], fontsize=8)
+    ax.set_xlabel("k masked heads (share of all heads)")
     ax.set_ylabel("accuracy (IoU >= 0.5)")
     ax.set_ylim(0, 1)
     ax.set_title(title)
-    ax.legend()
+    ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
 
 
 def failure_bars(summary: pd.DataFrame) -> Any:
-    """Parse failures vs mislocations per condition at each k (functional specificity)."""
+    """Per condition at each k (control sets pooled): parse failures and mislocations, the latter split into
+    boxes on another annotated object and boxes on no object where the samples list their objects."""
     fig, ax = _figure(7, 4)
-    rows = summary[(summary["condition"] != "random") | (summary["seed"].astype(str) == "all")]
+    rows = summary[(~summary["condition"].isin(tuple(CONTROL_STYLE))) | (summary["seed"].astype(str) == "all")]
     labels = [f"{c}\nk={k}" for c, k in zip(rows["condition"], rows["k"])]
     x = np.arange(len(rows))
-    ax.bar(x, rows["mislocation_rate"], label="mislocation", color="tab:orange")
-    ax.bar(x, rows["parse_failure_rate"], bottom=rows["mislocation_rate"], label="parse failure", color="tab:grey")
+    split = "other_object_rate" in rows and rows["other_object_rate"].notna().all()
+    bottom = np.zeros(len(rows))
+    parts = [("other_object_rate", "boxed another object", "tab:orange"),
+             ("no_object_rate", "boxed no object", "tab:brown")] if split else [("mislocation_rate", "mislocation", "tab:orange")]
+    for column, label, colour in parts + [("parse_failure_rate", "parse failure", "tab:grey")]:
+        values = rows[column].to_numpy(dtype=float)
+        ax.bar(x, values, bottom=bottom, label=label, color=colour)
+        bottom = bottom + values
     ax.set_xticks(x, labels, fontsize=7)
     ax.set_ylabel("share of answers")
     ax.set_ylim(0, 1)
@@ -155,7 +187,8 @@ CROSS_STYLE = {"own": ("tab:red", "o", "-"), "transferred": ("tab:green", "s", "
 
 def cross_masking_curves(summary: pd.DataFrame, title: str = "cross-model masking") -> Any:
     """The paper's Fig. 7: one panel per model, accuracy vs k with that model's own top-k heads, the other
-    model's top-k heads (transferred) and k random heads (pooled seeds) masked, with bootstrap CI bands.
+    model's top-k heads (transferred) and sets of k random heads masked: own and transferred with bootstrap CI
+    bands, the random sets' mean with the band of their 5-95 % quantiles.
 
     ``summary`` is ``vrh_interp.transfer.CrossMaskingResult.summary()`` or its CSV read back. Every curve
     starts at the model's unmasked baseline (k = 0). Panels share the y axis (accuracy in [0, 1]).
@@ -172,7 +205,7 @@ def cross_masking_curves(summary: pd.DataFrame, title: str = "cross-model maskin
             rows = part[part["condition"] == kind]
             if kind == "random":
                 rows = rows[rows["seed"].astype(str) == "all"]
-                label = "random (pooled seeds)"
+                label = "random sets: mean, 5-95% band"
             elif kind == "own":
                 label = f"own top-k ({model})"
             else:
@@ -182,7 +215,10 @@ def cross_masking_curves(summary: pd.DataFrame, title: str = "cross-model maskin
             if len(rows) < 2:
                 continue
             ax.plot(rows["k"], rows["accuracy"], marker=marker, linestyle=line, color=colour, label=label)
-            ax.fill_between(rows["k"], rows["accuracy_ci_low"], rows["accuracy_ci_high"], color=colour, alpha=0.15)
+            if kind == "random":
+                _control_band(ax, rows, colour, alpha=0.15)
+            else:
+                ax.fill_between(rows["k"], rows["accuracy_ci_low"], rows["accuracy_ci_high"], color=colour, alpha=0.15)
         ax.set_title(f"heads masked in {model}")
         ax.set_xticks(sorted(int(k) for k in part["k"].unique()))
         ax.set_xlabel("k masked heads")

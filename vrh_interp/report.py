@@ -3,7 +3,9 @@
 The report reads whatever artifacts the run folder holds (``scores-*.json``, ``sweep_summary.csv``,
 ``design_space.csv``, ``sparsity.csv``, ``stability.csv``, ``token_stability.csv``, ``transfer*.csv``,
 ``cross_masking.csv``, ``vqa_summary.csv``, ``verdicts.csv``) and skips what is absent, so it works for a detect-only run as
-for a full demo.
+for a full demo. Sweep tables keep one row per control head set; the ``seed="all"`` rows hold the sets'
+distribution (mean, sd, quantiles, two-level bootstrap interval) and the top-k rows their empirical p-values
+against each control, which the k-sweep figure draws as bands.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from vrh_interp.scoring.scores import HeadScores
 
 TABLES = (
     ("verdicts.csv", "The paper's claims on this model"),
-    ("sweep_summary.csv", "Causal k-sweep: top-k heads vs random heads"),
+    ("sweep_summary.csv", "Causal k-sweep: top-k heads vs random and layer-matched head sets"),
     ("design_space.csv", "Design space: accuracy drop when masking each variant's top-k"),
     ("sparsity.csv", "Sparsity"),
     ("stability.csv", "Stability: top-k overlap with the all-sample ranking"),
@@ -29,7 +31,7 @@ TABLES = (
     ("transfer.csv", "Transfer between models sharing a backbone"),
     ("transfer_masking.csv", "Cross-masking at k*: accuracy drops"),
     ("cross_masking.csv", "Cross-masking k-sweep: own, transferred and random heads in each model"),
-    ("vqa_summary.csv", "Cross-task VQA: top-k heads vs random heads masked, per question kind"),
+    ("vqa_summary.csv", "Cross-task VQA: top-k heads vs random and layer-matched head sets, per question kind"),
 )
 
 

@@ -6,9 +6,11 @@ Steps (Appendix E, H, J of the paper), each resumable from the records it writes
    ``detect_count`` (200) seeded detection samples, the disjoint rest (or ``evaluation_count`` of it) for
    evaluation; the ids go to ``split.json``;
 2. score every head with the VRH design on the detection samples (``detect/``, ``scores-vrh.json``);
-3. k-sweep on the evaluation samples, top-k vs k random heads drawn outside the top max(k), for each random
-   seed (``sweep/``, ``sweep_summary.csv``). The paper's k in {0, 1, 3, 5, 10, 20} is capped at half the
-   model's head count (``capped_ks``), the most for which k random heads still exist outside the top k;
+3. k-sweep on the evaluation samples, top-k vs k random heads and k layer-matched heads drawn outside the
+   top max(k), for each random seed (``sweep/``, ``sweep_summary.csv``). The paper's k in {0, 1, 3, 5, 10,
+   20} is capped at half the model's head count (``capped_ks``), the most for which k random heads still
+   exist outside the top k, and at the largest k whose layer-matched control can be drawn
+   (``evaluation.sweep.largest_usable_k``: a layer holding more than half its heads in the top k cannot);
 4. the functional-specificity split of every condition into correct / mislocation / parse failure
    (``failure_split.csv``);
 5. with VQA specs, Table 3: the top-``vqa_k`` heads (20, capped like k) vs ``vqa_k`` random heads on each
@@ -36,7 +38,7 @@ import pandas as pd
 from vrh_interp.datasets.samples import VQASample
 from vrh_interp.datasets.splits import PAPER_DETECTION_COUNT, detection_split
 from vrh_interp.datasets.vqa_sweep import VQASweepResult, vqa_sweep, vqa_sweep_from_run
-from vrh_interp.evaluation.sweep import SweepResult, sweep, sweep_from_run
+from vrh_interp.evaluation.sweep import SweepResult, largest_usable_k, sweep, sweep_from_run
 from vrh_interp.merge import ShardMergeError, check_shards_together, merge_runs, read_shard_folder
 from vrh_interp.runs import RunFolder, write_json_atomic
 from vrh_interp.scoring.detect import score_heads
@@ -49,9 +51,11 @@ PAPER_RANDOM_SEEDS: tuple[int, ...] = (0, 1, 2)
 PAPER_VQA_K = 20
 
 
-def capped_ks(ks: Sequence[int], total_heads: int) -> list[int]:
-    """``ks`` (and 0) up to ``total_heads // 2``: the random controls need k heads outside the top max(k)."""
-    return sorted({0, *(k for k in ks if 0 <= k <= total_heads // 2)})
+def capped_ks(ks: Sequence[int], total_heads: int, usable: int | None = None) -> list[int]:
+    """``ks`` (and 0) up to ``total_heads // 2`` (the random controls need k heads outside the top max(k)) and
+    up to ``usable`` when given (``largest_usable_k`` of the ranking: where the controls can be drawn)."""
+    limit = total_heads // 2 if usable is None else min(total_heads // 2, usable)
+    return sorted({0, *(k for k in ks if 0 <= k <= limit)})
 
 
 def failure_split(result: SweepResult) -> pd.DataFrame:
@@ -129,7 +133,7 @@ def run_reproduce(model_spec: str, data_spec: str, vqa_specs: Sequence[str] = ()
     scores.save(out / "scores-vrh.json")
 
     total = vlm.geometry.total_heads
-    used_ks = capped_ks(ks, total)
+    used_ks = capped_ks(ks, total, largest_usable_k(scores.ranking(), vlm.geometry))
     say(f"[2/4] k-sweep on {len(split.evaluation)} disjoint samples{part}, ks={used_ks} ({total} heads), "
         f"random seeds {list(random_seeds)}")
     result = sweep(vlm, list(split.evaluation), scores, ks=used_ks, random_seeds=random_seeds, batch_size=batch_size,
@@ -156,7 +160,7 @@ def run_reproduce(model_spec: str, data_spec: str, vqa_specs: Sequence[str] = ()
 def _tables(out: Path, arguments: dict[str, Any], total_heads: int, result: SweepResult,
             vqa_result: VQASweepResult | None, *, vqa_table: bool = True) -> ReproduceResult:
     """The tables in memory; a shard's cover its samples only and have no Table 3 (which may have no rows)."""
-    used_ks = capped_ks(arguments["ks"], total_heads)
+    used_ks = sorted({c.k for c in result.conditions})
     return ReproduceResult(
         out=out, ks=used_ks, vqa_k=min(arguments["vqa_k"], max(used_ks)) if arguments["vqa"] else None,
         sweep_summary=result.summary(), failure_split=failure_split(result),

@@ -5,12 +5,15 @@ Score maps. Overlap statistics come with a permutation baseline: the same statis
 Rank correlations are Spearman (Pearson of ranks) and Kendall tau-b (numpy, O(N^2) pairs).
 
 Cross-masking (the paper's Fig. 7). In each model of the pair, grounding accuracy is measured at every k
-with three head sets masked: the model's OWN top-k, the other model's top-k carried over by
-``transfer_heads`` (TRANSFERRED), and k RANDOM heads. The random heads are drawn (``random_control``,
-seeded, nested in k) outside BOTH the own and the transferred top-max(k), so the control never masks a
-head either ranking singles out. The conditions run through ``run_conditions`` on the same evaluation
-samples in both models, so each masked condition has the usual bootstrap CI and an exact McNemar test
-against that model's unmasked baseline.
+with the model's OWN top-k masked, the other model's top-k carried over by ``transfer_heads``
+(TRANSFERRED), and ``len(random_seeds)`` (default 20) sets of k RANDOM heads. The random sets are drawn
+(``random_control``, seeded, nested in k) outside BOTH the own and the transferred top-max(k), so the
+control never masks a head either ranking singles out. (No layer-matched control here: the own and the
+transferred sets have different layer profiles, so there is no single set to match.) The conditions run
+through ``run_conditions`` on the same evaluation samples in both models, so each masked condition has an
+exact McNemar test against that model's unmasked baseline, and the own and transferred rows carry the
+set-level empirical p-value against the random sets at their k (``p_vs_random``; see
+``evaluation.sweep``).
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from vrh_interp.evaluation.sweep import Condition, SweepResult, random_control, run_conditions
+from vrh_interp.evaluation.sweep import (DEFAULT_RANDOM_SEEDS, Condition, SweepResult, control_conditions,
+                                         run_conditions)
 from vrh_interp.heads import HeadGeometry, HeadSet
 from vrh_interp.model import VLM
 from vrh_interp.samples import GroundingSampleLike
@@ -83,8 +87,8 @@ def same_grid(a: HeadGeometry, b: HeadGeometry) -> bool:
 
 
 def cross_conditions(own: HeadSet, transferred: HeadSet, geometry: HeadGeometry, ks: Sequence[int],
-                     random_seeds: Sequence[int]) -> list[Condition]:
-    """The conditions run in one model: baseline, then per k > 0 own top-k, transferred top-k, random k.
+                     random_seeds: Sequence[int] = DEFAULT_RANDOM_SEEDS) -> list[Condition]:
+    """The conditions run in one model: baseline, then per k > 0 own top-k, transferred top-k, the random sets.
 
     ``own`` and ``transferred`` are rankings (best first) in this model's head grid.
     """
@@ -100,8 +104,11 @@ def cross_conditions(own: HeadSet, transferred: HeadSet, geometry: HeadGeometry,
     for k in ks:
         conditions.append(Condition("own", k, None, own[:k]))
         conditions.append(Condition("transferred", k, None, transferred[:k]))
-        conditions += [Condition("random", k, seed, random_control(geometry, detected, k, seed))
-                       for seed in random_seeds]
+        try:
+            conditions += control_conditions(geometry, detected, k, None, random_seeds, matched=False)
+        except ValueError as error:
+            raise ValueError(f"k={k}: {error} (the top {ks[-1]} heads of both rankings, {len(detected)} heads); "
+                             "pass smaller ks") from None
     return conditions
 
 
@@ -127,7 +134,7 @@ class CrossMaskingResult:
 
 def cross_masking(vlm_a: VLM, vlm_b: VLM, scores_a: HeadScores | HeadSet, scores_b: HeadScores | HeadSet,
                   eval_samples: Sequence[GroundingSampleLike], *, ks: Sequence[int] = (0, 1, 3, 5, 10, 20),
-                  random_seeds: Sequence[int] = (0, 1, 2), labels: tuple[str, str] = ("A", "B"),
+                  random_seeds: Sequence[int] = DEFAULT_RANDOM_SEEDS, labels: tuple[str, str] = ("A", "B"),
                   mapping: TransferMapping = "identity", iou_threshold: float = 0.5, batch_size: int = 8,
                   max_new_tokens: int = 24, run_dir: str | Path | None = None,
                   progress: bool = True, remote: bool | str = False) -> CrossMaskingResult:
@@ -174,23 +181,41 @@ def cross_masking(vlm_a: VLM, vlm_b: VLM, scores_a: HeadScores | HeadSet, scores
 
 
 def masking_drops(summary: pd.DataFrame, k: int) -> pd.DataFrame:
-    """Accuracy drop from each model's baseline at one k, for own, transferred and pooled random heads.
+    """Accuracy drop from each model's baseline at one k, for own, transferred and random heads (the mean over
+    the random sets), with the set-level empirical p-values of own and transferred against the random sets
+    and the transferred set's verdict (``evaluation.sweep.summary_verdict``: significant drop and p <= 0.05).
 
     ``summary`` is ``CrossMaskingResult.summary()`` (or its CSV read back); one row per masked model.
     """
+    from vrh_interp.evaluation.sweep import summary_verdict
+
     rows = []
     for model, part in summary.groupby("model", sort=False):
         base = _accuracy(part, "baseline", 0)
         source = part.loc[part["condition"] == "transferred", "heads_from"].iloc[0]
+        random = part[(part["condition"] == "random") & (part["k"] == k) & (part["seed"].astype(str) == "all")]
+        judged = summary_verdict(part, k, target="transferred", controls=("random",))
         rows.append({"direction": f"{source}'s heads masked in {model}", "k": k, "baseline": base,
                      "own_drop": base - _accuracy(part, "own", k),
                      "transferred_drop": base - _accuracy(part, "transferred", k),
-                     "random_drop": base - _accuracy(part, "random", k)})
+                     "random_drop": base - _accuracy(part, "random", k),
+                     "random_sets": int(random["sets"].iloc[0]) if len(random) else 0,
+                     "own_p_vs_random": float(_row(part, "own", k)["p_vs_random"]),
+                     "transferred_p_vs_random": float(_row(part, "transferred", k)["p_vs_random"]),
+                     "transferred_p_vs_baseline": float(_row(part, "transferred", k)["p_value_vs_baseline"]),
+                     "transferred_verdict": judged["verdict"]})
     return pd.DataFrame(rows)
 
 
+def _row(part: pd.DataFrame, condition: str, k: int) -> pd.Series:
+    row = part[(part["condition"] == condition) & (part["k"] == k)]
+    if len(row) != 1:
+        raise ValueError(f"the summary has {len(row)} {condition} rows at k={k} for one model, expected 1")
+    return row.iloc[0]
+
+
 def _accuracy(part: pd.DataFrame, condition: str, k: int) -> float:
-    """Accuracy of one summary row (random: the row pooled over seeds)."""
+    """Accuracy of one summary row (random: the seed "all" row, the mean over the random sets)."""
     row = part[(part["condition"] == condition) & (part["k"] == k)]
     if condition == "random":
         row = row[row["seed"].astype(str) == "all"]

@@ -18,6 +18,7 @@ from vrh_interp.sources import load_data
 def test_capped_ks_leave_room_for_random_controls() -> None:
     assert capped_ks((0, 1, 3, 5, 10, 20), 8) == [0, 1, 3]
     assert capped_ks((1, 3, 5, 10, 20), 784) == [0, 1, 3, 5, 10, 20]
+    assert capped_ks((0, 1, 3, 5), 8, usable=2) == [0, 1]  # e.g. the top 3 in one layer of 4 heads
 
 
 def _no_model_calls(*args: object, **kwargs: object) -> None:
@@ -45,12 +46,12 @@ def test_reproduce_end_to_end_and_resume(tmp_path: Path, monkeypatch: pytest.Mon
     assert len(split["evaluation_ids"]) == 8 and not set(split["detection_ids"]) & set(split["evaluation_ids"])
 
     summary = pd.read_csv(out / "sweep_summary.csv")
-    assert len(summary) == 1 + 2 * (1 + 3 + 1)  # baseline; per k: top, 3 seeds, pooled random
+    assert len(summary) == 1 + 2 * (1 + 2 * (3 + 1))  # baseline; per k: top, per control 3 sets + distribution
     assert set(summary[summary["seed"].astype(str) != "all"]["n"]) == {8}
     assert set(summary[summary["seed"].astype(str) == "all"]["n"]) == {24}
     failures = result.failure_split
     assert (failures[["correct", "mislocation", "parse_failure"]].sum(axis=1) == failures["n"]).all()
-    assert list(result.vqa_table.index) == ["Baseline (k=0)", "Random (k=3)", "VRH (k=3)"]
+    assert list(result.vqa_table.index) == ["Baseline (k=0)", "Random (k=3)", "Layer-matched (k=3)", "VRH (k=3)"]
     assert set(result.vqa_summary["benchmark"]) == {"cvbench", "countbench"}
     report = json.loads((out / "reproduce.json").read_text())
     assert report["used_ks"] == [0, 1, 3] and len(report["top_heads"]) == 3 and report["total_heads"] == 8

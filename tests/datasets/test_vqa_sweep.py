@@ -34,9 +34,15 @@ def test_random_controls_avoid_the_masked_heads() -> None:
     heads = HeadSet([Head(1, 2), Head(0, 1)])
     conditions = vqa_conditions(geometry, heads, (0, 1, 2), detected=HeadSet([Head(0, 0)]))
     assert [c.key for c in conditions] == ["baseline:k=0", "top:k=2", "random:k=2:seed=0", "random:k=2:seed=1",
-                                           "random:k=2:seed=2"]
+                                           "random:k=2:seed=2", "matched:k=2:seed=0", "matched:k=2:seed=1",
+                                           "matched:k=2:seed=2"]
     for condition in conditions[2:]:
         assert len(condition.heads) == 2 and not set(condition.heads) & {Head(1, 2), Head(0, 1), Head(0, 0)}
+    for condition in conditions[5:]:  # layer-matched: one head in each layer, as the masked set has
+        assert sorted(h.layer for h in condition.heads) == [0, 1]
+    assert len(vqa_conditions(geometry, heads, (0,), matched=False)) == 3
+    with pytest.raises(ValueError, match="layer 0 .*matched=False"):  # 4 heads a layer: 3 masked leave 1 outside
+        vqa_conditions(geometry, HeadSet([Head(0, 0), Head(0, 1), Head(0, 2)]), (0,))
 
 
 def test_vqa_sweep_table_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -48,16 +54,21 @@ def test_vqa_sweep_table_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     result = vqa_sweep(vlm, samples, heads, random_seeds=(0, 1), batch_size=2, run_dir=tmp_path / "run",
                        progress=False)
     records = result.records
-    assert len(records) == 4 * 5 and result.benchmarks == ["cvbench", "countbench"]
-    assert records.groupby("condition").size().to_dict() == {"baseline:k=0": 5, "random:k=2:seed=0": 5,
-                                                             "random:k=2:seed=1": 5, "top:k=2": 5}
+    assert len(records) == 6 * 5 and result.benchmarks == ["cvbench", "countbench"]
+    assert records.groupby("condition").size().to_dict() == {
+        "baseline:k=0": 5, "random:k=2:seed=0": 5, "random:k=2:seed=1": 5, "matched:k=2:seed=0": 5,
+        "matched:k=2:seed=1": 5, "top:k=2": 5}
     summary = result.summary()
-    assert len(summary) == 2 * 5
+    assert len(summary) == 2 * (6 + 2)  # per benchmark: 6 conditions + one distribution row per control kind
     cv_top = summary[(summary["benchmark"] == "cvbench") & (summary["condition"] == "top")].iloc[0]
     expected = records[(records["benchmark"] == "cvbench") & (records["kind"] == "top")]["correct"].mean()
     assert cv_top["n"] == 3 and cv_top["accuracy"] == pytest.approx(expected)
+    assert cv_top["k_fraction"] == 2 / 8
+    cv_sets = [records[(records["benchmark"] == "cvbench") & (records["condition"] == f"matched:k=2:seed={s}")]
+               ["correct"].mean() for s in (0, 1)]
+    assert cv_top["p_vs_matched"] == pytest.approx((1 + sum(a <= expected for a in cv_sets)) / 3)
     table = result.table()
-    assert list(table.index) == ["Baseline (k=0)", "Random (k=2)", "VRH (k=2)"]
+    assert list(table.index) == ["Baseline (k=0)", "Random (k=2)", "Layer-matched (k=2)", "VRH (k=2)"]
     assert list(table.columns.get_level_values(0).unique()) == ["cvbench", "countbench"]
     assert table.loc["VRH (k=2)", ("cvbench", "accuracy")] == pytest.approx(100 * expected)
     pooled = records[(records["benchmark"] == "countbench") & (records["kind"] == "random")]["correct"].mean()

@@ -1,15 +1,20 @@
-"""``vqa_sweep``: VQA accuracy per benchmark with a head set masked vs k random heads (the paper's Table 3).
+"""``vqa_sweep``: VQA accuracy per benchmark with a head set masked vs control head sets (the paper's Table 3).
 
 Conditions: the unmasked baseline, the given head set (``heads``, e.g. the top-20 VRHs detected on RefCOCO)
-and, per seed, ``len(heads)`` random heads drawn with ``evaluation.sweep.random_control`` from all heads
-outside ``detected`` (default: ``heads``), optionally excluding layer 0. Heads are zero-ablated at every
-generation step (greedy decoding, the model's chat template via ``vqa_prompt``); each response is scored by
-the sample's deterministic scorer (``vrh_interp.datasets.vqa``).
+and, per seed (default 20 seeds), ``len(heads)`` random heads (``evaluation.sweep.random_control``, optionally
+excluding layer 0) and, with ``matched``, as many heads per layer as ``heads`` has
+(``evaluation.sweep.layer_matched_control``), all drawn outside ``detected`` (default: ``heads``). Heads are
+zero-ablated at every generation step (greedy decoding, the model's chat template via ``vqa_prompt``); each
+response is scored by the sample's deterministic scorer (``vrh_interp.datasets.vqa``). Conditions masking
+the same head set are answered once (the later ones copy the answers).
 
 Every (benchmark, sample, condition) answer is a record in ``run_dir`` (resumable like the grounding sweep).
-``summary()`` gives one row per benchmark x condition (random seeds separately and pooled as seed "all")
-with bootstrap CIs and an exact McNemar test against the baseline on the same samples; ``table()`` lays the
-pooled numbers out as Table 3: rows Baseline / Random / VRH, columns benchmarks, values in percent.
+``summary()`` gives one row per benchmark x condition with bootstrap CIs and an exact McNemar test against
+the baseline on the same samples, plus per benchmark and control kind a ``seed="all"`` row with the
+set-level statistics of the grounding sweep (mean, sd and quantiles of the sets' accuracies, two-level
+bootstrap interval) and, on the ``top`` row, the empirical p-values ``p_vs_random`` / ``p_vs_matched``;
+``table()`` lays the numbers out as Table 3: rows Baseline / Random / Layer-matched / VRH (control rows:
+mean set accuracy and its two-level interval), columns benchmarks, values in percent.
 
 ``shard=Shard(i, n)`` answers one shard of every benchmark's questions (``Shard.select`` on each benchmark's
 list, so batches stay those of an unsharded run); ``vrh_interp.merge.merge_runs`` joins the shard folders and
@@ -30,27 +35,36 @@ from vrh_interp.datasets.samples import VQASample
 from vrh_interp.datasets.vqa import score_response
 from vrh_interp.datasets.vqa_prompt import vqa_prompt
 from vrh_interp.evaluation.statistics import bootstrap_ci, mcnemar_exact
-from vrh_interp.evaluation.sweep import Condition, condition_order, random_control
+from vrh_interp.evaluation.sweep import (CONTROL_KINDS, DEFAULT_RANDOM_SEEDS, QUANTILE_COLUMNS, Condition,
+                                         condition_order, control_conditions, head_signature, set_level_rows,
+                                         total_heads_of)
 from vrh_interp.heads import HeadGeometry, HeadSet
 from vrh_interp.model import VLM
 from vrh_interp.provenance import model_provenance
 from vrh_interp.runs import RecordLog, RunFolder, whole_run_manifest
 from vrh_interp.shards import Shard, shard_config
 
-TABLE_ROWS: dict[str, str] = {"baseline": "Baseline", "random": "Random", "top": "VRH"}
+TABLE_ROWS: dict[str, str] = {"baseline": "Baseline", "random": "Random", "matched": "Layer-matched", "top": "VRH"}
 RECORD_COLUMNS: list[str] = ["benchmark", "sample_id", "condition", "kind", "k", "seed", "response", "prediction",
                              "correct"]
 
 
-def vqa_conditions(geometry: HeadGeometry, heads: HeadSet, random_seeds: Sequence[int], *,
-                   detected: HeadSet | None = None, exclude_first_layer: bool = False) -> list[Condition]:
+def vqa_conditions(geometry: HeadGeometry, heads: HeadSet, random_seeds: Sequence[int] = DEFAULT_RANDOM_SEEDS, *,
+                   detected: HeadSet | None = None, exclude_first_layer: bool = False,
+                   matched: bool = True) -> list[Condition]:
+    """Baseline, ``heads`` ("top"), then the random and (``matched``) layer-matched sets, one per seed."""
     heads = geometry.validate(heads)
     conditions = [Condition("baseline", 0, None, HeadSet())]
     if len(heads):
         excluded = heads.union(detected) if detected is not None else heads
         conditions.append(Condition("top", len(heads), None, heads))
-        conditions += [Condition("random", len(heads), seed, random_control(
-            geometry, excluded, len(heads), seed, exclude_first_layer=exclude_first_layer)) for seed in random_seeds]
+        try:
+            conditions += control_conditions(geometry, excluded, len(heads), heads, random_seeds, matched=matched,
+                                             exclude_first_layer=exclude_first_layer)
+        except ValueError as error:
+            raise ValueError(f"VQA controls for {len(heads)} masked heads: {error}. Mask fewer heads"
+                             + (", or leave the layer-matched control out (matched=False)" if matched else "")
+                             ) from None
     return conditions
 
 
@@ -69,36 +83,45 @@ class VQASweepResult:
     records: pd.DataFrame
     conditions: list[Condition]
     benchmarks: list[str]
+    total_heads: int | None = None  # for ``k_fraction``; NaN when unknown
 
-    def summary(self, *, bootstrap_seed: int = 0) -> pd.DataFrame:
-        """One row per benchmark x condition (random seeds separately and pooled as seed "all"), fractions."""
-        rows = []
+    def summary(self, *, bootstrap_seed: int = 0, resamples: int = 2000) -> pd.DataFrame:
+        """One row per benchmark x condition, then the set-level rows (module doc); fractions, not percent."""
+        rows: list[dict[str, Any]] = []
         for benchmark in self.benchmarks:
-            part = self.records[self.records["benchmark"] == benchmark]
+            part = self.records[self.records["benchmark"] == benchmark].assign(
+                correct=lambda frame: frame["correct"].astype(bool))
             base = part[part["kind"] == "baseline"].set_index("sample_id")["correct"]
-            groups: list[tuple[str, int, Any, pd.DataFrame]] = [
-                (c.kind, c.k, c.seed, part[part["condition"] == c.key]) for c in self.conditions]
-            if any(c.kind == "random" for c in self.conditions):
-                random_k = next(c.k for c in self.conditions if c.kind == "random")
-                groups.append(("random", random_k, "all", part[part["kind"] == "random"]))
-            for kind, k, seed, group in groups:
+            parts = {c.key: part[part["condition"] == c.key] for c in self.conditions}
+            own = []
+            for c in self.conditions:
+                group = parts[c.key]
                 if group.empty:
                     continue
                 correct = group["correct"].to_numpy(dtype=bool)
-                low, high = bootstrap_ci(correct.astype(float), seed=bootstrap_seed)
+                low, high = bootstrap_ci(correct.astype(float), seed=bootstrap_seed, resamples=resamples)
                 paired = mcnemar_exact(base.loc[group["sample_id"]].to_numpy(dtype=bool), correct) \
-                    if kind != "baseline" else {"p_value": 1.0}
-                rows.append({"benchmark": benchmark, "condition": kind, "k": k, "seed": seed, "n": len(group),
-                             "accuracy": float(correct.mean()), "accuracy_ci_low": low, "accuracy_ci_high": high,
-                             "delta_vs_baseline": float(correct.mean() - base.mean()),
-                             "p_value_vs_baseline": paired["p_value"]})
+                    if c.kind != "baseline" else {"p_value": 1.0}
+                own.append({"benchmark": benchmark, "key": c.key, "condition": c.kind, "k": c.k,
+                            "k_fraction": c.k / self.total_heads if self.total_heads else float("nan"),
+                            "seed": c.seed, "ablation": c.ablation, "n": len(group), "sets": float("nan"),
+                            "accuracy": float(correct.mean()), "accuracy_ci_low": low, "accuracy_ci_high": high,
+                            "accuracy_sd": float("nan"), **{q: float("nan") for q in QUANTILE_COLUMNS},
+                            "delta_vs_baseline": float(correct.mean() - base.mean()),
+                            "p_value_vs_baseline": paired["p_value"]})
+            rows += set_level_rows(own, parts, self.conditions, bootstrap_seed=bootstrap_seed, resamples=resamples,
+                                   pooled=lambda records, base=base: {
+                                       "n": len(records),
+                                       "delta_vs_baseline": float(records.groupby("condition")["correct"].mean().mean()
+                                                                  - base.mean())})
         return pd.DataFrame(rows)
 
     def table(self, *, bootstrap_seed: int = 0) -> pd.DataFrame:
-        """Table 3: rows Baseline / Random (seeds pooled) / VRH; columns (benchmark, stat), stat one of accuracy,
-        ci_low, ci_high, delta (vs baseline); values in percent."""
+        """Table 3: rows Baseline / Random / Layer-matched / VRH; columns (benchmark, stat), stat one of accuracy,
+        ci_low, ci_high, delta (vs baseline); values in percent. Control rows: the mean accuracy of the sets and
+        its two-level bootstrap interval."""
         summary = self.summary(bootstrap_seed=bootstrap_seed)
-        pooled = summary[(summary["condition"] != "random") | (summary["seed"].astype(str) == "all")]
+        pooled = summary[~summary["condition"].isin(CONTROL_KINDS) | (summary["seed"].astype(str) == "all")]
         cells: dict[tuple[str, str], dict[str, float]] = {}
         for row in pooled.itertuples():
             label = f"{TABLE_ROWS[row.condition]} (k={row.k})"
@@ -112,11 +135,12 @@ class VQASweepResult:
         return table
 
 
-def vqa_sweep(vlm: VLM, samples: Sequence[VQASample], heads: HeadSet, *, random_seeds: Sequence[int] = (0, 1, 2),
+def vqa_sweep(vlm: VLM, samples: Sequence[VQASample], heads: HeadSet, *,
+              random_seeds: Sequence[int] = DEFAULT_RANDOM_SEEDS, matched: bool = True,
               detected: HeadSet | None = None, exclude_first_layer: bool = False, batch_size: int = 8,
               run_dir: str | Path | None = None, progress: bool = True,
               remote: bool | str = False, shard: Shard | None = None) -> VQASweepResult:
-    """Answer every sample unmasked, with ``heads`` masked and with random controls; resumable via ``run_dir``.
+    """Answer every sample unmasked, with ``heads`` masked and with the controls; resumable via ``run_dir``.
 
     With ``shard``, only that shard of each benchmark's samples is answered and the result holds those records.
     """
@@ -128,7 +152,7 @@ def vqa_sweep(vlm: VLM, samples: Sequence[VQASample], heads: HeadSet, *, random_
     if len(set(keys)) != len(keys):
         raise ValueError("VQA samples must have unique (benchmark, sample_id) pairs")
     conditions = vqa_conditions(vlm.geometry, heads, random_seeds, detected=detected,
-                                exclude_first_layer=exclude_first_layer)
+                                exclude_first_layer=exclude_first_layer, matched=matched)
     benchmarks = list(dict.fromkeys(s.benchmark for s in samples))
     config = {"kind": "vqa_sweep", "model": model_provenance(vlm),
               "samples": {b: [s.sample_id for s in samples if s.benchmark == b] for b in benchmarks},
@@ -140,17 +164,29 @@ def vqa_sweep(vlm: VLM, samples: Sequence[VQASample], heads: HeadSet, *, random_
         mine = {b: shard.select(part, batch_size) for b, part in mine.items()}
     records: list[dict[str, Any]] = log.read() if log else []
     done = {(r["benchmark"], r["sample_id"], r["condition"]) for r in records}
+    signature = {c.key: head_signature(c) for c in conditions}
+    answered: dict[tuple[Any, ...], dict[tuple[str, str], str]] = {}  # head set -> (benchmark, id) -> response
+    for record in records:
+        if record["condition"] in signature:
+            answered.setdefault(signature[record["condition"]], {})[(record["benchmark"], record["sample_id"])] = \
+                record["response"]
     bar = tqdm(total=len(conditions) * sum(map(len, mine.values())), initial=len(done),
                desc="vqa sweep: masked answers", disable=not progress, unit="answer")
     for condition in conditions:
+        known = answered.setdefault(signature[condition.key], {})
         for benchmark in benchmarks:
             todo = [s for s in mine[benchmark] if (benchmark, s.sample_id, condition.key) not in done]
             for start in range(0, len(todo), batch_size):
                 chunk = todo[start: start + batch_size]
-                responses = answer_batch(vlm, chunk, condition.heads, remote=remote,
-                                         max_new_tokens=max(s.max_new_tokens for s in chunk))
+                fresh = [s for s in chunk if (benchmark, s.sample_id) not in known]
+                if fresh:
+                    # TODO(lead): pass the ablation kind (condition.ablation) to answer_batch once masking takes it
+                    responses = answer_batch(vlm, fresh, condition.heads, remote=remote,
+                                             max_new_tokens=max(s.max_new_tokens for s in fresh))
+                    known.update({(benchmark, s.sample_id): r for s, r in zip(fresh, responses)})
                 new = []
-                for sample, response in zip(chunk, responses):
+                for sample in chunk:
+                    response = known[(benchmark, sample.sample_id)]
                     scored = score_response(sample, response)
                     new.append({"benchmark": benchmark, "sample_id": sample.sample_id, "condition": condition.key,
                                 "kind": condition.kind, "k": condition.k, "seed": condition.seed,
@@ -161,7 +197,7 @@ def vqa_sweep(vlm: VLM, samples: Sequence[VQASample], heads: HeadSet, *, random_
                 bar.update(len(chunk))
     bar.close()
     return VQASweepResult(records=pd.DataFrame(records, columns=RECORD_COLUMNS), conditions=conditions,
-                          benchmarks=benchmarks)
+                          benchmarks=benchmarks, total_heads=vlm.geometry.total_heads)
 
 
 def vqa_sweep_from_run(run_dir: str | Path) -> VQASweepResult:
@@ -178,4 +214,4 @@ def vqa_sweep_from_run(run_dir: str | Path) -> VQASweepResult:
     conditions = [Condition.from_key(key, HeadSet(config["conditions"][key])) for key in condition_order(records)]
     benchmarks = list(dict.fromkeys(r["benchmark"] for r in records))
     return VQASweepResult(records=pd.DataFrame(records, columns=RECORD_COLUMNS), conditions=conditions,
-                          benchmarks=benchmarks)
+                          benchmarks=benchmarks, total_heads=total_heads_of(config))

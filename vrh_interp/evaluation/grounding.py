@@ -2,6 +2,12 @@
 
 Outcome categories follow the paper's functional-specificity split: ``correct`` (IoU >= threshold),
 ``mislocation`` (a box was parsed but IoU < threshold), ``parse_failure`` (no box in the native format).
+
+Masking is zero ablation by default; ``ablation=Ablation("mean" | "resample", ablation_values(vlm,
+detection_samples))`` selects the other kinds (``vrh_interp.templates.ablation``). Their reference values
+are collected with the ground-truth answer teacher-forced (the box in the family's native format appended
+to the prompt): one forward per batch, and the answer segment is what a correct answer looks like, the
+same whatever the model's accuracy.
 """
 
 from __future__ import annotations
@@ -9,11 +15,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
+import torch
+from tqdm.auto import tqdm
+
 from vrh_interp import interventions as iv
 from vrh_interp.boxes import BoxParseFailure
 from vrh_interp.heads import HeadSet
 from vrh_interp.model import VLM
-from vrh_interp.samples import GroundingSampleLike, as_box
+from vrh_interp.samples import GroundingSampleLike, as_box, check_samples
+from vrh_interp.templates.ablation import SEGMENTS, ZERO_ABLATION, Ablation, AblationValues, SegmentSumCapture
 
 
 @dataclass(frozen=True)
@@ -29,10 +39,14 @@ class GroundingOutcome:
 
 
 def ground_batch(vlm: VLM, samples: Sequence[GroundingSampleLike], *, heads: HeadSet | None = None,
-                 max_new_tokens: int = 24, remote: bool | str = False) -> list[GroundingOutcome]:
-    """Greedy answers for one batch with ``heads`` zero-ablated at every generation step."""
+                 ablation: Ablation = ZERO_ABLATION, max_new_tokens: int = 24,
+                 remote: bool | str = False) -> list[GroundingOutcome]:
+    """Greedy answers for one batch with ``heads`` ablated (``ablation``, zero by default) at every step."""
     batch = vlm.encode_grounding([s.image for s in samples], [s.expression for s in samples])
-    templates = [iv.head_ablation(vlm, heads)] if heads is not None and len(heads) else []
+    templates = []
+    if heads is not None and len(heads):
+        templates = [iv.head_ablation(vlm, heads, ablation, segments=iv.batch_segments(batch),
+                                      sample_ids=[s.sample_id for s in samples])]
     result = iv.run_generate(vlm, batch.encoding, templates, max_new_tokens=max_new_tokens, remote=remote)
     answers = vlm.decode_answers(result.ids, batch.prompt_length)
     outcomes = []
@@ -44,3 +58,26 @@ def ground_batch(vlm: VLM, samples: Sequence[GroundingSampleLike], *, heads: Hea
             outcomes.append(GroundingOutcome(sample.sample_id, answer, True, parsed.as_tuple(),
                                              parsed.iou(as_box(sample.box))))
     return outcomes
+
+
+def ablation_values(vlm: VLM, samples: Sequence[GroundingSampleLike], *, batch_size: int = 8,
+                    remote: bool | str = False, progress: bool = False) -> AblationValues:
+    """Per-segment sums of every head's output on ``samples`` (use the detection samples): the reference of
+    ``mean`` and ``resample`` ablation. One forward per batch with the ground-truth answer teacher-forced and a
+    ``SegmentSumCapture`` at every layer; only ``[batch, segments, width]`` per layer leaves the trace."""
+    check_samples(samples, minimum=1, what="reference samples")
+    if batch_size < 1:
+        raise ValueError("batch_size must be >= 1")
+    sums, counts = [], []
+    capture = iv.head_output_capture(vlm)
+    for start in tqdm(range(0, len(samples), batch_size), desc="ablation values", disable=not progress):
+        chunk = samples[start: start + batch_size]
+        batch = vlm.encode_grounding([s.image for s in chunk], [s.expression for s in chunk])
+        answers = [vlm.adapter.format_box(as_box(s.box), frame) for s, frame in zip(chunk, batch.frames)]
+        encoding = vlm.teacher_forced(batch, [vlm.tokenizer(a, add_special_tokens=False)["input_ids"]
+                                              for a in answers])
+        segments = iv.batch_segments(batch, encoding)
+        result = iv.run_forward(vlm, encoding, [SegmentSumCapture(capture, segments)], remote=remote)
+        sums.append(torch.stack([result.values[0][layer].cpu() for layer in capture.layers()], dim=1))
+        counts.append(torch.stack([(segments == s).sum(1) for s in range(len(SEGMENTS))], dim=1))
+    return AblationValues(tuple(s.sample_id for s in samples), torch.cat(sums), torch.cat(counts))

@@ -1,15 +1,31 @@
-"""``sweep``: grounding accuracy with the top-k heads masked vs k random heads (the paper's causal test).
+"""``sweep``: grounding accuracy with the top-k heads masked vs control head sets (the paper's causal test).
 
-Controls. Random heads are drawn uniformly, with a seeded generator, from all heads EXCLUDING the
-detected set (the top max(ks) heads of the ranking), optionally also excluding first-layer heads
-(the paper's DPO control). For one seed the random sets are nested (the first k of one seeded
-permutation), as the top-k sets are. Several seeds are reported separately and pooled.
+Controls. Per k, ``random_seeds`` (default 20) head sets of each control kind, every one drawn with its own
+seeded generator from the heads OUTSIDE the detected set (the top max(ks) heads of the ranking):
+
+* ``random`` (the paper's): k heads uniformly, optionally also excluding first-layer heads (the paper's DPO
+  control). For one seed the sets are nested in k (the first k of one seeded permutation), as the top-k are.
+* ``matched`` (``layer_matched_control``): as many heads in each layer as the top-k set has there. Early
+  layers can be the most harmful to mask whatever the heads do, so a uniform control mixes "retrieval" with
+  "breaks everything"; the layer-matched one separates them.
+
+Statistics (``evaluation.statistics``). The unit of a control is the head set: ``SweepResult.summary`` has a
+row per set and, per (control kind, k), a ``seed="all"`` row with the distribution of the sets' accuracies
+(mean, sd, quantiles) and a two-level bootstrap interval for their mean; each top-k row carries the empirical
+p-value against each control's sets at its k (``p_vs_random``, ``p_vs_matched``). ``summary_verdict`` judges
+"top-k is more harmful than both controls" with ``statistics.set_level_verdict``; no verdict uses an interval
+of pooled samples.
+
+k as a fraction. ``ks`` takes counts or percentages of all heads (``parse_ks``: ``"0,1%,2.5%,5"``); the
+summary shows ``k`` and ``k_fraction``.
 
 Protocol. Detection and evaluation samples must be disjoint: passing the ``HeadScores`` (which carries
 its sample ids) or ``detection_ids`` makes an overlap an error. Every (sample, condition) outcome is a
-record in the run folder, so the sweep resumes after interruption and the summary is recomputed from
-records: accuracy with bootstrap CI, mean IoU, parse-failure and mislocation rates, and an exact
-McNemar test of each masked condition against the unmasked baseline on the same samples.
+record in the run folder (``manifest.json`` maps each condition key to its heads), so the sweep resumes
+after interruption and the summary is recomputed from records + manifest (``sweep_from_run``): accuracy
+with bootstrap CI, mean IoU, the failure decomposition (parse failure / boxed another known object / boxed
+no object, or parse failure / mislocation where the samples do not list their objects) and an exact McNemar
+test of each masked condition against the unmasked baseline on the same samples.
 
 Scale-out. ``shard=Shard(i, n)`` grounds one shard's samples (``vrh_interp.shards``) into its own run folder;
 ``vrh_interp.merge.merge_runs`` joins the shards' folders and ``sweep_from_run`` reads the merged folder
@@ -18,45 +34,61 @@ Scale-out. ``shard=Shard(i, n)`` grounds one shard's samples (``vrh_interp.shard
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
+from vrh_interp.boxes import Box
 from vrh_interp.evaluation.grounding import ground_batch
-from vrh_interp.evaluation.statistics import bootstrap_ci, mcnemar_exact
+from vrh_interp.evaluation.statistics import (QUANTILES, bootstrap_ci, empirical_p_value, mcnemar_exact,
+                                              random_set_distribution, set_level_verdict, two_level_bootstrap_ci)
 from vrh_interp.heads import HeadGeometry, HeadSet
 from vrh_interp.model import VLM
 from vrh_interp.provenance import library_versions, model_provenance
 from vrh_interp.runs import RecordLog, RunFolder, whole_run_manifest
-from vrh_interp.samples import GroundingSampleLike, check_samples
+from vrh_interp.samples import GroundingSampleLike, as_box, check_samples
 from vrh_interp.scoring.scores import HeadScores
 from vrh_interp.shards import Shard, shard_config
 
-RECORD_COLUMNS: list[str] = ["sample_id", "condition", "kind", "k", "seed", "answer", "parsed", "box", "iou"]
+RECORD_COLUMNS: list[str] = ["sample_id", "condition", "kind", "k", "seed", "answer", "parsed", "box", "iou",
+                             "other_object_iou"]
+CONTROL_KINDS: tuple[str, ...] = ("random", "matched")
+DEFAULT_RANDOM_SEEDS: tuple[int, ...] = tuple(range(20))
+QUANTILE_COLUMNS: list[str] = [f"accuracy_q{round(100 * q):02d}" for q in QUANTILES]
 
 
 @dataclass(frozen=True)
 class Condition:
-    kind: str  # "baseline", "top" or "random"
+    """One masked condition. ``kind``: "baseline", "top", a control kind ("random", "matched") or a caller's
+    own (cross-masking's "own" / "transferred", design-space variants); ``ablation`` is how the heads are
+    removed ("zero": the paper's zero ablation; appended to the key only when not "zero")."""
+
+    kind: str
     k: int
     seed: int | None
     heads: HeadSet
+    ablation: str = "zero"
 
     @property
     def key(self) -> str:
-        return f"{self.kind}:k={self.k}" + (f":seed={self.seed}" if self.seed is not None else "")
+        return (f"{self.kind}:k={self.k}" + (f":seed={self.seed}" if self.seed is not None else "")
+                + (f":ablation={self.ablation}" if self.ablation != "zero" else ""))
 
     @classmethod
     def from_key(cls, key: str, heads: HeadSet) -> "Condition":
         """The condition whose ``key`` is ``key`` (as run folders record them: ``{key: heads}``)."""
-        kind, k, *seed = key.split(":")
-        if not k.startswith("k=") or len(seed) > 1 or (seed and not seed[0].startswith("seed=")):
-            raise ValueError(f"{key!r} is not a condition key such as 'random:k=5:seed=1'")
-        return cls(kind, int(k[2:]), int(seed[0][5:]) if seed else None, heads)
+        kind, k, *rest = key.split(":")
+        names = [part.partition("=")[0] for part in rest]
+        if k.startswith("k=") and names in ([], ["seed"], ["ablation"], ["seed", "ablation"]):
+            fields = dict(part.split("=", 1) for part in rest)
+            return cls(kind, int(k[2:]), int(fields["seed"]) if "seed" in fields else None, heads,
+                       fields.get("ablation", "zero"))
+        raise ValueError(f"{key!r} is not a condition key such as 'random:k=5:seed=1'")
 
 
 def random_control(geometry: HeadGeometry, detected: HeadSet, k: int, seed: int, *,
@@ -69,22 +101,208 @@ def random_control(geometry: HeadGeometry, detected: HeadSet, k: int, seed: int,
     return HeadSet(eligible[i] for i in order[:k])
 
 
-def sweep_conditions(ranking: HeadSet, geometry: HeadGeometry, ks: Sequence[int], random_seeds: Sequence[int], *,
-                     exclude_first_layer: bool = False) -> list[Condition]:
+def layer_matched_control(geometry: HeadGeometry, detected: HeadSet, top_k_set: HeadSet, seed: int) -> HeadSet:
+    """As many heads in each layer as ``top_k_set`` has there, drawn (seeded) from the heads not in ``detected``.
+
+    ``np.random.default_rng(seed)`` permutes each layer's eligible heads in turn (layers in order, every layer,
+    whatever the top-k set), and layer l contributes the first c_l of its permutation, c_l = the top-k set's
+    heads in layer l. The draws therefore depend only on the seed and the detected set, so for one seed the
+    sets are nested in k whenever the top-k sets are (prefixes of one ranking with one detected set, as in
+    ``sweep``): per-layer counts only grow with k. Where the sets to match are not nested (a caller's
+    unrelated head sets), each matched set is still a valid draw, just not a superset of the previous one.
+    ``exclude_first_layer`` does not apply: a layer-matched set has layer-0 heads exactly when the top-k has.
+    """
+    geometry.validate(top_k_set)
+    rng = np.random.default_rng(seed)
+    counts = {layer: len(heads) for layer, heads in top_k_set.by_layer().items()}
+    chosen = []
+    for layer in range(geometry.num_layers):
+        eligible = [h for h in geometry.all_heads() if h.layer == layer and h not in detected]
+        order = rng.permutation(len(eligible))
+        need = counts.get(layer, 0)
+        if need > len(eligible):
+            raise ValueError(f"cannot draw a layer-matched control: the set to match has {need} heads in layer "
+                             f"{layer} but only {len(eligible)} of that layer's heads lie outside the detected set")
+        chosen += [eligible[i] for i in order[:need]]
+    return HeadSet(sorted(chosen, key=lambda h: (h.layer, h.head)))
+
+
+def control_conditions(geometry: HeadGeometry, detected: HeadSet, k: int, top_k_set: HeadSet | None,
+                       random_seeds: Sequence[int], *, matched: bool = True, exclude_first_layer: bool = False,
+                       ablation: str = "zero") -> list[Condition]:
+    """The random (then, with ``matched`` and a ``top_k_set``, layer-matched) control sets at one k, one per seed."""
+    conditions = [Condition("random", k, seed, random_control(geometry, detected, k, seed,
+                                                              exclude_first_layer=exclude_first_layer), ablation)
+                  for seed in random_seeds]
+    if matched and top_k_set is not None:
+        conditions += [Condition("matched", k, seed, layer_matched_control(geometry, detected, top_k_set, seed),
+                                 ablation) for seed in random_seeds]
+    return conditions
+
+
+def largest_usable_k(ranking: HeadSet, geometry: HeadGeometry, *, matched: bool = True,
+                     exclude_first_layer: bool = False) -> int:
+    """The largest k whose controls can be drawn when the top k of ``ranking`` is the detected set: k random
+    heads outside it (and, with ``matched``, in each layer as many heads outside it as it has there)."""
+    for k in range(min(len(ranking), geometry.total_heads), 0, -1):
+        top = ranking[:k]
+        outside = [h for h in geometry.all_heads() if h not in top and not (exclude_first_layer and h.layer == 0)]
+        if k > len(outside):
+            continue
+        if matched and any(2 * len(heads) > geometry.num_heads for heads in top.by_layer().values()):
+            continue
+        return k
+    return 0
+
+
+def parse_ks(text: str | Iterable[int | str], total_heads: int) -> list[int]:
+    """k values as head counts from counts and/or percentages of all heads: ``"0,1%,2.5%,5"``.
+
+    A percentage p of N heads becomes round(p / 100 * N) rounded half up (``floor(x + 0.5)``, not Python's
+    banker's rounding), but at least 1 for a positive percentage (a positive fraction never means "mask
+    nothing"); plain numbers are counts. Values that map to the same count are kept once; the result is
+    sorted. Percentages above 100, negative values and non-integer counts are errors.
+    """
+    items = [t.strip() for t in text.split(",")] if isinstance(text, str) else list(text)
+    counts = []
+    for item in items:
+        if isinstance(item, str) and item.endswith("%"):
+            try:
+                percent = float(item[:-1])
+            except ValueError:
+                raise ValueError(f"k value {item!r} is not a percentage such as '2.5%'") from None
+            if not 0 <= percent <= 100:
+                raise ValueError(f"k value {item!r} is not between 0% and 100% of the heads")
+            count = math.floor(percent / 100 * total_heads + 0.5)
+            counts.append(max(1, count) if percent > 0 else 0)
+        else:
+            try:
+                value = float(item)
+            except (TypeError, ValueError):
+                raise ValueError(f"k value {item!r} is neither a head count nor a percentage such as '2.5%'") from None
+            if value != int(value) or value < 0:
+                raise ValueError(f"k value {item!r} is not a head count (a whole number >= 0); write fractions of "
+                                 "all heads as percentages, e.g. '2.5%'")
+            counts.append(int(value))
+    return sorted(set(counts))
+
+
+def sweep_conditions(ranking: HeadSet, geometry: HeadGeometry, ks: Sequence[int],
+                     random_seeds: Sequence[int] = DEFAULT_RANDOM_SEEDS, *, exclude_first_layer: bool = False,
+                     matched: bool = True, ablation: str = "zero") -> list[Condition]:
+    """Baseline, then per k > 0 (ascending): top-k, the random sets, the layer-matched sets."""
     total = geometry.total_heads
     bad = [k for k in ks if not 0 <= k <= total]
     if bad:
         raise ValueError(f"k values {bad} out of range: the model has {total} heads")
     if len(set(ks)) != len(ks):
         raise ValueError(f"duplicate k values in {list(ks)}")
-    detected = ranking[: max(ks)]
-    conditions = [Condition("baseline", 0, None, HeadSet())]
+    detected = ranking[: max(ks)] if ks else HeadSet()
+    conditions = [Condition("baseline", 0, None, HeadSet(), ablation)]
     for k in sorted(k for k in ks if k > 0):
-        conditions.append(Condition("top", k, None, ranking[:k]))
-        for seed in random_seeds:
-            conditions.append(Condition("random", k, seed, random_control(
-                geometry, detected, k, seed, exclude_first_layer=exclude_first_layer)))
+        conditions.append(Condition("top", k, None, ranking[:k], ablation))
+        try:
+            conditions += control_conditions(geometry, detected, k, ranking[:k], random_seeds, matched=matched,
+                                             exclude_first_layer=exclude_first_layer, ablation=ablation)
+        except ValueError as error:
+            usable = largest_usable_k(ranking, geometry, matched=matched, exclude_first_layer=exclude_first_layer)
+            raise ValueError(
+                f"k={k} with the top {max(ks)} heads as the detected set: {error}. The largest usable k on this "
+                f"model ({total} heads) is {usable} ({usable / total:.1%}): pass ks up to {usable} (--ks)"
+                + (", or leave the layer-matched control out (matched=False, --no-matched)" if matched else "")
+            ) from None
     return conditions
+
+
+def other_object_iou(sample: GroundingSampleLike, box: Sequence[float] | None) -> float | None:
+    """The largest IoU of a parsed box with any annotated object OTHER than the referent, or None when the box
+    did not parse or the sample does not list its objects (``meta["object_boxes"]``, as the synthetic scenes
+    do). The referent is ``meta["target_index"]`` when given, else every listed box equal to ``sample.box``.
+    0.0 when the referent is the only listed object."""
+    meta = getattr(sample, "meta", None) or {}
+    boxes = meta.get("object_boxes")
+    if box is None or boxes is None:
+        return None
+    target = meta.get("target_index")
+    referent = as_box(sample.box)
+    others = [as_box(b) for i, b in enumerate(boxes) if (i != target if target is not None else as_box(b) != referent)]
+    parsed = Box(*(float(v) for v in box))
+    return max((parsed.iou(other) for other in others), default=0.0)
+
+
+def _set_outcomes(parts: Sequence[pd.DataFrame], column: str = "correct") -> np.ndarray:
+    """(sets x samples) table of one column, sets aligned on the samples they all share."""
+    series = [part.set_index("sample_id")[column] for part in parts]
+    shared = [i for i in series[0].index if all(i in s.index for s in series[1:])]
+    return np.array([s.loc[shared].to_numpy(dtype=float) for s in series]).reshape(len(series), len(shared))
+
+
+def set_level_rows(rows: list[dict[str, Any]], parts: Mapping[str, pd.DataFrame], conditions: Sequence[Condition], *,
+                   pooled: Callable[[pd.DataFrame], dict[str, Any]], bootstrap_seed: int = 0,
+                   resamples: int = 2000) -> list[dict[str, Any]]:
+    """``rows`` (one per condition, with ``key`` and ``accuracy``) plus, per (control kind, k, ablation), a
+    ``seed="all"`` row of the sets' distribution; every non-control masked row gets ``p_vs_<control kind>``.
+
+    ``parts`` maps condition keys to their records (with a boolean ``correct`` column); ``pooled(records)``
+    gives the aggregate row's remaining columns from the sets' pooled records (descriptive rates). The
+    aggregate's ``accuracy`` is the mean of the set accuracies, its interval the two-level bootstrap, and
+    its paired-test columns are NaN: a McNemar test on pooled sets would count each sample once per set.
+    """
+    by_key = {row["key"]: row for row in rows}
+    out = list(rows)
+    groups: dict[tuple[str, int, str], list[Condition]] = {}
+    for cond in conditions:
+        if cond.kind in CONTROL_KINDS and cond.key in by_key:
+            groups.setdefault((cond.kind, cond.k, cond.ablation), []).append(cond)
+    for row in out:
+        for kind in CONTROL_KINDS:
+            row.setdefault(f"p_vs_{kind}", float("nan"))
+    for (kind, k, ablation), members in groups.items():
+        accuracies = [by_key[c.key]["accuracy"] for c in members]
+        outcomes = _set_outcomes([parts[c.key] for c in members])
+        low, high = two_level_bootstrap_ci(outcomes, seed=bootstrap_seed, resamples=resamples)
+        dist = random_set_distribution(accuracies)
+        template = by_key[members[0].key]
+        aggregate = {column: float("nan") for column in template}
+        aggregate.update({c: template[c] for c in ("condition", "k", "k_fraction", "ablation", "benchmark")
+                          if c in template})
+        aggregate.update(pooled(pd.concat([parts[c.key] for c in members])))
+        aggregate.update({"key": f"{kind}:k={k}:seed=all" + (f":ablation={ablation}" if ablation != "zero" else ""),
+                          "seed": "all", "sets": dist["sets"], "accuracy": dist["mean"], "accuracy_ci_low": low,
+                          "accuracy_ci_high": high, "accuracy_sd": dist["sd"],
+                          **{column: dist[column[len("accuracy_"):]] for column in QUANTILE_COLUMNS}})
+        last = max(i for i, row in enumerate(out) if row["key"] in {c.key for c in members})
+        out.insert(last + 1, aggregate)
+        for cond in conditions:
+            if cond.kind != "baseline" and cond.kind not in CONTROL_KINDS and cond.k == k \
+                    and cond.ablation == ablation and cond.key in by_key:
+                by_key[cond.key][f"p_vs_{kind}"] = empirical_p_value(by_key[cond.key]["accuracy"], accuracies)
+    return out
+
+
+def summary_verdict(summary: pd.DataFrame, k: int, *, target: str = "top",
+                    controls: Sequence[str] | None = CONTROL_KINDS, alpha: float = 0.05) -> dict[str, Any]:
+    """The set-level verdict "masking the ``target`` set at ``k`` is more harmful than each control's sets".
+
+    ``summary`` is one model's ``SweepResult.summary()`` (or its CSV read back, or one benchmark's rows of a
+    VQA summary). The control sets are the summary's per-set rows (``seed`` not "all"); ``controls=None``
+    uses every control kind present at ``k``. Returns ``verdict`` and ``reason``
+    (``statistics.set_level_verdict``), the ``target`` row and each control's aggregate row.
+    """
+    seeds = summary["seed"].astype(str)
+    target_row = summary[(summary["condition"] == target) & (summary["k"] == k)]
+    if len(target_row) != 1:
+        raise ValueError(f"the summary has {len(target_row)} {target!r} rows at k={k}, expected 1")
+    present = [c for c in CONTROL_KINDS if ((summary["condition"] == c) & (summary["k"] == k)).any()]
+    kinds = present if controls is None else list(controls)
+    sets = {kind: summary[(summary["condition"] == kind) & (summary["k"] == k) & (seeds != "all")]["accuracy"]
+            .astype(float).tolist() for kind in kinds}
+    aggregates = {kind: summary[(summary["condition"] == kind) & (summary["k"] == k) & (seeds == "all")]
+                  for kind in kinds}
+    row = target_row.iloc[0]
+    verdict, reason = set_level_verdict(float(row["accuracy"]), float(row["p_value_vs_baseline"]), sets, alpha=alpha)
+    return {"verdict": verdict, "reason": reason, "target": row,
+            "controls": {kind: (frame.iloc[0] if len(frame) else None) for kind, frame in aggregates.items()}}
 
 
 @dataclass
@@ -92,45 +310,62 @@ class SweepResult:
     records: pd.DataFrame
     conditions: list[Condition]
     iou_threshold: float
+    total_heads: int | None = None  # for ``k_fraction``; NaN when unknown
 
-    def summary(self, *, bootstrap_seed: int = 0) -> pd.DataFrame:
-        """One row per (kind, k, seed) plus pooled random rows (seed 'all')."""
+    def summary(self, *, bootstrap_seed: int = 0, resamples: int = 2000) -> pd.DataFrame:
+        """One row per condition (each control set its own row), then per (control kind, k) a ``seed="all"``
+        row of the sets' distribution (module doc). Failure decomposition: ``parse_failure_rate``,
+        ``mislocation_rate`` (parsed, wrong) split into ``other_object_rate`` (the box hits another annotated
+        object at IoU >= the threshold) and ``no_object_rate``; these two are NaN for a condition where some
+        mislocated sample does not list its objects (or its records predate the field)."""
         df = self.records.copy()
         df["correct"] = df["iou"] >= self.iou_threshold
         base = df[df["condition"] == "baseline:k=0"].set_index("sample_id")["correct"]
+        parts = {cond.key: df[df["condition"] == cond.key] for cond in self.conditions}
         rows = []
-        groups: list[tuple[str, str, int, Any, pd.DataFrame]] = []
         for cond in self.conditions:
-            groups.append((cond.key, cond.kind, cond.k, cond.seed, df[df["condition"] == cond.key]))
-        for k in sorted({c.k for c in self.conditions if c.kind == "random"}):
-            pooled = df[df["condition"].str.startswith(f"random:k={k}:")]
-            groups.append((f"random:k={k}:seed=all", "random", k, "all", pooled))
-        for key, kind, k, seed, part in groups:
+            part = parts[cond.key]
             if part.empty:
                 continue
             correct = part["correct"].to_numpy()
-            paired = mcnemar_exact(base.loc[part["sample_id"]].to_numpy(), correct) if kind != "baseline" else \
-                {"lost": 0, "gained": 0, "p_value": 1.0}
-            low, high = bootstrap_ci(correct.astype(float), seed=bootstrap_seed)
-            rows.append({
-                "key": key, "condition": kind, "k": k, "seed": seed, "n": len(part),
-                "accuracy": float(correct.mean()), "accuracy_ci_low": low, "accuracy_ci_high": high,
-                "mean_iou": float(part["iou"].mean()),
-                "parse_failure_rate": float((~part["parsed"]).mean()),
-                "mislocation_rate": float((part["parsed"] & ~part["correct"]).mean()),
-                "lost_vs_baseline": paired["lost"], "gained_vs_baseline": paired["gained"],
-                "p_value_vs_baseline": paired["p_value"],
-            })
+            paired = mcnemar_exact(base.loc[part["sample_id"]].to_numpy(), correct) if cond.kind != "baseline" \
+                else {"lost": 0, "gained": 0, "p_value": 1.0}
+            low, high = bootstrap_ci(correct.astype(float), seed=bootstrap_seed, resamples=resamples)
+            rows.append({"key": cond.key, "condition": cond.kind, "k": cond.k, "k_fraction": self._fraction(cond.k),
+                         "seed": cond.seed, "ablation": cond.ablation, "n": len(part), "sets": float("nan"),
+                         "accuracy": float(correct.mean()), "accuracy_ci_low": low, "accuracy_ci_high": high,
+                         "accuracy_sd": float("nan"), **{c: float("nan") for c in QUANTILE_COLUMNS},
+                         **self._rates(part), "lost_vs_baseline": paired["lost"],
+                         "gained_vs_baseline": paired["gained"], "p_value_vs_baseline": paired["p_value"]})
+        rows = set_level_rows(rows, parts, self.conditions, pooled=self._rates, bootstrap_seed=bootstrap_seed,
+                              resamples=resamples)
         return pd.DataFrame(rows)
+
+    def _fraction(self, k: int) -> float:
+        return k / self.total_heads if self.total_heads else float("nan")
+
+    def _rates(self, part: pd.DataFrame) -> dict[str, Any]:
+        wrong = part["parsed"].astype(bool) & ~part["correct"]
+        other = pd.to_numeric(part["other_object_iou"], errors="coerce")
+        known = not (wrong & other.isna()).any()
+        hit = wrong & (other >= self.iou_threshold)
+        return {"n": len(part), "mean_iou": float(part["iou"].mean()),
+                "parse_failure_rate": float((~part["parsed"].astype(bool)).mean()),
+                "mislocation_rate": float(wrong.mean()),
+                "other_object_rate": float(hit.mean()) if known else float("nan"),
+                "no_object_rate": float((wrong & ~hit).mean()) if known else float("nan")}
 
 
 def sweep(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], ranking: HeadScores | HeadSet, *,
-          ks: Sequence[int] = (0, 1, 3, 5, 10, 20), random_seeds: Sequence[int] = (0, 1, 2),
+          ks: Sequence[int | str] | str = (0, 1, 3, 5, 10, 20),
+          random_seeds: Sequence[int] = DEFAULT_RANDOM_SEEDS, matched: bool = True,
           detection_ids: Sequence[str] | None = None, exclude_first_layer: bool = False,
           iou_threshold: float = 0.5, batch_size: int = 8, max_new_tokens: int = 24,
           run_dir: str | Path | None = None, progress: bool = True, remote: bool | str = False,
           shard: Shard | None = None) -> SweepResult:
-    """Mask the top-k heads of ``ranking`` and k random heads; ``shard`` runs one shard (``run_conditions``)."""
+    """Mask the top-k heads of ``ranking``, ``len(random_seeds)`` random sets and (``matched``) as many
+    layer-matched sets per k; ``ks`` are counts or percentages of all heads (``parse_ks``); ``shard`` runs one
+    shard (``run_conditions``)."""
     if isinstance(ranking, HeadScores):
         detection_ids = list(detection_ids or []) + list(ranking.sample_ids)
         head_ranking = ranking.ranking()
@@ -144,11 +379,18 @@ def sweep(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], ranking: HeadSc
         )
     geometry = vlm.geometry
     geometry.validate(head_ranking)
-    conditions = sweep_conditions(head_ranking, geometry, list(ks), list(random_seeds),
-                                  exclude_first_layer=exclude_first_layer)
+    counts = parse_ks(ks, geometry.total_heads) if isinstance(ks, str) or any(isinstance(k, str) for k in ks) \
+        else list(ks)
+    conditions = sweep_conditions(head_ranking, geometry, counts, list(random_seeds),
+                                  exclude_first_layer=exclude_first_layer, matched=matched)
     return run_conditions(vlm, eval_samples, conditions, iou_threshold=iou_threshold, batch_size=batch_size,
                           max_new_tokens=max_new_tokens, run_dir=run_dir, progress=progress, remote=remote,
                           shard=shard)
+
+
+def head_signature(cond: Condition) -> tuple[Any, ...]:
+    """What decides a condition's answers: its heads as a set and the ablation kind (not its name)."""
+    return (frozenset(cond.heads), cond.ablation)
 
 
 def run_conditions(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], conditions: Sequence[Condition], *,
@@ -156,6 +398,10 @@ def run_conditions(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], condit
                    run_dir: str | Path | None = None, progress: bool = True,
                    remote: bool | str = False, shard: Shard | None = None) -> SweepResult:
     """Greedy grounding of every sample under every condition, resumable through ``run_dir``.
+
+    Conditions that mask the same head set with the same ablation (independent control draws repeat sets
+    on small models) are answered once: a later one's records copy the earlier one's answers. Each record
+    also stores ``other_object_iou`` (``other_object_iou``) for the failure decomposition.
 
     With ``shard``, only that shard's samples (``Shard.select``) are grounded and the result holds their
     records only; merge the shard folders with ``vrh_interp.merge.merge_runs`` and read the merged folder
@@ -179,27 +425,48 @@ def run_conditions(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], condit
     log = folder.log("sweep_records") if folder else None
     records: list[dict[str, Any]] = log.read() if log else []
     done = {(r["sample_id"], r["condition"]) for r in records}
+    signature = {c.key: head_signature(c) for c in conditions}
+    answered: dict[tuple[Any, ...], dict[str, dict[str, Any]]] = {}
+    for record in records:
+        if record["condition"] in signature:
+            answered.setdefault(signature[record["condition"]], {})[record["sample_id"]] = record
     total = len(conditions) * len(mine)
     bar = tqdm(total=total, initial=len(done), desc="sweep: masked grounding", disable=not progress, unit="answer")
+    outcome_fields = ("sample_id", "answer", "parsed", "box", "iou", "other_object_iou")
     for cond in conditions:
+        known = answered.setdefault(signature[cond.key], {})
         todo = [s for s in mine if (s.sample_id, cond.key) not in done]
         for start in range(0, len(todo), batch_size):
             chunk = todo[start: start + batch_size]
-            outcomes = ground_batch(vlm, chunk, heads=cond.heads, max_new_tokens=max_new_tokens, remote=remote)
-            new = [{**o.as_dict(), "condition": cond.key, "kind": cond.kind, "k": cond.k, "seed": cond.seed}
-                   for o in outcomes]
+            fresh = [s for s in chunk if s.sample_id not in known]
+            if fresh:
+                # TODO(lead): pass ablation=cond.ablation to ground_batch once it takes the ablation kind
+                outcomes = ground_batch(vlm, fresh, heads=cond.heads, max_new_tokens=max_new_tokens, remote=remote)
+                for sample, outcome in zip(fresh, outcomes):
+                    known[sample.sample_id] = {**outcome.as_dict(),
+                                               "other_object_iou": other_object_iou(sample, outcome.box)}
+            new = [{**{f: known[s.sample_id].get(f) for f in outcome_fields}, "condition": cond.key,
+                    "kind": cond.kind, "k": cond.k, "seed": cond.seed} for s in chunk]
             if log is not None:
                 log.append(new)
             records.extend(new)
             bar.update(len(chunk))
     bar.close()
     return SweepResult(records=_records_frame(records, conditions, [s.sample_id for s in eval_samples]),
-                       conditions=list(conditions), iou_threshold=iou_threshold)
+                       conditions=list(conditions), iou_threshold=iou_threshold,
+                       total_heads=vlm.geometry.total_heads)
+
+
+def total_heads_of(config: Mapping[str, Any]) -> int | None:
+    """The head count a run folder's manifest records (``model.geometry``), None when it does not."""
+    geometry = (config.get("model") or {}).get("geometry") or {}
+    return geometry["layers"] * geometry["heads"] if {"layers", "heads"} <= set(geometry) else None
 
 
 def sweep_from_run(run_dir: str | Path, *, iou_threshold: float = 0.5) -> SweepResult:
     """The result of a complete sweep run folder (e.g. merged shards), read without the model: what ``sweep``
-    or ``run_conditions`` on the same samples and conditions returns."""
+    or ``run_conditions`` on the same samples and conditions returns. Every condition's heads come from the
+    manifest, every answer from the records: the whole summary is recomputed from them."""
     run_dir = Path(run_dir)
     config = whole_run_manifest(run_dir, "sweep", "a sweep")
     records = RecordLog(run_dir / "sweep_records.jsonl").read()
@@ -213,7 +480,7 @@ def sweep_from_run(run_dir: str | Path, *, iou_threshold: float = 0.5) -> SweepR
         raise ValueError(f"{run_dir} is incomplete: {missing} (sample, condition) answers are missing; rerun its "
                          "command to resume it")
     return SweepResult(records=_records_frame(records, conditions, config["sample_ids"]), conditions=conditions,
-                       iou_threshold=iou_threshold)
+                       iou_threshold=iou_threshold, total_heads=total_heads_of(config))
 
 
 def condition_order(records: Sequence[dict[str, Any]]) -> list[str]:
@@ -224,9 +491,11 @@ def condition_order(records: Sequence[dict[str, Any]]) -> list[str]:
 
 def _records_frame(records: Sequence[dict[str, Any]], conditions: Sequence[Condition],
                    sample_ids: Sequence[str]) -> pd.DataFrame:
-    """Records as a frame in condition order, then sample order (the order does not depend on resumes)."""
+    """Records as a frame in condition order, then sample order (the order does not depend on resumes).
+    Records written before ``other_object_iou`` existed read as NaN there."""
     frame = pd.DataFrame(list(records), columns=RECORD_COLUMNS)
     frame["box"] = frame["box"].map(lambda b: None if b is None else tuple(float(v) for v in b))
+    frame["other_object_iou"] = pd.to_numeric(frame["other_object_iou"], errors="coerce").astype(float)
     order = {c.key: i for i, c in enumerate(conditions)}
     ids = {sample_id: i for i, sample_id in enumerate(sample_ids)}
     frame = frame.assign(_c=frame["condition"].map(order), _s=frame["sample_id"].map(ids))

@@ -2,6 +2,11 @@
 
 All of these reuse ONE detection pass: the per-sample statistics hold what every design needs, so
 variants differ only in aggregation, and stability resamples the stored samples instead of rerunning.
+
+The design-space evaluation also masks ``len(random_seeds)`` (default 20) random sets of k heads, drawn
+outside the union of every variant's top-k (no control masks a head some variant singles out), and each
+variant's accuracy is compared with that distribution at the same k (set-level empirical p-value, see
+``evaluation.statistics``): a variant's drop only counts as causal when few random sets are as harmful.
 """
 
 from __future__ import annotations
@@ -13,8 +18,9 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from vrh_interp.evaluation.sweep import Condition, SweepResult, run_conditions
-from vrh_interp.heads import HeadSet
+from vrh_interp.evaluation.sweep import (DEFAULT_RANDOM_SEEDS, Condition, SweepResult, control_conditions,
+                                         run_conditions)
+from vrh_interp.heads import HeadGeometry, HeadSet
 from vrh_interp.model import VLM
 from vrh_interp.samples import GroundingSampleLike
 from vrh_interp.scoring.collect import SampleStats
@@ -37,7 +43,8 @@ def check_disjoint(stats: Sequence[SampleStats], eval_samples: Sequence[Groundin
 
 @dataclass(frozen=True)
 class DesignSpacePlan:
-    """The conditions a design-space search evaluates: one per distinct top-k set, plus the baseline."""
+    """The conditions a design-space search evaluates: the baseline, one per distinct top-k set, then the
+    random sets of k heads."""
 
     k: int
     conditions: list[Condition]
@@ -46,9 +53,16 @@ class DesignSpacePlan:
     undefined: list[str]  # variants undefined on these statistics
 
 
-def design_space_plan(stats: Sequence[SampleStats], *, k: int = 20,
-                      variants: dict[str, ScoringDesign] | None = None) -> DesignSpacePlan:
-    """Score every variant from ``stats``; variants whose top-k sets coincide share one condition."""
+def _grid(stats: Sequence[SampleStats]) -> HeadGeometry:
+    """The layer x head grid of the statistics (all a random draw needs; kv heads and head_dim do not matter)."""
+    layers, heads = stats[0].neg_entropy.shape
+    return HeadGeometry(int(layers), int(heads), int(heads), 1)
+
+
+def design_space_plan(stats: Sequence[SampleStats], *, k: int = 20, variants: dict[str, ScoringDesign] | None = None,
+                      random_seeds: Sequence[int] = DEFAULT_RANDOM_SEEDS) -> DesignSpacePlan:
+    """Score every variant from ``stats``; variants whose top-k sets coincide share one condition; one random
+    set of k heads per seed, outside the union of all variants' top-k."""
     variants = variants or design_variants()
     rankings: dict[str, HeadSet] = {}
     undefined: list[str] = []
@@ -67,16 +81,29 @@ def design_space_plan(stats: Sequence[SampleStats], *, k: int = 20,
             by_heads[signature] = cond.key
             conditions.append(cond)
         key_of[name] = by_heads[signature]
+    if random_seeds:
+        detected = HeadSet(dict.fromkeys(h for heads in rankings.values() for h in heads))
+        try:
+            conditions += control_conditions(_grid(stats), detected, k, None, random_seeds, matched=False)
+        except ValueError as error:
+            raise ValueError(f"design space at k={k}: {error} (the union of the variants' top-{k}, {len(detected)} "
+                             "heads); use a smaller k, or no random sets (random_seeds=(), --random-sets 0) to rank "
+                             "the variants without a random control") from None
     return DesignSpacePlan(k, conditions, rankings, key_of, undefined)
 
 
 def design_space_table(plan: DesignSpacePlan, result: SweepResult) -> pd.DataFrame:
-    """Variants ranked by the accuracy drop their top-k causes, from the evaluation of ``plan.conditions``."""
+    """Variants ranked by the accuracy drop their top-k causes, from the evaluation of ``plan.conditions``, with
+    the random sets' mean accuracy at k and each variant's empirical p-value against them (``p_vs_random``;
+    NaN without random sets)."""
     if [(c.key, c.heads.to_list()) for c in result.conditions] != [(c.key, c.heads.to_list()) for c in plan.conditions]:
         raise ValueError("the evaluation was run for other conditions than this plan's (different statistics, "
                          "k or variants)")
     summary = result.summary().set_index("key")
     baseline = float(summary.loc["baseline:k=0", "accuracy"])
+    random_key = f"random:k={plan.k}:seed=all"
+    random_mean = float(summary.loc[random_key, "accuracy"]) if random_key in summary.index else float("nan")
+    random_sets = int(summary.loc[random_key, "sets"]) if random_key in summary.index else 0
     rows = []
     for name, heads in plan.rankings.items():
         masked = summary.loc[plan.key_of[name]]
@@ -84,7 +111,9 @@ def design_space_table(plan: DesignSpacePlan, result: SweepResult) -> pd.DataFra
                      "accuracy_masked": float(masked["accuracy"]), "accuracy_ci_low": float(masked["accuracy_ci_low"]),
                      "accuracy_ci_high": float(masked["accuracy_ci_high"]), "baseline_accuracy": baseline,
                      "drop": baseline - float(masked["accuracy"]), "parse_failure_rate": float(masked["parse_failure_rate"]),
-                     "p_value_vs_baseline": float(masked["p_value_vs_baseline"])})
+                     "p_value_vs_baseline": float(masked["p_value_vs_baseline"]),
+                     "random_mean_accuracy": random_mean, "random_sets": random_sets,
+                     "p_vs_random": float(masked["p_vs_random"])})
     for name in plan.undefined:
         rows.append({"variant": name, "k": plan.k, "top_heads": "", "accuracy_masked": float("nan"),
                      "baseline_accuracy": baseline, "drop": float("nan")})
@@ -93,23 +122,27 @@ def design_space_table(plan: DesignSpacePlan, result: SweepResult) -> pd.DataFra
 
 def design_space_from_run(run_dir: str | Path, *, variants: dict[str, ScoringDesign] | None = None) -> pd.DataFrame:
     """The table of a design-space run folder (``run_dir/detect`` complete, ``run_dir/design_space`` complete,
-    e.g. merged shards), without the model: what ``design_space`` returned for it."""
+    e.g. merged shards), without the model: what ``design_space`` returned for it. The random seeds are those
+    the folder holds (none for a folder written before design spaces had random sets)."""
     from vrh_interp.evaluation.sweep import sweep_from_run
     from vrh_interp.scoring.detect import stats_from_run
 
     result = sweep_from_run(Path(run_dir) / "design_space")
     k = next((c.k for c in result.conditions if c.kind != "baseline"), 0)
-    plan = design_space_plan(stats_from_run(Path(run_dir) / "detect"), k=k, variants=variants)
+    seeds = [c.seed for c in result.conditions if c.kind == "random"]
+    plan = design_space_plan(stats_from_run(Path(run_dir) / "detect"), k=k, variants=variants, random_seeds=seeds)
     return design_space_table(plan, result)
 
 
 def design_space(vlm: VLM, stats: Sequence[SampleStats], eval_samples: Sequence[GroundingSampleLike], *, k: int = 20,
-                 variants: dict[str, ScoringDesign] | None = None, batch_size: int = 8, max_new_tokens: int = 24,
+                 variants: dict[str, ScoringDesign] | None = None,
+                 random_seeds: Sequence[int] = DEFAULT_RANDOM_SEEDS, batch_size: int = 8, max_new_tokens: int = 24,
                  run_dir: str | Path | None = None, progress: bool = True,
                  remote: bool | str = False) -> pd.DataFrame:
     """Mask each variant's top-k heads on ``eval_samples``; rank variants by the accuracy drop they cause.
 
-    One unmasked baseline is shared by all variants; variants whose top-k sets coincide are evaluated once.
+    One unmasked baseline is shared by all variants; variants whose top-k sets coincide are evaluated once;
+    ``random_seeds`` random sets of k heads are the control (module doc).
     The evaluation is stored under ``run_dir / "design_space"``. To split it across machines, run
     ``run_conditions(vlm, eval_samples, design_space_plan(stats, k=k).conditions, shard=...)`` per shard, merge
     the folders (``merge_runs``) and pass ``sweep_from_run(merged)`` to ``design_space_table``. ``remote`` is
@@ -117,7 +150,7 @@ def design_space(vlm: VLM, stats: Sequence[SampleStats], eval_samples: Sequence[
     plan, the table and the stability analyses work on stored statistics.
     """
     check_disjoint(stats, eval_samples)
-    plan = design_space_plan(stats, k=k, variants=variants)
+    plan = design_space_plan(stats, k=k, variants=variants, random_seeds=random_seeds)
     result = run_conditions(vlm, eval_samples, plan.conditions, batch_size=batch_size, max_new_tokens=max_new_tokens,
                             run_dir=None if run_dir is None else Path(run_dir) / "design_space", progress=progress,
                             remote=remote)

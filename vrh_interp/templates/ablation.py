@@ -1,62 +1,243 @@
 """Head ablation: replace a head's contribution BEFORE the output projection.
 
-A head's output is its ``head_dim``-wide slice of the INPUT of ``o_proj``; zeroing that slice removes
-exactly that head's term from the attention block's output (the paper's masking, Wu et al.'s
-convention; OCR_Head and pyvene do the same). Zeroing pre-softmax scores or queries instead makes the
-head attend uniformly (it still writes the mean of V), and splitting the o_proj OUTPUT into "heads"
-isolates nothing: both are mistakes found in peer code. Mean ablation replaces the slice with a mean
-activation (per layer, ``[num_heads * head_dim]``) collected by the caller over a reference set.
+A head's output is its ``head_dim``-wide slice of the INPUT of ``o_proj``; replacing that slice changes
+exactly that head's term of the attention block's output (the paper's masking, Wu et al.'s convention;
+OCR_Head and pyvene do the same). Zeroing pre-softmax scores or queries instead makes the head attend
+uniformly (it still writes the mean of V), and splitting the o_proj OUTPUT into "heads" isolates
+nothing: both are mistakes found in peer code.
+
+Three kinds (``Ablation.kind``):
+
+* ``zero``: the slice is set to 0 (the paper's masking).
+* ``mean``: the slice is set to the head's mean output over a reference set (the detection samples), taken
+  separately per position SEGMENT: visual tokens, prompt text (every other prompt token) and answer
+  tokens. A head writes different things on image tokens, on text and while answering; one mean over all
+  positions would be dominated by the visual tokens (most of a sequence) and put an off-distribution value
+  on text and answer tokens. Means are token-weighted over all reference tokens of the segment.
+* ``resample``: the slice is set to the head's output on ANOTHER sample, segment by segment: the donor's
+  mean over its own tokens of that segment. Copying position by position is undefined as soon as two
+  prompts differ in length, image layout (dynamic resolution) or answer length; the donor's per-segment
+  mean is defined for any pair, keeps what the head wrote for another image and expression, and drops
+  only within-segment position detail. A sample's donor is a fixed function of its id (crc32 of the id
+  into the reference set, skipping the sample itself), never of its batch, so batched, sharded and
+  resumed runs ablate every sample identically.
+
+Reference statistics come from ``evaluation.grounding.ablation_values`` (one teacher-forced forward per
+batch with a ``SegmentSumCapture``): per reference sample, per layer and segment, the SUM of every head's
+output and the token count (``AblationValues``), from which both the pooled means and each donor's means
+follow.
+
+Segments are given per batch by ``segment_ids``: ``[batch, seq]`` with ``PAD=-1, VISUAL=0, PROMPT=1,
+ANSWER=2``. A forward as long as the segment map is the prompt (or prompt + a teacher-forced answer); a
+one-token forward is a decode step, whose token is an answer token. Padding is left untouched (no real
+token attends to it).
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import zlib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
 import torch
 
 from vrh_interp.heads import HeadGeometry, HeadSet
 from vrh_interp.templates import per_head_view
+from vrh_interp.templates.head_outputs import HeadOutputCapture
 
-AblationMode = Literal["zero", "mean"]
+AblationKind = Literal["zero", "mean", "resample"]
+ABLATION_KINDS: tuple[str, ...] = ("zero", "mean", "resample")
+SEGMENTS: tuple[str, ...] = ("visual", "prompt", "answer")
+PAD, VISUAL, PROMPT, ANSWER = -1, 0, 1, 2
+
+
+def segment_ids(attention_mask: torch.Tensor, visual_positions: Sequence[Sequence[int]],
+                prompt_length: int | None = None) -> torch.Tensor:
+    """``[batch, seq]`` segment of every position: ``VISUAL`` at each row's ``visual_positions`` (a layout's
+    ``visual_positions``), ``ANSWER`` from ``prompt_length`` on (teacher-forced answers; default: no answer),
+    ``PROMPT`` elsewhere, ``PAD`` where ``attention_mask`` is 0."""
+    mask = attention_mask.detach().bool().cpu()
+    batch, seq = mask.shape
+    prompt_length = seq if prompt_length is None else prompt_length
+    if len(visual_positions) != batch:
+        raise ValueError(f"{len(visual_positions)} rows of visual positions for a batch of {batch}")
+    segments = torch.full((batch, seq), PROMPT, dtype=torch.long)
+    segments[:, prompt_length:] = ANSWER
+    for row, positions in enumerate(visual_positions):
+        positions = list(positions)
+        if positions and not 0 <= min(positions) <= max(positions) < prompt_length:
+            raise ValueError(f"row {row}: visual positions outside the prompt (length {prompt_length})")
+        segments[row, positions] = VISUAL
+    segments[~mask] = PAD
+    return segments
+
+
+@dataclass(frozen=True, eq=False)
+class AblationValues:
+    """Per reference sample, layer and segment: the SUM of every head's output and the segment's token count.
+
+    ``sums`` is ``[samples, layers, segments, num_heads * head_dim]`` (float32), ``counts`` ``[samples, segments]``.
+    Built by ``evaluation.grounding.ablation_values``; ``save`` / ``load`` keep it next to a run.
+    """
+
+    sample_ids: tuple[str, ...]
+    sums: torch.Tensor
+    counts: torch.Tensor
+
+    def __post_init__(self) -> None:
+        n = len(self.sample_ids)
+        if n == 0:
+            raise ValueError("AblationValues needs at least one reference sample")
+        if len(set(self.sample_ids)) != n:
+            raise ValueError("AblationValues: duplicate reference sample ids")
+        if self.sums.dim() != 4 or self.sums.shape[0] != n or self.sums.shape[2] != len(SEGMENTS):
+            raise ValueError(f"sums must be [{n}, layers, {len(SEGMENTS)}, width], got {tuple(self.sums.shape)}")
+        if tuple(self.counts.shape) != (n, len(SEGMENTS)):
+            raise ValueError(f"counts must be [{n}, {len(SEGMENTS)}], got {tuple(self.counts.shape)}")
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.sums.shape[1])
+
+    @property
+    def width(self) -> int:
+        return int(self.sums.shape[3])
+
+    def check(self, geometry: HeadGeometry) -> None:
+        """Refuse values collected on a model with another head grid."""
+        if (self.num_layers, self.width) != (geometry.num_layers, geometry.num_heads * geometry.head_dim):
+            raise ValueError(
+                f"ablation values are for {self.num_layers} layers x width {self.width}, the model has "
+                f"{geometry.num_layers} x {geometry.num_heads * geometry.head_dim}: compute them on this model "
+                "(evaluation.grounding.ablation_values)")
+
+    def mean(self) -> torch.Tensor:
+        """``[layers, segments, width]``: every head's token-weighted mean output per segment over all samples
+        (computed once; do not modify it in place)."""
+        return self._mean
+
+    @functools.cached_property
+    def _mean(self) -> torch.Tensor:
+        counts = self.counts.sum(0)
+        empty = [SEGMENTS[s] for s in range(len(SEGMENTS)) if counts[s] == 0]
+        if empty:
+            raise ValueError(f"the reference samples have no {' / '.join(empty)} tokens: mean ablation is undefined")
+        return self.sums.sum(0) / counts[None, :, None].to(self.sums.dtype)
+
+    def donor(self, sample_id: str) -> int:
+        """Index of the reference sample whose outputs replace ``sample_id``'s under resample ablation."""
+        n = len(self.sample_ids)
+        index = zlib.crc32(sample_id.encode("utf-8")) % n
+        if self.sample_ids[index] == sample_id:
+            if n == 1:
+                raise ValueError(f"resample ablation of {sample_id!r}: the only reference sample is the sample "
+                                 "itself; use at least two reference samples")
+            index = (index + 1) % n
+        return index
+
+    def donor_mean(self, sample_id: str) -> torch.Tensor:
+        """``[layers, segments, width]``: the donor's per-segment mean outputs (resample ablation)."""
+        index = self.donor(sample_id)
+        counts = self.counts[index]
+        empty = [SEGMENTS[s] for s in range(len(SEGMENTS)) if counts[s] == 0]
+        if empty:
+            raise ValueError(f"resample donor {self.sample_ids[index]!r} has no {' / '.join(empty)} tokens")
+        return self.sums[index] / counts[None, :, None].to(self.sums.dtype)
+
+    def fingerprint(self) -> str:
+        """A digest of ids and values, for run manifests: resuming with other values is then refused."""
+        digest = hashlib.sha256("\n".join(self.sample_ids).encode("utf-8"))
+        for tensor in (self.sums, self.counts):
+            digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+        return digest.hexdigest()[:16]
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        torch.save({"sample_ids": list(self.sample_ids), "sums": self.sums, "counts": self.counts}, path)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "AblationValues":
+        data = torch.load(Path(path), weights_only=True)
+        return cls(tuple(data["sample_ids"]), data["sums"], data["counts"])
+
+
+@dataclass(frozen=True, eq=False)
+class Ablation:
+    """What replaces an ablated head's output: ``kind`` and, for ``mean`` / ``resample``, the reference ``values``."""
+
+    kind: AblationKind = "zero"
+    values: AblationValues | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in ABLATION_KINDS:
+            raise ValueError(f"ablation kind must be one of {ABLATION_KINDS}, got {self.kind!r}")
+        if self.kind != "zero" and self.values is None:
+            raise ValueError(f"{self.kind} ablation needs reference values: Ablation({self.kind!r}, "
+                             "ablation_values(vlm, detection_samples)) (vrh_interp.evaluation.grounding)")
+        if self.kind == "zero" and self.values is not None:
+            raise ValueError("zero ablation takes no reference values")
+
+    def manifest(self) -> dict[str, Any]:
+        """What a run folder records about the ablation (kind and a digest of the values)."""
+        return {"kind": self.kind, "values": self.values.fingerprint() if self.values is not None else None}
+
+    def tables(self, layers: Sequence[int], sample_ids: Sequence[str] | None = None) -> dict[int, torch.Tensor]:
+        """``{layer: [rows, segments, width]}``: one row shared by all samples (``mean``) or one per sample in
+        ``sample_ids`` order (``resample``); empty for ``zero``."""
+        if self.values is None:
+            return {}
+        if self.kind == "mean":
+            mean = self.values.mean()
+            return {layer: mean[layer][None] for layer in layers}
+        if sample_ids is None:
+            raise ValueError("resample ablation needs the batch's sample_ids (each row gets its donor's outputs)")
+        donors = torch.stack([self.values.donor_mean(sample_id) for sample_id in sample_ids])
+        return {layer: donors[:, layer] for layer in layers}
+
+
+ZERO_ABLATION = Ablation()
 
 
 @dataclass(frozen=True)
 class HeadAblation:
-    """Zero- or mean-ablate ``heads``; use inside a trace via ``apply_in_order`` or ``apply``."""
+    """Ablate ``heads`` (zero, or replace by per-segment values); use inside a trace via ``apply_in_order`` or
+    ``apply``. ``tables[layer]`` is ``[rows (1 or batch), segments, heads of that layer, head_dim]``."""
 
     projection_paths: Mapping[int, str]  # layer -> path of its output projection (o_proj)
     heads_by_layer: Mapping[int, tuple[int, ...]]
     num_heads: int
     head_dim: int
-    mode: AblationMode = "zero"
-    means: Mapping[int, torch.Tensor] = field(default_factory=dict)  # layer -> [num_heads * head_dim]
+    kind: AblationKind = "zero"
+    tables: Mapping[int, torch.Tensor] = field(default_factory=dict)
+    segments: torch.Tensor | None = None  # [batch, seq]: PAD / VISUAL / PROMPT / ANSWER
 
     @classmethod
-    def build(cls, heads: HeadSet, geometry: HeadGeometry, projection_path: Any, *,
-              mode: AblationMode = "zero", means: Mapping[int, torch.Tensor] | None = None) -> "HeadAblation":
-        """``projection_path(layer) -> str`` gives the o_proj path of a layer (``FamilyAdapter``)."""
+    def build(cls, heads: HeadSet, geometry: HeadGeometry, projection_path: Any, ablation: Ablation = ZERO_ABLATION,
+              *, segments: torch.Tensor | None = None, sample_ids: Sequence[str] | None = None) -> "HeadAblation":
+        """``projection_path(layer) -> str`` gives the o_proj path of a layer (``FamilyAdapter``). ``mean`` and
+        ``resample`` need the batch's ``segments`` (``segment_ids``); ``resample`` also its ``sample_ids``."""
         heads = geometry.validate(heads)
-        if mode not in ("zero", "mean"):
-            raise ValueError(f"ablation mode must be 'zero' or 'mean', got {mode!r}")
         by_layer = {layer: tuple(idx) for layer, idx in heads.by_layer().items()}
-        means = dict(means or {})
-        if mode == "mean":
-            width = geometry.num_heads * geometry.head_dim
-            missing = [layer for layer in by_layer if layer not in means]
-            if missing:
-                raise ValueError(f"mean ablation needs a mean o_proj input for layers {missing}")
-            for layer, mean in means.items():
-                if mean.shape[-1] != width:
-                    raise ValueError(f"mean for layer {layer} has width {mean.shape[-1]}, expected {width}")
-        return cls(
-            projection_paths={layer: projection_path(layer) for layer in by_layer},
-            heads_by_layer=by_layer,
-            num_heads=geometry.num_heads,
-            head_dim=geometry.head_dim,
-            mode=mode,
-            means={layer: means[layer] for layer in by_layer} if mode == "mean" else {},
-        )
+        paths = {layer: projection_path(layer) for layer in by_layer}
+        if ablation.kind == "zero":
+            return cls(paths, by_layer, geometry.num_heads, geometry.head_dim)
+        assert ablation.values is not None
+        ablation.values.check(geometry)
+        if segments is None:
+            raise ValueError(f"{ablation.kind} ablation replaces outputs segment by segment: pass segments="
+                             "segment_ids(attention_mask, visual_positions) for the batch (ground_batch does)")
+        if sample_ids is not None and len(sample_ids) != segments.shape[0]:
+            raise ValueError(f"{len(sample_ids)} sample ids for a batch of {segments.shape[0]} rows")
+        tables = {}
+        for layer, table in ablation.tables(sorted(by_layer), sample_ids).items():
+            per_head = table.view(table.shape[0], len(SEGMENTS), geometry.num_heads, geometry.head_dim)
+            tables[layer] = per_head[:, :, list(by_layer[layer])].clone()
+        return cls(paths, by_layer, geometry.num_heads, geometry.head_dim, ablation.kind, tables,
+                   segments.detach().cpu().long())
 
     def layers(self) -> Sequence[int]:
         return tuple(self.heads_by_layer)
@@ -67,13 +248,51 @@ class HeadAblation:
     def at_output_projection(self, model: Any, layer: int) -> None:
         per_head = per_head_view(model, self.projection_paths[layer], self.num_heads, self.head_dim)
         heads = list(self.heads_by_layer[layer])
-        if self.mode == "zero":
+        if self.kind == "zero":
             per_head[:, :, heads] = 0
+            return
+        assert self.segments is not None
+        batch, seq = per_head.shape[:2]
+        device = per_head.device
+        if seq == self.segments.shape[1]:
+            segments = self.segments.to(device)
+        elif seq == 1:  # a decode step: the token fed in is an answer token
+            segments = torch.full((batch, 1), ANSWER, dtype=torch.long, device=device)
         else:
-            mean = self.means[layer].view(self.num_heads, self.head_dim)[heads]
-            per_head[:, :, heads] = mean.to(device=per_head.device, dtype=per_head.dtype)
+            raise ValueError(f"{self.kind} ablation was built for sequences of {self.segments.shape[1]} tokens (and "
+                             f"one-token decode steps), this forward has {seq}: build it for this encoding")
+        if batch != segments.shape[0]:
+            raise ValueError(f"{self.kind} ablation was built for a batch of {segments.shape[0]}, got {batch}")
+        table = self.tables[layer].to(device=device, dtype=per_head.dtype).expand(batch, -1, -1, -1)
+        replacement = table[torch.arange(batch, device=device)[:, None], segments.clamp(min=0)]  # [b, s, n, d]
+        keep = (segments == PAD)[:, :, None, None]
+        per_head[:, :, heads] = torch.where(keep, per_head[:, :, heads], replacement)
 
     def apply(self, model: Any) -> None:
         """Apply at every layer, in order (for use inside ``model.trace`` or one generation step)."""
         for layer in sorted(self.heads_by_layer):
             self.at_output_projection(model, layer)
+
+
+@dataclass(frozen=True)
+class SegmentSumCapture:
+    """Per-segment SUMS of every head's output at the capture's layers: ``{layer: [batch, segments, width]}``
+    (float32), reduced inside the trace so only these come back (remote-safe, no ``[batch, seq, ...]`` copy)."""
+
+    capture: HeadOutputCapture
+    segments: torch.Tensor  # [batch, seq]
+
+    def layers(self) -> Sequence[int]:
+        return self.capture.layers()
+
+    def at_attention_call(self, model: Any, layer: int) -> None:
+        return None
+
+    def at_output_projection(self, model: Any, layer: int) -> torch.Tensor:
+        outputs = self.capture.at_output_projection(model, layer)  # [b, s, heads, head_dim]
+        batch, seq = outputs.shape[:2]
+        segments = self.segments.to(outputs.device)
+        if tuple(segments.shape) != (batch, seq):
+            raise ValueError(f"segments {tuple(segments.shape)} do not match the forward's [batch, seq] {(batch, seq)}")
+        onehot = torch.nn.functional.one_hot(segments.clamp(min=0), len(SEGMENTS)) * (segments != PAD)[..., None]
+        return torch.einsum("bsk,bsw->bkw", onehot.float(), outputs.reshape(batch, seq, -1).float())

@@ -14,14 +14,14 @@ from pathlib import Path
 import torch
 from transformers import InternVLForConditionalGeneration, LlavaForConditionalGeneration, LlavaProcessor, PreTrainedModel, ProcessorMixin
 
-from vrh_interp.toy.configs import InternVLImageOnlyProcessor
+from vrh_interp.toy.configs import FAMILIES, InternVLImageOnlyProcessor, family
 
 CHECKPOINT_ROOT = Path(__file__).resolve().parent / "checkpoints"
 
 
 def checkpoint_dir(name: str) -> Path:
-    if name not in ("a", "b"):
-        raise ValueError(f"unknown toy model {name!r}; expected 'a' or 'b'")
+    if name not in FAMILIES:
+        raise ValueError(f"unknown toy model {name!r}; expected one of {sorted(FAMILIES)}")
     return CHECKPOINT_ROOT / name
 
 
@@ -32,7 +32,7 @@ def load(name: str = "a", device: str | torch.device = "cpu", folder: str | Path
     instead of the shipped one.
     """
     path = checkpoint_dir(name) if folder is None else Path(folder)
-    if name == "a":
+    if family(name) == "a":
         model_class, processor_class = LlavaForConditionalGeneration, LlavaProcessor
     else:
         model_class, processor_class = InternVLForConditionalGeneration, InternVLImageOnlyProcessor

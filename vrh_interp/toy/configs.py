@@ -45,7 +45,18 @@ from transformers import (
 from vrh_interp.data.scenes import IMAGE_SIZE
 from vrh_interp.toy.tokenizer import IM_END, build_tokenizer
 
-ModelName = Literal["a", "b"]
+ModelName = Literal["a", "b", "planted"]
+Family = Literal["a", "b"]
+# each toy model's family: its model class, processor, prompt and native box format ("planted", the positive
+# control of docs/results/planted.md, is a LLaVA-class model like "a" with a wider-headed backbone)
+FAMILIES: dict[str, Family] = {"a": "a", "b": "b", "planted": "a"}
+
+
+def family(name: str) -> Family:
+    """The family (``"a"``: LLaVA class, ``"b"``: InternVL class) of toy model ``name``."""
+    if name not in FAMILIES:
+        raise ValueError(f"unknown toy model {name!r}; expected one of {sorted(FAMILIES)}")
+    return FAMILIES[name]
 PATCH_SIZE = 8
 GRID_SIDE = IMAGE_SIZE // PATCH_SIZE  # 12 visual tokens per row for both models
 INTERNVL_TILE_SIZE = 2 * IMAGE_SIZE
@@ -109,6 +120,7 @@ def model_config(
     vision_shape: VisionTowerShape = VisionTowerShape(),
 ) -> LlavaConfig | InternVLConfig:
     text_config = text_backbone_config(tokenizer, text_shape)
+    name = family(name)
     if name == "a":
         vision_config = CLIPVisionConfig(
             hidden_size=vision_shape.hidden_size,
@@ -166,6 +178,7 @@ class InternVLImageOnlyProcessor(InternVLProcessor):
 def build_processor(name: ModelName) -> ProcessorMixin:
     """The family's real processor class around the shared word-level tokenizer."""
     tokenizer = build_tokenizer()
+    name = family(name)
     if name == "a":
         image_processor = CLIPImageProcessorPil(
             size={"shortest_edge": IMAGE_SIZE},
@@ -199,7 +212,7 @@ def build_processor(name: ModelName) -> ProcessorMixin:
 
 def grounding_messages(name: ModelName, expression: str) -> list[dict]:
     """Chat messages asking for the box of ``expression`` in the family's native phrasing."""
-    query = expression if name == "a" else f"<ref> {expression} </ref>"
+    query = expression if family(name) == "a" else f"<ref> {expression} </ref>"
     return [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": f"{GROUNDING_INSTRUCTION} {query}"}]}]
 
 
@@ -214,7 +227,7 @@ def quantise_box(box: tuple[float, float, float, float], image_size: tuple[int, 
 def format_box_answer(name: ModelName, expression: str, box: tuple[float, ...], image_size: tuple[int, int]) -> str:
     """Target answer text in the family's native grounding format (without the end-of-turn token)."""
     bins = quantise_box(box, image_size)
-    if name == "a":
+    if family(name) == "a":
         return "[" + ", ".join(f"{b / 100:.2f}" for b in bins) + "]"
     return f"<ref> {expression} </ref> <box> [[" + ", ".join(str(10 * b) for b in bins) + "]] </box>"
 
@@ -226,6 +239,7 @@ _INTERNVL_BOX = re.compile(r"<box>\s*\[\s*\[" + ",".join([_NUMBER] * 4) + r"\]\s
 
 def parse_box(name: ModelName, text: str, image_size: tuple[int, int]) -> tuple[float, float, float, float] | None:
     """Parse a generated answer back to an xyxy pixel box of the original image; None if malformed."""
+    name = family(name)
     match = (_LLAVA_BOX if name == "a" else _INTERNVL_BOX).search(text)
     if match is None:
         return None

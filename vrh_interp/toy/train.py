@@ -53,6 +53,7 @@ from tqdm import tqdm
 from transformers import AutoModelForImageTextToText, InternVLForConditionalGeneration, LlavaForConditionalGeneration, PreTrainedModel
 
 from vrh_interp.boxes import Box, iou
+from vrh_interp.heads import HeadSet
 from vrh_interp.data.scenes import COLOURS, SHAPES, SIZES, GroundingSample, grounding_samples, make_scene
 from vrh_interp.datasets.samples import VQASample
 from vrh_interp.datasets.synthetic_vqa import answer_text, majority_answer_rate, scene_vqa_items, synthetic_vqa
@@ -67,19 +68,20 @@ from vrh_interp.toy.configs import (
     TextBackboneShape,
     VisionTowerShape,
     build_processor,
+    family,
     format_box_answer,
     grounding_messages,
     model_config,
     parse_box,
     quantise_box,
 )
-from vrh_interp.toy import checkpoint_dir, load
+from vrh_interp.toy import checkpoint_dir, load, planted
 from vrh_interp.toy.tokenizer import IM_END
 
 MODEL_CLASSES: dict[str, type[PreTrainedModel]] = {
     "a": LlavaForConditionalGeneration,
     "b": InternVLForConditionalGeneration,
-}
+}  # by family (configs.family)
 IGNORE_INDEX = -100
 MIN_PATCH_PIXELS = 8  # a patch is labelled with an object only if >= 8 of its 64 pixels belong to it
 CHECKPOINT_FILE = "trainer_state.safetensors"
@@ -112,6 +114,12 @@ class TrainConfig:
     )
     text_shape: TextBackboneShape = TextBackboneShape()
     vision_shape: VisionTowerShape = VisionTowerShape()
+    # positive control (vrh_interp.toy.planted): declared planted / decoy heads, the auxiliary attention loss's
+    # weight and the per-row head-dropout probability of every non-planted head (all off by default)
+    planted: tuple[str, ...] = ()
+    decoys: tuple[str, ...] = ()
+    attention_loss_weight: float = 0.0
+    head_dropout: float = 0.0
     init_backbone: str | None = None  # trained toy checkpoint whose language backbone is loaded at stage 2
     warm_start: str | None = None  # trained toy checkpoint whose whole model starts a grounding-only run
 
@@ -131,6 +139,20 @@ MODEL_PRESETS: dict[str, dict] = {
         grounding_lr=3e-4,
         level_schedule=((1.0, ((0, 0.1), (1, 0.5), (2, 0.4))),),
         vision_shape=VisionTowerShape(hidden_size=64, intermediate_size=256, num_hidden_layers=4, num_attention_heads=2),
+    ),
+    # the positive control (vrh_interp.toy.planted): the shipped toy A embedded exactly in a 64-head backbone
+    # (planted.embed_donor), the auxiliary attention loss and head dropout; grounding only (no stage 1)
+    "planted": dict(
+        vision_steps=0,
+        grounding_steps=2000,
+        grounding_lr=1e-3,
+        eval_every=250,
+        text_shape=planted.PLANTED_SHAPE,
+        planted=planted.PLANTED_HEADS,
+        decoys=planted.DECOY_HEADS,
+        attention_loss_weight=1.0,
+        head_dropout=0.1,
+        warm_start=str(checkpoint_dir("a")),
     ),
 }
 
@@ -337,7 +359,7 @@ def visual_tokens(model: PreTrainedModel, pixel_values: torch.Tensor) -> torch.T
 
 
 def max_new_tokens(name: ModelName) -> int:
-    return 12 if name == "a" else 32
+    return 12 if family(name) == "a" else 32
 
 
 @torch.no_grad()
@@ -479,9 +501,12 @@ def evaluate_vqa(model, processor, n_scenes: int, batch_size: int = 64) -> dict[
 def build_model(config: TrainConfig, processor) -> PreTrainedModel:
     """Fresh model of the configured family (seeded)."""
     torch.manual_seed(config.seed)
-    return MODEL_CLASSES[config.model](
+    model = MODEL_CLASSES[family(config.model)](
         model_config(config.model, processor.tokenizer, config.text_shape, config.vision_shape)
     )
+    if config.attention_loss_weight > 0:  # the auxiliary loss reads attention weights: eager attention
+        model.set_attn_implementation("eager")
+    return model
 
 
 def load_language_backbone(model: PreTrainedModel, checkpoint_folder: str) -> None:
@@ -491,8 +516,14 @@ def load_language_backbone(model: PreTrainedModel, checkpoint_folder: str) -> No
 
 
 def load_whole_model(model: PreTrainedModel, checkpoint_folder: str) -> None:
-    """Copy every weight of a trained toy checkpoint of the same family and shape into ``model``."""
+    """Copy every weight of a trained toy checkpoint of the same family and shape into ``model`` (into the
+    positive control's wider-headed backbone, ``planted.embed_donor`` embeds a toy A checkpoint exactly)."""
     donor = AutoModelForImageTextToText.from_pretrained(checkpoint_folder, dtype=torch.float32, local_files_only=True)
+    text, donor_text = model.config.get_text_config(), donor.config.get_text_config()
+    if type(donor) is type(model) and text.num_attention_heads == 16 and donor_text.num_attention_heads == 8 \
+            and text.head_dim == donor_text.head_dim:
+        planted.embed_donor(model, donor)
+        return
     if type(donor) is not type(model) or {k: v.shape for k, v in donor.state_dict().items()} != {
             k: v.shape for k, v in model.state_dict().items()}:
         raise ValueError(f"--warm-start {checkpoint_folder} holds a {type(donor).__name__} whose weights do not match "
@@ -617,8 +648,19 @@ def training_step(config: TrainConfig, model, heads, processor, optimizer, step:
                 + [answer_text(q) for q in questions],
             )
             probe = config.query_probe_weight > 0
-            outputs = model(**inputs, output_hidden_states=probe)
+            text_config = model.config.get_text_config()
+            roles = planted.head_roles(text_config.num_hidden_layers, text_config.num_attention_heads, config.planted,
+                                       config.decoys)
+            dropout = planted.dropout_multipliers(inputs["input_ids"].shape[0], roles, config.head_dropout)
+            supervise_attention = config.attention_loss_weight > 0
+            with planted.head_multipliers(model, dropout):
+                outputs = model(**inputs, output_hidden_states=probe, output_attentions=supervise_attention)
             loss, stats = outputs.loss, {"answer_loss": outputs.loss.item()}
+            if supervise_attention:  # grounding rows only (VQA rows follow them and take no part)
+                targets = planted.attention_targets(inputs["input_ids"], inputs["labels"], samples, model.config.image_token_id)
+                attention_loss, attention_stats = planted.attention_loss(outputs.attentions, targets, roles)
+                loss = loss + config.attention_loss_weight * attention_loss
+                stats.update(attention_stats)
             if probe:  # grounding rows, and with vqa_query_probe the one-object VQA rows (which follow them)
                 positions, named = probe_targets(config, inputs["labels"], samples, questions)
                 probe_loss, probe_stats = heads.query.loss(
@@ -679,6 +721,7 @@ def train(config: TrainConfig, out_dir: Path, resume: bool) -> list[dict]:
     return history
 
 
+PLANTED_MEASURE_SCENES = 100  # level-1 eval scenes on which ship() measures the positive control's properties
 TEST_SET_SCENES = 32  # eval scenes 0..31 at level 1: the fixed set tests/test_toy_models.py re-measures
 REPORT_SCENES = 200
 # eval scenes 200..399: used for no choice at all (shipping rules compare test-set accuracies), so level-1
@@ -704,6 +747,8 @@ def config_from_json(data: dict) -> TrainConfig:
     data["text_shape"] = TextBackboneShape(**data["text_shape"])
     data["vision_shape"] = VisionTowerShape(**data["vision_shape"])
     data["level_schedule"] = tuple((end, tuple((level, p) for level, p in mix)) for end, mix in data["level_schedule"])
+    for key in ("planted", "decoys"):
+        data[key] = tuple(data.get(key, ()))
     return TrainConfig(**data)
 
 
@@ -755,12 +800,16 @@ def ship(run_dir: Path, name: ModelName, lineage: str = "", checkpoint: str = "b
         "history": history,
     }
     (target / "training_log.json").write_text(json.dumps(log, indent=1))
+    if config_from_json(selected["config"]).planted:  # the positive control: declare its heads, measure them
+        measured = planted.measure(model, processor, HeadSet(selected["config"]["planted"]),
+                                   HeadSet(selected["config"]["decoys"]), n_scenes=PLANTED_MEASURE_SCENES)
+        planted.write_declaration(target, selected["config"]["planted"], selected["config"]["decoys"], measured)
     return log
 
 
 def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", choices=("a", "b"), default="a")
+    parser.add_argument("--model", choices=sorted(MODEL_PRESETS), default="a")
     parser.add_argument("--out", type=Path, help="run folder (training)")
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--steps", type=int, default=None, help="grounding (stage-2) steps")
