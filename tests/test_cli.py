@@ -39,6 +39,50 @@ def test_detect_sweep_report_pipeline(tmp_path, capsys):
     assert page.count("data:image/png;base64,") >= 3 and "Causal k-sweep" in page
 
 
+def test_sweep_and_scan_with_mean_ablation_mask_like_ground_batch(tmp_path, capsys):
+    """``--ablation mean``: the reference outputs come from the scores' detection samples, and every masked
+    answer is what ``ground_batch`` gives with the same ablation (itself checked against a plain-hook reference
+    in test_ablation_kinds); the baseline stays unmasked and zero-kind."""
+    from vrh_interp.evaluation.grounding import ablation_values, ground_batch
+    from vrh_interp.heads import HeadSet
+    from vrh_interp.sources import synthetic_samples
+    from vrh_interp.templates.ablation import Ablation, AblationValues
+
+    out = tmp_path / "run"
+    common = ["--model", "tiny:qwen2_vl", "--batch-size", "4", "--max-new-tokens", "3"]
+    assert main(["detect", *common, "--data", "synthetic:detect:4", "--out", str(out), "--json"]) == 0
+    scores_file = json.loads(capsys.readouterr().out)["scores_file"]
+    argv = ["sweep", *common, "--data", "synthetic:eval:3", "--scores", scores_file, "--ks", "0,1", "--random-sets",
+            "2", "--ablation", "mean", "--out", str(out / "sweep"), "--json"]
+    assert main([*argv, "--detect-data", "synthetic:detect:2"]) == 2  # not the samples the scores were made on
+    assert "--detect-data synthetic:detect:2 holds 2 of the 4 samples" in capsys.readouterr().err
+    assert main([*argv, "--detect-data", "synthetic:detect:4"]) == 0
+    summary = pd.DataFrame(json.loads(capsys.readouterr().out))
+    assert summary["key"].iloc[0] == "baseline:k=0" and summary["ablation"].iloc[0] == "zero"
+    assert set(summary["ablation"].iloc[1:]) == {"mean"}
+    values = AblationValues.load(out / "sweep" / "ablation_values.pt")
+    manifest = json.loads((out / "sweep" / "manifest.json").read_text())
+    assert manifest["ablation_values"] == values.fingerprint()
+
+    from vrh_interp.cli import _load_model
+
+    vlm = _load_model("tiny:qwen2_vl", None, None)
+    detection, evaluation = synthetic_samples("detect", 4), synthetic_samples("eval", 3)
+    assert values.fingerprint() == ablation_values(vlm, detection, batch_size=4).fingerprint()
+    records = pd.read_json(out / "sweep" / "sweep_records.jsonl", lines=True)
+    top = HeadSet(manifest["conditions"]["top:k=1:ablation=mean"])
+    expected = ground_batch(vlm, evaluation, heads=top, ablation=Ablation("mean", values), max_new_tokens=3)
+    assert records[records["condition"] == "top:k=1:ablation=mean"]["answer"].tolist() == [o.answer for o in expected]
+
+    assert main(["scan", *common, "--data", "synthetic:eval:3", "--scores", scores_file, "--limit", "2",
+                 "--out", str(out / "scan"), "--json"]) == 0
+    facts = json.loads(capsys.readouterr().out)
+    table = pd.read_csv(facts["csv"])
+    assert len(table) == facts["heads"] == 8 and facts["n"] == 2 and (out / "scan" / "head_scan.png").exists()
+    assert set(table["damage_rank"]) <= set(range(1, 9)) and table["score_rank"].tolist() == list(range(1, 9))
+    assert np.isnan(facts["spearman"]) or 0 < facts["p_value"] <= 1
+
+
 def test_sweep_refuses_detection_samples(tmp_path, capsys):
     out = tmp_path / "run"
     common = ["--model", "tiny:qwen2_vl", "--batch-size", "4", "--max-new-tokens", "2"]
@@ -59,10 +103,24 @@ def test_bad_data_spec_is_a_clear_error(capsys):
 def test_demo_runs_end_to_end_on_tiny_models(tmp_path, capsys):
     out = tmp_path / "demo"
     assert main(["demo", "--model", "tiny:llava", "--transfer-model", "tiny:llava", "--out", str(out),
-                 "--detect", "4", "--eval", "3", "--random-sets", "2", "--json"]) == 0
-    payload = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+                 "--detect", "4", "--eval", "3", "--random-sets", "2", "--check-items", "4", "--vqa-scenes", "2",
+                 "--no-positive-control", "--json"]) == 0
+    printed = capsys.readouterr().out
+    payload = json.loads(printed.strip().splitlines()[-1])
+    assert "positive control skipped (--no-positive-control)" in printed and payload["positive_control"] is None
     claims = {v["claim"].split(":")[0] for v in payload["verdicts"]}
-    assert {"causal", "sparse", "functionally specific", "stable", "shared", "generalises to VQA"} <= claims
+    assert {"causal", "sparse", "functionally specific", "stable", "shared", "generalises to VQA",
+            "ablation kinds agree", "score predicts causal importance"} <= claims
+    # every referent of the 3 eval scenes is an item of the main sweep; the checks use a fixed subset of them
+    from vrh_interp.data import grounding_samples
+
+    items = [s.sample_id for i in range(3) for s in grounding_samples("eval", i, 1)]
+    assert json.loads((out / "sweep" / "manifest.json").read_text())["sample_ids"] == items
+    kinds = pd.read_csv(out / "ablation_kinds.csv")
+    assert kinds["ablation"].tolist() == ["zero", "mean", "resample"] and set(kinds["n"]) == {4}
+    scan = pd.read_csv(out / "head_scan.csv")
+    assert len(scan) == 8 and set(scan["n"]) == {4}
+    assert len(list((out / "overlays").glob("*.png"))) == 3
     vqa = pd.read_csv(out / "vqa_summary.csv")
     assert set(vqa["benchmark"]) == {"synthetic-attribute", "synthetic-counting", "synthetic-spatial"}
     assert set(vqa["condition"]) == {"baseline", "top", "random", "matched"}
@@ -71,7 +129,7 @@ def test_demo_runs_end_to_end_on_tiny_models(tmp_path, capsys):
     assert set(sweep[sweep["seed"].astype(str) == "all"]["sets"]) == {2}
     assert vqa["majority_baseline"].between(0, 1).all()
     for name in ("report.html", "report.md", "sweep_summary.csv", "design_space.csv", "verdicts.csv", "transfer.csv",
-                 "vqa_summary.csv"):
+                 "vqa_summary.csv", "head_scan.png", "ablation_values.pt"):
         assert (out / name).exists(), name
 
 
@@ -181,6 +239,21 @@ def _vqa_summary(benchmark, n, base, top, sets, majority):
     return result.summary(resamples=200).assign(majority_baseline=majority)
 
 
+def test_spearman_permutation_p_equals_exhaustive_enumeration():
+    """The permutation p-value against the exact one from all 720 pairings of 6 values (ties included)."""
+    import itertools
+
+    from vrh_interp.transfer import spearman, spearman_permutation_p
+
+    for a, b in (([0.9, 0.1, 0.5, 0.3, 0.7, 0.2], [0.3, 0.0, 0.1, 0.1, 0.2, 0.05]),
+                 ([1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6]), ([1, 2, 3, 4, 5, 6], [6, 5, 4, 3, 2, 1])):
+        a, b = np.array(a, float), np.array(b, float)
+        observed = spearman(a, b)
+        exact = np.mean([spearman(a, b[list(order)]) >= observed - 1e-12 for order in itertools.permutations(range(6))])
+        assert abs(spearman_permutation_p(a, b, permutations=20000) - exact) < 0.01, (a, b)
+    assert np.isnan(spearman_permutation_p(np.ones(4), np.arange(4.0)))
+
+
 def test_vqa_verdict_judges_only_the_kinds_the_model_answers():
     from vrh_interp.demo import vqa_verdict
 
@@ -198,3 +271,20 @@ def test_vqa_verdict_judges_only_the_kinds_the_model_answers():
     assert "not judged" in result["numbers"]
     assert "random sets (20) mean 0.850" in vqa_verdict(drop, 3)["numbers"]
     assert vqa_verdict(None, 3)["verdict"] == "not measured"
+
+
+def test_grading_csv_reads_back_into_the_positive_control_table(tmp_path):
+    """The report reads the positive control's ``grading.csv``, whose rank lists are stored as text."""
+    from vrh_interp.heads import HeadSet
+    from vrh_interp.positive_control import grading_table
+    from vrh_interp.report import read_grading
+    from vrh_interp.scoring.grading import grade_ranking
+
+    ranking = HeadSet.parse("L2H1,L3H0,L1H5,L0H0")
+    rows = [{"design": "a", "defined": True, **grade_ranking(ranking, HeadSet.parse("L2H1,L3H0"), HeadSet.parse("L1H5"))},
+            {"design": "b", "defined": True, **grade_ranking(ranking, HeadSet.parse("L0H0,L3H0"), HeadSet.parse("L7H7"))}]
+    frame = pd.DataFrame(rows)
+    frame.to_csv(tmp_path / "grading.csv", index=False)
+    shown = read_grading(tmp_path / "grading.csv")
+    pd.testing.assert_frame_equal(shown, grading_table(frame))
+    assert shown["planted_ranks"].tolist() == ["1, 2", "4, 2"] and shown["decoy_ranks"].tolist() == ["3", "None"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import os
 import shutil
 import signal
@@ -168,8 +167,6 @@ def test_subset_of_heads_scatter_and_errors(toy, samples, scores, scan):
                                       progress=False)).table()
 
 
-@pytest.mark.skipif("ablation_values" not in inspect.signature(run_conditions).parameters,
-                    reason="run_conditions does not take ablation_values= yet (issue 16: the lead connects it)")
 def test_mean_ablation_scan_equals_ground_batch(toy, samples):
     values = ablation_values(toy, synthetic_samples("detect", 8), batch_size=8)
     ablation = Ablation("mean", values)

@@ -208,3 +208,23 @@ def test_library_default_scorer_finds_the_planted_heads_and_masking_them_separat
     assert accuracy["top"] <= 0.2
     assert accuracy["decoys"] >= accuracy["baseline"] - 0.15
     assert accuracy["baseline"] - accuracy["top"] >= 0.5
+
+
+def test_the_organism_starts_as_an_exact_copy_of_toy_a() -> None:
+    """``embed_donor``: the 64-head model built from toy A computes toy A's logits before training."""
+    config = trainer.TrainConfig(**{**trainer.MODEL_PRESETS["planted"], "model": "planted"})
+    processor = trainer.build_processor("planted")
+    model = trainer.build_model(config, processor).eval()
+    trainer.load_whole_model(model, config.warm_start)
+    donor, _ = load("a")
+    samples, inputs = _batch(processor, 2)
+    inputs = {k: v for k, v in inputs.items() if k != "labels"}
+    real = inputs["attention_mask"].bool()
+    with torch.no_grad():
+        assert torch.allclose(model(**inputs).logits[real], donor(**inputs).logits[real], atol=1e-4)
+    new_slots = [s for s in range(16) if s not in {planted.donor_slot(a) for a in range(8)}]
+    assert len(new_slots) == 8
+    for head in list(HeadSet(planted.PLANTED_HEADS)) + list(HeadSet(planted.DECOY_HEADS)):
+        assert head.head in new_slots  # every planted/decoy head is made by the planting, not inherited
+    o_proj = model.model.language_model.layers[2].self_attn.o_proj.weight
+    assert float(o_proj.unflatten(1, (16, 16))[:, new_slots].abs().max()) == 0.0

@@ -1,10 +1,11 @@
 """The report page as a person sees it: ``vrh report`` output opened in headless Chromium (selenium).
 
 A real run folder is made by ``vrh demo`` on the shipped toy model A (transfer partner: toy A itself, so
-the cross-masking section is present with the same backbone grid), then ``vrh report`` writes the page.
-In the browser: the page loads, every figure decodes to a non-empty image of the PNG's size, the figure
-count and captions are the ones the folder's artifacts call for, and every table cell shows the value of
-its CSV. The browser pieces are Debian's ``chromium`` and ``chromium-driver`` (``.ci/run`` installs them when
+the cross-masking section is present with the same backbone grid; the positive control on toy:planted
+where its checkpoint is shipped), then ``vrh report`` writes the page. In the browser: the page loads and
+leads with the positive control (when run) and the figures, every figure decodes to a non-empty image of
+the PNG's size, the figure count, order and captions are the ones the folder's artifacts call for, every
+table sits in a collapsible block and every cell shows the value of its CSV. The browser pieces are Debian's ``chromium`` and ``chromium-driver`` (``.ci/run`` installs them when
 it runs as root) and the ``selenium`` package (``test`` extra); without them the test skips, saying which.
 """
 
@@ -61,9 +62,13 @@ def browser():
 def report_page(browser, tmp_path_factory):
     """A demo run folder with its report loaded in the browser (the browser is checked first: no demo when
     the test would skip anyway)."""
+    from vrh_interp import positive_control
+
     run = tmp_path_factory.mktemp("report") / "demo"
+    control = [] if positive_control.available() else ["--no-positive-control"]
     assert main(["demo", "--model", "toy:a", "--transfer-model", "toy:a", "--out", str(run), "--detect", "8",
-                 "--eval", "6", "--random-sets", "2", "--json"]) == 0
+                 "--eval", "6", "--random-sets", "2", "--check-items", "8", "--vqa-scenes", "3", "--json",
+                 *control]) == 0
     assert main(["report", str(run)]) == 0
     browser.get((run / "report.html").as_uri())
     return run, browser
@@ -98,11 +103,15 @@ def test_page_loads_with_every_figure_decoded(report_page):
     images = browser.execute_script(
         "return [...document.images].map(i => [i.alt, i.complete, i.naturalWidth, i.naturalHeight,"
         " i.getBoundingClientRect().width, i.src.startsWith('data:image/png;base64,')])")
-    # what the folder calls for: 2 figures per score file, k-sweep + failure split, design space, cross-masking
-    score_files = [p.stem for p in sorted(run.glob("scores-*.json"))]  # the report's order
-    assert sorted(score_files) == ["scores-vrh", "scores-vrh-b"]
-    expected = [name for stem in score_files for name in (f"{stem} heatmap", f"{stem} distribution")]
-    expected += ["k-sweep", "failure decomposition", "design space", "cross-model masking"]
+    # what the folder calls for, pictures a reader looks for first: k-sweep, heatmaps (the main model's first),
+    # score vs damage, overlays; then failure split, score distributions, design space, cross-masking
+    score_files = [p.stem for p in sorted(run.glob("scores-*.json"), key=lambda p: (len(p.stem), p.stem))]
+    assert score_files == ["scores-vrh", "scores-vrh-b"]
+    overlays = [f"attention overlay {p.stem}" for p in sorted((run / "overlays").glob("*.png"))]
+    assert len(overlays) == 3
+    expected = ["k-sweep", *(f"{stem} heatmap" for stem in score_files), "score vs single-head damage", *overlays,
+                "failure decomposition", *(f"{stem} distribution" for stem in score_files), "design space",
+                "cross-model masking"]
     assert [alt for alt, *_ in images] == expected
     captions = [c.text for c in browser.find_elements("tag name", "figcaption")]
     assert captions == expected
@@ -116,15 +125,32 @@ def test_page_loads_with_every_figure_decoded(report_page):
     assert all(f"(figures/{''.join(c if c.isalnum() else '_' for c in name)}.png)" in markdown for name in expected)
 
 
+def test_page_leads_with_the_positive_control_then_figures(report_page):
+    run, browser = report_page
+    headings = [h.text for h in browser.find_elements("tag name", "h2")]
+    ran = (run / "positive_control" / "positive_control.json").exists()
+    assert headings == (["Positive control: the pipeline on a model whose retrieval heads are known"] if ran else []) \
+        + ["Figures", "Tables"]
+    if ran:
+        section = browser.find_element("id", "positive-control")
+        assert "toy:planted" in section.text and section.find_elements("tag name", "table")
+    # every table is collapsible; the claims table starts open, the rest closed
+    opened = browser.execute_script("return [...document.querySelectorAll('details')].map(d => d.open)")
+    assert opened[0] and not any(opened[1:])
+
+
 def test_tables_show_the_run_folders_numbers(report_page):
     run, browser = report_page
     tables = browser.execute_script(
-        "return [...document.querySelectorAll('h2')].map(h => { const t = h.nextElementSibling;"
-        " return [h.textContent, [...t.querySelectorAll('thead th')].map(c => c.innerText.trim()),"
+        "return [...document.querySelectorAll('details')].map(d => { d.open = true;"
+        " const t = d.querySelector('table'); return [d.querySelector('summary').textContent,"
+        " [...t.querySelectorAll('thead th')].map(c => c.innerText.trim()),"
         " [...t.querySelectorAll('tbody tr')].map(r => [...r.cells].map(c => c.innerText.trim()))]; })")
     expected = [(title, pd.read_csv(run / name)) for name, title in TABLES if (run / name).exists()]
     assert [title for title, _ in expected] == [title for title, *_ in tables]
     assert {"Causal k-sweep: top-k heads vs random and layer-matched head sets",
+            "Single-head causal scan: each head masked alone",
+            "The causal verdict at k* under zero, mean and resample ablation",
             "Cross-masking k-sweep: own, transferred and random heads in each model"} <= {t for t, _ in expected}
     for (title, frame), (_, header, rows) in zip(expected, tables):
         assert header == list(frame.columns), title
@@ -132,15 +158,18 @@ def test_tables_show_the_run_folders_numbers(report_page):
         for index, (row, values) in enumerate(zip(rows, frame.itertuples(index=False))):
             for column, cell, value in zip(frame.columns, row, values):
                 assert _matches(cell, value), f"{title}, row {index}, {column}: page shows {cell!r}, CSV has {value!r}"
-    # Across tables, from the page alone: masking model A's own top-k in the cross-masking sweep is the
-    # k-sweep's top-k condition (same model, heads and scenes), so the two tables must agree.
+    # Across tables, from the page alone: masking model A's own top-1 in the cross-masking sweep is the
+    # single-head scan's condition for the best-scored head (same model, head and fixed items), so the two
+    # tables must agree, and so must their unmasked baselines.
     page = {title: pd.DataFrame(rows, columns=header) for title, header, rows in tables}
-    sweep = page["Causal k-sweep: top-k heads vs random and layer-matched head sets"]
+    scan = page["Single-head causal scan: each head masked alone"]
     cross = page["Cross-masking k-sweep: own, transferred and random heads in each model"]
-    own_in_a = cross[(cross["model"] == "A (toy:a)") & (cross["condition"].isin(["baseline", "own"]))]
-    top = sweep[sweep["condition"].isin(["baseline", "top"])]
-    assert own_in_a[["k", "accuracy", "mean_iou"]].values.tolist() == top[["k", "accuracy", "mean_iou"]].values.tolist()
-    assert len(own_in_a) == 4  # k = 0, 1, 2, 3 on the toy's 32 heads (demo_ks)
+    own_in_a = cross[(cross["model"] == "A (toy:a)") & (cross["condition"] == "own")]
+    assert own_in_a["k"].tolist() == ["1"]  # k* = 1 on the toy's 32 heads (demo_ks)
+    top = scan[scan["score_rank"] == "1"]
+    assert own_in_a["accuracy"].tolist() == top["accuracy"].tolist()
+    base = float(cross[(cross["model"] == "A (toy:a)") & (cross["condition"] == "baseline")]["accuracy"].iloc[0])
+    assert abs(float(top["accuracy"].iloc[0]) + float(top["drop"].iloc[0]) - base) < 2e-3
 
 
 def test_report_page_screenshot_is_not_blank(report_page):

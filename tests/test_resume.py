@@ -42,6 +42,12 @@ SCRIPT = textwrap.dedent("""
     if sys.argv[1] == "detect":
         score_heads(vlm, synthetic_samples("detect", 24), batch_size=2, max_new_tokens=3, run_dir=sys.argv[2],
                     progress=False)
+    elif sys.argv[1] == "sweep-mean":
+        from vrh_interp.evaluation.grounding import ablation_values
+        values = ablation_values(vlm, synthetic_samples("detect", 4))
+        sweep(vlm, synthetic_samples("eval", 4), vlm.geometry.all_heads(), ks=(0, 1, 2), random_seeds=(0, 1),
+              batch_size=2, max_new_tokens=3, run_dir=sys.argv[2], progress=False, ablation="mean",
+              ablation_values=values)
     else:
         sweep(vlm, synthetic_samples("eval", 4), vlm.geometry.all_heads(), ks=(0, 1, 2), random_seeds=(0, 1),
               batch_size=2, max_new_tokens=3, run_dir=sys.argv[2], progress=False)
@@ -99,6 +105,33 @@ def test_sweep_killed_and_resumed_equals_uninterrupted(tmp_path):
     assert len(resumed.records) == 4 * 11  # baseline + (top + 2 random + 2 layer-matched) x 2 ks
     assert {"matched:k=1:seed=0", "matched:k=2:seed=1", "matched:k=2:seed=all"} <= set(resumed.summary()["key"])
     assert len(RecordLog(tmp_path / "killed" / "sweep_records.jsonl").read()) == 44  # nothing duplicated
+
+
+def test_mean_ablation_sweep_killed_and_resumed_equals_uninterrupted(tmp_path):
+    """The same for mean ablation: the resumed run masks with the same reference values (their fingerprint is in
+    the manifest), and resuming with other values is refused."""
+    from vrh_interp.evaluation.grounding import ablation_values
+
+    written = _kill_after_first_records("sweep-mean", tmp_path / "killed", "sweep_records.jsonl", lines=9)
+    assert 9 <= written < 44
+    vlm = tiny_vlm(FAMILY)
+    samples = synthetic_samples("eval", 4)
+    values = ablation_values(vlm, synthetic_samples("detect", 4))
+    kwargs = dict(ks=(0, 1, 2), random_seeds=(0, 1), batch_size=2, max_new_tokens=3, progress=False, ablation="mean")
+    resumed = sweep(vlm, samples, vlm.geometry.all_heads(), run_dir=tmp_path / "killed", ablation_values=values,
+                    **kwargs)
+    fresh = sweep(vlm, samples, vlm.geometry.all_heads(), run_dir=tmp_path / "fresh", ablation_values=values,
+                  **kwargs)
+    pd.testing.assert_frame_equal(resumed.records, fresh.records)
+    pd.testing.assert_frame_equal(resumed.summary(), fresh.summary())
+    assert {"baseline:k=0", "top:k=2:ablation=mean", "matched:k=1:seed=all:ablation=mean"} <= \
+        set(resumed.summary()["key"])
+    assert len(RecordLog(tmp_path / "killed" / "sweep_records.jsonl").read()) == 44
+    other = ablation_values(vlm, synthetic_samples("detect", 3))
+    with pytest.raises(RunMismatchError, match="different configuration"):
+        sweep(vlm, samples, vlm.geometry.all_heads(), run_dir=tmp_path / "killed", ablation_values=other, **kwargs)
+    with pytest.raises(ValueError, match="mean ablation needs reference outputs: pass ablation_values="):
+        sweep(vlm, samples, vlm.geometry.all_heads(), **kwargs)
 
 
 def test_run_folder_of_another_configuration_is_refused(tmp_path):

@@ -258,6 +258,26 @@ def test_failure_decomposition_on_a_hand_built_condition():
     old = [{k: v for k, v in r.items() if k != "other_object_iou"} for r in base + top]
     row = SweepResult(pd.DataFrame(old, columns=RECORD_COLUMNS), conditions, 0.5).summary().iloc[1]
     assert row["mislocation_rate"] == 0.5 and np.isnan(row["other_object_rate"]) and np.isnan(row["no_object_rate"])
+    # reproduce's failure split counts the same records with the same helper, control sets pooled per k
+    from vrh_interp.reproduce import failure_split
+
+    conditions.append(Condition("random", 1, 0, HeadSet([Head(0, 1)])))
+    frame = pd.DataFrame(base + top + _records("random", 1, 0, [True, True, False, True]), columns=RECORD_COLUMNS)
+    split = failure_split(SweepResult(frame, conditions, 0.5)).set_index("key")
+    assert split.loc["top:k=1", ["n", "correct", "parse_failure", "mislocation", "other_object", "no_object"]] \
+        .tolist() == [4, 1, 1, 2, 1, 1]
+    assert split.loc["random:k=1:seed=all", ["n", "correct", "mislocation"]].tolist() == [4, 3, 1]
+    assert split.loc["top:k=1", "other_object_rate"] == 0.25
+
+
+def test_the_baseline_stays_zero_kind_under_every_ablation():
+    g = HeadGeometry(2, 4, 4, 8)
+    ranking = HeadSet([Head(1, 0), Head(0, 2), Head(1, 3)])
+    for kind in ("mean", "resample"):
+        conditions = sweep_conditions(ranking, g, [0, 1], [0, 1], ablation=kind)
+        assert conditions[0].key == "baseline:k=0" and conditions[0].ablation == "zero"
+        assert {c.ablation for c in conditions[1:]} == {kind}
+        assert all(c.key.endswith(f":ablation={kind}") for c in conditions[1:])
 
 
 # --------------------------------------------------------------------------------- records and run folders
@@ -332,3 +352,28 @@ def test_design_space_variants_are_compared_with_the_random_sets_at_their_k():
     assert table.loc["c", "p_vs_random"] == pytest.approx(1 / 21)
     assert table.loc["c", "random_mean_accuracy"] == pytest.approx((4 * 0.2 + 16 * 0.8) / 20)
     assert table.loc["c", "random_sets"] == 20 and list(table.index)[0] == "c"  # ranked by drop
+
+
+def test_demo_keeps_every_control_set_at_k_star_and_the_same_draws_elsewhere():
+    from vrh_interp.demo import check_subset, main_conditions, restrict
+
+    g = HeadGeometry(4, 8, 4, 16)
+    ranking = HeadSet([Head(3, 5), Head(2, 1), Head(1, 0), Head(0, 7)])
+    full = sweep_conditions(ranking, g, [0, 1, 2, 3], list(range(20)))
+    kept = main_conditions(ranking, g, [0, 1, 2, 3], 1, 20, 2)
+    assert set(kept) <= set(full)  # the same draws (detected set = top max(ks)), a subset of them
+    for kind in ("random", "matched"):
+        assert sorted(c.seed for c in kept if c.kind == kind and c.k == 1) == list(range(20))
+        assert all(c.seed in (0, 1) for c in kept if c.kind == kind and c.k != 1)
+    assert [c.key for c in kept if c.kind in ("baseline", "top")] == ["baseline:k=0", "top:k=1", "top:k=2", "top:k=3"]
+    items = list(range(502))
+    subset = check_subset(items, 50)
+    assert len(set(subset)) == 50 and subset[0] == 0 and subset[-1] >= 490 and check_subset(items[:10], 50) == items[:10]
+    # restricting a result to some samples and conditions keeps exactly their records, baseline included
+    conditions = [Condition("baseline", 0, None, HeadSet()), Condition("top", 1, None, HeadSet()),
+                  Condition("top", 2, None, HeadSet())]
+    frame = pd.DataFrame(_records("baseline", 0, None, [True] * 4) + _records("top", 1, None, [True, False] * 2)
+                         + _records("top", 2, None, [False] * 4), columns=RECORD_COLUMNS)
+    part = restrict(SweepResult(frame, conditions, 0.5), ["s1", "s3"], lambda c: c.k == 1)
+    assert [c.key for c in part.conditions] == ["baseline:k=0", "top:k=1"]
+    assert part.summary().set_index("key")["accuracy"].to_dict() == {"baseline:k=0": 1.0, "top:k=1": 0.0}

@@ -1,4 +1,4 @@
-"""The ``vrh`` command line: families, detect, sweep, design-space, merge, reproduce, report, demo, patch.
+"""The ``vrh`` command line: families, detect, sweep, scan, design-space, merge, reproduce, report, demo, patch.
 
 Every long command takes ``--out`` (a run folder: rerunning the same command resumes it), shows progress
 bars, prints a summary table at the end, and ``--json`` prints the machine-readable result instead.
@@ -131,6 +131,28 @@ def _control_seeds(args: argparse.Namespace) -> list[int]:
     return list(range(args.random_sets))
 
 
+def _ablation_values(args: argparse.Namespace, vlm: Any, scores: Any) -> Any:
+    """``--ablation mean|resample``: the reference outputs on the detection samples the scores were computed on
+    (those of ``--detect-data`` whose ids the scores file lists), saved as ``OUT/ablation_values.pt``; None for
+    zero ablation."""
+    if args.ablation == "zero":
+        return None
+    from vrh_interp.evaluation.grounding import ablation_values
+    from vrh_interp.sources import load_data
+
+    wanted = set(scores.sample_ids)
+    detection = [s for s in load_data(args.detect_data) if s.sample_id in wanted]
+    if not wanted or len(detection) != len(wanted):
+        raise ValueError(f"--ablation {args.ablation} takes its reference outputs from the detection samples, but "
+                         f"--detect-data {args.detect_data} holds {len(detection)} of the {len(wanted)} samples the "
+                         f"scores file {args.scores} was computed on: pass the --data of its `vrh detect` run as "
+                         "--detect-data")
+    values = ablation_values(vlm, detection, batch_size=args.batch_size, remote=args.remote, progress=not args.json)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    values.save(Path(args.out) / "ablation_values.pt")
+    return values
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     from vrh_interp.evaluation.sweep import sweep
     from vrh_interp.scoring.scores import HeadScores
@@ -139,14 +161,69 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     vlm = _load_model(args.model, args.device, args.dtype)
     scores = HeadScores.load(args.scores)
     samples = load_data(args.data)
+    values = _ablation_values(args, vlm, scores)
     result = sweep(vlm, samples, scores, ks=args.ks, random_seeds=_control_seeds(args), matched=not args.no_matched,
                    exclude_first_layer=args.exclude_first_layer, iou_threshold=args.iou, batch_size=args.batch_size,
-                   max_new_tokens=args.max_new_tokens, run_dir=args.out, shard=args.shard, remote=args.remote)
+                   max_new_tokens=args.max_new_tokens, run_dir=args.out, shard=args.shard, remote=args.remote,
+                   ablation=args.ablation, ablation_values=values)
     if args.shard is not None:
         return _shard_done(args, len(result.records))
     summary = result.summary()
     summary.to_csv(Path(args.out) / "sweep_summary.csv", index=False)
     _print_sweep(summary, args.json)
+    return 0
+
+
+SCAN_CSV, SCAN_PNG = "head_scan.csv", "head_scan.png"
+
+
+def write_head_scan(result: Any, out: Path, *, permutations: int = 10000) -> dict[str, Any]:
+    """``OUT/head_scan.csv`` (one row per head), ``OUT/head_scan.png`` (score vs damage) and the facts:
+    ``spearman``, ``p_value`` (one-sided permutation test of rho > 0, ``transfer.spearman_permutation_p``),
+    ``heads``, ``n``, ``baseline_accuracy``, ``top_head`` (best scored) and its ``top_head_damage_rank``."""
+    from vrh_interp.transfer import spearman_permutation_p
+
+    from vrh_interp.plots import score_damage_scatter
+
+    table = result.table()
+    table.to_csv(out / SCAN_CSV, index=False)
+    facts = {"spearman": result.spearman(), "heads": len(table), "n": int(table["n"].max()),
+             "baseline_accuracy": result.baseline_accuracy,
+             "p_value": spearman_permutation_p(table["score"].to_numpy(), table["drop"].to_numpy(),
+                                               permutations=permutations),
+             "top_head": str(table["head"].iloc[0]), "top_head_damage_rank": int(table["damage_rank"].iloc[0])}
+    score_damage_scatter(table).savefig(out / SCAN_PNG)
+    return facts
+
+
+def cmd_scan(args: argparse.Namespace) -> int:
+    from vrh_interp.evaluation.head_scan import head_scan
+    from vrh_interp.evaluation.sweep import ablation_for
+    from vrh_interp.heads import HeadSet
+    from vrh_interp.scoring.scores import HeadScores
+    from vrh_interp.sources import load_data
+
+    vlm = _load_model(args.model, args.device, args.dtype)
+    scores = HeadScores.load(args.scores)
+    samples = list(load_data(args.data))
+    if args.limit is not None:
+        if args.limit < 1:
+            raise ValueError(f"--limit must be >= 1, got {args.limit}")
+        samples = samples[: args.limit]
+    out = Path(args.out)
+    ablation = ablation_for(args.ablation, _ablation_values(args, vlm, scores), vlm.geometry)
+    result = head_scan(vlm, samples, scores, heads=HeadSet.parse(args.heads) if args.heads else None,
+                       ablation=ablation, iou_threshold=args.iou, batch_size=args.batch_size,
+                       max_new_tokens=args.max_new_tokens, run_dir=out / "scan", progress=not args.json,
+                       remote=args.remote)
+    facts = write_head_scan(result, out)
+    if args.json:
+        print(json.dumps({**facts, "csv": str(out / SCAN_CSV), "figure": str(out / SCAN_PNG)}))
+        return 0
+    _print_table(pd.read_csv(out / SCAN_CSV), f"Single-head causal scan ({args.ablation} ablation, {facts['n']} "
+                                              f"samples, baseline accuracy {facts['baseline_accuracy']:.3f})")
+    print(f"\nSpearman(score, accuracy drop) over {facts['heads']} heads: {facts['spearman']:.3f} "
+          f"(one-sided permutation p = {facts['p_value']:.3g}); scatter: {out / SCAN_PNG}")
     return 0
 
 
@@ -163,16 +240,23 @@ def cmd_design_space(args: argparse.Namespace) -> int:
     # from a merged `vrh detect --shard` folder copied to OUT/detect
     stats = collect_detection_stats(vlm, detect, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
                                     run_dir=out / "detect", dataset=args.data, remote=args.remote)
+    values = None
+    if args.ablation != "zero":  # reference outputs from the same detection samples
+        from vrh_interp.evaluation.grounding import ablation_values
+
+        values = ablation_values(vlm, detect, batch_size=args.batch_size, remote=args.remote, progress=not args.json)
+        values.save(out / "ablation_values.pt")
     if args.shard is not None:
         check_disjoint(stats, evaluate)
-        plan = design_space_plan(stats, k=args.k, random_seeds=range(args.random_sets))
+        plan = design_space_plan(stats, k=args.k, random_seeds=range(args.random_sets), ablation=args.ablation)
         result = run_conditions(vlm, evaluate, plan.conditions,
                                 batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
-                                run_dir=out / "design_space", shard=args.shard, remote=args.remote)
+                                run_dir=out / "design_space", shard=args.shard, remote=args.remote,
+                                ablation_values=values)
         return _shard_done(args, len(result.records))
     table = design_space(vlm, stats, evaluate, k=args.k, random_seeds=range(args.random_sets),
-                         batch_size=args.batch_size,
-                         max_new_tokens=args.max_new_tokens, run_dir=out, remote=args.remote)
+                         batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, run_dir=out,
+                         remote=args.remote, ablation=args.ablation, ablation_values=values)
     table.to_csv(out / "design_space.csv", index=False)
     _print_design_space(table, args.k, args.json)
     return 0
@@ -246,7 +330,8 @@ def _print_reproduce(result: Any, data: str, as_json: bool) -> None:
                          default=str))
         return
     _print_table(result.sweep_summary.drop(columns=["key"]), f"k-sweep on {data} (ks {result.ks})")
-    _print_table(result.failure_split.drop(columns=["key"]), "Failure split: correct / mislocation / parse failure")
+    _print_table(result.failure_split.drop(columns=["key"]),
+                 "Failure split: correct / parse failure / mislocation (boxed another object / no object)")
     if result.vqa_table is not None:
         _print_table(result.vqa_table.xs("accuracy", axis=1, level="stat").round(1).reset_index(names="condition"),
                      f"Cross-task VQA accuracy (%), top-{result.vqa_k} VRHs vs {result.vqa_k} random heads")
@@ -258,7 +343,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     return run_demo(model_spec=args.model, out=Path(args.out), detect_scenes=args.detect, eval_scenes=args.eval,
                     device=args.device, dtype=args.dtype, transfer_model=args.transfer_model, as_json=args.json,
-                    random_sets=args.random_sets)
+                    random_sets=args.random_sets, curve_sets=args.curve_sets, check_items=args.check_items,
+                    vqa_scenes=args.vqa_scenes, batch_size=args.batch_size,
+                    positive_control=not args.no_positive_control)
 
 
 def cmd_patch(args: argparse.Namespace) -> int:
@@ -279,6 +366,16 @@ def cmd_patch(args: argparse.Namespace) -> int:
     print("\n".join(f"- {line}" for line in answers(study)))
     print(f"\nrun folder: {args.out} (patching.md, patching.json and one CSV per table)")
     return 0
+
+
+def ablation_options(p: argparse.ArgumentParser, *, detect_data: bool = True) -> None:
+    p.add_argument("--ablation", choices=("zero", "mean", "resample"), default="zero",
+                   help="how masked heads are removed: zero (the paper's), mean (the head's mean output per position "
+                        "segment over the detection samples) or resample (another detection sample's)")
+    if detect_data:
+        p.add_argument("--detect-data", default="synthetic:detect:200",
+                       help="mean/resample ablation: the --data of the `vrh detect` run that wrote --scores (its "
+                            "samples are the reference)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -324,7 +421,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="leave out the layer-matched control (only the uniform random sets)")
     p.add_argument("--iou", type=float, default=0.5)
     p.add_argument("--exclude-first-layer", action="store_true", help="random controls avoid layer 0")
+    ablation_options(p)
     p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser("scan", help="single-head causal scan: each head masked alone; does its score predict damage?")
+    common(p)
+    p.set_defaults(data="synthetic:eval:200", out="runs/scan")
+    p.add_argument("--scores", required=True, help="scores JSON written by `vrh detect`")
+    p.add_argument("--limit", type=int, default=100,
+                   help="scan on the first N evaluation samples (a fixed subset; cost: (1 + heads) x N answers)")
+    p.add_argument("--heads", default=None, help="heads to scan, e.g. L0H1,L3H5 (default: every head)")
+    p.add_argument("--iou", type=float, default=0.5)
+    ablation_options(p)
+    p.set_defaults(func=cmd_scan)
 
     p = sub.add_parser("design-space", help="rank the scoring variants by the drop their top-k causes")
     common(p)
@@ -333,6 +442,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--random-sets", type=int, default=20,
                    help="random sets of k heads (outside every variant's top-k) each variant is compared with; "
                         "0: rank the variants without a random control")
+    ablation_options(p, detect_data=False)
     p.set_defaults(func=cmd_design_space)
 
     p = sub.add_parser("merge", help="join the --out folders of a sharded detect, sweep, design-space or reproduce run")
@@ -370,9 +480,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--transfer-model", default="toy:b", help="second model sharing the backbone ('' to skip)")
     p.add_argument("--out", default="runs/demo")
     p.add_argument("--detect", type=int, default=200, help="detection scenes")
-    p.add_argument("--eval", type=int, default=100, help="evaluation scenes (disjoint from detection)")
+    p.add_argument("--eval", type=int, default=152,
+                   help="evaluation scenes (disjoint from detection); every referent is an item (152: >= 500 items)")
     p.add_argument("--random-sets", type=int, default=20,
-                   help="random (and layer-matched) control head sets per k in every sweep")
+                   help="random (and layer-matched) control head sets at k* in every sweep")
+    p.add_argument("--curve-sets", type=int, default=2,
+                   help="control sets of each kind at the main sweep's other k (curve only, no verdict)")
+    p.add_argument("--check-items", type=int, default=50,
+                   help="fixed evaluation items for the ablation-kind check, head scan, design space, cross-masking")
+    p.add_argument("--vqa-scenes", type=int, default=25, help="eval scenes whose VQA questions are asked")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--no-positive-control", action="store_true",
+                   help="skip step 1, the positive control on toy:planted")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None)
     p.add_argument("--json", action="store_true")

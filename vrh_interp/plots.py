@@ -71,9 +71,11 @@ def k_sweep_curve(summary: pd.DataFrame, title: str = "grounding accuracy vs mas
         if rows.empty:
             continue
         rows = pd.concat([base, rows]).sort_values("k")
-        sets = int(rows["sets"].max()) if "sets" in rows and rows["sets"].notna().any() else None
+        counts = sorted({int(n) for n in rows["sets"].dropna()}) if "sets" in rows else []
+        sets = "" if not counts else f" ({counts[0]} per k)" if len(counts) == 1 else \
+            f" ({counts[0]}-{counts[-1]} sets per k)"
         ax.plot(rows["k"], rows["accuracy"], marker="^", linestyle="--", color=colour,
-                label=f"{label}: mean, 5-95% band" + (f" ({sets} per k)" if sets else ""))
+                label=f"{label}: mean, 5-95% band{sets}")
         _control_band(ax, rows, colour)
     ks = sorted(int(k) for k in summary["k"].unique())
     if "k_fraction" in summary and summary["k_fraction"].notna().all():
@@ -126,21 +128,64 @@ def design_space_bars(table: pd.DataFrame) -> Any:
 def attention_overlay(image: Any, grid: np.ndarray, region: tuple[float, float, float, float],
                       boxes: dict[str, tuple[float, float, float, float]] | None = None, title: str = "") -> Any:
     """An attention map over a block's token grid drawn on the image region it covers, with boxes."""
-    from matplotlib.patches import Rectangle
-
     fig, ax = _figure(4, 4)
+    _draw_overlay(ax, image, grid, region, boxes, title)
+    fig.tight_layout()
+    return fig
+
+
+def _draw_overlay(ax: Any, image: Any, grid: np.ndarray, region: tuple[float, float, float, float],
+                  boxes: dict[str, tuple[float, float, float, float]] | None, title: str) -> None:
     ax.imshow(image)
     x0, y0, x1, y1 = region
     ax.imshow(grid, extent=(x0, x1, y1, y0), alpha=0.55, cmap="inferno", interpolation="nearest")
-    for (name, (bx1, by1, bx2, by2)), colour in zip((boxes or {}).items(), ("lime", "red", "cyan")):
-        ax.add_patch(Rectangle((bx1, by1), bx2 - bx1, by2 - by1, fill=False, edgecolor=colour, linewidth=2, label=name))
+    for (name, box), colour in zip((boxes or {}).items(), ("lime", "red", "cyan")):
+        _draw_box(ax, box, colour, name)
     if boxes:
         ax.legend(loc="lower right", fontsize=7)
     ax.set_xlim(0, image.size[0])
     ax.set_ylim(image.size[1], 0)
     ax.set_axis_off()
-    ax.set_title(title)
+    ax.set_title(title, fontsize=9)
+
+
+def score_damage_scatter(table: pd.DataFrame, *, label_top: int = 5, title: str | None = None) -> Any:
+    """Single-head causal scan: each head's score against the accuracy drop when it alone is masked.
+
+    ``table`` is ``HeadScanResult.table()`` (or ``head_scan.csv`` read back: columns ``head``, ``score``,
+    ``drop``, ``n``, sorted by score rank); the ``label_top`` best-scored heads are named and the title carries
+    Spearman's rho of score and drop (``transfer.spearman``)."""
+    from vrh_interp.transfer import spearman
+
+    fig, ax = _figure()
+    ax.scatter(table["score"], table["drop"], s=14, color="tab:blue", alpha=0.7)
+    for row in table.head(label_top).itertuples():
+        ax.annotate(row.head, (row.score, row.drop), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    ax.axhline(0, color="grey", linewidth=0.8, linestyle="--")
+    ax.set_xlabel("head score")
+    ax.set_ylabel("accuracy drop when masked alone")
+    rho = spearman(table["score"].to_numpy(dtype=float), table["drop"].to_numpy(dtype=float))
+    ax.set_title(title or f"score vs single-head damage (Spearman {rho:.2f}, {len(table)} heads, "
+                          f"n={int(table['n'].max())})", fontsize=10)
     fig.tight_layout()
+    return fig
+
+
+def overlay_panels(result: Any, title: str = "") -> Any:
+    """The panels of an ``overlays.OverlayResult`` side by side: each head subset's answer-row attention over
+    the image, with the ground-truth (green) and predicted (red) boxes."""
+    from matplotlib.figure import Figure
+
+    panels = result.overlays
+    fig = Figure(figsize=(3.2 * len(panels), 3.6), dpi=100, layout="constrained")
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    boxes = {"ground truth": result.truth.as_tuple()}
+    if hasattr(result.predicted, "as_tuple"):
+        boxes["prediction"] = result.predicted.as_tuple()
+    for ax, overlay in zip(axes, panels):
+        _draw_overlay(ax, result.image, overlay.grid, overlay.block.region, boxes, overlay.name)
+    if title:
+        fig.suptitle(title, fontsize=9)
     return fig
 
 

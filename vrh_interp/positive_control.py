@@ -23,7 +23,7 @@ from typing import Any
 
 import pandas as pd
 
-from vrh_interp.evaluation.sweep import Condition, run_conditions, sweep_conditions
+from vrh_interp.evaluation.sweep import Condition, run_conditions, summary_verdict, sweep_conditions
 from vrh_interp.heads import HeadSet
 from vrh_interp.provenance import library_versions, model_provenance, now_utc
 from vrh_interp.scoring.detect import collect_detection_stats, scores_from_stats
@@ -83,34 +83,34 @@ def run_positive_control(out: Path, *, detect_scenes: int = 40, eval_scenes: int
     summary = result.summary()
     summary.to_csv(out / "sweep_summary.csv", index=False)
     default = grading[grading["design"] == "Q=output, Phi=sum, Omega=mean"].iloc[0]
-    outcome = _outcome(summary, k, default, planted, decoys, random_sets)
+    outcome = _outcome(summary, k, default, planted, decoys)
     outcome.update(seconds=time.perf_counter() - started, detect_scenes=detect_scenes, eval_scenes=eval_scenes)
     (out / "positive_control.json").write_text(json.dumps(outcome, indent=2))
     return outcome
 
 
-def _outcome(summary: pd.DataFrame, k: int, default: pd.Series, planted: HeadSet, decoys: HeadSet,
-             random_sets: int) -> dict[str, Any]:
-    def accuracy(kind: str) -> float:
-        return float(summary[(summary["condition"] == kind) & (summary["k"] == (0 if kind == "baseline" else k))
-                             & (summary["seed"].astype(str) != "all")]["accuracy"].iloc[0])
-
-    per_set = summary[(summary["condition"] == "random") & (summary["k"] == k) & (summary["seed"].astype(str) != "all")]
-    randoms = per_set["accuracy"].to_numpy(dtype=float)
-    top = accuracy("top")
+def _outcome(summary: pd.DataFrame, k: int, default: pd.Series, planted: HeadSet, decoys: HeadSet) -> dict[str, Any]:
+    """Recovered = the default scorer's top-|P| is exactly P; causal = the set-level verdict of the sweep
+    (``summary_verdict``: masking the top-|P| is more harmful than every random and layer-matched set, and
+    significantly below the unmasked baseline)."""
+    judged = summary_verdict(summary, k)
+    top = judged["target"]
+    controls = {kind: row for kind, row in judged["controls"].items() if row is not None}
+    baseline = float(summary[summary["condition"] == "baseline"]["accuracy"].iloc[0])
     decoy_row = summary[summary["condition"] == "decoys"]
-    decoy_accuracy = float(decoy_row["accuracy"].iloc[0]) if not decoy_row.empty else float("nan")
-    as_harmful = int((randoms <= top).sum())
-    p_value = (1 + as_harmful) / (1 + len(randoms))
     recovered = bool(default["exact"])
-    causal = p_value <= 1 / (1 + random_sets) + 1e-12 and top < accuracy("baseline")
+    causal = judged["verdict"] == "holds"
     return {
         "model": SPEC, "planted": planted.to_list(), "decoys": decoys.to_list(),
         "detected_top": list(default["top"]), "recovered": recovered,
         "precision_at_p": float(default["precision_at_p"]), "decoy_ranks": list(default["decoy_ranks"]),
-        "baseline_accuracy": accuracy("baseline"), "top_accuracy": top,
-        "random_sets": len(randoms), "random_mean": float(randoms.mean()), "random_min": float(randoms.min()),
-        "random_p_value": p_value, "decoys_accuracy": decoy_accuracy, "causal": bool(causal),
+        "n": int(top["n"]), "baseline_accuracy": baseline, "top_accuracy": float(top["accuracy"]),
+        "top_p_value_vs_baseline": float(top["p_value_vs_baseline"]),
+        "controls": {kind: {"sets": int(row["sets"]), "mean": float(row["accuracy"]),
+                            "q05": float(row["accuracy_q05"]),
+                            "p_value": float(top[f"p_vs_{kind}"])} for kind, row in controls.items()},
+        "decoys_accuracy": float(decoy_row["accuracy"].iloc[0]) if not decoy_row.empty else float("nan"),
+        "causal_verdict": judged["verdict"], "causal_reason": judged["reason"],
         "verdict": "the pipeline recovers the planted heads" if recovered and causal
         else "the pipeline does NOT recover the planted heads",
     }
@@ -118,13 +118,15 @@ def _outcome(summary: pd.DataFrame, k: int, default: pd.Series, planted: HeadSet
 
 def describe(outcome: dict[str, Any]) -> str:
     """One paragraph for the terminal and the report."""
+    controls = "; ".join(f"{row['sets']} {kind} sets of {len(outcome['planted'])} heads: mean {row['mean']:.3f}, "
+                         f"5 % quantile {row['q05']:.3f}, empirical p = {row['p_value']:.3f}"
+                         for kind, row in outcome["controls"].items())
     return (f"positive control ({outcome['model']}, planted {', '.join(outcome['planted'])}): {outcome['verdict']}. "
-            f"Default scorer's top-{len(outcome['planted'])}: {', '.join(outcome['detected_top'])} "
-            f"(precision {outcome['precision_at_p']:.2f}); masking them: {outcome['baseline_accuracy']:.3f} -> "
-            f"{outcome['top_accuracy']:.3f}; {outcome['random_sets']} random sets of the same size: mean "
-            f"{outcome['random_mean']:.3f}, most harmful {outcome['random_min']:.3f} (empirical p = "
-            f"{outcome['random_p_value']:.3f}); masking the decoys {', '.join(outcome['decoys'])}: "
-            f"{outcome['decoys_accuracy']:.3f}.")
+            f"The default scorer's top-{len(outcome['planted'])} is {', '.join(outcome['detected_top'])} "
+            f"(precision {outcome['precision_at_p']:.2f}); masking it: {outcome['baseline_accuracy']:.3f} -> "
+            f"{outcome['top_accuracy']:.3f} on {outcome['n']} items (McNemar p = {outcome['top_p_value_vs_baseline']:.2g}); "
+            f"{controls}; causal claim: {outcome['causal_verdict']}. Masking the decoys "
+            f"{', '.join(outcome['decoys'])}: {outcome['decoys_accuracy']:.3f}.")
 
 
 def grading_table(grading: pd.DataFrame) -> pd.DataFrame:

@@ -1,18 +1,26 @@
 """``vrh report RUN_FOLDER``: one self-contained HTML page (figures embedded) and a Markdown summary.
 
-The report reads whatever artifacts the run folder holds (``scores-*.json``, ``sweep_summary.csv``,
-``design_space.csv``, ``sparsity.csv``, ``stability.csv``, ``token_stability.csv``, ``transfer*.csv``,
-``cross_masking.csv``, ``vqa_summary.csv``, ``verdicts.csv``) and skips what is absent, so it works for a detect-only run as
-for a full demo. Sweep tables keep one row per control head set; the ``seed="all"`` rows hold the sets'
-distribution (mean, sd, quantiles, two-level bootstrap interval) and the top-k rows their empirical p-values
-against each control, which the k-sweep figure draws as bands.
+The report reads whatever artifacts the run folder holds and skips what is absent, so it works for a
+detect-only run as for a full demo. Order, pictures first:
+
+1. the positive control (``positive_control/``: its outcome sentence and the detection grading table), so a
+   negative verdict below sits next to a pipeline that demonstrably finds planted heads;
+2. figures: the k-sweep curve with the random-set band (5-95 % quantiles of the sets) and the layer-matched
+   band, the score heatmap, the score-vs-single-head-damage scatter (``head_scan.csv``), attention overlays of
+   the top heads (``overlays/*.png``), then failure decomposition, score distribution, design space,
+   cross-masking;
+3. tables (``TABLES``), each collapsible (``<details>``) in the HTML; the claims table starts open. Sweep
+   tables keep one row per control head set; the ``seed="all"`` rows hold the sets' distribution (mean, sd,
+   quantiles, two-level bootstrap interval) and the top-k rows their empirical p-values against each control.
 """
 
 from __future__ import annotations
 
+import ast
 import base64
 import html
 import io
+import json
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +32,8 @@ from vrh_interp.scoring.scores import HeadScores
 TABLES = (
     ("verdicts.csv", "The paper's claims on this model"),
     ("sweep_summary.csv", "Causal k-sweep: top-k heads vs random and layer-matched head sets"),
+    ("ablation_kinds.csv", "The causal verdict at k* under zero, mean and resample ablation"),
+    ("head_scan.csv", "Single-head causal scan: each head masked alone"),
     ("design_space.csv", "Design space: accuracy drop when masking each variant's top-k"),
     ("sparsity.csv", "Sparsity"),
     ("stability.csv", "Stability: top-k overlap with the all-sample ranking"),
@@ -33,6 +43,7 @@ TABLES = (
     ("cross_masking.csv", "Cross-masking k-sweep: own, transferred and random heads in each model"),
     ("vqa_summary.csv", "Cross-task VQA: top-k heads vs random and layer-matched head sets, per question kind"),
 )
+POSITIVE_CONTROL = "positive_control"
 
 
 def _png(fig: Any) -> bytes:
@@ -42,20 +53,53 @@ def _png(fig: Any) -> bytes:
 
 
 def _figures(run: Path) -> list[tuple[str, bytes]]:
-    figures = []
-    for path in sorted(run.glob("scores-*.json")):
-        scores = HeadScores.load(path)
-        figures.append((f"{path.stem} heatmap", _png(plots.score_heatmap(scores.scores, path.stem))))
-        figures.append((f"{path.stem} distribution", _png(plots.score_distribution(scores.scores))))
+    """(caption, PNG) in reading order: what a reader looks for first, then the rest."""
+    first, rest = [], []
+    score_files = sorted(run.glob("scores-*.json"), key=lambda p: (len(p.stem), p.stem))  # the main model first
     if (run / "sweep_summary.csv").exists():
         summary = pd.read_csv(run / "sweep_summary.csv")
-        figures.append(("k-sweep", _png(plots.k_sweep_curve(summary))))
-        figures.append(("failure decomposition", _png(plots.failure_bars(summary))))
+        first.append(("k-sweep", _png(plots.k_sweep_curve(summary))))
+        rest.append(("failure decomposition", _png(plots.failure_bars(summary))))
+    for path in score_files:
+        scores = HeadScores.load(path)
+        first.append((f"{path.stem} heatmap", _png(plots.score_heatmap(scores.scores, path.stem))))
+        rest.append((f"{path.stem} distribution", _png(plots.score_distribution(scores.scores))))
+    if (run / "head_scan.csv").exists():
+        first.append(("score vs single-head damage", _png(plots.score_damage_scatter(pd.read_csv(run / "head_scan.csv")))))
+    for path in sorted((run / "overlays").glob("*.png")):
+        first.append((f"attention overlay {path.stem}", path.read_bytes()))
     if (run / "design_space.csv").exists():
-        figures.append(("design space", _png(plots.design_space_bars(pd.read_csv(run / "design_space.csv")))))
+        rest.append(("design space", _png(plots.design_space_bars(pd.read_csv(run / "design_space.csv")))))
     if (run / "cross_masking.csv").exists():
-        figures.append(("cross-model masking", _png(plots.cross_masking_curves(pd.read_csv(run / "cross_masking.csv")))))
-    return figures
+        rest.append(("cross-model masking", _png(plots.cross_masking_curves(pd.read_csv(run / "cross_masking.csv")))))
+    return first + rest
+
+
+def read_grading(path: Path) -> pd.DataFrame:
+    """``positive_control.grading_table`` of a ``grading.csv`` read back (its rank lists are stored as text)."""
+    from vrh_interp.positive_control import grading_table
+
+    grading = pd.read_csv(path)
+    for column in ("planted_ranks", "decoy_ranks", "top"):
+        if column in grading:
+            grading[column] = grading[column].map(lambda v: ast.literal_eval(v) if isinstance(v, str) else v)
+    return grading_table(grading)
+
+
+def _positive_control(run: Path) -> tuple[str, pd.DataFrame] | None:
+    """The positive control's sentence and grading table, when the run folder holds them."""
+    folder = run / POSITIVE_CONTROL
+    if not (folder / "positive_control.json").exists():
+        return None
+    from vrh_interp.positive_control import describe
+
+    outcome = json.loads((folder / "positive_control.json").read_text(encoding="utf-8"))
+    grading = read_grading(folder / "grading.csv") if (folder / "grading.csv").exists() else pd.DataFrame()
+    return describe(outcome), grading
+
+
+def _html_table(table: pd.DataFrame) -> str:
+    return table.to_html(index=False, float_format=lambda v: f"{v:.3f}", classes="table", border=0)
 
 
 def write_report(run: Path) -> dict[str, Path]:
@@ -65,16 +109,25 @@ def write_report(run: Path) -> dict[str, Path]:
     tables = [(title, _read_table(run / name)) for name, title in TABLES if (run / name).exists()]
     tables = [(title, table) for title, table in tables if not table.empty]
     figures = _figures(run)
-    if not tables and not figures:
+    control = _positive_control(run)
+    if not tables and not figures and control is None:
         raise FileNotFoundError(f"{run} holds no vrh-interp results (scores-*.json, sweep_summary.csv, ...)")
     figure_dir = run / "figures"
     figure_dir.mkdir(exist_ok=True)
     md = [f"# vrh-interp report: {run.name}", ""]
     body = [f"<h1>vrh-interp report: {html.escape(run.name)}</h1>"]
-    for title, table in tables:
-        md += [f"## {title}", "", markdown_table(table), ""]
-        body.append(f"<h2>{html.escape(title)}</h2>" + table.to_html(index=False, float_format=lambda v: f"{v:.3f}",
-                                                                      classes="table", border=0))
+    if control is not None:
+        sentence, grading = control
+        md += ["## Positive control: the pipeline on a model whose retrieval heads are known", "", sentence, ""]
+        body.append("<section id='positive-control'><h2>Positive control: the pipeline on a model whose retrieval "
+                    f"heads are known</h2><p>{html.escape(sentence)}</p>")
+        if not grading.empty:
+            md += ["Detection graded against the planted heads:", "", markdown_table(grading), ""]
+            body.append("<p>Detection graded against the planted heads:</p>" + _html_table(grading))
+        body.append("</section>")
+    if figures:
+        md += ["## Figures", ""]
+        body.append("<h2>Figures</h2>")
     for name, png in figures:
         slug = "".join(c if c.isalnum() else "_" for c in name)
         (figure_dir / f"{slug}.png").write_bytes(png)
@@ -82,10 +135,17 @@ def write_report(run: Path) -> dict[str, Path]:
         data = base64.b64encode(png).decode()
         body.append(f"<figure><img alt='{html.escape(name)}' src='data:image/png;base64,{data}'/>"
                     f"<figcaption>{html.escape(name)}</figcaption></figure>")
+    if tables:
+        body.append("<h2>Tables</h2>")
+    for index, (title, table) in enumerate(tables):
+        md += [f"## {title}", "", markdown_table(table), ""]
+        body.append(f"<details{' open' if index == 0 else ''}><summary>{html.escape(title)}</summary>"
+                    f"{_html_table(table)}</details>")
     # wide tables (the sweep summaries) scroll inside their own box instead of widening the page
     style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse;"
              "font-size:12px;display:block;overflow-x:auto}td,th{padding:2px 6px;border-bottom:1px solid #ddd}"
-             "img{max-width:100%}")
+             "img{max-width:100%}summary{font-weight:bold;cursor:pointer;margin:0.8em 0}"
+             "#positive-control{border-left:4px solid #4a4;padding-left:1em}")
     page = f"<!doctype html><html><head><meta charset='utf-8'><title>vrh-interp report</title><style>{style}</style>" \
            f"</head><body>{''.join(body)}</body></html>"
     (run / "report.html").write_text(page, encoding="utf-8")

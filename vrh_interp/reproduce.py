@@ -11,8 +11,9 @@ Steps (Appendix E, H, J of the paper), each resumable from the records it writes
    20} is capped at half the model's head count (``capped_ks``), the most for which k random heads still
    exist outside the top k, and at the largest k whose layer-matched control can be drawn
    (``evaluation.sweep.largest_usable_k``: a layer holding more than half its heads in the top k cannot);
-4. the functional-specificity split of every condition into correct / mislocation / parse failure
-   (``failure_split.csv``);
+4. the functional-specificity split of every condition into correct / parse failure / mislocation, the
+   mislocations split into boxed another annotated object / boxed no object where the loader lists the
+   image's other objects (``failure_split.csv``, ``evaluation.sweep.failure_counts``);
 5. with VQA specs, Table 3: the top-``vqa_k`` heads (20, capped like k) vs ``vqa_k`` random heads on each
    benchmark (``vqa/``, ``vqa_summary.csv``, ``vqa_table.csv``).
 
@@ -38,7 +39,8 @@ import pandas as pd
 from vrh_interp.datasets.samples import VQASample
 from vrh_interp.datasets.splits import PAPER_DETECTION_COUNT, detection_split
 from vrh_interp.datasets.vqa_sweep import VQASweepResult, vqa_sweep, vqa_sweep_from_run
-from vrh_interp.evaluation.sweep import SweepResult, largest_usable_k, sweep, sweep_from_run
+from vrh_interp.evaluation.sweep import (CONTROL_KINDS, SweepResult, failure_counts, largest_usable_k, sweep,
+                                         sweep_from_run)
 from vrh_interp.merge import ShardMergeError, check_shards_together, merge_runs, read_shard_folder
 from vrh_interp.runs import RunFolder, write_json_atomic
 from vrh_interp.scoring.detect import score_heads
@@ -59,20 +61,22 @@ def capped_ks(ks: Sequence[int], total_heads: int, usable: int | None = None) ->
 
 
 def failure_split(result: SweepResult) -> pd.DataFrame:
-    """Per condition (random seeds also pooled): counts and rates of correct, mislocation, parse failure."""
-    records = result.records.assign(correct=result.records["iou"] >= result.iou_threshold)
+    """Per condition, and per control kind and k with its sets pooled (``seed="all"``): counts and rates of the
+    sweep's failure decomposition (``evaluation.sweep.failure_counts``): correct, parse failure, mislocation,
+    and where the samples list their objects the mislocations split into boxed another object / boxed no
+    object (NaN otherwise)."""
+    records = result.records
     groups = [(c.key, c.kind, c.k, c.seed, records[records["condition"] == c.key]) for c in result.conditions]
-    for k in sorted({c.k for c in result.conditions if c.kind == "random"}):
-        groups.append((f"random:k={k}:seed=all", "random", k, "all",
-                       records[records["condition"].str.startswith(f"random:k={k}:")]))
+    for kind in CONTROL_KINDS:
+        for k in sorted({c.k for c in result.conditions if c.kind == kind}):
+            keys = [c.key for c in result.conditions if c.kind == kind and c.k == k]
+            groups.append((f"{kind}:k={k}:seed=all", kind, k, "all", records[records["condition"].isin(keys)]))
     rows = []
     for key, kind, k, seed, part in groups:
-        counts = {"correct": int(part["correct"].sum()),
-                  "mislocation": int((part["parsed"] & ~part["correct"]).sum()),
-                  "parse_failure": int((~part["parsed"]).sum())}
-        rows.append({"key": key, "condition": kind, "k": k, "seed": seed, "n": len(part), **counts,
-                     **{f"{name}_rate": count / len(part) if len(part) else float("nan")
-                        for name, count in counts.items()}})
+        counts = failure_counts(part, result.iou_threshold)
+        n = counts.pop("n")
+        rows.append({"key": key, "condition": kind, "k": k, "seed": seed, "n": n, **counts,
+                     **{f"{name}_rate": count / n if n else float("nan") for name, count in counts.items()}})
     return pd.DataFrame(rows)
 
 

@@ -26,12 +26,13 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from vrh_interp.evaluation.sweep import (DEFAULT_RANDOM_SEEDS, Condition, SweepResult, control_conditions,
-                                         run_conditions)
+from vrh_interp.evaluation.sweep import (DEFAULT_RANDOM_SEEDS, Condition, SweepResult, ablation_for,
+                                         control_conditions, run_conditions)
 from vrh_interp.heads import HeadGeometry, HeadSet
 from vrh_interp.model import VLM
 from vrh_interp.samples import GroundingSampleLike
 from vrh_interp.scoring.scores import HeadScores
+from vrh_interp.templates.ablation import AblationValues
 from vrh_interp.templates.transfer import IncompatibleHeadGridError, TransferMapping, transfer_heads
 
 
@@ -44,6 +45,21 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float:
     if ra.std() == 0 or rb.std() == 0:
         return float("nan")
     return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def spearman_permutation_p(a: np.ndarray, b: np.ndarray, *, permutations: int = 10000, seed: int = 0) -> float:
+    """One-sided permutation p-value of Spearman's rho of ``a`` and ``b`` being this large by chance:
+    (1 + #pairings with rho >= the observed) / (1 + permutations), ``b``'s ranks shuffled (seeded). NaN when
+    rho is undefined (no variation)."""
+    ra, rb = _ranks(np.asarray(a, dtype=float)), _ranks(np.asarray(b, dtype=float))
+    if ra.std() == 0 or rb.std() == 0:
+        return float("nan")
+    za, zb = (ra - ra.mean()) / ra.std(), (rb - rb.mean()) / rb.std()
+    observed = float(np.mean(za * zb))
+    rng = np.random.default_rng(seed)
+    shuffled = np.array([zb[rng.permutation(len(zb))] for _ in range(permutations)])
+    null = shuffled @ za / len(za)
+    return float((1 + np.sum(null >= observed - 1e-12)) / (1 + permutations))
 
 
 def kendall_tau_b(a: np.ndarray, b: np.ndarray) -> float:
@@ -87,8 +103,9 @@ def same_grid(a: HeadGeometry, b: HeadGeometry) -> bool:
 
 
 def cross_conditions(own: HeadSet, transferred: HeadSet, geometry: HeadGeometry, ks: Sequence[int],
-                     random_seeds: Sequence[int] = DEFAULT_RANDOM_SEEDS) -> list[Condition]:
-    """The conditions run in one model: baseline, then per k > 0 own top-k, transferred top-k, the random sets.
+                     random_seeds: Sequence[int] = DEFAULT_RANDOM_SEEDS, *, ablation: str = "zero") -> list[Condition]:
+    """The conditions run in one model: baseline, then per k > 0 own top-k, transferred top-k, the random sets
+    (all masked with ``ablation``; the baseline masks nothing).
 
     ``own`` and ``transferred`` are rankings (best first) in this model's head grid.
     """
@@ -102,10 +119,11 @@ def cross_conditions(own: HeadSet, transferred: HeadSet, geometry: HeadGeometry,
     detected = own[: ks[-1]].union(transferred[: ks[-1]]) if ks else HeadSet()
     conditions = [Condition("baseline", 0, None, HeadSet())]
     for k in ks:
-        conditions.append(Condition("own", k, None, own[:k]))
-        conditions.append(Condition("transferred", k, None, transferred[:k]))
+        conditions.append(Condition("own", k, None, own[:k], ablation))
+        conditions.append(Condition("transferred", k, None, transferred[:k], ablation))
         try:
-            conditions += control_conditions(geometry, detected, k, None, random_seeds, matched=False)
+            conditions += control_conditions(geometry, detected, k, None, random_seeds, matched=False,
+                                             ablation=ablation)
         except ValueError as error:
             raise ValueError(f"k={k}: {error} (the top {ks[-1]} heads of both rankings, {len(detected)} heads); "
                              "pass smaller ks") from None
@@ -137,14 +155,18 @@ def cross_masking(vlm_a: VLM, vlm_b: VLM, scores_a: HeadScores | HeadSet, scores
                   random_seeds: Sequence[int] = DEFAULT_RANDOM_SEEDS, labels: tuple[str, str] = ("A", "B"),
                   mapping: TransferMapping = "identity", iou_threshold: float = 0.5, batch_size: int = 8,
                   max_new_tokens: int = 24, run_dir: str | Path | None = None,
-                  progress: bool = True, remote: bool | str = False) -> CrossMaskingResult:
+                  progress: bool = True, remote: bool | str = False, ablation: str = "zero",
+                  ablation_values: tuple[AblationValues | None, AblationValues | None] = (None, None)
+                  ) -> CrossMaskingResult:
     """k-sweep of own, transferred and random heads masked in each model of a pair (the paper's Fig. 7).
 
     ``scores_a`` / ``scores_b`` are each model's head scores (or rankings). A's ranking is carried into B's
     grid with ``transfer_heads(..., mapping)`` and vice versa; with the default ``"identity"`` the grids
     must be equal (``IncompatibleHeadGridError`` otherwise). The evaluation samples must be disjoint from
     both models' detection samples. ``run_dir`` holds one resumable run folder per masked model
-    (``masked_in_<label>``). ``remote`` is passed to ``run_conditions`` for both models.
+    (``masked_in_<label>``). ``remote`` is passed to ``run_conditions`` for both models. ``ablation`` "mean" or
+    "resample" needs each model's own reference outputs, ``ablation_values=(values_a, values_b)``
+    (``evaluation.grounding.ablation_values`` of each model on its detection samples).
     """
     if labels[0] == labels[1]:
         raise ValueError(f"the two models need different labels, got {labels}")
@@ -164,17 +186,18 @@ def cross_masking(vlm_a: VLM, vlm_b: VLM, scores_a: HeadScores | HeadSet, scores
         raise ValueError(f"labels {labels} map to the same run folder name {folders[0]!r}")
     # every condition first (a grid mismatch fails before any grounding), then A's model, then B's
     plan = []
-    for target, source, own, other, label, other_label, folder in (
-            (vlm_a, vlm_b, rankings[0], rankings[1], labels[0], labels[1], folders[0]),
-            (vlm_b, vlm_a, rankings[1], rankings[0], labels[1], labels[0], folders[1])):
+    for target, source, own, other, label, other_label, folder, values in (
+            (vlm_a, vlm_b, rankings[0], rankings[1], labels[0], labels[1], folders[0], ablation_values[0]),
+            (vlm_b, vlm_a, rankings[1], rankings[0], labels[1], labels[0], folders[1], ablation_values[1])):
         transferred = transfer_heads(other, source.geometry, target.geometry, mapping)
-        plan.append((target, label, other_label, folder, cross_conditions(own, transferred, target.geometry, ks,
-                                                                          random_seeds)))
+        ablation_for(ablation, values, target.geometry)  # a missing or mismatched reference fails before any run
+        plan.append((target, label, other_label, folder, values,
+                     cross_conditions(own, transferred, target.geometry, ks, random_seeds, ablation=ablation)))
     results, sources = {}, {}
-    for target, label, other_label, folder, conditions in plan:
+    for target, label, other_label, folder, values, conditions in plan:
         results[label] = run_conditions(target, eval_samples, conditions, iou_threshold=iou_threshold,
                                         batch_size=batch_size, max_new_tokens=max_new_tokens, progress=progress,
-                                        remote=remote,
+                                        remote=remote, ablation_values=values if ablation != "zero" else None,
                                         run_dir=None if run_dir is None else Path(run_dir) / f"masked_in_{folder}")
         sources[label] = other_label
     return CrossMaskingResult(results=results, sources=sources)

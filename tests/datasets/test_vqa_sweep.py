@@ -83,3 +83,44 @@ def test_vqa_sweep_table_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPa
                         progress=False)
     assert resumed.records.sort_values(["condition", "sample_id"]).reset_index(drop=True).equals(
         records.sort_values(["condition", "sample_id"]).reset_index(drop=True))
+
+
+@pytest.mark.parametrize("family", ["llava", "qwen2_vl"])
+@pytest.mark.parametrize("kind", ["mean", "resample"])
+def test_vqa_mean_and_resample_ablation_equal_the_hook_reference(family: str, kind: str) -> None:
+    """VQA answers with heads mean / resample ablated equal greedy generation under the plain-hook reference
+    (visual tokens found by the image token id, slices replaced position by position; tests/reference.py);
+    the sweep keys its masked conditions by kind and refuses mean / resample without reference values."""
+    import torch
+
+    from tests.reference import reference_segments, replaced_heads
+    from tests.test_ablation_kinds import _reference_tables, _reference_values
+    from vrh_interp.datasets.synthetic_vqa import synthetic_vqa
+    from vrh_interp.datasets.vqa_sweep import answer_batch
+    from vrh_interp.evaluation.grounding import ablation_values
+    from vrh_interp.sources import synthetic_samples
+    from vrh_interp.templates.ablation import Ablation
+
+    vlm = tiny_vlm(family)
+    reference = synthetic_samples("detect", 4)
+    values = ablation_values(vlm, reference, batch_size=3)
+    samples = synthetic_vqa("eval", 2)[:3]
+    heads = HeadSet([Head(0, 1), Head(vlm.geometry.num_layers - 1, 0)])
+    got = answer_batch(vlm, samples, heads, max_new_tokens=4, ablation=Ablation(kind, values))
+    sums, counts = _reference_values(vlm, reference)
+    tables = _reference_tables(kind, values.sample_ids, sums, counts, [s.sample_id for s in samples],
+                               heads.by_layer())
+    encoding = vlm.adapter.encode(vlm.processor, [s.image for s in samples],
+                                  [vqa_prompt(vlm, s) for s in samples]).to(vlm.device)
+    length = int(encoding["input_ids"].shape[1])
+    with torch.no_grad(), replaced_heads(vlm.hf_model, heads.by_layer(), tables,
+                                         reference_segments(vlm.hf_model, encoding, length)):
+        want = vlm.hf_model.generate(**encoding, max_new_tokens=4, do_sample=False)
+    assert got == vlm.decode_answers(want, length)
+    assert got != answer_batch(vlm, samples, HeadSet(), max_new_tokens=4) or kind == "resample"
+    result = vqa_sweep(vlm, samples, heads, random_seeds=(0,), matched=False, progress=False, ablation=kind,
+                       ablation_values=values)
+    assert [c.key for c in result.conditions] == ["baseline:k=0", f"top:k=2:ablation={kind}",
+                                                  f"random:k=2:seed=0:ablation={kind}"]
+    with pytest.raises(ValueError, match=f"{kind} ablation needs reference outputs"):
+        vqa_sweep(vlm, samples, heads, random_seeds=(0,), progress=False, ablation=kind)

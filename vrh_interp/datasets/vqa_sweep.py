@@ -4,9 +4,10 @@ Conditions: the unmasked baseline, the given head set (``heads``, e.g. the top-2
 and, per seed (default 20 seeds), ``len(heads)`` random heads (``evaluation.sweep.random_control``, optionally
 excluding layer 0) and, with ``matched``, as many heads per layer as ``heads`` has
 (``evaluation.sweep.layer_matched_control``), all drawn outside ``detected`` (default: ``heads``). Heads are
-zero-ablated at every generation step (greedy decoding, the model's chat template via ``vqa_prompt``); each
-response is scored by the sample's deterministic scorer (``vrh_interp.datasets.vqa``). Conditions masking
-the same head set are answered once (the later ones copy the answers).
+ablated at every generation step (zero by default; ``ablation="mean" | "resample"`` with ``ablation_values``;
+greedy decoding, the model's chat template via ``vqa_prompt``); each response is scored by the sample's
+deterministic scorer (``vrh_interp.datasets.vqa``). Conditions masking the same head set are answered once
+(the later ones copy the answers).
 
 Every (benchmark, sample, condition) answer is a record in ``run_dir`` (resumable like the grounding sweep).
 ``summary()`` gives one row per benchmark x condition with bootstrap CIs and an exact McNemar test against
@@ -36,13 +37,14 @@ from vrh_interp.datasets.vqa import score_response
 from vrh_interp.datasets.vqa_prompt import vqa_prompt
 from vrh_interp.evaluation.statistics import bootstrap_ci, mcnemar_exact
 from vrh_interp.evaluation.sweep import (CONTROL_KINDS, DEFAULT_RANDOM_SEEDS, QUANTILE_COLUMNS, Condition,
-                                         condition_order, control_conditions, head_signature, set_level_rows,
-                                         total_heads_of)
+                                         ablation_for, condition_order, control_conditions, head_signature,
+                                         set_level_rows, total_heads_of)
 from vrh_interp.heads import HeadGeometry, HeadSet
 from vrh_interp.model import VLM
 from vrh_interp.provenance import model_provenance
 from vrh_interp.runs import RecordLog, RunFolder, whole_run_manifest
 from vrh_interp.shards import Shard, shard_config
+from vrh_interp.templates.ablation import ZERO_ABLATION, Ablation, AblationValues
 
 TABLE_ROWS: dict[str, str] = {"baseline": "Baseline", "random": "Random", "matched": "Layer-matched", "top": "VRH"}
 RECORD_COLUMNS: list[str] = ["benchmark", "sample_id", "condition", "kind", "k", "seed", "response", "prediction",
@@ -51,16 +53,17 @@ RECORD_COLUMNS: list[str] = ["benchmark", "sample_id", "condition", "kind", "k",
 
 def vqa_conditions(geometry: HeadGeometry, heads: HeadSet, random_seeds: Sequence[int] = DEFAULT_RANDOM_SEEDS, *,
                    detected: HeadSet | None = None, exclude_first_layer: bool = False,
-                   matched: bool = True) -> list[Condition]:
-    """Baseline, ``heads`` ("top"), then the random and (``matched``) layer-matched sets, one per seed."""
+                   matched: bool = True, ablation: str = "zero") -> list[Condition]:
+    """Baseline, ``heads`` ("top"), then the random and (``matched``) layer-matched sets, one per seed, masked
+    with ``ablation`` (the baseline masks nothing)."""
     heads = geometry.validate(heads)
     conditions = [Condition("baseline", 0, None, HeadSet())]
     if len(heads):
         excluded = heads.union(detected) if detected is not None else heads
-        conditions.append(Condition("top", len(heads), None, heads))
+        conditions.append(Condition("top", len(heads), None, heads, ablation))
         try:
             conditions += control_conditions(geometry, excluded, len(heads), heads, random_seeds, matched=matched,
-                                             exclude_first_layer=exclude_first_layer)
+                                             exclude_first_layer=exclude_first_layer, ablation=ablation)
         except ValueError as error:
             raise ValueError(f"VQA controls for {len(heads)} masked heads: {error}. Mask fewer heads"
                              + (", or leave the layer-matched control out (matched=False)" if matched else "")
@@ -69,11 +72,18 @@ def vqa_conditions(geometry: HeadGeometry, heads: HeadSet, random_seeds: Sequenc
 
 
 def answer_batch(vlm: VLM, samples: Sequence[VQASample], heads: HeadSet, *, max_new_tokens: int,
-                 remote: bool | str = False) -> list[str]:
-    """Greedy responses to one batch of VQA samples with ``heads`` zero-ablated at every step."""
+                 ablation: Ablation = ZERO_ABLATION, remote: bool | str = False) -> list[str]:
+    """Greedy responses to one batch of VQA samples with ``heads`` ablated (``ablation``) at every step. Mean
+    and resample ablation replace outputs per position segment; the visual segment comes from the family's
+    layout of each row's image (``interventions.encoding_segments``)."""
     prompts = [vqa_prompt(vlm, s) for s in samples]
     encoding = vlm.adapter.encode(vlm.processor, [s.image for s in samples], prompts).to(vlm.device)
-    templates = [iv.head_ablation(vlm, heads)] if len(heads) else []
+    templates = []
+    if len(heads):
+        segments = None if ablation.kind == "zero" else \
+            iv.encoding_segments(vlm, encoding, [s.image.size for s in samples])
+        templates = [iv.head_ablation(vlm, heads, ablation, segments=segments,
+                                      sample_ids=[s.sample_id for s in samples])]
     result = iv.run_generate(vlm, encoding, templates, max_new_tokens=max_new_tokens, remote=remote)
     return vlm.decode_answers(result.ids, int(encoding["input_ids"].shape[1]))
 
@@ -139,8 +149,13 @@ def vqa_sweep(vlm: VLM, samples: Sequence[VQASample], heads: HeadSet, *,
               random_seeds: Sequence[int] = DEFAULT_RANDOM_SEEDS, matched: bool = True,
               detected: HeadSet | None = None, exclude_first_layer: bool = False, batch_size: int = 8,
               run_dir: str | Path | None = None, progress: bool = True,
-              remote: bool | str = False, shard: Shard | None = None) -> VQASweepResult:
+              remote: bool | str = False, shard: Shard | None = None, ablation: str = "zero",
+              ablation_values: AblationValues | None = None) -> VQASweepResult:
     """Answer every sample unmasked, with ``heads`` masked and with the controls; resumable via ``run_dir``.
+
+    ``ablation``: "zero" (the paper's), "mean" or "resample"; the latter two need ``ablation_values``
+    (``evaluation.grounding.ablation_values`` on the grounding detection samples: a head's mean output per
+    segment while grounding; its fingerprint goes into the run folder's manifest).
 
     With ``shard``, only that shard of each benchmark's samples is answered and the result holds those records.
     """
@@ -152,11 +167,14 @@ def vqa_sweep(vlm: VLM, samples: Sequence[VQASample], heads: HeadSet, *,
     if len(set(keys)) != len(keys):
         raise ValueError("VQA samples must have unique (benchmark, sample_id) pairs")
     conditions = vqa_conditions(vlm.geometry, heads, random_seeds, detected=detected,
-                                exclude_first_layer=exclude_first_layer, matched=matched)
+                                exclude_first_layer=exclude_first_layer, matched=matched, ablation=ablation)
+    masking = ablation_for(ablation, ablation_values, vlm.geometry)
     benchmarks = list(dict.fromkeys(s.benchmark for s in samples))
     config = {"kind": "vqa_sweep", "model": model_provenance(vlm),
               "samples": {b: [s.sample_id for s in samples if s.benchmark == b] for b in benchmarks},
               "conditions": {c.key: c.heads.to_list() for c in conditions}}
+    if ablation_values is not None:
+        config["ablation_values"] = ablation_values.fingerprint()
     log = RunFolder(run_dir, shard_config(config, shard, batch_size)).log("vqa_records") \
         if run_dir is not None else None
     mine = {b: [s for s in samples if s.benchmark == b] for b in benchmarks}
@@ -180,8 +198,7 @@ def vqa_sweep(vlm: VLM, samples: Sequence[VQASample], heads: HeadSet, *,
                 chunk = todo[start: start + batch_size]
                 fresh = [s for s in chunk if (benchmark, s.sample_id) not in known]
                 if fresh:
-                    # TODO(lead): pass the ablation kind (condition.ablation) to answer_batch once masking takes it
-                    responses = answer_batch(vlm, fresh, condition.heads, remote=remote,
+                    responses = answer_batch(vlm, fresh, condition.heads, remote=remote, ablation=masking,
                                              max_new_tokens=max(s.max_new_tokens for s in fresh))
                     known.update({(benchmark, s.sample_id): r for s, r in zip(fresh, responses)})
                 new = []

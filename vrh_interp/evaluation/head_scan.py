@@ -96,23 +96,13 @@ class HeadScanResult:
         return spearman(table["score"].to_numpy(dtype=float), table["drop"].to_numpy(dtype=float))
 
     def scatter(self, *, label_top: int = 5, title: str | None = None) -> Any:
-        """Score vs accuracy drop, one dot per head, the ``label_top`` best-scored heads named (matplotlib)."""
+        """Score vs accuracy drop, one dot per head, the ``label_top`` best-scored heads named
+        (``plots.score_damage_scatter``)."""
         if self.scores is None:
             raise ValueError("the scatter plots scores against damage: pass scores= to head_scan / head_scan_from_run")
-        from vrh_interp.plots import _figure
+        from vrh_interp.plots import score_damage_scatter
 
-        table = self.table()
-        fig, ax = _figure()
-        ax.scatter(table["score"], table["drop"], s=14, color="tab:blue", alpha=0.7)
-        for row in table.head(label_top).itertuples():
-            ax.annotate(row.head, (row.score, row.drop), fontsize=7, xytext=(3, 3), textcoords="offset points")
-        ax.axhline(0, color="grey", linewidth=0.8, linestyle="--")
-        ax.set_xlabel("head score")
-        ax.set_ylabel("accuracy drop when masked alone")
-        ax.set_title(title or f"score vs single-head damage (Spearman {self.spearman():.2f}, {len(table)} heads, "
-                              f"n={int(table['n'].max())})")
-        fig.tight_layout()
-        return fig
+        return score_damage_scatter(self.table(), label_top=label_top, title=title)
 
 
 def head_scan(vlm: VLM, samples: Sequence[GroundingSampleLike], scores: HeadScores | None = None, *,
@@ -134,10 +124,9 @@ def head_scan(vlm: VLM, samples: Sequence[GroundingSampleLike], scores: HeadScor
             raise ValueError(f"{len(overlap)} scan samples were also used for detection (e.g. {overlap[:3]}): scan "
                              "on evaluation samples disjoint from the detection samples")
     conditions = scan_conditions(heads, geometry.num_heads, ablation.kind)
-    # the sweep runner takes the reference values of mean / resample ablation (issue 16: connected by the lead)
-    extra: dict[str, Any] = {} if ablation.kind == "zero" else {"ablation_values": ablation.values}
     result = run_conditions(vlm, samples, conditions, iou_threshold=iou_threshold, batch_size=batch_size,
-                            max_new_tokens=max_new_tokens, run_dir=run_dir, progress=progress, remote=remote, **extra)
+                            max_new_tokens=max_new_tokens, run_dir=run_dir, progress=progress, remote=remote,
+                            ablation_values=ablation.values)
     return HeadScanResult(result, scores)
 
 

@@ -54,6 +54,7 @@ from vrh_interp.runs import RecordLog, RunFolder, whole_run_manifest
 from vrh_interp.samples import GroundingSampleLike, as_box, check_samples
 from vrh_interp.scoring.scores import HeadScores
 from vrh_interp.shards import Shard, shard_config
+from vrh_interp.templates.ablation import ABLATION_KINDS, ZERO_ABLATION, Ablation, AblationValues
 
 RECORD_COLUMNS: list[str] = ["sample_id", "condition", "kind", "k", "seed", "answer", "parsed", "box", "iou",
                              "other_object_iou"]
@@ -190,7 +191,8 @@ def parse_ks(text: str | Iterable[int | str], total_heads: int) -> list[int]:
 def sweep_conditions(ranking: HeadSet, geometry: HeadGeometry, ks: Sequence[int],
                      random_seeds: Sequence[int] = DEFAULT_RANDOM_SEEDS, *, exclude_first_layer: bool = False,
                      matched: bool = True, ablation: str = "zero") -> list[Condition]:
-    """Baseline, then per k > 0 (ascending): top-k, the random sets, the layer-matched sets."""
+    """Baseline, then per k > 0 (ascending): top-k, the random sets, the layer-matched sets, all masked with
+    ``ablation`` (the baseline masks nothing and stays ``baseline:k=0`` whatever the kind)."""
     total = geometry.total_heads
     bad = [k for k in ks if not 0 <= k <= total]
     if bad:
@@ -198,7 +200,7 @@ def sweep_conditions(ranking: HeadSet, geometry: HeadGeometry, ks: Sequence[int]
     if len(set(ks)) != len(ks):
         raise ValueError(f"duplicate k values in {list(ks)}")
     detected = ranking[: max(ks)] if ks else HeadSet()
-    conditions = [Condition("baseline", 0, None, HeadSet(), ablation)]
+    conditions = [Condition("baseline", 0, None, HeadSet())]  # masks nothing: the same under every ablation kind
     for k in sorted(k for k in ks if k > 0):
         conditions.append(Condition("top", k, None, ranking[:k], ablation))
         try:
@@ -345,15 +347,31 @@ class SweepResult:
         return k / self.total_heads if self.total_heads else float("nan")
 
     def _rates(self, part: pd.DataFrame) -> dict[str, Any]:
-        wrong = part["parsed"].astype(bool) & ~part["correct"]
-        other = pd.to_numeric(part["other_object_iou"], errors="coerce")
-        known = not (wrong & other.isna()).any()
-        hit = wrong & (other >= self.iou_threshold)
-        return {"n": len(part), "mean_iou": float(part["iou"].mean()),
-                "parse_failure_rate": float((~part["parsed"].astype(bool)).mean()),
-                "mislocation_rate": float(wrong.mean()),
-                "other_object_rate": float(hit.mean()) if known else float("nan"),
-                "no_object_rate": float((wrong & ~hit).mean()) if known else float("nan")}
+        counts = failure_counts(part, self.iou_threshold)
+        n = counts["n"]
+        return {"n": n, "mean_iou": float(part["iou"].mean()),
+                **{f"{name}_rate": counts[name] / n if n else float("nan") for name in FAILURE_CATEGORIES[1:]}}
+
+
+FAILURE_CATEGORIES: tuple[str, ...] = ("correct", "parse_failure", "mislocation", "other_object", "no_object")
+
+
+def failure_counts(records: pd.DataFrame, iou_threshold: float) -> dict[str, Any]:
+    """The failure decomposition of some sweep records (columns ``parsed``, ``iou``, ``other_object_iou``):
+    ``n``, then counts of ``correct`` (IoU >= threshold), ``parse_failure`` (no box), ``mislocation`` (a box,
+    wrong), split into ``other_object`` (the box hits another annotated object at IoU >= the threshold) and
+    ``no_object``. The split is NaN when some mislocated record does not know the other objects (samples
+    without ``meta["object_boxes"]``, or records that predate the field): then only the two-way split holds."""
+    correct = records["iou"].astype(float) >= iou_threshold
+    parsed = records["parsed"].astype(bool)
+    wrong = parsed & ~correct
+    other = pd.to_numeric(records["other_object_iou"], errors="coerce") if "other_object_iou" in records \
+        else pd.Series(float("nan"), index=records.index)
+    known = not (wrong & other.isna()).any()
+    hit = wrong & (other >= iou_threshold)
+    return {"n": len(records), "correct": int(correct.sum()), "parse_failure": int((~parsed).sum()),
+            "mislocation": int(wrong.sum()), "other_object": int(hit.sum()) if known else float("nan"),
+            "no_object": int((wrong & ~hit).sum()) if known else float("nan")}
 
 
 def sweep(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], ranking: HeadScores | HeadSet, *,
@@ -362,10 +380,12 @@ def sweep(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], ranking: HeadSc
           detection_ids: Sequence[str] | None = None, exclude_first_layer: bool = False,
           iou_threshold: float = 0.5, batch_size: int = 8, max_new_tokens: int = 24,
           run_dir: str | Path | None = None, progress: bool = True, remote: bool | str = False,
-          shard: Shard | None = None) -> SweepResult:
+          shard: Shard | None = None, ablation: str = "zero",
+          ablation_values: AblationValues | None = None) -> SweepResult:
     """Mask the top-k heads of ``ranking``, ``len(random_seeds)`` random sets and (``matched``) as many
     layer-matched sets per k; ``ks`` are counts or percentages of all heads (``parse_ks``); ``shard`` runs one
-    shard (``run_conditions``)."""
+    shard (``run_conditions``). ``ablation``: "zero" (the paper's), "mean" or "resample", the latter two with
+    ``ablation_values`` (``evaluation.grounding.ablation_values`` on the detection samples)."""
     if isinstance(ranking, HeadScores):
         detection_ids = list(detection_ids or []) + list(ranking.sample_ids)
         head_ranking = ranking.ranking()
@@ -382,10 +402,25 @@ def sweep(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], ranking: HeadSc
     counts = parse_ks(ks, geometry.total_heads) if isinstance(ks, str) or any(isinstance(k, str) for k in ks) \
         else list(ks)
     conditions = sweep_conditions(head_ranking, geometry, counts, list(random_seeds),
-                                  exclude_first_layer=exclude_first_layer, matched=matched)
+                                  exclude_first_layer=exclude_first_layer, matched=matched, ablation=ablation)
     return run_conditions(vlm, eval_samples, conditions, iou_threshold=iou_threshold, batch_size=batch_size,
                           max_new_tokens=max_new_tokens, run_dir=run_dir, progress=progress, remote=remote,
-                          shard=shard)
+                          shard=shard, ablation_values=ablation_values)
+
+
+def ablation_for(kind: str, values: AblationValues | None, geometry: HeadGeometry | None = None) -> Ablation:
+    """The ``Ablation`` of ``kind``: "zero" ignores ``values``; "mean" and "resample" need them (checked against
+    ``geometry`` when given)."""
+    if kind not in ABLATION_KINDS:
+        raise ValueError(f"unknown ablation kind {kind!r}: use one of {', '.join(ABLATION_KINDS)}")
+    if kind == "zero":
+        return ZERO_ABLATION
+    if values is None:
+        raise ValueError(f"{kind} ablation needs reference outputs: pass ablation_values=ablation_values(vlm, "
+                         "detection_samples) (vrh_interp.evaluation.grounding; the CLI computes them for --ablation)")
+    if geometry is not None:
+        values.check(geometry)
+    return Ablation(kind, values)  # type: ignore[arg-type]
 
 
 def head_signature(cond: Condition) -> tuple[Any, ...]:
@@ -396,8 +431,13 @@ def head_signature(cond: Condition) -> tuple[Any, ...]:
 def run_conditions(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], conditions: Sequence[Condition], *,
                    iou_threshold: float = 0.5, batch_size: int = 8, max_new_tokens: int = 24,
                    run_dir: str | Path | None = None, progress: bool = True,
-                   remote: bool | str = False, shard: Shard | None = None) -> SweepResult:
+                   remote: bool | str = False, shard: Shard | None = None,
+                   ablation_values: AblationValues | None = None) -> SweepResult:
     """Greedy grounding of every sample under every condition, resumable through ``run_dir``.
+
+    Each condition masks its heads with its ``ablation`` kind; "mean" and "resample" need ``ablation_values``
+    (the reference outputs, ``evaluation.grounding.ablation_values`` on the detection samples), whose
+    fingerprint the run folder records, so resuming with other values is refused.
 
     Conditions that mask the same head set with the same ablation (independent control draws repeat sets
     on small models) are answered once: a later one's records copy the earlier one's answers. Each record
@@ -417,9 +457,13 @@ def run_conditions(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], condit
         raise ValueError(f"duplicate conditions: {keys}")
     if "baseline:k=0" not in keys:
         raise ValueError("conditions must include the unmasked baseline (Condition('baseline', 0, None, HeadSet()))")
+    ablations = {kind: ablation_for(kind, ablation_values, vlm.geometry)
+                 for kind in sorted({c.ablation for c in conditions})}
     config = {"kind": "sweep", "model": model_provenance(vlm), "sample_ids": [s.sample_id for s in eval_samples],
               "conditions": {c.key: c.heads.to_list() for c in conditions}, "max_new_tokens": max_new_tokens,
               "libraries": {k: v for k, v in library_versions().items() if k in ("transformers", "torch")}}
+    if ablation_values is not None:  # only when given: folders of zero-ablation runs keep their manifests
+        config["ablation_values"] = ablation_values.fingerprint()
     folder = RunFolder(run_dir, shard_config(config, shard, batch_size)) if run_dir is not None else None
     mine = shard.select(eval_samples, batch_size) if shard is not None else list(eval_samples)
     log = folder.log("sweep_records") if folder else None
@@ -440,8 +484,8 @@ def run_conditions(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], condit
             chunk = todo[start: start + batch_size]
             fresh = [s for s in chunk if s.sample_id not in known]
             if fresh:
-                # TODO(lead): pass ablation=cond.ablation to ground_batch once it takes the ablation kind
-                outcomes = ground_batch(vlm, fresh, heads=cond.heads, max_new_tokens=max_new_tokens, remote=remote)
+                outcomes = ground_batch(vlm, fresh, heads=cond.heads, ablation=ablations[cond.ablation],
+                                        max_new_tokens=max_new_tokens, remote=remote)
                 for sample, outcome in zip(fresh, outcomes):
                     known[sample.sample_id] = {**outcome.as_dict(),
                                                "other_object_iou": other_object_iou(sample, outcome.box)}

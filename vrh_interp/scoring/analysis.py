@@ -26,6 +26,7 @@ from vrh_interp.samples import GroundingSampleLike
 from vrh_interp.scoring.collect import SampleStats
 from vrh_interp.scoring.design import PRESETS, ScoringDesign, design_space_variants
 from vrh_interp.scoring.detect import scores_from_stats
+from vrh_interp.templates.ablation import AblationValues
 
 
 def design_variants(include_presets: bool = True) -> dict[str, ScoringDesign]:
@@ -60,9 +61,9 @@ def _grid(stats: Sequence[SampleStats]) -> HeadGeometry:
 
 
 def design_space_plan(stats: Sequence[SampleStats], *, k: int = 20, variants: dict[str, ScoringDesign] | None = None,
-                      random_seeds: Sequence[int] = DEFAULT_RANDOM_SEEDS) -> DesignSpacePlan:
+                      random_seeds: Sequence[int] = DEFAULT_RANDOM_SEEDS, ablation: str = "zero") -> DesignSpacePlan:
     """Score every variant from ``stats``; variants whose top-k sets coincide share one condition; one random
-    set of k heads per seed, outside the union of all variants' top-k."""
+    set of k heads per seed, outside the union of all variants' top-k; every set masked with ``ablation``."""
     variants = variants or design_variants()
     rankings: dict[str, HeadSet] = {}
     undefined: list[str] = []
@@ -77,14 +78,15 @@ def design_space_plan(stats: Sequence[SampleStats], *, k: int = 20, variants: di
     for name, heads in rankings.items():
         signature = tuple(sorted(heads))
         if signature not in by_heads:
-            cond = Condition(f"variant{len(by_heads)}", k, None, heads)
+            cond = Condition(f"variant{len(by_heads)}", k, None, heads, ablation)
             by_heads[signature] = cond.key
             conditions.append(cond)
         key_of[name] = by_heads[signature]
     if random_seeds:
         detected = HeadSet(dict.fromkeys(h for heads in rankings.values() for h in heads))
         try:
-            conditions += control_conditions(_grid(stats), detected, k, None, random_seeds, matched=False)
+            conditions += control_conditions(_grid(stats), detected, k, None, random_seeds, matched=False,
+                                             ablation=ablation)
         except ValueError as error:
             raise ValueError(f"design space at k={k}: {error} (the union of the variants' top-{k}, {len(detected)} "
                              "heads); use a smaller k, or no random sets (random_seeds=(), --random-sets 0) to rank "
@@ -101,7 +103,8 @@ def design_space_table(plan: DesignSpacePlan, result: SweepResult) -> pd.DataFra
                          "k or variants)")
     summary = result.summary().set_index("key")
     baseline = float(summary.loc["baseline:k=0", "accuracy"])
-    random_key = f"random:k={plan.k}:seed=all"
+    ablation = next((c.ablation for c in plan.conditions if c.kind != "baseline"), "zero")
+    random_key = f"random:k={plan.k}:seed=all" + (f":ablation={ablation}" if ablation != "zero" else "")
     random_mean = float(summary.loc[random_key, "accuracy"]) if random_key in summary.index else float("nan")
     random_sets = int(summary.loc[random_key, "sets"]) if random_key in summary.index else 0
     rows = []
@@ -128,9 +131,11 @@ def design_space_from_run(run_dir: str | Path, *, variants: dict[str, ScoringDes
     from vrh_interp.scoring.detect import stats_from_run
 
     result = sweep_from_run(Path(run_dir) / "design_space")
-    k = next((c.k for c in result.conditions if c.kind != "baseline"), 0)
+    masked = [c for c in result.conditions if c.kind != "baseline"]
+    k = masked[0].k if masked else 0
     seeds = [c.seed for c in result.conditions if c.kind == "random"]
-    plan = design_space_plan(stats_from_run(Path(run_dir) / "detect"), k=k, variants=variants, random_seeds=seeds)
+    plan = design_space_plan(stats_from_run(Path(run_dir) / "detect"), k=k, variants=variants, random_seeds=seeds,
+                             ablation=masked[0].ablation if masked else "zero")
     return design_space_table(plan, result)
 
 
@@ -138,7 +143,8 @@ def design_space(vlm: VLM, stats: Sequence[SampleStats], eval_samples: Sequence[
                  variants: dict[str, ScoringDesign] | None = None,
                  random_seeds: Sequence[int] = DEFAULT_RANDOM_SEEDS, batch_size: int = 8, max_new_tokens: int = 24,
                  run_dir: str | Path | None = None, progress: bool = True,
-                 remote: bool | str = False) -> pd.DataFrame:
+                 remote: bool | str = False, ablation: str = "zero",
+                 ablation_values: AblationValues | None = None) -> pd.DataFrame:
     """Mask each variant's top-k heads on ``eval_samples``; rank variants by the accuracy drop they cause.
 
     One unmasked baseline is shared by all variants; variants whose top-k sets coincide are evaluated once;
@@ -147,13 +153,14 @@ def design_space(vlm: VLM, stats: Sequence[SampleStats], eval_samples: Sequence[
     ``run_conditions(vlm, eval_samples, design_space_plan(stats, k=k).conditions, shard=...)`` per shard, merge
     the folders (``merge_runs``) and pass ``sweep_from_run(merged)`` to ``design_space_table``. ``remote`` is
     passed to ``run_conditions`` (one request per batch per condition). Only this function runs the model: the
-    plan, the table and the stability analyses work on stored statistics.
+    plan, the table and the stability analyses work on stored statistics. ``ablation`` "mean" / "resample"
+    masks with ``ablation_values`` (``evaluation.grounding.ablation_values`` on the detection samples).
     """
     check_disjoint(stats, eval_samples)
-    plan = design_space_plan(stats, k=k, variants=variants, random_seeds=random_seeds)
+    plan = design_space_plan(stats, k=k, variants=variants, random_seeds=random_seeds, ablation=ablation)
     result = run_conditions(vlm, eval_samples, plan.conditions, batch_size=batch_size, max_new_tokens=max_new_tokens,
                             run_dir=None if run_dir is None else Path(run_dir) / "design_space", progress=progress,
-                            remote=remote)
+                            remote=remote, ablation_values=ablation_values)
     return design_space_table(plan, result)
 
 

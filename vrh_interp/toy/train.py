@@ -119,6 +119,7 @@ class TrainConfig:
     planted: tuple[str, ...] = ()
     decoys: tuple[str, ...] = ()
     attention_loss_weight: float = 0.0
+    leak_loss_weight: float = 1.0  # weight of the leak term inside the attention loss (planted.attention_loss)
     head_dropout: float = 0.0
     init_backbone: str | None = None  # trained toy checkpoint whose language backbone is loaded at stage 2
     warm_start: str | None = None  # trained toy checkpoint whose whole model starts a grounding-only run
@@ -658,7 +659,8 @@ def training_step(config: TrainConfig, model, heads, processor, optimizer, step:
             loss, stats = outputs.loss, {"answer_loss": outputs.loss.item()}
             if supervise_attention:  # grounding rows only (VQA rows follow them and take no part)
                 targets = planted.attention_targets(inputs["input_ids"], inputs["labels"], samples, model.config.image_token_id)
-                attention_loss, attention_stats = planted.attention_loss(outputs.attentions, targets, roles)
+                attention_loss, attention_stats = planted.attention_loss(outputs.attentions, targets, roles,
+                                                                         leak_weight=config.leak_loss_weight)
                 loss = loss + config.attention_loss_weight * attention_loss
                 stats.update(attention_stats)
             if probe:  # grounding rows, and with vqa_query_probe the one-object VQA rows (which follow them)
@@ -802,7 +804,7 @@ def ship(run_dir: Path, name: ModelName, lineage: str = "", checkpoint: str = "b
     (target / "training_log.json").write_text(json.dumps(log, indent=1))
     if config_from_json(selected["config"]).planted:  # the positive control: declare its heads, measure them
         measured = planted.measure(model, processor, HeadSet(selected["config"]["planted"]),
-                                   HeadSet(selected["config"]["decoys"]), n_scenes=PLANTED_MEASURE_SCENES)
+                                   HeadSet(selected["config"]["decoys"]), name=name, n_scenes=PLANTED_MEASURE_SCENES)
         planted.write_declaration(target, selected["config"]["planted"], selected["config"]["decoys"], measured)
     return log
 
