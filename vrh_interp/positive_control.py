@@ -56,7 +56,7 @@ def load_planted(device: str | None = None) -> Any:
     return wrap(model, processor, model_id="vrh-interp/toy-planted", remote_id="vrh-interp/toy-planted")
 
 
-def run_positive_control(out: Path, *, detect_scenes: int = 40, eval_scenes: int = 60, random_sets: int = 20,
+def run_positive_control(out: Path, *, detect_scenes: int = 20, eval_scenes: int = 30, random_sets: int = 20,
                          batch_size: int = 60, device: str | None = None, progress: bool = True) -> dict[str, Any]:
     """Detect, grade and sweep on ``toy:planted``; writes ``out/{grading.csv, sweep_summary.csv,
     positive_control.json}`` (resumable through ``out/detect`` and ``out/sweep``) and returns the summary."""

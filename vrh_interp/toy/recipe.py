@@ -92,9 +92,13 @@ RECIPES: dict[str, tuple[RecipeStage, ...]] = {
         _warm("b-vqa-3", "b", steps=1600, lr=2e-4, seed=3, vqa_scenes=8, vqa_query_probe=True, shipped_table="held_out"),  # run b5
     ),
     # the positive control: a first stage from the SHIPPED toy A's weights (MODEL_PRESETS["planted"].warm_start),
-    # then a warm restart with each head paying for its own leak (planted.attention_loss's leak_weight)
+    # then warm restarts with each head paying for its own leak (planted.attention_loss's leak_weight): the
+    # second cuts every other head off the image (grounding falls to ~0.3 while the answer learns to read P
+    # alone), the third relearns grounding from P at a higher learning rate
     "planted": (RecipeStage("planted", "planted", "scratch", dict(seed=0)),
                 RecipeStage("planted-2", "planted", "warm", dict(seed=1, grounding_steps=600, grounding_lr=3e-4,
+                                                                  leak_loss_weight=500.0, eval_every=200)),
+                RecipeStage("planted-3", "planted", "warm", dict(seed=2, grounding_steps=600, grounding_lr=1e-3,
                                                                   leak_loss_weight=500.0, eval_every=200), "held_out")),
 }
 
