@@ -226,5 +226,5 @@ def test_the_organism_starts_as_an_exact_copy_of_toy_a() -> None:
     assert len(new_slots) == 8
     for head in list(HeadSet(planted.PLANTED_HEADS)) + list(HeadSet(planted.DECOY_HEADS)):
         assert head.head in new_slots  # every planted/decoy head is made by the planting, not inherited
-    o_proj = model.model.language_model.layers[2].self_attn.o_proj.weight
+    o_proj = model.model.language_model.layers[2].self_attn.o_proj.weight.detach()
     assert float(o_proj.unflatten(1, (16, 16))[:, new_slots].abs().max()) == 0.0
