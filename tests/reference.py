@@ -151,13 +151,10 @@ def replaced_heads(model: Any, heads_by_layer: dict[int, list[int]], tables: dic
     (``[rows, 3, heads * head_dim]``): on a forward as long as ``segments`` each position's segment, on a
     one-token decode step the answer segment; padding untouched."""
     num_heads, head_dim = text_geometry(model)
-    handles = []
-    for layer, heads in heads_by_layer.items():
-        def pre_hook(_module: Any, args: tuple[Any, ...], heads: list[int] = heads,
-                     table: torch.Tensor = tables[layer]) -> tuple[Any, ...]:
-            x = args[0].clone()
-            b, s, _ = x.shape
-            view = x.view(b, s, num_heads, head_dim)
+
+    def replacer(heads: list[int], table: torch.Tensor) -> Any:
+        def edit(view: torch.Tensor) -> None:
+            b, s = view.shape[:2]
             if s == segments.shape[1]:
                 here = segments
             else:
@@ -170,11 +167,7 @@ def replaced_heads(model: Any, heads_by_layer: dict[int, list[int]], tables: dic
                     if segment != PAD:
                         for head in heads:
                             view[row, pos, head] = values[segment, head]
-            return (x, *args[1:])
+        return edit
 
-        handles.append(decoder_layers(model)[layer].self_attn.o_proj.register_forward_pre_hook(pre_hook))
-    try:
+    with edited_o_proj_inputs(model, {layer: replacer(heads, tables[layer]) for layer, heads in heads_by_layer.items()}):
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
