@@ -129,8 +129,23 @@ def test_demo_runs_end_to_end_on_tiny_models(tmp_path, capsys):
     assert set(sweep[sweep["seed"].astype(str) == "all"]["sets"]) == {2}
     assert vqa["majority_baseline"].between(0, 1).all()
     for name in ("report.html", "report.md", "sweep_summary.csv", "design_space.csv", "verdicts.csv", "transfer.csv",
-                 "vqa_summary.csv", "head_scan.png", "ablation_values.pt"):
+                 "vqa_summary.csv", "head_scan.png", "ablation_values.pt", "timing.csv", "plan.json"):
         assert (out / name).exists(), name
+    # the plan printed before step 1, progress per step, and the time per step in demo.json and the report
+    assert "plan for tiny:llava" in printed and "[0/10] calibration" in printed and "s left" in printed
+    record = json.loads((out / "demo.json").read_text())
+    assert [row["step"] for row in record["steps"]] == [str(n) for n in range(11)] + ["total"]
+    assert all(row["seconds"] >= 0 and row["planned_s"] >= 0 for row in record["steps"])
+    assert record["steps"][-1]["seconds"] <= record["seconds"] + 1 and record["budget_seconds"] == 180
+    assert record["rates"]["answer"] > 0 and record["evaluation_items"] == len(items)
+    assert "Time per step" in (out / "report.md").read_text()
+    timing = pd.read_csv(out / "timing.csv")
+    assert list(timing.columns) == ["step", "name", "work", "answers", "planned_s", "estimated_s", "seconds"]
+    # rerunning the same command resumes with the folder's plan; another request into it is refused at once
+    capsys.readouterr()
+    assert main(["demo", "--model", "tiny:llava", "--transfer-model", "tiny:llava", "--out", str(out), "--detect", "5",
+                 "--no-positive-control"]) == 2
+    assert "planned for another request (differs in explicit)" in capsys.readouterr().err
 
 
 def test_remote_flag_runs_detection_through_ndif_and_never_prints_the_key(tmp_path, capsys, monkeypatch):

@@ -91,8 +91,9 @@ def test_detection_killed_and_resumed_equals_uninterrupted(tmp_path):
 
 
 def test_sweep_killed_and_resumed_equals_uninterrupted(tmp_path):
-    # conditions: baseline, then per k top, random seed 0 and 1, matched seed 0 and 1; 4 samples each, so the
-    # 17th record is the first layer-matched answer: the kill lands in or after the new conditions
+    # conditions: baseline, then per k top, random seed 0 and 1, matched seed 0 and 1 (11), 4 samples in batches
+    # of 2; conditions are batched, so the first batch's 22 records arrive in one pass and the kill lands before
+    # the second batch's
     written = _kill_after_first_records("sweep", tmp_path / "killed", "sweep_records.jsonl", lines=17)
     assert 17 <= written < 44
     vlm = tiny_vlm(FAMILY)
@@ -188,18 +189,22 @@ SWEEP = dict(ks=(0, 1, 2), random_seeds=(0, 1), batch_size=2, max_new_tokens=3, 
 
 
 def test_remote_sweep_failing_mid_way_resumes_without_losing_or_repeating_answers(tmp_path):
-    """A remote-mode sweep (requests serialised as for NDIF) fails in its third condition; rerunning it resumes."""
+    """A remote-mode sweep (requests serialised as for NDIF, conditions batched 2 per generation) fails in its
+    second batch of samples; rerunning it resumes."""
     vlm = tiny_vlm(FAMILY)
     clean = synthetic_samples("eval", 5)
-    # read 1 is check_samples, then one read per condition: read 4 fails in the 3rd condition (random:k=1:seed=0)
-    samples = _on_flaky_storage(clean, clean[3].sample_id, fail_on=4)
+    # read 1 is check_samples, read 2 encodes the second batch (samples 2 and 3; each batch is encoded once and
+    # replicated across the conditions of every pass)
+    samples = _on_flaky_storage(clean, clean[3].sample_id, fail_on=2)
     with pytest.raises(DatasetError, match="connection reset"):
-        sweep(vlm, samples, vlm.geometry.all_heads(), run_dir=tmp_path / "run", remote="local", **SWEEP)
+        sweep(vlm, samples, vlm.geometry.all_heads(), run_dir=tmp_path / "run", remote="local", max_batch_rows=4,
+              **SWEEP)
     written = RecordLog(tmp_path / "run" / "sweep_records.jsonl").read()
-    # two whole conditions plus the batch before the failing one; the failing batch left nothing behind
-    assert len(written) == 2 * 5 + 2 and {r["condition"] for r in written[10:]} == {"random:k=1:seed=0"}
-    resumed = sweep(vlm, samples, vlm.geometry.all_heads(), run_dir=tmp_path / "run", remote="local", **SWEEP)
-    fresh = sweep(vlm, clean, vlm.geometry.all_heads(), **SWEEP)  # local, uninterrupted, no run folder
+    # every condition of the first batch (6 passes of 2 conditions); the failing batch left nothing
+    assert len(written) == 11 * 2 and {r["sample_id"] for r in written} == {s.sample_id for s in clean[:2]}
+    resumed = sweep(vlm, samples, vlm.geometry.all_heads(), run_dir=tmp_path / "run", remote="local",
+                    max_batch_rows=4, **SWEEP)
+    fresh = sweep(vlm, clean, vlm.geometry.all_heads(), max_batch_rows=2, **SWEEP)  # local, one condition a pass
     pd.testing.assert_frame_equal(resumed.records, fresh.records)
     pd.testing.assert_frame_equal(resumed.summary(), fresh.summary())
     log = RecordLog(tmp_path / "run" / "sweep_records.jsonl").read()
@@ -208,12 +213,12 @@ def test_remote_sweep_failing_mid_way_resumes_without_losing_or_repeating_answer
 
 def test_interrupted_shard_resumes_and_merges_into_the_unsharded_run(tmp_path):
     vlm = tiny_vlm(FAMILY)
-    clean = synthetic_samples("eval", 5)
+    clean = synthetic_samples("eval", 7)  # batches [0, 1] [2, 3] | [4, 5] [6]: shard 1/2 holds the last two
     whole = sweep(vlm, clean, vlm.geometry.all_heads(), run_dir=tmp_path / "whole", **SWEEP)
-    samples = _on_flaky_storage(clean, clean[4].sample_id, fail_on=6)  # shard 1/2 holds sample 4 (3rd batch)
+    samples = _on_flaky_storage(clean, clean[6].sample_id, fail_on=2)  # fails encoding shard 1's second batch
     with pytest.raises(DatasetError):
         sweep(vlm, samples, vlm.geometry.all_heads(), run_dir=tmp_path / "s1", shard=Shard(1, 2), **SWEEP)
-    assert len(RecordLog(tmp_path / "s1" / "sweep_records.jsonl").read()) == 4  # 4 conditions of 1 sample
+    assert len(RecordLog(tmp_path / "s1" / "sweep_records.jsonl").read()) == 11 * 2  # 11 conditions of 2 samples
     sweep(vlm, samples, vlm.geometry.all_heads(), run_dir=tmp_path / "s1", shard=Shard(1, 2), **SWEEP)
     sweep(vlm, clean, vlm.geometry.all_heads(), run_dir=tmp_path / "s0", shard=Shard(0, 2), **SWEEP)
     merge_runs(tmp_path / "merged", [tmp_path / "s0", tmp_path / "s1"])

@@ -315,15 +315,17 @@ def test_conditions_masking_the_same_heads_are_answered_once(monkeypatch):
     conditions = [Condition("baseline", 0, None, HeadSet()), Condition("top", 1, None, heads),
                   Condition("random", 1, 0, heads), Condition("random", 1, 1, HeadSet([Head(0, 3)]))]
     calls = []
-    real = sweep_module.ground_batch
+    real = sweep_module.ground_conditions
 
-    def counted(vlm, chunk, **kwargs):
-        calls.append(kwargs["heads"])
-        return real(vlm, chunk, **kwargs)
+    def counted(vlm, chunk, masks, **kwargs):
+        calls.extend(h for h, _ in masks)
+        return real(vlm, chunk, masks, **kwargs)
 
-    monkeypatch.setattr(sweep_module, "ground_batch", counted)
-    result = run_conditions(vlm, samples, conditions, max_new_tokens=3, progress=False)
-    assert calls == [HeadSet(), heads, HeadSet([Head(0, 3)])]  # random:k=1:seed=0 copies top:k=1
+    monkeypatch.setattr(sweep_module, "ground_conditions", counted)
+    for rows in (None, 1):  # conditions batched in one generation, and one condition per generation
+        calls.clear()
+        result = run_conditions(vlm, samples, conditions, max_new_tokens=3, progress=False, max_batch_rows=rows)
+        assert calls == [HeadSet(), heads, HeadSet([Head(0, 3)])]  # random:k=1:seed=0 copies top:k=1
     records = result.records.set_index(["condition", "sample_id"])
     for sample in samples:
         copied = records.loc[("random:k=1:seed=0", sample.sample_id)]

@@ -344,8 +344,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(model_spec=args.model, out=Path(args.out), detect_scenes=args.detect, eval_scenes=args.eval,
                     device=args.device, dtype=args.dtype, transfer_model=args.transfer_model, as_json=args.json,
                     random_sets=args.random_sets, curve_sets=args.curve_sets, check_items=args.check_items,
-                    vqa_scenes=args.vqa_scenes, batch_size=args.batch_size,
-                    positive_control=not args.no_positive_control)
+                    vqa_scenes=args.vqa_scenes, control_scenes=args.control_scenes, batch_size=args.batch_size,
+                    positive_control=not args.no_positive_control, budget_seconds=args.budget_seconds,
+                    plan_only=args.plan_only)
 
 
 def cmd_patch(args: argparse.Namespace) -> int:
@@ -383,7 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p: argparse.ArgumentParser, *, data: bool = True) -> None:
-        p.add_argument("--model", default="toy:a", help="hub id, local folder, toy:a / toy:b (shipped toy models) or tiny:FAMILY (random fixture)")
+        p.add_argument("--model", default="toy:a", help="hub id, local folder, toy:a / toy:b / toy:c / toy:d / toy:planted (shipped toy models) or tiny:FAMILY (random fixture)")
         if data:
             p.add_argument("--data", default="synthetic:detect:200", help="synthetic:SPLIT:N, jsonl:PATH, refcoco:ROOT[:SPLIT], lmms-refcoco:DIR, toloka:CSV:IMAGES, ... (docs/datasets.md)")
         p.add_argument("--out", default="runs/vrh", help="run folder (rerun to resume)")
@@ -475,20 +476,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run", help="run folder")
     p.set_defaults(func=cmd_report)
 
-    p = sub.add_parser("demo", help="the whole pipeline on the shipped toy model (no network)")
-    p.add_argument("--model", default="toy:a")
-    p.add_argument("--transfer-model", default="toy:b", help="second model sharing the backbone ('' to skip)")
+    p = sub.add_parser("demo", help="the whole pipeline on the shipped toy model (no network), sized to a time budget")
+    p.add_argument("--model", default=None,
+                   help="main model (default: toy:c, 128 heads, where its checkpoint is shipped, else toy:a; toy:a and "
+                        "toy:b stay selectable by name)")
+    p.add_argument("--transfer-model", default="auto",
+                   help="second model sharing the backbone (default: the main model's partner, toy:d for toy:c, "
+                        "toy:b for toy:a; '' to skip)")
     p.add_argument("--out", default="runs/demo")
-    p.add_argument("--detect", type=int, default=200, help="detection scenes")
-    p.add_argument("--eval", type=int, default=152,
-                   help="evaluation scenes (disjoint from detection); every referent is an item (152: >= 500 items)")
-    p.add_argument("--random-sets", type=int, default=20,
-                   help="random (and layer-matched) control head sets at k* in every sweep")
-    p.add_argument("--curve-sets", type=int, default=2,
-                   help="control sets of each kind at the main sweep's other k (curve only, no verdict)")
-    p.add_argument("--check-items", type=int, default=50,
-                   help="fixed evaluation items for the ablation-kind check, head scan, design space, cross-masking")
-    p.add_argument("--vqa-scenes", type=int, default=25, help="eval scenes whose VQA questions are asked")
+    p.add_argument("--budget-seconds", type=float, default=180.0,
+                   help="time budget for the whole demo (default 180: the full claims table in about 3 minutes on a "
+                        "quiet 2-core machine). A target, not a guarantee: the sample counts are picked from a short "
+                        "timed calibration on the models, and other processes sharing the CPU slow the run down. "
+                        "The sizes below, when given, override it; 0 = no budget (the full sizes)")
+    p.add_argument("--detect-scenes", "--detect", dest="detect", type=int, default=None,
+                   help="detection scenes (default: planned, 100-200)")
+    p.add_argument("--eval-scenes", "--eval", dest="eval", type=int, default=None,
+                   help="evaluation scenes (disjoint from detection); every referent is an item (default: planned, "
+                        "30-152 scenes; 152: >= 500 items)")
+    p.add_argument("--random-sets", type=int, default=None,
+                   help="random (and layer-matched) control head sets at k* in every sweep (default 20, never fewer "
+                        "unless given: the verdict rule needs them)")
+    p.add_argument("--curve-sets", type=int, default=None,
+                   help="control sets of each kind at the main sweep's other k (curve only, no verdict; default 2)")
+    p.add_argument("--check-items", type=int, default=None,
+                   help="fixed evaluation items for the ablation-kind check, head scan, design space, cross-masking "
+                        "(default: planned, 20-50)")
+    p.add_argument("--vqa-scenes", type=int, default=None,
+                   help="eval scenes whose VQA questions are asked (default: planned, 8-25)")
+    p.add_argument("--control-scenes", type=int, default=None,
+                   help="evaluation scenes of the positive control on toy:planted (default: planned, 20-30)")
+    p.add_argument("--plan-only", action="store_true",
+                   help="calibrate, print the plan (sizes, answers and estimated seconds per step) and stop")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--no-positive-control", action="store_true",
                    help="skip step 1, the positive control on toy:planted")

@@ -23,7 +23,7 @@ import torch
 from vrh_interp.heads import HeadSet
 from vrh_interp.model import VLM, GroundingBatch
 from vrh_interp.templates import LayerTemplate, apply_in_order
-from vrh_interp.templates.ablation import ZERO_ABLATION, Ablation, HeadAblation, segment_ids
+from vrh_interp.templates.ablation import ZERO_ABLATION, Ablation, HeadAblation, RowHeadAblation, segment_ids
 from vrh_interp.templates.head_outputs import HeadOutputCapture, HeadOutputPatch
 from vrh_interp.templates.readout import AttentionRowsReadout, attention_call_label
 
@@ -106,6 +106,87 @@ def head_ablation(vlm: VLM, heads: HeadSet, ablation: Ablation = ZERO_ABLATION, 
     the batch's ``segments`` (``batch_segments``); ``resample`` also its ``sample_ids`` (row order)."""
     return HeadAblation.build(heads, vlm.geometry, projection_path(vlm), ablation, segments=segments,
                               sample_ids=sample_ids)
+
+
+def row_head_ablation(vlm: VLM, heads: Sequence[HeadSet | None], ablations: Sequence[Ablation], *,
+                      segments: torch.Tensor | None = None,
+                      sample_ids: Sequence[str] | None = None) -> RowHeadAblation:
+    """Per-row ablation: row r ablates ``heads[r]`` with ``ablations[r]`` (``templates.ablation.RowHeadAblation``).
+    ``segments`` (``[rows, seq]``) is needed when a row uses mean / resample, ``sample_ids`` (per row) for
+    resample."""
+    return RowHeadAblation.build(heads, ablations, vlm.geometry, projection_path(vlm), segments=segments,
+                                 sample_ids=sample_ids)
+
+
+def condition_ablation(vlm: VLM, conditions: Sequence[tuple[HeadSet | None, Ablation]], rows_per_condition: int, *,
+                       segments: torch.Tensor | None = None,
+                       sample_ids: Sequence[str] | None = None) -> RowHeadAblation:
+    """Per-row ablation of a batch replicated once per condition (``replicate_encoding``): rows are
+    condition-major, block c (``rows_per_condition`` rows) ablates ``conditions[c] = (heads, ablation)``.
+    ``segments`` (``[rows_per_condition, seq]``) and ``sample_ids`` are the ORIGINAL batch's; they are repeated
+    per block."""
+    heads = [h for h, _ in conditions for _ in range(rows_per_condition)]
+    ablations = [a for _, a in conditions for _ in range(rows_per_condition)]
+    if segments is not None:
+        if segments.shape[0] != rows_per_condition:
+            raise ValueError(f"segments have {segments.shape[0]} rows, the batch has {rows_per_condition}")
+        segments = segments.repeat(len(conditions), 1)
+    if sample_ids is not None:
+        if len(sample_ids) != rows_per_condition:
+            raise ValueError(f"{len(sample_ids)} sample ids for a batch of {rows_per_condition}")
+        sample_ids = list(sample_ids) * len(conditions)
+    return row_head_ablation(vlm, heads, ablations, segments=segments, sample_ids=sample_ids)
+
+
+def replicate_encoding(encoding: Mapping[str, Any], times: int) -> dict[str, Any]:
+    """``encoding`` with its batch repeated ``times`` times (block after block): every tensor is concatenated
+    along its first dimension, which for every supported family is either the batch or a concatenation of
+    per-image pieces in row order (Qwen's flattened patches and ``image_grid_thw``, InternVL's tiles, image sizes,
+    token type ids). Each copy keeps the original left padding, so row b of every block is the same input as row b
+    of the original batch (tested equal to encoding the repeated samples, for every family)."""
+    if times < 1:
+        raise ValueError("times must be >= 1")
+    if times == 1:
+        return dict(encoding)
+    out: dict[str, Any] = {}
+    for key, value in encoding.items():
+        if isinstance(value, torch.Tensor):
+            if value.dim() == 0:
+                raise ValueError(f"cannot replicate the scalar encoding entry {key!r}")
+            out[key] = torch.cat([value] * times, dim=0)
+        elif isinstance(value, (list, tuple)):
+            out[key] = type(value)(list(value) * times)
+        else:
+            out[key] = value
+    return out
+
+
+def generate_conditions(vlm: VLM, encoding: Mapping[str, Any], conditions: Sequence[tuple[HeadSet | None, Ablation]],
+                        *, max_new_tokens: int, segments: torch.Tensor | None = None,
+                        sample_ids: Sequence[str] | None = None, remote: bool | str = False,
+                        **generate_kwargs: Any) -> list[torch.Tensor]:
+    """Greedy generation of ONE batch under several conditions ``(heads, ablation)`` in one pass: the batch is
+    replicated per condition (``replicate_encoding``) and each block masked with its own heads and kind
+    (``condition_ablation``). Returns one ``[batch, prompt + new]`` id tensor per condition. One condition runs
+    the single-condition template (``head_ablation``), a condition without heads masks nothing.
+
+    Each row's tokens equal those of its condition generated alone (rows do not interact; tested exactly): a
+    pass only runs until EVERY row stopped, so a condition's tensor may be wider than alone, with the pad token
+    after its rows' EOS (``VLM.decode_answers`` stops at both). ``segments`` / ``sample_ids`` (of the original
+    batch) are needed for mean / resample conditions."""
+    if not conditions:
+        raise ValueError("generate_conditions needs at least one condition")
+    rows = int(encoding["input_ids"].shape[0])
+    masked = [(h, a) for h, a in conditions if h is not None and len(h)]
+    if len(conditions) == 1:
+        heads, ablation = conditions[0]
+        templates = [head_ablation(vlm, heads, ablation, segments=segments, sample_ids=sample_ids)] if masked else []
+        return [run_generate(vlm, encoding, templates, max_new_tokens=max_new_tokens, remote=remote,
+                             **generate_kwargs).ids]
+    templates = [condition_ablation(vlm, conditions, rows, segments=segments, sample_ids=sample_ids)] if masked else []
+    ids = run_generate(vlm, replicate_encoding(encoding, len(conditions)), templates, max_new_tokens=max_new_tokens,
+                       remote=remote, **generate_kwargs).ids
+    return list(ids.split(rows, dim=0))
 
 
 def batch_segments(batch: GroundingBatch, encoding: Mapping[str, Any] | None = None) -> torch.Tensor:

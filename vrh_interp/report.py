@@ -11,7 +11,8 @@ detect-only run as for a full demo. Order, pictures first:
    cross-masking;
 3. tables (``TABLES``), each collapsible (``<details>``) in the HTML; the claims table starts open. Sweep
    tables keep one row per control head set; the ``seed="all"`` rows hold the sets' distribution (mean, sd,
-   quantiles, two-level bootstrap interval) and the top-k rows their empirical p-values against each control.
+   quantiles, two-level bootstrap interval) and the top-k rows their empirical p-values against each control;
+   the last one, ``timing.csv`` (``vrh demo``), is the time per step: planned, re-estimated, measured.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ TABLES = (
     ("transfer_masking.csv", "Cross-masking at k*: accuracy drops"),
     ("cross_masking.csv", "Cross-masking k-sweep: own, transferred and random heads in each model"),
     ("vqa_summary.csv", "Cross-task VQA: top-k heads vs random and layer-matched head sets, per question kind"),
+    ("timing.csv", "Time per step: seconds planned before the run, estimated when the step began, measured (the "
+                   "last step up to this report)"),
 )
 POSITIVE_CONTROL = "positive_control"
 

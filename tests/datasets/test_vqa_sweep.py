@@ -78,7 +78,7 @@ def test_vqa_sweep_table_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     def no_generation(*args: object, **kwargs: object) -> list[str]:
         raise AssertionError("a resumed sweep must not generate again")
 
-    monkeypatch.setattr(vqa_sweep_module, "answer_batch", no_generation)
+    monkeypatch.setattr(vqa_sweep_module, "answer_conditions", no_generation)
     resumed = vqa_sweep(vlm, samples, heads, random_seeds=(0, 1), batch_size=2, run_dir=tmp_path / "run",
                         progress=False)
     assert resumed.records.sort_values(["condition", "sample_id"]).reset_index(drop=True).equals(

@@ -7,7 +7,10 @@ excluding layer 0) and, with ``matched``, as many heads per layer as ``heads`` h
 ablated at every generation step (zero by default; ``ablation="mean" | "resample"`` with ``ablation_values``;
 greedy decoding, the model's chat template via ``vqa_prompt``); each response is scored by the sample's
 deterministic scorer (``vrh_interp.datasets.vqa``). Conditions masking the same head set are answered once
-(the later ones copy the answers).
+(the later ones copy the answers). Conditions are batched like the grounding sweep's
+(``evaluation.sweep.condition_passes``): each batch of one benchmark's questions is encoded once and replicated
+across as many conditions as ``max_batch_rows`` allows, each row masked with its own heads, one generation per
+pass; answers equal one condition at a time exactly.
 
 Every (benchmark, sample, condition) answer is a record in ``run_dir`` (resumable like the grounding sweep).
 ``summary()`` gives one row per benchmark x condition with bootstrap CIs and an exact McNemar test against
@@ -26,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import pandas as pd
 from tqdm.auto import tqdm
@@ -37,8 +40,9 @@ from vrh_interp.datasets.vqa import score_response
 from vrh_interp.datasets.vqa_prompt import vqa_prompt
 from vrh_interp.evaluation.statistics import bootstrap_ci, mcnemar_exact
 from vrh_interp.evaluation.sweep import (CONTROL_KINDS, DEFAULT_RANDOM_SEEDS, QUANTILE_COLUMNS, Condition,
-                                         ablation_for, condition_order, control_conditions, head_signature,
-                                         set_level_rows, total_heads_of)
+                                         ablation_for, canonical_log_order, condition_order, condition_passes,
+                                         conditions_per_pass, control_conditions, head_signature, set_level_rows,
+                                         total_heads_of)
 from vrh_interp.heads import HeadGeometry, HeadSet
 from vrh_interp.model import VLM
 from vrh_interp.provenance import model_provenance
@@ -76,16 +80,53 @@ def answer_batch(vlm: VLM, samples: Sequence[VQASample], heads: HeadSet, *, max_
     """Greedy responses to one batch of VQA samples with ``heads`` ablated (``ablation``) at every step. Mean
     and resample ablation replace outputs per position segment; the visual segment comes from the family's
     layout of each row's image (``interventions.encoding_segments``)."""
+    return answer_conditions(vlm, samples, [(heads, ablation)], max_new_tokens=max_new_tokens, remote=remote)[0]
+
+
+def encode_vqa(vlm: VLM, samples: Sequence[VQASample]) -> Any:
+    """The left-padded encoding of ``samples``' prompts (``vqa_prompt``) with their images."""
     prompts = [vqa_prompt(vlm, s) for s in samples]
-    encoding = vlm.adapter.encode(vlm.processor, [s.image for s in samples], prompts).to(vlm.device)
-    templates = []
-    if len(heads):
-        segments = None if ablation.kind == "zero" else \
-            iv.encoding_segments(vlm, encoding, [s.image.size for s in samples])
-        templates = [iv.head_ablation(vlm, heads, ablation, segments=segments,
-                                      sample_ids=[s.sample_id for s in samples])]
-    result = iv.run_generate(vlm, encoding, templates, max_new_tokens=max_new_tokens, remote=remote)
-    return vlm.decode_answers(result.ids, int(encoding["input_ids"].shape[1]))
+    return vlm.adapter.encode(vlm.processor, [s.image for s in samples], prompts).to(vlm.device)
+
+
+def answer_conditions(vlm: VLM, samples: Sequence[VQASample], conditions: Sequence[tuple[HeadSet, Ablation]], *,
+                      max_new_tokens: int, remote: bool | str = False, encoding: Any = None) -> list[list[str]]:
+    """Greedy responses under each condition ``(heads, ablation)``, all in one batched generation (condition
+    batching, ``interventions.generate_conditions``): per condition, what ``answer_batch`` gives (equal exactly).
+    ``encoding`` is the samples' ``encode_vqa`` when already made."""
+    if encoding is None:
+        encoding = encode_vqa(vlm, samples)
+    segments = None
+    if any(len(h) and a.kind != "zero" for h, a in conditions):
+        segments = iv.encoding_segments(vlm, encoding, [s.image.size for s in samples])
+    ids = iv.generate_conditions(vlm, encoding, conditions, max_new_tokens=max_new_tokens, remote=remote,
+                                 segments=segments, sample_ids=[s.sample_id for s in samples])
+    prompt_length = int(encoding["input_ids"].shape[1])
+    return [vlm.decode_answers(block, prompt_length) for block in ids]
+
+
+class _VQAPasses:
+    """``answer`` / ``per_pass`` of ``evaluation.sweep.condition_passes`` for VQA: each chunk encoded once."""
+
+    def __init__(self, vlm: VLM, ablation: Ablation, *, remote: bool | str, max_batch_rows: int | None) -> None:
+        self.vlm, self.ablation, self.remote, self.max_batch_rows = vlm, ablation, remote, max_batch_rows
+        self._key: tuple[tuple[str, str], ...] | None = None
+        self._encoding: Any = None
+
+    def _encode(self, samples: Sequence[VQASample]) -> Any:
+        key = tuple((s.benchmark, s.sample_id) for s in samples)
+        if key != self._key or self._encoding is None:
+            self._encoding, self._key = encode_vqa(self.vlm, samples), key
+        return self._encoding
+
+    def per_pass(self, samples: Sequence[VQASample]) -> int:
+        tokens = int(self._encode(samples)["input_ids"].shape[1]) + max(s.max_new_tokens for s in samples)
+        return conditions_per_pass(len(samples), tokens, self.max_batch_rows)
+
+    def answer(self, samples: Sequence[VQASample], conditions: Sequence[Condition]) -> list[list[str]]:
+        return answer_conditions(self.vlm, samples, [(c.heads, self.ablation) for c in conditions],
+                                 max_new_tokens=max(s.max_new_tokens for s in samples), remote=self.remote,
+                                 encoding=self._encode(samples))
 
 
 @dataclass
@@ -150,7 +191,7 @@ def vqa_sweep(vlm: VLM, samples: Sequence[VQASample], heads: HeadSet, *,
               detected: HeadSet | None = None, exclude_first_layer: bool = False, batch_size: int = 8,
               run_dir: str | Path | None = None, progress: bool = True,
               remote: bool | str = False, shard: Shard | None = None, ablation: str = "zero",
-              ablation_values: AblationValues | None = None) -> VQASweepResult:
+              ablation_values: AblationValues | None = None, max_batch_rows: int | None = None) -> VQASweepResult:
     """Answer every sample unmasked, with ``heads`` masked and with the controls; resumable via ``run_dir``.
 
     ``ablation``: "zero" (the paper's), "mean" or "resample"; the latter two need ``ablation_values``
@@ -183,36 +224,42 @@ def vqa_sweep(vlm: VLM, samples: Sequence[VQASample], heads: HeadSet, *,
     records: list[dict[str, Any]] = log.read() if log else []
     done = {(r["benchmark"], r["sample_id"], r["condition"]) for r in records}
     signature = {c.key: head_signature(c) for c in conditions}
-    answered: dict[tuple[Any, ...], dict[tuple[str, str], str]] = {}  # head set -> (benchmark, id) -> response
+    answered: dict[tuple[Any, ...], dict[Any, str]] = {}  # head set -> (benchmark, id) -> response
     for record in records:
         if record["condition"] in signature:
             answered.setdefault(signature[record["condition"]], {})[(record["benchmark"], record["sample_id"])] = \
                 record["response"]
     bar = tqdm(total=len(conditions) * sum(map(len, mine.values())), initial=len(done),
                desc="vqa sweep: masked answers", disable=not progress, unit="answer")
-    for condition in conditions:
-        known = answered.setdefault(signature[condition.key], {})
-        for benchmark in benchmarks:
-            todo = [s for s in mine[benchmark] if (benchmark, s.sample_id, condition.key) not in done]
-            for start in range(0, len(todo), batch_size):
-                chunk = todo[start: start + batch_size]
-                fresh = [s for s in chunk if (benchmark, s.sample_id) not in known]
-                if fresh:
-                    responses = answer_batch(vlm, fresh, condition.heads, remote=remote, ablation=masking,
-                                             max_new_tokens=max(s.max_new_tokens for s in fresh))
-                    known.update({(benchmark, s.sample_id): r for s, r in zip(fresh, responses)})
-                new = []
-                for sample in chunk:
-                    response = known[(benchmark, sample.sample_id)]
-                    scored = score_response(sample, response)
-                    new.append({"benchmark": benchmark, "sample_id": sample.sample_id, "condition": condition.key,
-                                "kind": condition.kind, "k": condition.k, "seed": condition.seed,
-                                "response": response, "prediction": scored.prediction, "correct": scored.correct})
-                if log is not None:
-                    log.append(new)
-                records.extend(new)
-                bar.update(len(chunk))
+
+    def make_record(sample: VQASample, condition: Condition, response: str) -> dict[str, Any]:
+        scored = score_response(sample, response)
+        return {"benchmark": sample.benchmark, "sample_id": sample.sample_id, "condition": condition.key,
+                "kind": condition.kind, "k": condition.k, "seed": condition.seed, "response": response,
+                "prediction": scored.prediction, "correct": scored.correct}
+
+    runner = _VQAPasses(vlm, masking, remote=remote, max_batch_rows=max_batch_rows)
+    chunks = [part[start: start + batch_size] for b in benchmarks for part in (mine[b],)
+              for start in range(0, len(part), batch_size)]
+    recorded = {((benchmark, sample_id), key) for benchmark, sample_id, key in done}
+    for new in condition_passes(chunks, conditions, unit=lambda s: (s.benchmark, s.sample_id), done=recorded,
+                                known=answered, answer=runner.answer, per_pass=runner.per_pass, record=make_record):
+        if log is not None:
+            log.append(new)
+        records.extend(new)
+        bar.update(len(new))
     bar.close()
+    # the one-condition-at-a-time order (condition, benchmark, sample), for the result and a finished folder
+    order = {c.key: i for i, c in enumerate(conditions)}
+    bench = {b: i for i, b in enumerate(benchmarks)}
+    position = {(s.benchmark, s.sample_id): i for i, s in enumerate(samples)}
+
+    def canonical(r: Mapping[str, Any]) -> tuple[int, int, int]:
+        return order[r["condition"]], bench[r["benchmark"]], position[(r["benchmark"], r["sample_id"])]
+
+    records = sorted(records, key=canonical)
+    if log is not None:
+        canonical_log_order(log, canonical)
     return VQASweepResult(records=pd.DataFrame(records, columns=RECORD_COLUMNS), conditions=conditions,
                           benchmarks=benchmarks, total_heads=vlm.geometry.total_heads)
 

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from vrh_interp import interventions as iv
 from vrh_interp.boxes import BoxParseFailure
 from vrh_interp.heads import HeadSet
-from vrh_interp.model import VLM
+from vrh_interp.model import VLM, GroundingBatch
 from vrh_interp.samples import GroundingSampleLike, as_box, check_samples
 from vrh_interp.templates.ablation import SEGMENTS, ZERO_ABLATION, Ablation, AblationValues, SegmentSumCapture
 
@@ -42,13 +42,32 @@ def ground_batch(vlm: VLM, samples: Sequence[GroundingSampleLike], *, heads: Hea
                  ablation: Ablation = ZERO_ABLATION, max_new_tokens: int = 24,
                  remote: bool | str = False) -> list[GroundingOutcome]:
     """Greedy answers for one batch with ``heads`` ablated (``ablation``, zero by default) at every step."""
-    batch = vlm.encode_grounding([s.image for s in samples], [s.expression for s in samples])
-    templates = []
-    if heads is not None and len(heads):
-        templates = [iv.head_ablation(vlm, heads, ablation, segments=iv.batch_segments(batch),
-                                      sample_ids=[s.sample_id for s in samples])]
-    result = iv.run_generate(vlm, batch.encoding, templates, max_new_tokens=max_new_tokens, remote=remote)
-    answers = vlm.decode_answers(result.ids, batch.prompt_length)
+    return ground_conditions(vlm, samples, [(heads, ablation)], max_new_tokens=max_new_tokens, remote=remote)[0]
+
+
+def ground_conditions(vlm: VLM, samples: Sequence[GroundingSampleLike],
+                      conditions: Sequence[tuple[HeadSet | None, Ablation]], *, max_new_tokens: int = 24,
+                      remote: bool | str = False, batch: GroundingBatch | None = None) -> list[list[GroundingOutcome]]:
+    """Greedy answers for one batch under each condition ``(heads, ablation)``, all in ONE generation (condition
+    batching, ``interventions.generate_conditions``): per condition, the outcomes ``ground_batch`` gives with
+    those heads and that ablation (equal exactly). ``batch`` is the samples' encoding when already made."""
+    if batch is None:
+        batch = encode_samples(vlm, samples)
+    needs_segments = any(h is not None and len(h) and a.kind != "zero" for h, a in conditions)
+    ids = iv.generate_conditions(vlm, batch.encoding, conditions, max_new_tokens=max_new_tokens, remote=remote,
+                                 segments=iv.batch_segments(batch) if needs_segments else None,
+                                 sample_ids=[s.sample_id for s in samples])
+    return [_outcomes(vlm, samples, batch, block) for block in ids]
+
+
+def encode_samples(vlm: VLM, samples: Sequence[GroundingSampleLike]) -> GroundingBatch:
+    """The left-padded grounding encoding of ``samples`` (``VLM.encode_grounding``)."""
+    return vlm.encode_grounding([s.image for s in samples], [s.expression for s in samples])
+
+
+def _outcomes(vlm: VLM, samples: Sequence[GroundingSampleLike], batch: GroundingBatch,
+              ids: torch.Tensor) -> list[GroundingOutcome]:
+    answers = vlm.decode_answers(ids, batch.prompt_length)
     outcomes = []
     for sample, answer, frame in zip(samples, answers, batch.frames):
         parsed = vlm.adapter.parse_box(answer, frame)

@@ -10,11 +10,12 @@ model): ``drop = baseline accuracy - accuracy``
 rank), and ``spearman()`` is the rank correlation of score and drop over the scanned heads (ties averaged):
 positive when the high-scored heads are the damaging ones.
 
-Execution goes through ``evaluation.sweep.run_conditions``: the baseline plus one condition per head, kind
-``"single"``, k = 1, with the head's flat index ``layer * num_heads + head`` in the ``seed`` slot so keys are
-unique (``single:k=1:seed=37``). A ``run_dir`` therefore resumes after interruption exactly like a sweep, and
-``head_scan_from_run`` reads a finished folder without the model. The evaluation samples must not have been
-used for detection (checked when ``scores`` carries its sample ids).
+Execution goes through ``evaluation.sweep.run_conditions`` (condition batching: many heads per generation):
+the baseline plus one condition per head, kind ``"single"``, k = 1, with the head's flat index
+``layer * num_heads + head`` in the ``seed`` slot so keys are unique (``single:k=1:seed=37``). A ``run_dir``
+therefore resumes after interruption exactly like a sweep, and ``head_scan_from_run`` reads a finished folder
+without the model. The evaluation samples must not have been used for detection (checked when ``scores``
+carries its sample ids).
 """
 
 from __future__ import annotations
@@ -108,9 +109,12 @@ class HeadScanResult:
 def head_scan(vlm: VLM, samples: Sequence[GroundingSampleLike], scores: HeadScores | None = None, *,
               heads: HeadSet | None = None, ablation: Ablation = ZERO_ABLATION, iou_threshold: float = 0.5,
               batch_size: int = 8, max_new_tokens: int = 24, run_dir: str | Path | None = None,
-              progress: bool = True, remote: bool | str = False) -> HeadScanResult:
+              progress: bool = True, remote: bool | str = False,
+              max_batch_rows: int | None = None) -> HeadScanResult:
     """Grounding accuracy on ``samples`` (a fixed subset of evaluation samples) with each of ``heads`` (default:
-    every head) ablated alone, against the unmasked baseline; resumable through ``run_dir``."""
+    every head) ablated alone, against the unmasked baseline; resumable through ``run_dir``. The single-head
+    conditions are batched ``max_batch_rows`` rows per generation (``run_conditions``: one batch of samples
+    replicated across many heads, each row masking its own head)."""
     geometry = vlm.geometry
     heads = geometry.validate(heads if heads is not None else geometry.all_heads())
     if not len(heads):
@@ -126,7 +130,7 @@ def head_scan(vlm: VLM, samples: Sequence[GroundingSampleLike], scores: HeadScor
     conditions = scan_conditions(heads, geometry.num_heads, ablation.kind)
     result = run_conditions(vlm, samples, conditions, iou_threshold=iou_threshold, batch_size=batch_size,
                             max_new_tokens=max_new_tokens, run_dir=run_dir, progress=progress, remote=remote,
-                            ablation_values=ablation.values)
+                            ablation_values=ablation.values, max_batch_rows=max_batch_rows)
     return HeadScanResult(result, scores)
 
 

@@ -34,21 +34,23 @@ Scale-out. ``shard=Shard(i, n)`` grounds one shard's samples (``vrh_interp.shard
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Hashable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
 import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
 from vrh_interp.boxes import Box
-from vrh_interp.evaluation.grounding import ground_batch
+from vrh_interp.evaluation.grounding import encode_samples, ground_batch, ground_conditions  # noqa: F401
 from vrh_interp.evaluation.statistics import (QUANTILES, bootstrap_ci, empirical_p_value, mcnemar_exact,
                                               random_set_distribution, set_level_verdict, two_level_bootstrap_ci)
 from vrh_interp.heads import HeadGeometry, HeadSet
-from vrh_interp.model import VLM
+from vrh_interp.model import VLM, GroundingBatch
 from vrh_interp.provenance import library_versions, model_provenance
 from vrh_interp.runs import RecordLog, RunFolder, whole_run_manifest
 from vrh_interp.samples import GroundingSampleLike, as_box, check_samples
@@ -381,11 +383,12 @@ def sweep(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], ranking: HeadSc
           iou_threshold: float = 0.5, batch_size: int = 8, max_new_tokens: int = 24,
           run_dir: str | Path | None = None, progress: bool = True, remote: bool | str = False,
           shard: Shard | None = None, ablation: str = "zero",
-          ablation_values: AblationValues | None = None) -> SweepResult:
+          ablation_values: AblationValues | None = None, max_batch_rows: int | None = None) -> SweepResult:
     """Mask the top-k heads of ``ranking``, ``len(random_seeds)`` random sets and (``matched``) as many
     layer-matched sets per k; ``ks`` are counts or percentages of all heads (``parse_ks``); ``shard`` runs one
     shard (``run_conditions``). ``ablation``: "zero" (the paper's), "mean" or "resample", the latter two with
-    ``ablation_values`` (``evaluation.grounding.ablation_values`` on the detection samples)."""
+    ``ablation_values`` (``evaluation.grounding.ablation_values`` on the detection samples). Conditions are
+    batched ``max_batch_rows`` rows per generation (``run_conditions``)."""
     if isinstance(ranking, HeadScores):
         detection_ids = list(detection_ids or []) + list(ranking.sample_ids)
         head_ranking = ranking.ranking()
@@ -405,7 +408,7 @@ def sweep(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], ranking: HeadSc
                                   exclude_first_layer=exclude_first_layer, matched=matched, ablation=ablation)
     return run_conditions(vlm, eval_samples, conditions, iou_threshold=iou_threshold, batch_size=batch_size,
                           max_new_tokens=max_new_tokens, run_dir=run_dir, progress=progress, remote=remote,
-                          shard=shard, ablation_values=ablation_values)
+                          shard=shard, ablation_values=ablation_values, max_batch_rows=max_batch_rows)
 
 
 def ablation_for(kind: str, values: AblationValues | None, geometry: HeadGeometry | None = None) -> Ablation:
@@ -428,16 +431,163 @@ def head_signature(cond: Condition) -> tuple[Any, ...]:
     return (frozenset(cond.heads), cond.ablation)
 
 
+DEFAULT_BATCH_TOKENS = 1 << 16
+"""Default memory budget of one condition-batched pass: rows x (prompt + new tokens) <= 65,536 tokens."""
+DEFAULT_MAX_BATCH_ROWS = 256
+"""... and at most this many rows, whatever the sequence length."""
+
+S = TypeVar("S")
+A = TypeVar("A")
+
+
+def batch_rows(sequence_tokens: int, max_batch_rows: int | None = None) -> int:
+    """Rows one condition-batched pass may hold: ``max_batch_rows`` when given, else as many as fit
+    ``DEFAULT_BATCH_TOKENS`` tokens of ``sequence_tokens`` each (prompt + new tokens), at most
+    ``DEFAULT_MAX_BATCH_ROWS``."""
+    if max_batch_rows is not None:
+        if max_batch_rows < 1:
+            raise ValueError("max_batch_rows must be >= 1")
+        return max_batch_rows
+    return max(1, min(DEFAULT_MAX_BATCH_ROWS, DEFAULT_BATCH_TOKENS // max(1, sequence_tokens)))
+
+
+def conditions_per_pass(samples: int, sequence_tokens: int, max_batch_rows: int | None = None) -> int:
+    """Conditions packed into one generation over a batch of ``samples``: ``batch_rows // samples`` (at least 1:
+    a batch bigger than the budget still runs one condition at a time)."""
+    return max(1, batch_rows(sequence_tokens, max_batch_rows) // max(1, samples))
+
+
+def condition_passes(chunks: Iterable[Sequence[S]], conditions: Sequence[Condition], *,
+                     unit: Callable[[S], Hashable], done: set[tuple[Hashable, str]],
+                     known: dict[tuple[Any, ...], dict[Hashable, A]],
+                     answer: Callable[[Sequence[S], Sequence[Condition]], Sequence[Sequence[A]]],
+                     per_pass: Callable[[Sequence[S]], int],
+                     record: Callable[[S, Condition, A], dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
+    """The experiment planner: every (sample, condition) answer, conditions packed into batched passes.
+
+    For each chunk of samples (a batch, in order), the conditions still lacking records there are reduced to
+    their distinct head signatures (``head_signature``: conditions masking the same heads the same way are
+    answered once, also across resumes through ``known``) and packed, in order, ``per_pass(samples)`` at a
+    time into passes; ``answer(samples, conditions)`` answers one pass (one batched generation: rows =
+    conditions x samples) and returns, per condition, one answer per sample. After each pass this yields the
+    records that became complete, conditions in order (``record(sample, condition, answer)``), so a caller that
+    appends each yielded list to its log in one write loses at most one pass when killed. ``done`` holds the
+    (``unit(sample)``, condition key) pairs already recorded; ``known`` maps signatures to answers by unit and
+    is filled in."""
+    signature = {c.key: head_signature(c) for c in conditions}
+    for chunk in chunks:
+        todo = {c.key: [s for s in chunk if (unit(s), c.key) not in done] for c in conditions}
+        pending = [c for c in conditions if todo[c.key]]
+        if not pending:
+            continue
+        fresh: dict[tuple[Any, ...], list[S]] = {}  # signature -> samples to answer, in chunk order
+        first: dict[tuple[Any, ...], Condition] = {}
+        for cond in pending:
+            sig = signature[cond.key]
+            first.setdefault(sig, cond)
+            have = known.setdefault(sig, {})
+            wanted = {unit(s) for s in fresh.get(sig, [])} | {unit(s) for s in todo[cond.key] if unit(s) not in have}
+            fresh[sig] = [s for s in chunk if unit(s) in wanted]
+        passes: list[tuple[list[S], list[tuple[Any, ...]]]] = []
+        for sig, samples in fresh.items():
+            if not samples:
+                continue
+            same = bool(passes) and [unit(s) for s in passes[-1][0]] == [unit(s) for s in samples]
+            if same and len(passes[-1][1]) < max(1, per_pass(samples)):
+                passes[-1][1].append(sig)
+            else:
+                passes.append((samples, [sig]))
+        emitted = 0
+
+        def complete() -> list[dict[str, Any]]:
+            nonlocal emitted
+            out = []
+            while emitted < len(pending):
+                cond = pending[emitted]
+                have = known[signature[cond.key]]
+                if any(unit(s) not in have for s in todo[cond.key]):
+                    break
+                out += [record(s, cond, have[unit(s)]) for s in todo[cond.key]]
+                emitted += 1
+            return out
+
+        for samples, sigs in passes:
+            answers = answer(samples, [first[sig] for sig in sigs])
+            for sig, block in zip(sigs, answers):
+                known[sig].update({unit(s): a for s, a in zip(samples, block)})
+            yield complete()
+        tail = complete()
+        if tail:
+            yield tail
+        assert emitted == len(pending), "condition_passes: a condition was left unanswered"
+
+
+class _GroundingPasses:
+    """``answer`` / ``per_pass`` of ``condition_passes`` for grounding: each chunk is encoded once and replicated
+    per condition of a pass (``ground_conditions``)."""
+
+    def __init__(self, vlm: VLM, ablations: Mapping[str, Ablation], *, max_new_tokens: int, remote: bool | str,
+                 max_batch_rows: int | None) -> None:
+        self.vlm, self.ablations, self.max_new_tokens = vlm, ablations, max_new_tokens
+        self.remote, self.max_batch_rows = remote, max_batch_rows
+        self._key: tuple[str, ...] | None = None
+        self._batch: GroundingBatch | None = None
+
+    def _encode(self, samples: Sequence[GroundingSampleLike]) -> GroundingBatch:
+        key = tuple(s.sample_id for s in samples)
+        if key != self._key or self._batch is None:
+            self._batch, self._key = encode_samples(self.vlm, samples), key
+        return self._batch
+
+    def per_pass(self, samples: Sequence[GroundingSampleLike]) -> int:
+        return conditions_per_pass(len(samples), self._encode(samples).prompt_length + self.max_new_tokens,
+                                   self.max_batch_rows)
+
+    def answer(self, samples: Sequence[GroundingSampleLike],
+               conditions: Sequence[Condition]) -> list[list[dict[str, Any]]]:
+        outcomes = ground_conditions(self.vlm, samples, [(c.heads, self.ablations[c.ablation]) for c in conditions],
+                                     max_new_tokens=self.max_new_tokens, remote=self.remote,
+                                     batch=self._encode(samples))
+        return [[{**o.as_dict(), "other_object_iou": other_object_iou(s, o.box)} for s, o in zip(samples, block)]
+                for block in outcomes]
+
+
+def canonical_log_order(log: RecordLog, key: Callable[[Mapping[str, Any]], Any]) -> None:
+    """Rewrite ``log`` (atomically: a temporary file, then a rename) in the order ``key`` gives, when its records
+    are not in that order already. Condition-batched runs append pass by pass (chunk, then condition); a finished
+    run folder keeps the order of a one-condition-at-a-time run (condition, then sample), so folders do not
+    depend on packing, interruptions or shards (``merge_runs`` writes the same bytes)."""
+    records = log.read()
+    ordered = sorted(records, key=key)
+    if ordered == records:
+        return
+    tmp = log.path.with_name(log.path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write("".join(json.dumps(dict(r), sort_keys=True) + "\n" for r in ordered))
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, log.path)
+
+
 def run_conditions(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], conditions: Sequence[Condition], *,
                    iou_threshold: float = 0.5, batch_size: int = 8, max_new_tokens: int = 24,
                    run_dir: str | Path | None = None, progress: bool = True,
                    remote: bool | str = False, shard: Shard | None = None,
-                   ablation_values: AblationValues | None = None) -> SweepResult:
+                   ablation_values: AblationValues | None = None,
+                   max_batch_rows: int | None = None) -> SweepResult:
     """Greedy grounding of every sample under every condition, resumable through ``run_dir``.
 
     Each condition masks its heads with its ``ablation`` kind; "mean" and "resample" need ``ablation_values``
     (the reference outputs, ``evaluation.grounding.ablation_values`` on the detection samples), whose
     fingerprint the run folder records, so resuming with other values is refused.
+
+    Condition batching (``condition_passes``): samples go in batches of ``batch_size``; each batch is encoded
+    once and replicated across as many conditions as fit ``max_batch_rows`` rows (default: ``batch_rows``, a
+    65,536-token budget, at most 256 rows), every row masked with its own condition's heads and kind
+    (``templates.ablation.RowHeadAblation``), and one greedy generation answers them all. The answers equal
+    those of one condition at a time (tested exactly); ``max_batch_rows=batch_size`` runs one condition per
+    generation. Records are appended after every pass (a killed run redoes at most one pass) and the finished
+    log is put in condition, then sample order (``canonical_log_order``).
 
     Conditions that mask the same head set with the same ablation (independent control draws repeat sets
     on small models) are answered once: a later one's records copy the earlier one's answers. Each record
@@ -452,6 +602,8 @@ def run_conditions(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], condit
         raise ValueError("iou_threshold must be in (0, 1]")
     if batch_size < 1:
         raise ValueError("batch_size must be >= 1")
+    if max_batch_rows is not None and max_batch_rows < 1:
+        raise ValueError("max_batch_rows must be >= 1")
     keys = [c.key for c in conditions]
     if len(set(keys)) != len(keys):
         raise ValueError(f"duplicate conditions: {keys}")
@@ -470,32 +622,32 @@ def run_conditions(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], condit
     records: list[dict[str, Any]] = log.read() if log else []
     done = {(r["sample_id"], r["condition"]) for r in records}
     signature = {c.key: head_signature(c) for c in conditions}
-    answered: dict[tuple[Any, ...], dict[str, dict[str, Any]]] = {}
+    answered: dict[tuple[Any, ...], dict[Hashable, dict[str, Any]]] = {}
     for record in records:
         if record["condition"] in signature:
             answered.setdefault(signature[record["condition"]], {})[record["sample_id"]] = record
     total = len(conditions) * len(mine)
     bar = tqdm(total=total, initial=len(done), desc="sweep: masked grounding", disable=not progress, unit="answer")
     outcome_fields = ("sample_id", "answer", "parsed", "box", "iou", "other_object_iou")
-    for cond in conditions:
-        known = answered.setdefault(signature[cond.key], {})
-        todo = [s for s in mine if (s.sample_id, cond.key) not in done]
-        for start in range(0, len(todo), batch_size):
-            chunk = todo[start: start + batch_size]
-            fresh = [s for s in chunk if s.sample_id not in known]
-            if fresh:
-                outcomes = ground_batch(vlm, fresh, heads=cond.heads, ablation=ablations[cond.ablation],
-                                        max_new_tokens=max_new_tokens, remote=remote)
-                for sample, outcome in zip(fresh, outcomes):
-                    known[sample.sample_id] = {**outcome.as_dict(),
-                                               "other_object_iou": other_object_iou(sample, outcome.box)}
-            new = [{**{f: known[s.sample_id].get(f) for f in outcome_fields}, "condition": cond.key,
-                    "kind": cond.kind, "k": cond.k, "seed": cond.seed} for s in chunk]
-            if log is not None:
-                log.append(new)
-            records.extend(new)
-            bar.update(len(chunk))
+
+    def make_record(sample: GroundingSampleLike, cond: Condition, known: Mapping[str, Any]) -> dict[str, Any]:
+        return {**{f: known.get(f) for f in outcome_fields}, "condition": cond.key, "kind": cond.kind, "k": cond.k,
+                "seed": cond.seed}
+
+    runner = _GroundingPasses(vlm, ablations, max_new_tokens=max_new_tokens, remote=remote,
+                              max_batch_rows=max_batch_rows)
+    chunks = [mine[start: start + batch_size] for start in range(0, len(mine), batch_size)]
+    for new in condition_passes(chunks, conditions, unit=lambda s: s.sample_id, done=done, known=answered,
+                                answer=runner.answer, per_pass=runner.per_pass, record=make_record):
+        if log is not None:
+            log.append(new)
+        records.extend(new)
+        bar.update(len(new))
     bar.close()
+    if log is not None:
+        order = {c.key: i for i, c in enumerate(conditions)}
+        position = {s.sample_id: i for i, s in enumerate(eval_samples)}
+        canonical_log_order(log, lambda r: (order[r["condition"]], position[r["sample_id"]]))
     return SweepResult(records=_records_frame(records, conditions, [s.sample_id for s in eval_samples]),
                        conditions=list(conditions), iou_threshold=iou_threshold,
                        total_heads=vlm.geometry.total_heads)

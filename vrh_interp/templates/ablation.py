@@ -254,19 +254,142 @@ class HeadAblation:
         assert self.segments is not None
         batch, seq = per_head.shape[:2]
         device = per_head.device
-        if seq == self.segments.shape[1]:
-            segments = self.segments.to(device)
-        elif seq == 1:  # a decode step: the token fed in is an answer token
-            segments = torch.full((batch, 1), ANSWER, dtype=torch.long, device=device)
-        else:
-            raise ValueError(f"{self.kind} ablation was built for sequences of {self.segments.shape[1]} tokens (and "
-                             f"one-token decode steps), this forward has {seq}: build it for this encoding")
+        segments = forward_segments(self.segments, batch, seq, device, f"{self.kind} ablation")
         if batch != segments.shape[0]:
             raise ValueError(f"{self.kind} ablation was built for a batch of {segments.shape[0]}, got {batch}")
         table = self.tables[layer].to(device=device, dtype=per_head.dtype).expand(batch, -1, -1, -1)
         replacement = table[torch.arange(batch, device=device)[:, None], segments.clamp(min=0)]  # [b, s, n, d]
         keep = (segments == PAD)[:, :, None, None]
         per_head[:, :, heads] = torch.where(keep, per_head[:, :, heads], replacement)
+
+    def apply(self, model: Any) -> None:
+        """Apply at every layer, in order (for use inside ``model.trace`` or one generation step)."""
+        for layer in sorted(self.heads_by_layer):
+            self.at_output_projection(model, layer)
+
+
+def forward_segments(segments: torch.Tensor, batch: int, seq: int, device: Any, what: str) -> torch.Tensor:
+    """The segment ids of this forward: the built ``[batch, seq]`` ids at the prompt forward, ``ANSWER`` at a
+    one-token decode step (the token fed in is an answer token)."""
+    if seq == segments.shape[1]:
+        return segments.to(device)
+    if seq == 1:
+        return torch.full((batch, 1), ANSWER, dtype=torch.long, device=device)
+    raise ValueError(f"{what} was built for sequences of {segments.shape[1]} tokens (and one-token decode steps), "
+                     f"this forward has {seq}: build it for this encoding")
+
+
+@dataclass(frozen=True)
+class RowHeadAblation:
+    """Ablation that differs per batch ROW: row r ablates its own heads with its own kind (condition batching).
+
+    One batched generation then evaluates many conditions (head sets, ablation kinds) over the same samples: the
+    encoded batch is replicated once per condition (rows condition-major, ``interventions.replicate_encoding``)
+    and row r of block c is masked like condition c alone would mask it. At the output projection's input, per
+    layer, the heads any row ablates there (``heads_by_layer``) are edited with ONE ``torch.where`` over the
+    ``[rows, seq, heads, head_dim]`` view: ``masks[layer]`` (``[rows, heads]``) selects the (row, head) pairs and
+    ``tables[layer]`` (``[rows, segments, heads, head_dim]``, absent when every row zero-ablates) holds each row's
+    replacement per segment (zeros for zero rows, the pooled means for mean rows, the row's donor means for
+    resample rows). Like ``HeadAblation``, zero rows also zero padding positions and mean / resample rows leave
+    them untouched (``keep_padding``), so each row gets exactly the values the single-condition template gives."""
+
+    projection_paths: Mapping[int, str]
+    heads_by_layer: Mapping[int, tuple[int, ...]]  # union over rows
+    masks: Mapping[int, torch.Tensor]  # layer -> [rows, len(heads_by_layer[layer])] bool
+    num_heads: int
+    head_dim: int
+    tables: Mapping[int, torch.Tensor] = field(default_factory=dict)  # layer -> [rows, segments, heads, head_dim]
+    segments: torch.Tensor | None = None  # [rows, seq], only with tables
+    keep_padding: torch.Tensor | None = None  # [rows] bool: rows whose padding is left untouched
+
+    @classmethod
+    def build(cls, heads: Sequence[HeadSet | None], ablations: Sequence[Ablation], geometry: HeadGeometry,
+              projection_path: Any, *, segments: torch.Tensor | None = None,
+              sample_ids: Sequence[str] | None = None) -> "RowHeadAblation":
+        """``heads[r]`` / ``ablations[r]``: what row r ablates and how (None or an empty set: nothing).
+        ``segments`` (``[rows, seq]``) is needed as soon as a row uses ``mean`` or ``resample``, ``sample_ids``
+        (one per row) for ``resample``."""
+        rows = len(heads)
+        if len(ablations) != rows:
+            raise ValueError(f"{len(ablations)} ablations for {rows} rows of heads")
+        if rows == 0:
+            raise ValueError("RowHeadAblation needs at least one row")
+        sets = [geometry.validate(h) if h is not None else HeadSet() for h in heads]
+        union: dict[int, set[int]] = {}
+        for head_set in sets:
+            for layer, idx in head_set.by_layer().items():
+                union.setdefault(layer, set()).update(idx)
+        by_layer = {layer: tuple(sorted(union[layer])) for layer in sorted(union)}
+        paths = {layer: projection_path(layer) for layer in by_layer}
+        masks = {}
+        for layer, layer_heads in by_layer.items():
+            column = {h: j for j, h in enumerate(layer_heads)}
+            mask = torch.zeros(rows, len(layer_heads), dtype=torch.bool)
+            for r, head_set in enumerate(sets):
+                for h in head_set.by_layer().get(layer, ()):
+                    mask[r, column[h]] = True
+            masks[layer] = mask
+        replacing = [r for r in range(rows) if ablations[r].kind != "zero" and len(sets[r])]
+        if not replacing:
+            return cls(paths, by_layer, masks, geometry.num_heads, geometry.head_dim)
+        if segments is None:
+            raise ValueError("mean / resample ablation replaces outputs segment by segment: pass segments= (one row "
+                             "per batch row, interventions.batch_segments)")
+        if segments.shape[0] != rows:
+            raise ValueError(f"segments have {segments.shape[0]} rows for a batch of {rows}")
+        if sample_ids is not None and len(sample_ids) != rows:
+            raise ValueError(f"{len(sample_ids)} sample ids for a batch of {rows} rows")
+        sources: dict[int, torch.Tensor] = {}  # row -> [layers, segments, width]; zero rows have none
+        for r in replacing:
+            ablation = ablations[r]
+            assert ablation.values is not None
+            ablation.values.check(geometry)
+            if ablation.kind == "mean":
+                sources[r] = ablation.values.mean()
+            elif sample_ids is None:
+                raise ValueError("resample ablation needs the batch's sample_ids (each row gets its donor's outputs)")
+            else:
+                sources[r] = ablation.values.donor_mean(sample_ids[r])
+        filled = list(sources)
+        stacked = torch.stack([sources[r] for r in filled])  # [filled rows, layers, segments, width]
+        stacked = stacked.view(len(filled), geometry.num_layers, len(SEGMENTS), geometry.num_heads, geometry.head_dim)
+        tables = {}
+        for layer, layer_heads in by_layer.items():
+            table = torch.zeros(rows, len(SEGMENTS), len(layer_heads), geometry.head_dim, dtype=stacked.dtype)
+            table[filled] = stacked[:, layer][:, :, list(layer_heads)]
+            tables[layer] = table
+        keep = torch.tensor([a.kind != "zero" for a in ablations], dtype=torch.bool)
+        return cls(paths, by_layer, masks, geometry.num_heads, geometry.head_dim, tables,
+                   segments.detach().cpu().long(), keep)
+
+    @property
+    def rows(self) -> int:
+        return int(next(iter(self.masks.values())).shape[0]) if self.masks else 0
+
+    def layers(self) -> Sequence[int]:
+        return tuple(self.heads_by_layer)
+
+    def at_attention_call(self, model: Any, layer: int) -> None:
+        return None
+
+    def at_output_projection(self, model: Any, layer: int) -> None:
+        per_head = per_head_view(model, self.projection_paths[layer], self.num_heads, self.head_dim)
+        heads = list(self.heads_by_layer[layer])
+        batch, seq = per_head.shape[:2]
+        device = per_head.device
+        mask = self.masks[layer].to(device)
+        if batch != mask.shape[0]:
+            raise ValueError(f"the per-row ablation was built for {mask.shape[0]} rows, the batch has {batch}")
+        if not self.tables:
+            per_head[:, :, heads] = torch.where(mask[:, None, :, None], 0.0, per_head[:, :, heads])
+            return
+        assert self.segments is not None and self.keep_padding is not None
+        segments = forward_segments(self.segments, batch, seq, device, "the per-row ablation")
+        table = self.tables[layer].to(device=device, dtype=per_head.dtype)
+        replacement = table[torch.arange(batch, device=device)[:, None], segments.clamp(min=0)]  # [b, s, n, d]
+        untouched = (segments == PAD) & self.keep_padding.to(device)[:, None]
+        apply = mask[:, None, :, None] & ~untouched[:, :, None, None]
+        per_head[:, :, heads] = torch.where(apply, replacement, per_head[:, :, heads])
 
     def apply(self, model: Any) -> None:
         """Apply at every layer, in order (for use inside ``model.trace`` or one generation step)."""

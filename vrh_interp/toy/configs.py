@@ -45,11 +45,12 @@ from transformers import (
 from vrh_interp.data.scenes import IMAGE_SIZE
 from vrh_interp.toy.tokenizer import IM_END, build_tokenizer
 
-ModelName = Literal["a", "b", "planted"]
+ModelName = Literal["a", "b", "planted", "c", "d"]
 Family = Literal["a", "b"]
 # each toy model's family: its model class, processor, prompt and native box format ("planted", the positive
 # control of docs/results/planted.md, is a LLaVA-class model like "a" with a wider-headed backbone)
-FAMILIES: dict[str, Family] = {"a": "a", "b": "b", "planted": "a"}
+# "c" and "d" are the paper-regime pair (128-head backbone shared by a LLaVA-class and an InternVL-class model)
+FAMILIES: dict[str, Family] = {"a": "a", "b": "b", "planted": "a", "c": "a", "d": "b"}
 
 
 def family(name: str) -> Family:
@@ -93,6 +94,12 @@ class VisionTowerShape:
     intermediate_size: int = 384
     num_hidden_layers: int = 4
     num_attention_heads: int = 4
+
+
+# toys C and D: 8 layers x 16 heads (head_dim 16, 4 KV heads) = 128 heads, each head 0.8 % of the backbone's,
+# so the paper's 1.7-2.6 % is 2-3 heads; same hidden size as A/B, so A/B embed exactly (planted.embed_donor)
+WIDE_SHAPE = TextBackboneShape(hidden_size=128, intermediate_size=512, num_hidden_layers=8, num_attention_heads=16,
+                               num_key_value_heads=4, head_dim=16)
 
 
 def text_backbone_config(tokenizer: PreTrainedTokenizerFast, shape: TextBackboneShape) -> Qwen2Config:

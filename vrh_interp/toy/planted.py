@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -158,20 +159,35 @@ def donor_slot(head: int) -> int:
     return 4 * (head // 2) + head % 2
 
 
+_LAYER = re.compile(r"(language_model\.layers\.)(\d+)\.")
+
+
 @torch.no_grad()
 def embed_donor(model, donor) -> None:
-    """Start ``model`` (``PLANTED_SHAPE``) as an exact copy of ``donor`` (toy A): every weight but the query and
-    output projections is copied; donor head ``a`` becomes slot ``donor_slot(a)`` (same KV head, same head_dim,
-    so the same RoPE and scaling); the 8 other slots per layer keep their random query weights and get zero
-    output-projection columns, so they add nothing until training gives them a job. The function equals the
-    donor's exactly at the start (tested)."""
+    """Start ``model`` (16 heads of the donor's head_dim per layer, ``stride`` times the donor's layers) as an
+    exact copy of ``donor`` (toy A or B, 8 heads): donor layer ``i`` becomes layer ``stride * i``; there, every
+    weight but the query and output projections is copied and donor head ``a`` becomes slot ``donor_slot(a)``
+    (same KV head, same head_dim, so the same RoPE and scaling); the 8 other slots keep their random query
+    weights and get zero output-projection columns. Layers between donor layers keep their random weights but
+    get zero output and MLP down projections, so they add nothing. The function equals the donor's exactly at
+    the start (tested); training gives the new heads and layers their jobs."""
     target = model.state_dict()
     source = donor.state_dict()
-    head_dim = PLANTED_SHAPE.head_dim
-    donor_heads = donor.config.get_text_config().num_attention_heads
-    for name, value in source.items():
+    text, donor_text = model.config.get_text_config(), donor.config.get_text_config()
+    head_dim = text.head_dim
+    donor_heads = donor_text.num_attention_heads
+    if text.num_hidden_layers % donor_text.num_hidden_layers or text.head_dim != donor_text.head_dim:
+        raise ValueError(f"cannot embed a {donor_text.num_hidden_layers}-layer donor (head_dim {donor_text.head_dim}) "
+                         f"in a {text.num_hidden_layers}-layer model (head_dim {text.head_dim})")
+    stride = text.num_hidden_layers // donor_text.num_hidden_layers
+    for layer in range(text.num_hidden_layers):
+        if layer % stride:
+            target[f"model.language_model.layers.{layer}.self_attn.o_proj.weight"].zero_()
+            target[f"model.language_model.layers.{layer}.mlp.down_proj.weight"].zero_()
+    for donor_name, value in source.items():
+        name = _LAYER.sub(lambda m: f"{m.group(1)}{int(m.group(2)) * stride}.", donor_name)
         if name not in target:
-            raise ValueError(f"donor weight {name} has no counterpart in the planted model")
+            raise ValueError(f"donor weight {donor_name} has no counterpart in the embedding model")
         in_backbone = "language_model" in name
         if in_backbone and name.endswith(("q_proj.weight", "q_proj.bias")):
             for a in range(donor_heads):
@@ -184,7 +200,7 @@ def embed_donor(model, donor) -> None:
                 target[name][:, s * head_dim:(s + 1) * head_dim] = value[:, a * head_dim:(a + 1) * head_dim]
         else:
             if target[name].shape != value.shape:
-                raise ValueError(f"donor weight {name} has shape {tuple(value.shape)}, the planted model "
+                raise ValueError(f"donor weight {donor_name} has shape {tuple(value.shape)}, the embedding model "
                                  f"{tuple(target[name].shape)}")
             target[name].copy_(value)
     model.load_state_dict(target)

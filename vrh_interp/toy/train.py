@@ -65,6 +65,7 @@ from vrh_interp.toy.configs import (
     GRID_SIDE,
     PATCH_SIZE,
     ModelName,
+    WIDE_SHAPE,
     TextBackboneShape,
     VisionTowerShape,
     build_processor,
@@ -76,6 +77,7 @@ from vrh_interp.toy.configs import (
     quantise_box,
 )
 from vrh_interp.toy import checkpoint_dir, load, planted
+from vrh_interp.toy.text_tasks import scene_text_items, text_messages
 from vrh_interp.toy.tokenizer import IM_END
 
 MODEL_CLASSES: dict[str, type[PreTrainedModel]] = {
@@ -106,6 +108,7 @@ class TrainConfig:
     query_probe_layer: int = 2  # hidden_states index probed: output of decoder layer 1 (0-based) of 4
     vqa_batch_scenes: int = 0  # scenes per grounding step whose synthetic VQA items join the batch
     vqa_query_probe: bool = False  # the query probe also reads the answer positions of one-object VQA rows
+    text_batch_scenes: int = 0  # scenes per grounding step whose text-only items (toy.text_tasks) join the batch
     # level mix per grounding phase: (fraction of grounding steps, {level: probability})
     level_schedule: tuple[tuple[float, tuple[tuple[int, float], ...]], ...] = (
         (0.4, ((0, 0.8), (1, 0.2))),
@@ -155,7 +158,31 @@ MODEL_PRESETS: dict[str, dict] = {
         head_dropout=0.1,
         warm_start=str(checkpoint_dir("a")),
     ),
+    # the paper's regime (docs/toy-models.md, toys C and D): a 128-head backbone (8 layers x 16 heads) that
+    # starts as toy A's / B's exactly (planted.embed_donor: donor layer i at layer 2i, donor heads in half the
+    # slots, every new head and layer adding zero), text-only items in every batch (toy.text_tasks), grounding
+    # + VQA, head dropout on every head. The recipe (toy.recipe) pre-trains C's wide backbone on text alone
+    # first (stage "cd-text"); D embeds toy B the same way (its backbone shares A's first stage as ancestor, as
+    # B's does)
+    "c": dict(
+        vision_steps=0,
+        grounding_steps=600,
+        grounding_batch_scenes=4,
+        grounding_lr=5e-4,
+        warmup_steps=40,
+        eval_every=200,
+        text_shape=WIDE_SHAPE,
+        head_dropout=0.1,
+        vqa_batch_scenes=4,
+        vqa_query_probe=True,
+        text_batch_scenes=4,
+        query_probe_layer=4,  # output of layer 3: donor layer 1 (toy A's probed layer) sits at layer 2, layer 3 adds zero at the start
+        level_schedule=((1.0, ((1, 0.6), (2, 0.4))),),
+        warm_start=str(checkpoint_dir("a")),
+    ),
 }
+MODEL_PRESETS["d"] = {**MODEL_PRESETS["c"], "warm_start": str(checkpoint_dir("b")),
+                      "vision_shape": MODEL_PRESETS["b"]["vision_shape"]}
 
 # A warm-started run continues a trained model on the harder levels only (no level-0 scenes).
 WARM_START_LEVELS = ((1.0, ((1, 0.6), (2, 0.4))),)
@@ -303,6 +330,16 @@ def grounding_batch(config: TrainConfig, step: int) -> tuple[list[GroundingSampl
     return samples, questions
 
 
+def text_batch(config: TrainConfig, step: int) -> list[tuple[str, str]]:
+    """The text-only items (user text, answer) of batch ``step``: scenes disjoint from its grounding scenes."""
+    indices = training_scene_indices(config, step, config.text_batch_scenes)
+    return [item for index in indices for item in scene_text_items("train", (index + 500_000_000) % 1_000_000_000)]
+
+
+def text_prompts(processor, items: Sequence[tuple[str, str]]) -> list[str]:
+    return [processor.apply_chat_template(text_messages(text), add_generation_prompt=True, tokenize=False) for text, _ in items]
+
+
 def grounding_prompts(processor, name: ModelName, samples: Sequence[GroundingSample]) -> list[str]:
     return [
         processor.apply_chat_template(grounding_messages(name, s.expression), add_generation_prompt=True, tokenize=False)
@@ -317,7 +354,7 @@ def vqa_prompts(processor, samples: Sequence[VQASample]) -> list[str]:
 def encode_supervised(processor, images: Sequence[Image.Image], prompts: Sequence[str], answers: Sequence[str]) -> dict[str, torch.Tensor]:
     """Prompt + answer + end-of-turn per row; ``labels`` supervise only the answer and end-of-turn tokens."""
     answers = [a + IM_END for a in answers]
-    encoded = dict(processor(images=list(images), text=[p + a for p, a in zip(prompts, answers)], return_tensors="pt", padding=True))
+    encoded = dict(processor(images=list(images) or None, text=[p + a for p, a in zip(prompts, answers)], return_tensors="pt", padding=True))
     answer_lengths = [len(processor.tokenizer(a, add_special_tokens=False)["input_ids"]) for a in answers]
     labels = torch.full_like(encoded["input_ids"], IGNORE_INDEX)
     for row, n in enumerate(answer_lengths):  # left padding: answers are the last n tokens
@@ -477,6 +514,20 @@ def evaluate(model, processor, name: ModelName, n_scenes: int, levels: Sequence[
 
 
 @torch.no_grad()
+@torch.no_grad()
+def evaluate_text(model, processor, n_scenes: int, batch_size: int = 64) -> dict[str, float]:
+    """Exact-match accuracy (spaces ignored) of greedy answers to the text-only items of eval scenes ``0..n-1``."""
+    items = [item for index in range(n_scenes) for item in scene_text_items("eval", index)]
+    correct = 0
+    for start in range(0, len(items), batch_size):
+        chunk = items[start:start + batch_size]
+        inputs = dict(processor.tokenizer(text_prompts(processor, chunk), return_tensors="pt", padding=True))
+        generated = model.generate(**inputs, max_new_tokens=14, do_sample=False)
+        texts = processor.tokenizer.batch_decode(generated[:, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+        correct += sum(text.replace(" ", "") == answer.replace(" ", "") for text, (_, answer) in zip(texts, chunk))
+    return {"accuracy": correct / max(1, len(items)), "n": len(items)}
+
+
 def evaluate_vqa(model, processor, n_scenes: int, batch_size: int = 64) -> dict[str, dict[str, float]]:
     """Greedy answers to the VQA items of eval scenes ``0..n_scenes-1`` (level 1): accuracy per kind.
 
@@ -522,7 +573,7 @@ def load_whole_model(model: PreTrainedModel, checkpoint_folder: str) -> None:
     donor = AutoModelForImageTextToText.from_pretrained(checkpoint_folder, dtype=torch.float32, local_files_only=True)
     text, donor_text = model.config.get_text_config(), donor.config.get_text_config()
     if type(donor) is type(model) and text.num_attention_heads == 16 and donor_text.num_attention_heads == 8 \
-            and text.head_dim == donor_text.head_dim:
+            and text.head_dim == donor_text.head_dim and text.num_hidden_layers % donor_text.num_hidden_layers == 0:
         planted.embed_donor(model, donor)
         return
     if type(donor) is not type(model) or {k: v.shape for k, v in donor.state_dict().items()} != {
@@ -624,6 +675,7 @@ def probe_targets(config: TrainConfig, labels: torch.Tensor, samples: Sequence[G
     """Positions the query probe reads (those predicting an answer token, in probed rows) and each row's named
     attributes. Probed rows: every grounding row; with ``vqa_query_probe`` also the one-object VQA rows."""
     named = [s.meta["query_attributes"] for s in samples] + [q.meta.get("query_attributes") for q in questions]
+    named += [None] * (labels.shape[0] - len(named))  # text-only rows: never probed
     probed = torch.tensor([n is not None and (row < len(samples) or config.vqa_query_probe) for row, n in enumerate(named)])
     positions = torch.zeros_like(labels, dtype=torch.bool)
     positions[:, :-1] = (labels[:, 1:] != IGNORE_INDEX) & probed[:, None]
@@ -641,12 +693,14 @@ def training_step(config: TrainConfig, model, heads, processor, optimizer, step:
             loss, stats = heads.vision.loss(visual_tokens(model, pixel_values), labels)
         else:
             samples, questions = grounding_batch(config, step)
-            inputs = encode_supervised(
+            texts = text_batch(config, step) if config.text_batch_scenes else []
+            inputs = encode_supervised(  # rows: grounding, VQA, then text-only items (no image)
                 processor,
                 [s.image for s in samples] + [q.image for q in questions],
-                grounding_prompts(processor, config.model, samples) + vqa_prompts(processor, questions),
+                grounding_prompts(processor, config.model, samples) + vqa_prompts(processor, questions)
+                + text_prompts(processor, texts),
                 [format_box_answer(config.model, s.expression, s.box, s.image.size) for s in samples]
-                + [answer_text(q) for q in questions],
+                + [answer_text(q) for q in questions] + [answer for _, answer in texts],
             )
             probe = config.query_probe_weight > 0
             text_config = model.config.get_text_config()
@@ -713,6 +767,8 @@ def train(config: TrainConfig, out_dir: Path, resume: bool) -> list[dict]:
                 record["eval"] = evaluate(model, processor, config.model, config.eval_scenes)
                 if config.vqa_batch_scenes:
                     record["eval"]["vqa"] = evaluate_vqa(model, processor, config.eval_scenes)
+                if config.text_batch_scenes:
+                    record["eval"]["text"] = evaluate_text(model, processor, config.eval_scenes)
                 best = max((h["eval"]["level1"]["accuracy"] for h in history if "eval" in h), default=-1.0)
                 if record["eval"]["level1"]["accuracy"] > best:
                     export_checkpoint(model, processor, out_dir / "best", {"config": dataclasses.asdict(config), **record})
@@ -802,6 +858,13 @@ def ship(run_dir: Path, name: ModelName, lineage: str = "", checkpoint: str = "b
         "history": history,
     }
     (target / "training_log.json").write_text(json.dumps(log, indent=1))
+    if config_from_json(selected["config"]).text_shape == WIDE_SHAPE:  # the paper-regime toys: measure the regime
+        from vrh_interp.toy import regime
+
+        measured = regime.measure(model, processor, name)
+        (target / regime.REGIME_FILE).write_text(json.dumps(measured, indent=1))
+        log["regime"] = {k: v for k, v in measured.items() if not isinstance(v, (dict, list))}
+        (target / "training_log.json").write_text(json.dumps(log, indent=1))
     if config_from_json(selected["config"]).planted:  # the positive control: declare its heads, measure them
         measured = planted.measure(model, processor, HeadSet(selected["config"]["planted"]),
                                    HeadSet(selected["config"]["decoys"]), name=name, n_scenes=PLANTED_MEASURE_SCENES)

@@ -1,0 +1,177 @@
+"""Measured regime properties of a toy checkpoint: is it in the paper's regime (spare capacity)?
+
+The paper's models have ~1,000 heads, and 20 random heads change nothing; toys A and B (32 heads) are not
+like that: nearly every head is load-bearing. ``measure`` reads, off the weights, what the toys' model card
+quotes for each of them, through plain forward pre-hooks (``planted.head_multipliers``: the library's zero
+ablation, implemented independently of its nnsight templates):
+
+* grounding on fresh level-1 scenes against the query-ignoring ceiling, and two query checks: the
+  expression replaced by ``"the"`` (a model that reads the query falls towards the ceiling or below), and
+  another referent's expression on the same image (the box should move to THAT referent);
+* the damage of every single head (zero ablation, accuracy points lost) and of seeded random sets of
+  ``round(2.5 %)`` of the heads: the mean cost of a random set and the worst single head are the regime's
+  two numbers.
+
+Many masks are evaluated in one batched ``generate``: each row carries its own [layers, heads]
+multipliers (rows = masks x samples), which is exact because rows do not interact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from vrh_interp.boxes import Box, iou
+from vrh_interp.heads import Head, HeadSet
+from vrh_interp.toy import planted
+
+REGIME_FILE = "regime.json"  # written beside a shipped C / D checkpoint by ``train.ship``
+REGIME_SET_FRACTION = 0.025  # "random head sets of 2.5 % of heads cost <= 5 points on average"
+RANDOM_SET_BUDGET = 0.05  # points
+SINGLE_HEAD_BUDGET = 0.15  # points
+
+
+def _hits(samples: Sequence, boxes: Sequence[Box | None], targets: Sequence | None = None) -> np.ndarray:
+    targets = targets if targets is not None else [s.box for s in samples]
+    return np.array([b is not None and iou(b, Box(*t)) >= 0.5 for b, t in zip(boxes, targets)], dtype=float)
+
+
+@torch.no_grad()
+def masked_boxes(model, processor, name: str, samples: Sequence, masks: Sequence[HeadSet],
+                 rows_per_pass: int = 192) -> list[list[Box | None]]:
+    """Greedy boxes of every sample under every head mask (zero ablation): ``out[m][i]``. Rows of one
+    ``generate`` are (mask, sample) pairs, each with its own multipliers."""
+    from vrh_interp.toy.train import predict_boxes
+
+    config = model.config.get_text_config()
+    layers, heads = config.num_hidden_layers, config.num_attention_heads
+    pairs = [(m, i) for m in range(len(masks)) for i in range(len(samples))]
+    out: list[list[Box | None]] = [[None] * len(samples) for _ in masks]
+    full = [planted.mask_multipliers(model, mask) for mask in masks]  # [layers, heads] each
+    for start in range(0, len(pairs), rows_per_pass):
+        chunk = pairs[start:start + rows_per_pass]
+        multipliers = torch.stack([full[m] for m, _ in chunk], dim=1)  # [layers, rows, heads]
+        with planted.head_multipliers(model, multipliers):
+            predicted = predict_boxes(model, processor, name, [samples[i] for _, i in chunk], batch_size=len(chunk))
+        for (m, i), (_, box) in zip(chunk, predicted):
+            out[m][i] = box
+    assert all(len(x) == len(samples) for x in out) and layers and heads
+    return out
+
+
+def query_checks(model, processor, name: str, samples: Sequence) -> dict[str, float]:
+    """``the_accuracy``: accuracy with the expression replaced by "the"; ``swap_moves_box``: share of samples
+    whose box lands on another referent of the same image when given THAT referent's expression;
+    ``swap_still_original``: share that still returns the original referent's box."""
+    from vrh_interp.toy.train import predict_boxes
+
+    the = [dataclasses.replace(s, expression="the") for s in samples]
+    the_boxes = [box for _, box in predict_boxes(model, processor, name, the)]
+    by_scene: dict[tuple, list] = {}
+    for s in samples:
+        by_scene.setdefault((s.meta["split"], s.meta["index"], s.meta["difficulty"]), []).append(s)
+    swapped, originals, others = [], [], []
+    for group in by_scene.values():
+        for k, s in enumerate(group):
+            if len(group) < 2:
+                continue
+            other = group[(k + 1) % len(group)]
+            swapped.append(dataclasses.replace(s, expression=other.expression))
+            originals.append(s.box)
+            others.append(other.box)
+    swap_boxes = [box for _, box in predict_boxes(model, processor, name, swapped)]
+    return {"the_accuracy": float(_hits(samples, the_boxes).mean()),
+            "swap_pairs": len(swapped),
+            "swap_moves_box": float(_hits(swapped, swap_boxes, others).mean()) if swapped else float("nan"),
+            "swap_still_original": float(_hits(swapped, swap_boxes, originals).mean()) if swapped else float("nan")}
+
+
+def measure(model, processor, name: str, *, n_scenes: int = 50, offset: int = 200, damage_scenes: int = 10,
+            random_sets: int = 20, seed: int = 0) -> dict:
+    """Regime properties (module docstring). Grounding and query checks on level-1 eval scenes
+    ``offset..offset+n_scenes-1`` (the fresh scenes: used for no training choice); single-head and random-set
+    damage on the first ``damage_scenes`` of them (every head is one more full evaluation)."""
+    from vrh_interp.toy.train import grounding_metrics, held_out_samples
+
+    samples = held_out_samples(n_scenes, 1, offset)
+    config = model.config.get_text_config()
+    layers, heads = config.num_hidden_layers, config.num_attention_heads
+    total = layers * heads
+    baseline_boxes = masked_boxes(model, processor, name, samples, [HeadSet([])])[0]
+    metrics = grounding_metrics(samples, baseline_boxes)
+    damage_samples = held_out_samples(damage_scenes, 1, offset)
+    everyone = [Head(layer, head) for layer in range(layers) for head in range(heads)]
+    set_size = max(1, round(REGIME_SET_FRACTION * total))
+    rng = np.random.default_rng(seed)
+    randoms = [HeadSet(everyone[i] for i in sorted(rng.choice(total, set_size, replace=False))) for _ in range(random_sets)]
+    masks = [HeadSet([])] + [HeadSet([h]) for h in everyone] + randoms
+    accuracies = [float(_hits(damage_samples, boxes).mean())
+                  for boxes in masked_boxes(model, processor, name, damage_samples, masks)]
+    base = accuracies[0]
+    single = np.array(accuracies[1:1 + total])
+    random_acc = np.array(accuracies[1 + total:])
+    damage = base - single
+    return {
+        "name": name, "heads": total, "layers": layers, "heads_per_layer": heads,
+        "scenes": [offset, offset + n_scenes - 1], "n": len(samples),
+        "accuracy": metrics["accuracy"], "accuracy_ci": [metrics["accuracy_ci_low"], metrics["accuracy_ci_high"]],
+        "query_ignoring_ceiling": metrics["baseline_query_ignoring_ceiling"],
+        **query_checks(model, processor, name, samples),
+        "damage_n": len(damage_samples), "damage_baseline": base,
+        "single_head_damage": {str(h): float(d) for h, d in zip(everyone, damage)},
+        "single_head_damage_max": float(damage.max()), "single_head_damage_median": float(np.median(damage)),
+        "single_heads_costing_5_points": int((damage >= 0.05).sum()),
+        "single_heads_costing_10_points": int((damage >= 0.10).sum()),
+        "single_heads_costing_20_points": int((damage >= 0.20).sum()),
+        "random_set_size": set_size, "random_sets": [s.to_list() for s in randoms],
+        "random_set_accuracies": random_acc.tolist(),
+        "random_set_cost_mean": float(base - random_acc.mean()), "random_set_cost_max": float(base - random_acc.min()),
+        "in_regime": bool(base - random_acc.mean() <= RANDOM_SET_BUDGET and damage.max() <= SINGLE_HEAD_BUDGET),
+    }
+
+
+def summary_lines(measured: dict) -> list[str]:
+    """The model card's regime lines."""
+    m = measured
+    return [
+        f"{m['name']}: {m['heads']} heads ({m['layers']} x {m['heads_per_layer']}); level-1 grounding {m['accuracy']:.3f} "
+        f"on {m['n']} fresh items (query-ignoring ceiling {m['query_ignoring_ceiling']:.3f})",
+        f"query checks: expression 'the' {m['the_accuracy']:.3f}; another referent's expression moves the box to it "
+        f"{m['swap_moves_box']:.3f} (still the original {m['swap_still_original']:.3f})",
+        f"single heads ({m['damage_n']} items, baseline {m['damage_baseline']:.3f}): max cost {m['single_head_damage_max']:.3f}, "
+        f"median {m['single_head_damage_median']:.3f}; >= 5 / 10 / 20 points: {m['single_heads_costing_5_points']} / "
+        f"{m['single_heads_costing_10_points']} / {m['single_heads_costing_20_points']}",
+        f"random sets of {m['random_set_size']} heads ({len(m['random_set_accuracies'])} sets): mean cost "
+        f"{m['random_set_cost_mean']:.3f}, worst {m['random_set_cost_max']:.3f}; in the paper's regime: {m['in_regime']}",
+    ]
+
+
+def main() -> None:
+    import argparse
+    import json
+
+    from vrh_interp.toy import load
+
+    parser = argparse.ArgumentParser(description="Measure a toy checkpoint's regime properties (spare capacity).")
+    parser.add_argument("--model", default="c")
+    parser.add_argument("--folder", default=None, help="a trainer checkpoint folder of --model's family")
+    parser.add_argument("--scenes", type=int, default=50)
+    parser.add_argument("--damage-scenes", type=int, default=10)
+    parser.add_argument("--out", default=None, help="write the measurement as JSON here")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    model, processor = load(args.model, folder=args.folder)
+    measured = measure(model, processor, args.model, n_scenes=args.scenes, damage_scenes=args.damage_scenes)
+    print("\n".join(summary_lines(measured)))
+    if args.out:
+        from pathlib import Path
+
+        Path(args.out).write_text(json.dumps(measured, indent=1))
+
+
+if __name__ == "__main__":
+    main()
