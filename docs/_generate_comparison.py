@@ -93,7 +93,7 @@ def generate(demo_a: Path, demo_c: Path, regime_a: Path | None = None) -> Path:
             "'the' / swapped expression": f"{r['the_accuracy']:.3f} / {r['swap_moves_box']:.3f}",
             "single-head cost: median / max": f"{r['single_head_damage_median']:.3f} / {r['single_head_damage_max']:.3f}",
             "heads costing >= 5 / 10 / 20 points": f"{r['single_heads_costing_5_points']} / {r['single_heads_costing_10_points']} / {r['single_heads_costing_20_points']}",
-            f"random sets of 2.5 % of heads: mean / worst cost": f"{r['random_set_cost_mean']:.3f} / {r['random_set_cost_max']:.3f} ({r['random_set_size']} heads)",
+            "random sets of 2.5 % of heads: mean / worst cost": f"{r['random_set_cost_mean']:.3f} / {r['random_set_cost_max']:.3f} ({r['random_set_size']} heads)",
             "in the paper's regime": "yes" if r["in_regime"] else "no",
             "k*": d["k_star"],
             "top-k* / random / matched at k*": f"{spread[label]['top']} / {spread[label].get('random', '-')} / {spread[label].get('matched', '-')}",

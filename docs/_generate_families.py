@@ -3,6 +3,7 @@
     python docs/_generate_families.py          # rewrite docs/families.md
     python docs/_generate_families.py --check  # exit 1 if docs/families.md is stale
 
+The paper's eleven models are listed from ``vrh_interp.families.paper_models`` (how each is verified: ``TINY_CHECK``).
 Facts come from the adapter classes themselves: ClassVars (names, config model types, module paths, box
 format, non-causal flag), the grounding instruction the adapter really builds, the head_dim rule its
 ``geometry()`` really applies, and the module docstring (the sources read and the full rules), quoted
@@ -22,6 +23,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from vrh_interp.families import FamilyAdapter, builtin_adapter_classes  # noqa: E402
+from vrh_interp.families.paper_models import PAPER_MODELS  # noqa: E402
 
 OUTPUT = ROOT / "docs" / "families.md"
 
@@ -70,8 +72,9 @@ CAVEATS: dict[str, list[str]] = {
     "llava_onevision": ["SigLIP 384 / 14 leaves 6-pixel gaps per tile; downsampled tokens' rectangles overlap."],
     "paligemma": ["No chat template: the prompt is `<image>detect EXPR` (the model card's detection prefix).",
                   "Attention is non-causal over the whole prefix (image, `<bos>`, prompt).",
-                  "PaliGemma 2 (Gemma 2) interleaves sliding-window layers and soft-caps logits: during generation "
-                  "the region readout raises `ReadoutUnavailableError` for prompts longer than the window.",
+                  "PaliGemma 2 (Gemma 2) interleaves sliding-window layers and soft-caps logits (the readout applies "
+                  "both; Gemma 2 runs eager attention, sdpa cannot soft-cap): during generation a readout of a "
+                  "sliding layer raises `ReadoutUnavailableError` once prompt + answer fill the window.",
                   "The processor's `labels` output is dropped by `encode`."],
     "gemma3": ["No documented grounding format: the Gemini convention is requested (not a trained format).",
                "Sliding-window layers (5:1 in released checkpoints): the region readout during generation "
@@ -127,6 +130,52 @@ def _intro_and_facts(cls: type[FamilyAdapter]) -> tuple[str, str]:
     return " ".join(intro.split()), facts.strip()
 
 
+META_CHECK = ("meta-device build from the config facts (parameter count = the hub's, adapter, head grid vs the "
+              "attention modules, template module paths)")
+# How each paper model's language backbone is checked on tiny models (tests/families/test_paper_models.py and
+# the family tests); remote-code models have no native check.
+TINY_CHECK: dict[str, str] = {
+    "Qwen2.5-VL-7B": "tiny `qwen2_5_vl` reference equality; every published set fits",
+    "Qwen3-VL-8B": "tiny `qwen3_vl` reference equality; every published set fits",
+    "InternVL3-8B": "tiny `internvl` (Qwen2 backbone) reference equality; every published set fits",
+    "InternVL3.5-8B": "tiny `internvl_qwen3` (Qwen3 backbone) reference equality; every published set fits",
+    "LLaVA-NeXT-Llama3-8B": "tiny `llava_next_llama3` (Llama 3 backbone) reference equality",
+    "PaliGemma2-10B": "tiny `paligemma2` (Gemma 2: soft-capping, sliding windows) reference equality, soft-capped "
+                      "windowed readout vs eager, sliding layers refused during generation",
+    "GLM-4.6V-Flash": "tiny `glm46v` (transformers' glm46v classes, GLM-4.6V-Flash's 16:1 GQA shape at 4:1) "
+                      "reference equality and layout experiment, plus tiny `glm4v`",
+}
+
+
+def _paper_models() -> list[str]:
+    lines = [
+        "## The paper's eleven models",
+        "",
+        "`vrh families --paper` prints this list. Configuration facts: `vrh_interp/families/paper_models.py`,",
+        "recorded from each checkpoint's public `config.json` (linked; written from public knowledge, since nothing",
+        "can be downloaded where the tests run). Tests: `tests/families/test_paper_models.py`. \"Meta-device build\":",
+        "the full-size model is built without weights from those facts; its parameter count must equal the one its",
+        "hub page shows, the registry must pick the adapter, the adapter's head grid must match every attention",
+        "module, and the module paths the ablation, capture and readout templates name must be that layer's",
+        "attention and output projection. \"Reference equality\": a tiny random-weight model with the same language",
+        "backbone passes the plain-PyTorch reference checks of `tests/test_templates.py`. Remote-code models need",
+        "their authors' code (`trust_remote_code`, never enabled for the user): \"described\" ones have the",
+        "`AttentionDescription` to pass in [the remote-code recipe](recipes/remote-code-models.md), read from the",
+        "public model code; none of them was run here.",
+        "",
+        "| model | backbone | checkpoint | layers x heads (KV, head_dim) | status | verified by |",
+        "|---|---|---|---|---|---|",
+    ]
+    for m in PAPER_MODELS:
+        g = m.geometry
+        grid = "not recorded" if g is None else f"{g.num_layers} x {g.num_heads} ({g.num_kv_heads}, {g.head_dim})"
+        check = f"{META_CHECK}; {TINY_CHECK[m.name]}" if m.name in TINY_CHECK else (
+            f"{m.note}; description not run on the checkpoint" if m.described else f"not yet: {m.note}")
+        lines.append(f"| {m.name} | {m.backbone} | [`{m.checkpoint}`]({m.source}) | {grid} | {m.status} | "
+                     f"{_cell(check)} |")
+    return lines + [""]
+
+
 def render() -> str:
     classes = builtin_adapter_classes()
     missing = [c.name for c in classes if c.name not in LAYOUT or c.name not in CAVEATS]
@@ -153,6 +202,7 @@ def render() -> str:
         lines.append(f"| [`{cls.name}`](#{cls.name}) | {_cell(cls.display_name)} | "
                      f"{', '.join(f'`{t}`' for t in cls.model_types)} | {_cell(_code(cls.box_format))} | "
                      f"{'yes' if cls.non_causal_image_attention else 'no'} |")
+    lines += ["", *_paper_models()]
     for cls in classes:
         adapter = cls(None)
         intro, facts = _intro_and_facts(cls)

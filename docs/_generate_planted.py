@@ -181,8 +181,9 @@ def _write_page(out: Path, measured: dict, grading: pd.DataFrame, summary: pd.Da
         "",
         "## Activation patching (referent moved)",
         "",
-        f"{int(patched['n_pairs'])} `referent_moved` pairs; recovery of the logit difference (first differing answer "
-        f"token) when the set's outputs are patched clean -> corrupted. Planted: {patched['recovery']:.3f} "
+        f"{int(patched['n_pairs'])} `referent_moved` pairs; recovery of the `{patched['metric']}` metric (`answer`: "
+        "log P(clean box) - log P(corrupted box), every box token) when the set's outputs are patched clean -> "
+        f"corrupted. Planted: {patched['recovery']:.3f} "
         f"[{patched['ci_low']:.3f}, {patched['ci_high']:.3f}]; decoys: {patching.iloc[1]['recovery']:.3f}; "
         + _controls_line(patching, "random") + "; " + _controls_line(patching, "matched")
         + f". Control sets recovering at least as much as P: {rank} of {len(random_recovery)}.",

@@ -1,13 +1,15 @@
-"""Writes the notebooks in this folder from the cell sources below (run: python notebooks/_build.py).
+"""Writes the notebooks in this folder from the cell sources below (run: python notebooks/_build.py; then
+``python notebooks/_build.py --execute [01 ...]`` stores their executed outputs).
 
 Notebooks are generated so their code is reviewed as plain Python; tests/test_notebooks.py executes
-every notebook top to bottom, so they cannot rot. They run on the shipped toy model when it is present
+every notebook top to bottom and compares the kinds of its outputs with the stored ones, so they cannot rot. They run on the shipped toy model when it is present
 (``toy:a``) and otherwise on a tiny random-weight fixture (then the numbers mean nothing; the code path
 is the same).
 """
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import nbformat
@@ -18,39 +20,95 @@ HERE = Path(__file__).resolve().parent
 # IPython's PNG formatter for them, so a cell ending in a figure shows the picture, not "<Figure ...>".
 INLINE = "%matplotlib inline\n"
 
-PICK_MODEL = INLINE + '''from vrh_interp.cli import _load_model
+# No progress bars or library warnings in the stored outputs: transformers' weight-loading bars and info lines,
+# and tqdm.auto's "IProgress not found" warning where ipywidgets is not installed.
+QUIET = INLINE + '''import warnings
+
+warnings.filterwarnings("ignore", message="IProgress not found")  # before transformers imports tqdm.auto
+from transformers.utils import logging as hf_logging
+
+hf_logging.set_verbosity_error()
+hf_logging.disable_progress_bar()
+'''
+
+PICK_MODEL = QUIET + '''
+from vrh_interp import load
 from vrh_interp.toy import CHECKPOINT_ROOT
 
 MODEL = "toy:a" if (CHECKPOINT_ROOT / "a" / "config.json").exists() else "tiny:llava"
-vlm = _load_model(MODEL, None, None)
+vlm = load(MODEL)
 print(MODEL, vlm.adapter.display_name, vlm.geometry)'''
 
 NOTEBOOKS = {
     "01_find_and_test_vrhs.ipynb": [
-        ("markdown", "# Find the Visual Retrieval Heads of a model and prove they are causal\n\n"
-                     "Detect on held-out scenes, then mask the top-k heads and k random heads (drawn outside the "
-                     "detected set) on DISJOINT scenes."),
-        ("code", PICK_MODEL),
+        ("markdown", "# Find the Visual Retrieval Heads of a model and test whether they are causal\n\n"
+                     "Score every attention head on detection scenes, then mask the top-k heads on DISJOINT "
+                     "evaluation scenes next to 19 random and 19 layer-matched sets of k heads drawn outside them. "
+                     "The claim \"these heads are causal for grounding\" holds only when masking them causes a "
+                     "significant drop AND a larger one than every control set (empirical p <= 0.05).\n\n"
+                     "The model is `toy:planted`, the positive control shipped with the package: a toy VLM whose "
+                     "three retrieval heads were declared before training and planted by construction, so we know "
+                     "what the pipeline should find. Change `MODEL` to `toy:a`, a folder or a hub id to run the "
+                     "same cells on another model (on toy A the claim does not hold: "
+                     "[results](../docs/results/toy-a.md)). Every sentence below the cells is computed from the "
+                     "numbers above it."),
+        ("code", QUIET + '''
+from vrh_interp import load, positive_control
+
+MODEL = "toy:planted" if positive_control.available() else "tiny:llava"
+vlm = load(MODEL)
+planted = positive_control.declared()[0] if MODEL == "toy:planted" else None
+print(MODEL, vlm.adapter.display_name, vlm.geometry, "| planted heads:", planted)'''),
         ("code", '''from vrh_interp.sources import synthetic_samples
 from vrh_interp import score_heads, sweep
 
-detect = synthetic_samples("detect", 16)
-evaluate = synthetic_samples("eval", 8)
-scores = score_heads(vlm, detect, "vrh", batch_size=16, progress=False)
+detect = synthetic_samples("detect", 24)
+evaluate = synthetic_samples("eval", 24)  # disjoint scenes: the sweep refuses overlapping sample ids
+scores = score_heads(vlm, detect, "vrh", batch_size=24, progress=False)
 scores.to_frame().head(5)'''),
         ("code", '''from vrh_interp import plots
 plots.score_heatmap(scores.scores, "VRH scores")'''),
-        ("code", '''result = sweep(vlm, evaluate, scores, ks=(0, 1, 2), random_seeds=(0, 1), batch_size=16, progress=False)
+        ("code", '''K = 3
+result = sweep(vlm, evaluate, scores, ks=(0, K), random_seeds=range(19), batch_size=64, progress=False)
 summary = result.summary()
-assert set(summary["condition"]) == {"baseline", "top", "random", "matched"}  # uniform and layer-matched sets
-summary[["condition", "k", "seed", "accuracy", "accuracy_ci_low", "accuracy_ci_high", "parse_failure_rate", "mislocation_rate",
-         "p_vs_random", "p_vs_matched"]]'''),
+shown = summary[~summary["condition"].isin(["random", "matched"]) | (summary["seed"].astype(str) == "all")]
+shown[["condition", "k", "sets", "n", "accuracy", "accuracy_ci_low", "accuracy_ci_high", "p_value_vs_baseline",
+       "p_vs_random", "p_vs_matched"]]'''),
+        ("code", '''from IPython.display import Markdown
+from vrh_interp.evaluation.sweep import summary_verdict
+
+judged = summary_verdict(summary, K)
+top, controls = judged["target"], judged["controls"]
+found = scores.top(K)
+recovered = "" if planted is None else (
+    f"The top-{K} heads by score are {found}: {'exactly' if set(found) == set(planted) else 'NOT'} the planted "
+    f"heads {planted}. ")
+Markdown(f"{recovered}Masking them takes grounding accuracy from "
+         f"{summary.loc[summary['condition'] == 'baseline', 'accuracy'].iloc[0]:.2f} to {top['accuracy']:.2f} "
+         f"(95 % CI {top['accuracy_ci_low']:.2f}-{top['accuracy_ci_high']:.2f}, n = {top['n']}, McNemar p = "
+         f"{top['p_value_vs_baseline']:.2g}); {int(controls['random']['sets'])} random sets of {K} heads leave "
+         f"{controls['random']['accuracy']:.2f} on average and {int(controls['matched']['sets'])} layer-matched sets "
+         f"{controls['matched']['accuracy']:.2f}. **The causal claim {judged['verdict'].upper()}** "
+         f"({judged['reason']}).")'''),
         ("code", '''plots.k_sweep_curve(summary)'''),
-        ("code", '''from vrh_interp.overlays import overlay_figures, prediction_overlays
-overlay = prediction_overlays(vlm, evaluate[0], scores.top(2))
-figures = overlay_figures(overlay)
-print(overlay.answer)
-figures[0]'''),
+        ("markdown", "What the heads look at: the mean attention of the top heads' answer rows over the image, for "
+                     "one evaluation scene, with the referent's box and the model's answer box drawn in the "
+                     "image's pixels."),
+        ("code", '''from vrh_interp.boxes import Box
+from vrh_interp.overlays import overlay_figures, prediction_overlays
+
+records = result.records
+grounded = set(records[(records["condition"] == "baseline:k=0") & (records["iou"] >= 0.5)]["sample_id"])
+sample = next((s for s in evaluate if s.sample_id in grounded), evaluate[0])  # a scene the model grounds
+overlay = prediction_overlays(vlm, sample, scores.top(K))
+figure = overlay_figures(overlay)[1]  # [all heads, the top-K heads, all heads except them]
+figure.axes[0].set_title(f"top-{K} heads {scores.top(K)}\\n\\"{sample.expression}\\"", fontsize=9)
+print("expression:", repr(sample.expression))
+answer_box = overlay.predicted  # a Box in the image's pixels, or why the answer did not parse
+print("answer:", repr(overlay.answer), "-> box in pixels",
+      tuple(round(v) for v in answer_box.as_tuple()) if isinstance(answer_box, Box) else answer_box)
+print("ground truth box in pixels:", tuple(round(v) for v in overlay.truth.as_tuple()))
+figure'''),
     ],
     "02_transfer_between_models.ipynb": [
         ("markdown", "# Transfer Visual Retrieval Heads between two models that share a language backbone\n\n"
@@ -62,7 +120,8 @@ figures[0]'''),
                      "different vision tower and projector, fine-tuned from A's language backbone). Where toy B is "
                      "not shipped in this installation, the notebook says so and runs the same code on a stand-in "
                      "pair of random-weight fixtures with one head grid (the numbers then mean nothing)."),
-        ("code", INLINE + '''from vrh_interp.cli import _load_model
+        ("code", QUIET + '''
+from vrh_interp import load
 from vrh_interp.toy import checkpoint_dir
 
 if all((checkpoint_dir(name) / "config.json").exists() for name in ("a", "b")):
@@ -71,7 +130,7 @@ else:
     PAIR = ("tiny:llava", "tiny:llava_next")
     print("toy B is not shipped in this installation (no", checkpoint_dir("b") / "config.json", "):",
           "running on the stand-in pair", PAIR, "- random weights, the numbers mean nothing")
-vlm_a, vlm_b = (_load_model(spec, None, None) for spec in PAIR)
+vlm_a, vlm_b = (load(spec) for spec in PAIR)
 LABELS = ("A", "B")
 for label, spec, vlm in zip(LABELS, PAIR, (vlm_a, vlm_b)):
     print(label, spec, vlm.adapter.display_name, vlm.geometry)
@@ -105,12 +164,36 @@ summary[["model", "heads_from", "condition", "k", "seed", "accuracy", "accuracy_
         ("code", '''plots.cross_masking_curves(summary)'''),
         ("code", '''from vrh_interp.transfer import masking_drops
 
-masking_drops(summary, k_star)'''),
-        ("markdown", "Reading it: the heads transfer when, in each model, the transferred curve falls with k like the "
-                     "model's own curve and below the random sets, and few random sets are as harmful as the "
-                     "transferred heads (`p_vs_random` <= 0.05, which needs at least 19 sets; one set here keeps the "
-                     "notebook fast). Twelve evaluation scenes keep it short too; `vrh demo` runs the same analysis "
-                     "with 20 random sets on more scenes and writes it into its report."),
+drops = masking_drops(summary, k_star)
+drops'''),
+        ("code", '''from IPython.display import Markdown
+
+overlap = comparison.set_index("statistic")
+shared = {k: int(overlap.loc[f"top-{k} overlap", "heads_shared"]) for k in (3, 5, 8)}
+lines = [f"The two score maps share {shared[3]} of their top-3 heads, {shared[5]} of their top-5 and {shared[8]} of "
+         f"their top-8 (top-5: permutation p = {overlap.loc['top-5 overlap', 'p_value']:.2g} against chance, "
+         f"chance overlap {overlap.loc['top-5 overlap', 'chance_mean']:.2f}); Spearman of the maps "
+         f"{overlap.loc['spearman', 'value']:.2f}."]
+for _, row in drops.iterrows():
+    lines.append(f"{row['direction']} at k = {row['k']}: accuracy drops by " + ", ".join(
+        f"{row[name]:.2f} ({name.removesuffix('_drop')} heads)" for name in drops.columns if name.endswith("_drop"))
+        + f"; verdict for the transferred heads: {row['transferred_verdict']}.")
+Markdown("\\n\\n".join(lines) + "\\n\\nThe heads transfer when the transferred heads hurt about as much as the "
+         "model's own and more than random sets (empirical p <= 0.05 needs at least 19 sets; one set per k here keeps "
+         "the notebook fast, so this notebook cannot show transfer, only how to measure it). `vrh demo` runs the "
+         "same analysis with 20 random sets and writes it into its report ([A vs B on the toys](../docs/results/"
+         "toy-a.md)).")'''),
+        ("markdown", "## The paper's own pairs, from its published lists\n\n"
+                     "Appendix D publishes the top-20 heads of Qwen2.5-VL-7B, InternVL3-8B (both Qwen2.5-7B) and "
+                     "Qwen3-VL-8B, InternVL3.5-8B (both Qwen3-8B) on five benchmarks (`vrh_interp.published`, "
+                     "[docs](../docs/published-heads.md)). The overlap of each same-backbone pair against chance: "
+                     "uniform over the grid, and layer-matched (same heads per layer, random heads within a layer). "
+                     "On a real checkpoint, `sweep(vlm, samples, published.heads(...))` or "
+                     "`vrh sweep --vrhs published:qwen2.5-vl-7b/refcoco` masks a published set."),
+        ("code", '''from vrh_interp import published
+
+published.same_backbone_overlap()[["pair", "benchmark", "shared", "jaccard", "chance_uniform", "p_uniform",
+                                   "chance_layer_matched", "p_layer_matched"]]'''),
     ],
     "03_trace_and_ablate.ipynb": [
         ("markdown", "# Trace and ablate with nnsight inside your own experiments\n\n"
@@ -136,9 +219,25 @@ with torch.no_grad():
 print("max logit change from ablating", heads, float((logits - plain).abs().max()))
 assert float((logits - plain).abs().max()) > 0
 assert torch.allclose(rows[0].sum(-1), torch.ones_like(rows[0].sum(-1)), atol=1e-5)'''),
-        ("code", '''result = iv.run_generate(vlm, batch.encoding, [ablation], max_new_tokens=24)
-print("masked answer:", vlm.decode_answers(result.ids, batch.prompt_length)[0])
-print("truth:", sample.box)'''),
+        ("code", '''from vrh_interp.boxes import BoxParseFailure
+from vrh_interp.plots import pair_panels
+
+
+def answer_in_pixels(interventions):
+    """Greedy answer under ``interventions``, and its box parsed from the model's native format into pixels."""
+    result = iv.run_generate(vlm, batch.encoding, interventions, max_new_tokens=24)
+    answer = vlm.decode_answers(result.ids, batch.prompt_length)[0]
+    box = vlm.adapter.parse_box(answer, batch.frames[0])
+    return answer, None if isinstance(box, BoxParseFailure) else tuple(round(v) for v in box.as_tuple())
+
+
+answers = {"unmasked": answer_in_pixels([]), f"{heads} masked": answer_in_pixels([ablation])}
+print("expression:", repr(sample.expression), "| ground truth (pixels):", tuple(sample.box))
+for name, (text, box) in answers.items():
+    print(f"{name}: answer {text!r} -> box in pixels {box}")
+pair_panels((sample.image, sample.image), {"ground truth": sample.box},
+            titles=tuple(f"{name}: {sample.expression}" for name in answers),
+            answers=tuple(box for _, box in answers.values()))'''),
     ],
     "04_activation_patching.ipynb": [
         ("markdown", "# Activation patching: what do the retrieval heads carry?\n\n"
@@ -146,12 +245,16 @@ print("truth:", sample.box)'''),
                      "complementary question: copy a head's output from a **clean** run into a **corrupted** run "
                      "(the same scene with the referent moved) and measure how much of the clean answer comes back; "
                      "a head whose output alone restores it *carries* the referent's location.\n\n"
-                     "Metric: the two runs' answers share a prefix (`[ 0.4`) and part at one answer token *d*; "
-                     "teacher-forcing the shared prefix, the metric is `logit(clean token d) - logit(corrupted "
-                     "token d)` at the position predicting *d*. Recovery is `(patched - corrupted) / (clean - "
-                     "corrupted)`, as a ratio of means over pairs: 0 = no effect, 1 = the clean behaviour.\n\n"
+                     "Metric: the whole answer. Both runs' boxes are teacher-forced in full on each input and the "
+                     "metric is `log P(clean box) - log P(corrupted box)`, every box token's log-probability summed, "
+                     "so all four coordinates count (and it splits exactly into x1, y1, x2, y2 and the format "
+                     "tokens). `prepare_pairs(..., metric=\"first_token\")` keeps the old single-token logit "
+                     "difference at the first token where the answers differ: one coordinate only. Recovery is "
+                     "`(patched - corrupted) / (clean - corrupted)`, as a ratio of means over pairs: 0 = no effect, "
+                     "1 = the clean behaviour.\n\n"
                      "First ONE pair end to end on the shipped toy model A, then 12 pairs of each kind for numbers."),
-        ("code", INLINE + '''import vrh_interp as vrh
+        ("code", QUIET + '''
+import vrh_interp as vrh
 from vrh_interp import plots, toy
 from vrh_interp.testing.tiny import build_tiny
 
@@ -207,11 +310,14 @@ plots.pair_panels((pair.clean.image, pair.corrupted.image),
                   answers=tuple(None if a is None else a.as_tuple() for a in answers))'''),
         ("code", '''from vrh_interp.patching.batch import baseline
 
+from vrh_interp.patching.batch import GROUPS
+
 tokens = vlm.tokenizer.convert_ids_to_tokens
 base = baseline(vlm, one)
-print("shared answer prefix:", tokens(one.prefixes[0]), "-> the answers part at token", len(one.prefixes[0]))
-print("clean token", tokens([int(one.clean_token[0])]), "vs corrupted token", tokens([int(one.corrupted_token[0])]))
-print(f"logit difference: clean run {base.clean[0]:+.3f}, corrupted run {base.corrupted[0]:+.3f}")
+print("clean answer tokens:", list(zip(tokens(one.clean_ids[0]), [GROUPS[g] for g in one.clean_groups[0]])))
+print(f"log P(clean box) - log P(corrupted box): clean run {base.clean[0]:+.3f}, corrupted run {base.corrupted[0]:+.3f}")
+print("per coordinate, clean - corrupted:",
+      {g: round(float(v), 2) for g, v in zip(GROUPS, base.clean_parts[0] - base.corrupted_parts[0])})
 assert base.clean[0] > base.corrupted[0]'''),
         ("markdown", "### Patch each head\n\n"
                      "Each head's output (its slice of the output projection's input) at the answer positions, "
@@ -227,14 +333,19 @@ print("top heads:", list(ranked["head"][:4]), "recoveries", ranked["recovery"][:
 plots.patching_heatmap(exact.recovery_grid(geometry.num_layers, geometry.num_heads),
                        f"recovery per head, pair {pair.pair_id}")'''),
         ("markdown", "### Attribution patching\n\n"
-                     "A first-order estimate of every head's effect from ONE forward and backward pass "
-                     "(gradient x (clean - corrupted activation)). It is only worth using where it ranks heads "
-                     "like the exact sweep."),
-        ("code", '''from vrh_interp.patching.attribution import attribution_patching, compare_rankings
+                     "Linear estimates of every head's effect: the gradient at the corrupted run x (clean - "
+                     "corrupted activation), from ONE forward and backward pass, and integrated gradients (the "
+                     "gradient averaged along the path from corrupted to clean, one layer at a time). They are only "
+                     "worth using where they agree with the exact sweep ON THE HEADS THAT MATTER: "
+                     "`compare_attribution` judges the top heads by exact recovery, not the many near zero."),
+        ("code", '''from vrh_interp.patching.attribution import attribution_patching, compare_attribution
 
 estimate = attribution_patching(vlm, one, base=base)
-agreement = compare_rankings(exact, estimate)
-print({k: round(float(v), 3) for k, v in agreement.items()})
+agreement = compare_attribution(exact, estimate)
+integrated = compare_attribution(exact, attribution_patching(vlm, one, base=base, method="integrated_gradients"))
+for name, row in (("gradient", agreement), ("integrated gradients", integrated)):
+    print(f"{name}: top {row['top_k']} exact heads {row['top_k_heads']}, Spearman {row['top_k_spearman']:.2f}, "
+          f"ratio {row['ratio_min']:.2f} to {row['ratio_max']:.2f}; safe substitute: {row['safe_substitute']}")
 plots.attribution_scatter(exact.frame, estimate.frame, agreement)'''),
         ("markdown", "### Where does the top head read from?\n\n"
                      "For the top head only, its keys and values at the visual tokens of one region are copied "
@@ -272,7 +383,7 @@ from vrh_interp.sources import synthetic_samples
 
 vrhs = score_heads(vlm, synthetic_samples("detect", 16), "vrh", batch_size=16, progress=False).top(2)
 probe_samples = synthetic_samples("eval", 24)
-probes = readout_probes(vlm, probe_samples, vrhs, random_seeds=(0, 1), batch_size=24, resamples=200)
+probes = readout_probes(vlm, probe_samples, vrhs, random_seeds=range(5), matched=True, batch_size=24, resamples=200)
 print("VRHs:", vrhs)
 summarise_random(probes).round(3)'''),
         ("code", '''import json
@@ -294,37 +405,44 @@ if records:
 moved_base = baseline(vlm, moved)
 sweep_n = patch_each_head(vlm, moved, base=moved_base, heads_per_forward=8, progress=False)
 estimate_n = attribution_patching(vlm, moved, base=moved_base)
-agreement_n = compare_rankings(sweep_n, estimate_n)
+agreement_n = compare_attribution(sweep_n, estimate_n)
 best = sweep_n.frame.sort_values("recovery", ascending=False).iloc[0]
 top_n = vrh.Head(int(best["layer"]), int(best["head_index"]))
 print(f"{moved.n} pairs ({len(moved.excluded)} excluded); top head {top_n}: recovery {best['recovery']:.3f} "
-      f"[{best['ci_low']:.3f}, {best['ci_high']:.3f}]; attribution Spearman {agreement_n['spearman']:.3f}")
+      f"[{best['ci_low']:.3f}, {best['ci_high']:.3f}]; attribution on the top {agreement_n['top_k']} exact heads: "
+      f"Spearman {agreement_n['top_k_spearman']:.3f} (all heads {agreement_n['spearman']:.3f}), safe substitute: "
+      f"{agreement_n['safe_substitute']}")
 display(plots.patching_heatmap(sweep_n.recovery_grid(geometry.num_layers, geometry.num_heads),
                                f"recovery per head, {moved.n} referent_moved pairs"))
 plots.attribution_scatter(sweep_n.frame, estimate_n.frame, agreement_n)'''),
-        ("markdown", "Each kind of pair isolates a different input change. Per kind, 12 pairs: the VRHs and two "
-                     "random sets of as many heads (`random_control`, drawn outside the VRHs) patched together. "
-                     "Pairs whose two answers coincide carry no signal and are excluded (counted)."),
+        ("markdown", "Is the VRH set special? Not against two or three random draws: against the DISTRIBUTION of "
+                     "same-size sets. `compare_with_controls` patches 20 random and 20 layer-matched sets (the "
+                     "sweep's controls, drawn outside the VRHs) and every same-size set of the other heads (here "
+                     "predicted from the single-head recoveries, with the additivity measured on the 40 sets patched "
+                     "exactly), and reports the VRH set's rank and tail probability in each."),
+        ("code", '''from vrh_interp.patching.controls import compare_with_controls
+
+controls = compare_with_controls(vlm, moved, vrhs, random_seeds=range(20), single=sweep_n, base=moved_base)
+print("additivity check:", {k: round(float(v), 3) for k, v in controls.additivity.items()})
+controls.summary[["population", "method", "sets", "mean", "q95", "max", "vrh_recovery", "rank", "tail_p"]].round(3)'''),
+        ("markdown", "Each kind of pair isolates a different input change. Per kind, 12 pairs: the VRHs patched "
+                     "together, recovery of the whole answer and of each coordinate. Pairs whose two answers "
+                     "coincide carry no signal and are excluded (counted)."),
         ("code", '''import pandas as pd
 
-from vrh_interp.evaluation.sweep import random_control
 from vrh_interp.patching.head_patching import patch_head_set
 from vrh_interp.patching.pairs import PAIR_KINDS
 
-controls = {f"random:seed={s}": random_control(geometry, vrhs, len(vrhs), s) for s in (0, 1)}
-head_sets = {"VRHs": vrhs, **controls}
 batches, rows = {"referent_moved": (moved, moved_base)}, []
 for kind in PAIR_KINDS:
     if kind not in batches:
         batch = prepare_pairs(vlm, make_pairs(kind, N_PAIRS), targets=TARGETS)
         batches[kind] = (batch, baseline(vlm, batch))
     batch, kind_base = batches[kind]
-    row = {"kind": kind, "pairs": batch.n, "excluded": len(batch.excluded)}
-    for name, heads in head_sets.items():
-        result = patch_head_set(vlm, batch, heads, base=kind_base)
-        row[name] = f"{result['recovery']:.2f} [{result['ci_low']:.2f}, {result['ci_high']:.2f}]"
-    rows.append(row)
-print({name: str(heads) for name, heads in head_sets.items()})
+    result = patch_head_set(vlm, batch, vrhs, base=kind_base)
+    rows.append({"kind": kind, "pairs": batch.n, "excluded": len(batch.excluded),
+                 "VRHs": f"{result['recovery']:.2f} [{result['ci_low']:.2f}, {result['ci_high']:.2f}]",
+                 **{g: round(result[f"recovery_{g}"], 2) for g in GROUPS[:4]}})
 pd.DataFrame(rows)'''),
         ("markdown", "Where the top head reads from, in an expression swap (same image, the expression of another "
                      "object: the visual keys and values are the same in both runs, up to the rotary phase where the "
@@ -343,26 +461,76 @@ plots.position_patching_map(pd.concat(region_frames),
         ("markdown", "Direct vs total effect of the VRHs and of a random set of as many heads, over the same pairs."),
         ("code", '''from vrh_interp.patching.mediation import mediation_table
 
-mediation_table(vlm, moved, {"VRHs": vrhs, "random:seed=0": controls["random:seed=0"]}).round(3)'''),
+from vrh_interp.patching.controls import control_sets
+
+mediation_table(vlm, moved, {"VRHs": vrhs, **control_sets(geometry, vrhs, random_seeds=(0, 1))}).round(3)'''),
         ("markdown", "Reading it: a head carries the referent's location in moved-referent pairs when patching it "
-                     "alone recovers much of the logit difference and that recovery comes through its keys and values "
+                     "alone recovers much of the whole answer and that recovery comes through its keys and values "
                      "at the referents' visual tokens, not the distractors', the background's or the text's. A head "
-                     "set is special when it recovers more than random sets of its size with CIs that do not overlap; "
-                     "a random set that happens to contain a strong head (see the sweep) can match it, which is why "
-                     "the comparison uses several seeds. A dozen pairs keep this notebook fast; every function takes "
-                     "any number of pairs and `remote=` for NDIF."),
+                     "set is special when few same-size sets recover as much: its tail probability among random, "
+                     "layer-matched and all sets is small (a random set that happens to contain a strong head can "
+                     "match it, which is why a handful of draws proves nothing). A dozen pairs keep this notebook "
+                     "fast; every function takes any number of pairs and `remote=` for NDIF."),
     ],
 }
 
 
 def build() -> None:
+    """Write every notebook from its cell sources, keeping the stored outputs of cells whose source is unchanged
+    (run ``--execute`` to refresh them)."""
     for name, cells in NOTEBOOKS.items():
+        previous = {}
+        if (HERE / name).exists():
+            previous = {(c.cell_type, c.source): c for c in nbformat.read(HERE / name, as_version=4).cells}
         nb = nbformat.v4.new_notebook()
         nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
         nb.cells = [nbformat.v4.new_markdown_cell(src) if kind == "markdown" else nbformat.v4.new_code_cell(src)
                     for kind, src in cells]
+        for index, cell in enumerate(nb.cells):  # stable cell ids: rebuilding an unchanged notebook changes nothing
+            old = previous.get((cell.cell_type, cell.source))
+            cell.id = old.id if old is not None else hashlib.sha1(f"{name}:{index}".encode()).hexdigest()[:8]
+            if old is not None and cell.cell_type == "code":
+                cell.outputs, cell.execution_count = old.outputs, old.execution_count
+        nbformat.write(nb, HERE / name)
+
+
+def compress_png(data: str) -> str:
+    """A base64 PNG re-encoded with an adaptive 256-colour palette (plots and overlays lose nothing visible),
+    when that is smaller."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    raw = base64.b64decode(data)
+    image = Image.open(io.BytesIO(raw)).convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT)
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG", optimize=True)
+    return base64.b64encode(buffer.getvalue()).decode() + "\n" if buffer.tell() < len(raw) else data
+
+
+def execute(names: list[str], timeout: int = 600) -> None:
+    """Run notebooks top to bottom in a scratch working directory and store their outputs (PNGs compressed,
+    no timing metadata), so that they show on a code host and in the docs site."""
+    import tempfile
+
+    from nbclient import NotebookClient
+
+    for name in names:
+        nb = nbformat.read(HERE / name, as_version=4)
+        with tempfile.TemporaryDirectory() as scratch:
+            NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,
+                           resources={"metadata": {"path": scratch}}).execute()
+        for cell in nb.cells:
+            for output in cell.get("outputs", []):
+                if "image/png" in output.get("data", {}):
+                    output["data"]["image/png"] = compress_png(output["data"]["image/png"])
         nbformat.write(nb, HERE / name)
 
 
 if __name__ == "__main__":
+    import sys
+
     build()
+    if sys.argv[1:2] == ["--execute"]:  # --execute [NAME ...]: all notebooks when none is named
+        execute([n for n in NOTEBOOKS if not sys.argv[2:] or any(n.startswith(a) for a in sys.argv[2:])])

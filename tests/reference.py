@@ -80,7 +80,10 @@ def captured_o_proj_inputs(model: Any, encoding: dict[str, Any]) -> dict[int, to
 
 def eager_attention_maps(model: Any, encoding: dict[str, Any]) -> list[torch.Tensor]:
     """Full eager attention maps ``[batch, heads, q, k]`` per LM layer (the OOM-prone reference)."""
-    previous = model.config._attn_implementation
+    # every sub-model's own implementation is restored (PaliGemma 2: sdpa, but eager for its Gemma 2 backbone)
+    previous = {key: getattr(model.config, key)._attn_implementation for key in model.config.sub_configs
+                if getattr(model.config, key, None) is not None}
+    previous[""] = model.config._attn_implementation
     model.set_attn_implementation("eager")
     try:
         with torch.no_grad():
@@ -171,3 +174,12 @@ def replaced_heads(model: Any, heads_by_layer: dict[int, list[int]], tables: dic
 
     with edited_o_proj_inputs(model, {layer: replacer(heads, tables[layer]) for layer, heads in heads_by_layer.items()}):
         yield
+
+
+def forced_log_probs(logits: torch.Tensor, row: int, prompt_length: int, length: int,
+                     input_ids: torch.Tensor) -> torch.Tensor:
+    """Teacher forcing by hand: log p of the ``length`` answer tokens appended to ``row``'s prompt, read back from
+    ``input_ids`` (position ``prompt_length - 1 + t`` predicts the token at ``prompt_length + t``)."""
+    log_probs = logits[row].double().log_softmax(-1)
+    return torch.stack([log_probs[prompt_length - 1 + t, int(input_ids[row, prompt_length + t])]
+                        for t in range(length)])

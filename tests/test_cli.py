@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from vrh_interp.cli import main
 from vrh_interp.families import BUILTIN_ADAPTERS
@@ -64,9 +65,9 @@ def test_sweep_and_scan_with_mean_ablation_mask_like_ground_batch(tmp_path, caps
     manifest = json.loads((out / "sweep" / "manifest.json").read_text())
     assert manifest["ablation_values"] == values.fingerprint()
 
-    from vrh_interp.cli import _load_model
+    from vrh_interp import load
 
-    vlm = _load_model("tiny:qwen2_vl", None, None)
+    vlm = load("tiny:qwen2_vl")
     detection, evaluation = synthetic_samples("detect", 4), synthetic_samples("eval", 3)
     assert values.fingerprint() == ablation_values(vlm, detection, batch_size=4).fingerprint()
     records = pd.read_json(out / "sweep" / "sweep_records.jsonl", lines=True)
@@ -94,8 +95,9 @@ def test_sweep_refuses_detection_samples(tmp_path, capsys):
 
 
 def test_bad_data_spec_is_a_clear_error(capsys):
-    assert main(["detect", "--model", "tiny:qwen2_vl", "--data", "coco:/nowhere"]) == 2
-    assert "unknown data spec" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:  # refused while the options are parsed, before the model loads
+        main(["detect", "--model", "tiny:qwen2_vl", "--data", "coco:/nowhere"])
+    assert stop.value.code == 2 and "unknown data spec" in capsys.readouterr().err
     assert main(["detect", "--model", "tiny:qwen2_vl", "--data", "refcoco:/nowhere"]) == 2
     assert "/nowhere" in capsys.readouterr().err
 
@@ -180,7 +182,7 @@ def test_patch_command_writes_tables_and_numeric_answers(tmp_path, capsys):
     manifest = json.loads((out / "patching.json").read_text())
     assert manifest["provenance"]["vrhs"] == ["L0H1", "L1H0"]
     sets = pd.read_csv(out / "head_set_patching.csv")
-    assert set(sets["head_set"]) == {"vrh", "random:seed=0", "all"}
+    assert set(sets["head_set"]) == {"vrh", "random:seed=0", "matched:seed=0", "all"}
     # patching every head at the answer positions restores the clean metric exactly
     assert np.allclose(sets[sets["head_set"] == "all"]["recovery"], 1.0, atol=1e-4)
     assert (out / "patching.md").read_text().startswith("# Activation patching: tiny:llava")

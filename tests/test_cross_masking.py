@@ -13,7 +13,7 @@ from matplotlib.colors import to_rgba
 
 from tests.conftest import tiny_vlm
 from vrh_interp import plots
-from vrh_interp.cli import _load_model
+from vrh_interp.model import load_spec
 from vrh_interp.evaluation.sweep import Condition, random_control, run_conditions, sweep
 from vrh_interp.heads import HeadSet
 from vrh_interp.scoring.detect import score_heads
@@ -156,7 +156,7 @@ def test_refusals(pair):
         cross_masking(vlm_a, vlm_b, scores_a, scores_b, synthetic_samples("detect", 2), ks=KS, progress=False)
     with pytest.raises(ValueError, match="different labels"):
         cross_masking(vlm_a, vlm_b, scores_a, scores_b, evals, labels=("A", "A"), progress=False)
-    toy_a = _load_model("toy:a", None, None)  # 4 x 8 heads: not tiny LLaVA's 2 x 4 grid
+    toy_a = load_spec("toy:a")  # 4 x 8 heads: not tiny LLaVA's 2 x 4 grid
     toy_scores = HeadScores(scores=np.arange(32, dtype=float).reshape(4, 8), design=scores_a.design)
     with pytest.raises(IncompatibleHeadGridError, match="relative_depth"):
         cross_masking(vlm_a, toy_a, scores_a, toy_scores, evals, ks=KS, progress=False)

@@ -54,7 +54,13 @@ def test_plan_steps_arithmetic():
     assert steps[3].answers == f.main_sets * items
     assert steps[3].seconds == pytest.approx(RATES.answer * steps[3].answers)
     assert steps[4].answers == 2 * f.kind_sets * 20
-    assert steps[5].answers == 129 * 20 and "129 sets" in steps[5].work
+    # where a scene's referents share their image prefix, resample rows (half of step 4) cost UNSHARED_COST more
+    shared = {s.number: s for s in plan_steps(sizes, dataclasses.replace(f, shared_prefix=True), RATES)}
+    generation = RATES.answer * demo.ABLATION_COST * steps[4].answers
+    assert shared[4].seconds - steps[4].seconds == pytest.approx(generation * (demo.UNSHARED_COST - 1) / 2)
+    # 128 heads > SCAN_ALL_HEADS: the top k* and a random sample, 32 heads, plus the baseline
+    assert steps[5].answers == 33 * 20 and "33 sets" in steps[5].work
+    assert {s.number: s for s in plan_steps(sizes, facts(TOY_A), RATES)}[5].answers == 33 * 20  # 32: all heads
     assert steps[6].answers == f.design_sets * 20
     assert steps[8].answers == 2 * f.cross_sets * 20
     assert steps[9].answers == f.kind_sets * round(10 * demo.QUESTIONS_PER_SCENE)
@@ -62,7 +68,7 @@ def test_plan_steps_arithmetic():
     # check items never exceed the evaluation items; skipped steps cost nothing
     tiny = {s.number: s for s in plan_steps(dataclasses.replace(sizes, eval_scenes=2, check_items=50),
                                             facts(TOY_C, positive_control=False, transfer=False), RATES)}
-    assert tiny[5].answers == 129 * round(2 * demo.ITEMS_PER_SCENE)
+    assert tiny[5].answers == 33 * round(2 * demo.ITEMS_PER_SCENE)
     assert tiny[1].seconds == tiny[8].seconds == 0 and tiny[1].work == "skipped"
     # summaries (bootstrap, set-level statistics) cost per condition summarised
     summarised = {s.number: s for s in plan_steps(sizes, f, dataclasses.replace(RATES, summary=0.1))}
@@ -116,7 +122,7 @@ def test_explicit_sizes_override_the_budget_and_the_rest_is_planned_around_them(
 def test_sizes_at_interpolates_and_rounds():
     assert sizes_at(0.0) == MINIMUM_SIZES and sizes_at(1.0) == FULL_SIZES
     half = sizes_at(0.5)
-    assert half.eval_scenes == 91 and half.check_items == 35 and half.detect_scenes == 150
+    assert half.eval_scenes == 84 and half.check_items == 31 and half.detect_scenes == 130  # 16+68, 12+19, 60+70
     assert sizes_at(0.5, {"vqa_scenes": 3}).vqa_scenes == 3
 
 
@@ -181,3 +187,28 @@ def test_default_models_are_c_and_d_where_shipped_else_a_and_b(monkeypatch):
     assert resolve_models("toy:b", "toy:a")[:2] == ("toy:b", "toy:a")
     assert resolve_models("toy:a", "")[:2] == ("toy:a", None)
     assert resolve_models("tiny:llava")[:2] == ("tiny:llava", None)
+
+
+def test_scan_heads_sample():
+    from vrh_interp.heads import HeadGeometry, HeadSet
+
+    small, wide = HeadGeometry(4, 8, 4, 16), HeadGeometry(8, 16, 4, 16)
+    assert demo.scan_heads(small.all_heads(), small, 1) == small.all_heads()  # up to 48 heads: every head
+    ranking = HeadSet(sorted(wide.all_heads(), key=lambda h: (-h.head, h.layer)))
+    picked = demo.scan_heads(ranking, wide, 3)
+    assert len(picked) == demo.SCAN_SAMPLED_HEADS and len(set(picked)) == len(picked)
+    assert set(ranking[:3]) <= set(picked)  # the top k* are always scanned
+    assert picked == demo.scan_heads(ranking, wide, 3)  # seeded
+    assert len({h.layer for h in picked}) > 4  # a uniform draw spreads over the layers
+
+
+def test_claims_text_fits_a_terminal():
+    import pandas as pd
+
+    table = pd.DataFrame([{"claim": "causal: masking top-k VRHs hurts " * 4, "verdict": "does not hold",
+                           "numbers": "k=3: baseline 0.836, top-k 0.652 " * 10}, {"claim": "sparse", "verdict": "holds",
+                                                                                   "numbers": "top 10%"}])
+    text = demo.claims_text(table)
+    assert max(len(line) for line in text.splitlines()) <= demo.TERMINAL_WIDTH
+    assert "DOES NOT HOLD  causal" in text and "HOLDS  sparse" in text
+    assert " ".join(text.split()).count("top-k 0.652") == 10  # every number kept, words unbroken

@@ -6,8 +6,12 @@
   ``vrh_interp`` imports are resolved, so renamed or removed names still fail here.
 * Every ``vrh ...`` command line in a ```bash block is parsed by the real argument parser (not run).
 * ``docs/families.md`` equals what ``docs/_generate_families.py`` renders from the adapter classes.
-* ``docs/api.md`` names every public export and every CLI subcommand and option.
-* Relative links between the docs resolve.
+* ``docs/api.md`` names every public export and every CLI subcommand and option, names no option a subcommand
+  lacks, and its ``vrh --help`` block is what the parser prints.
+* README's runnable examples are blocks of the quickstart (so they run here); relative links in the docs and
+  README resolve.
+* ``docs/reference/`` (the mkdocstrings pages) is current, and ``mkdocs.yml``'s nav lists every page; the
+  strict site build itself runs in ``.ci/run``.
 
 Blocks are compiled under a synthetic file name registered in ``linecache`` and padded so that line numbers
 are those of the Markdown file: a failing block's traceback points at ``docs/<file>.md`` line N, and nnsight,
@@ -225,7 +229,7 @@ def test_api_doc_covers_public_api_and_cli():
 LINK = re.compile(r"\[[^\]]*\]\((?P<target>[^)\s]+)\)")
 
 
-@pytest.mark.parametrize("path", doc_files(), ids=lambda p: p.relative_to(DOCS).as_posix())
+@pytest.mark.parametrize("path", [*doc_files(), ROOT / "README.md"], ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_relative_links_resolve(path: Path):
     text = re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.DOTALL)
     for match in LINK.finditer(text):
@@ -234,3 +238,78 @@ def test_relative_links_resolve(path: Path):
             continue
         resolved = (path.parent / target).resolve()
         assert resolved.exists(), f"{path.relative_to(ROOT)}: link to {target} does not resolve"
+
+
+def test_api_doc_cli_help_is_the_parsers(monkeypatch: pytest.MonkeyPatch):
+    """The `vrh --help` block of docs/api.md is what the parser prints (at 80 columns)."""
+    from vrh_interp.cli import build_parser
+
+    monkeypatch.setenv("COLUMNS", "80")
+    text = (DOCS / "api.md").read_text(encoding="utf-8")
+    block = next(b for b in code_blocks(DOCS / "api.md") if b.language == "text" and b.code.startswith("usage: vrh"))
+    assert block.code == build_parser().format_help(), \
+        "docs/api.md: the `vrh --help` block is stale: paste the output of `COLUMNS=80 vrh --help`"
+    assert text.count("usage: vrh") == 1
+
+
+def test_api_doc_mentions_only_options_the_cli_has():
+    """The reverse of test_api_doc_covers_public_api_and_cli: an option named in a `vrh X` section exists."""
+    text = (DOCS / "api.md").read_text(encoding="utf-8")
+    subcommands = _subcommands()
+    for section in re.split(r"^#{2,4} ", text, flags=re.MULTILINE):
+        match = re.match(r"`vrh ([a-z-]+)`", section)
+        if match is None:
+            continue
+        known = {option for action in subcommands[match.group(1)]._actions for option in action.option_strings}
+        prose = re.sub(r"```.*?```", "", section, flags=re.DOTALL)  # command lines: test_cli_examples_parse
+        named = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", prose))
+        assert named <= known, f"docs/api.md section `vrh {match.group(1)}` names options it lacks: {named - known}"
+
+
+def test_readme_python_examples_are_run_by_the_quickstart():
+    """README's runnable examples are verbatim blocks of docs/quickstart.md, which the tests above run."""
+    quickstart = (DOCS / "quickstart.md").read_text(encoding="utf-8")
+    readme = [b for b in python_blocks(ROOT / "README.md") if "no-run" not in b.options]
+    assert readme, "README.md has no runnable python example"
+    for block in readme:
+        assert block.code in quickstart, f"{block.where}: not a block of docs/quickstart.md (copy it from there)"
+
+
+def _load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, DOCS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_api_reference_pages_are_current():
+    """docs/reference/ has one mkdocstrings page per top-level module of vrh_interp, no more, no less."""
+    pages = _load_script("_generate_reference").pages()
+    current = {p.name: p.read_text(encoding="utf-8") for p in (DOCS / "reference").glob("*.md")}
+    assert current == pages, "docs/reference/ is stale: run `python docs/_generate_reference.py`"
+
+
+def _nav_pages(entries) -> list[str]:
+    found = []
+    for entry in entries:
+        if isinstance(entry, str):
+            found.append(entry)
+        else:
+            for value in entry.values():
+                found += [value] if isinstance(value, str) else _nav_pages(value)
+    return found
+
+
+def test_site_nav_lists_every_page():
+    """mkdocs.yml's nav names every page and only pages that exist (the strict build in .ci/run checks the rest:
+    links, anchors, docstrings; it skips where mkdocs is not installed)."""
+    import yaml
+
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))
+    nav = _nav_pages(config["nav"])
+    missing = [page for page in nav if not (DOCS / page).exists()]
+    assert not missing, f"mkdocs.yml names pages that do not exist: {missing}"
+    pages = {p.relative_to(DOCS).as_posix() for p in doc_files()}
+    notebooks = {f"notebooks/{p.name}" for p in (ROOT / "notebooks").glob("*.ipynb")}
+    assert sorted((pages | notebooks) - set(nav)) == [], "pages missing from mkdocs.yml's nav"

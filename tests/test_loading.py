@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import GPT2Config
 
-from tests.conftest import noise_image, tiny_vlm
+from tests.conftest import noise_image
 from vrh_interp import interventions as iv
 from vrh_interp.families import UnsupportedModelError, adapter_for_config
 from vrh_interp.heads import Head, HeadSet

@@ -81,14 +81,15 @@ def test_patched_answers(pairs: PairBatch) -> None:
     pd.testing.assert_frame_equal(remote, local, check_exact=True)
 
 
-def test_attribution_patching(pairs: PairBatch) -> None:
+@pytest.mark.parametrize("method", ["gradient", "integrated_gradients"])
+def test_attribution_patching(pairs: PairBatch, method: str) -> None:
     """Also a guard on nnsight 0.8.1's local simulation of a nested ``with metric.backward():``: it finds that
     block by line number in the REAL file, while the shipped block is ``ast.unparse``d (a statement continued
     over several lines, or a comment line, before it shifts the lines), and a miss is a bare backward:
     ``TypeError: 'NoneType' object does not support the context manager protocol``. A server runs it right."""
     vlm = tiny_vlm("llava")
-    local = attribution_patching(vlm, pairs)
-    remote = attribution_patching(vlm, pairs, remote="local")
+    local = attribution_patching(vlm, pairs, method=method, steps=2)
+    remote = attribution_patching(vlm, pairs, method=method, steps=2, remote="local")
     assert np.abs(local.per_pair).max() > 0, "the attributions must not be trivially zero"
     np.testing.assert_array_equal(remote.per_pair, local.per_pair)
     pd.testing.assert_frame_equal(remote.frame, local.frame, check_exact=True)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from vrh_interp.families.base import image_token_positions
-from vrh_interp.heads import Head, HeadSet
+from vrh_interp.heads import HeadSet
 from vrh_interp.model import wrap
 from vrh_interp.toy import checkpoint_dir, load, planted
 from vrh_interp.toy import train as trainer

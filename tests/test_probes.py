@@ -21,6 +21,7 @@ from vrh_interp.patching.probes import (
     probe_targets,
     ridge_classification_probe,
     ridge_regression_probe,
+    summarise_random,
 )
 
 N = 240
@@ -244,3 +245,27 @@ def test_gold_teacher_forcing_appends_the_native_box_text():
         assert len(ids) > 1
         want = reference[row, prompt - 1:prompt - 1 + len(ids)].mean(dim=0)
         torch.testing.assert_close(features.values[row, 0], want, rtol=0, atol=1e-6)
+
+
+def test_random_heads_are_summarised_as_a_distribution_with_the_vrh_p_value():
+    """Matched sets hold as many heads per layer as the VRHs; the summary's p-values count sets by hand."""
+    vlm = tiny_vlm("llava")
+    samples = _scene_samples(24)
+    vrhs = HeadSet([Head(1, 0), Head(1, 3)])
+    sets = comparison_head_sets(vrhs, vlm.geometry, random_seeds=range(5), matched=True)
+    matched = [heads for name, heads in sets.items() if name.startswith("matched:")]
+    assert len(matched) == 5 and all(sorted(h.layer for h in heads) == [1, 1] for heads in matched)
+    assert all(not set(heads) & set(vrhs) for heads in matched)
+    features = collect_head_features(vlm, samples, batch_size=12)
+    frame = probe_head_sets(features, probe_targets(samples), sets, target_names=["box_cx", "colour"], folds=3,
+                            resamples=50)
+    summary = summarise_random(frame).set_index("target")
+    for target in ("box_cx", "colour"):
+        part = frame[frame["target"] == target].set_index("head_set")["metric"]
+        vrh = part["vrh"]
+        for kind in ("random", "matched"):
+            values = part[[f"{kind}:seed={s}" for s in range(5)]].to_numpy()
+            assert summary.loc[target, f"{kind}_sets"] == 5
+            assert summary.loc[target, f"{kind}_mean"] == pytest.approx(values.mean())
+            assert summary.loc[target, f"{kind}_max"] == pytest.approx(values.max())
+            assert summary.loc[target, f"p_vs_{kind}"] == pytest.approx((1 + (values >= vrh).sum()) / 6)

@@ -80,15 +80,16 @@ def _png_size(path: Path) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
-def _matches(cell: str, value: object) -> bool:
-    """Does the text the browser shows in a cell stand for ``value`` from the CSV (floats shown to 3 places)?"""
+def _matches(cell: str, value: object, column: str = "") -> bool:
+    """Does the text the browser shows in a cell stand for ``value`` from the CSV (floats shown to 3 places; an
+    empty ``seed`` or ``sets`` shown as "-")?"""
     if isinstance(value, (bool, np.bool_)):
         return cell == str(bool(value))
     if isinstance(value, (int, np.integer)):
         return cell == str(int(value))
     if isinstance(value, (float, np.floating)):
         if math.isnan(value):
-            return cell == "NaN"
+            return cell == ("-" if column in ("seed", "sets") else "NaN")
         return abs(float(cell) - float(value)) <= 5e-4 + 1e-9
     return cell == " ".join(str(value).split())
 
@@ -130,7 +131,7 @@ def test_page_leads_with_the_positive_control_then_figures(report_page):
     headings = [h.text for h in browser.find_elements("tag name", "h2")]
     ran = (run / "positive_control" / "positive_control.json").exists()
     assert headings == (["Positive control: the pipeline on a model whose retrieval heads are known"] if ran else []) \
-        + ["Figures", "Tables"]
+        + ["Verdict: top-k heads vs random head sets", "Figures", "Tables"]
     if ran:
         section = browser.find_element("id", "positive-control")
         assert "toy:planted" in section.text and section.find_elements("tag name", "table")
@@ -157,7 +158,8 @@ def test_tables_show_the_run_folders_numbers(report_page):
         assert len(rows) == len(frame), title
         for index, (row, values) in enumerate(zip(rows, frame.itertuples(index=False))):
             for column, cell, value in zip(frame.columns, row, values):
-                assert _matches(cell, value), f"{title}, row {index}, {column}: page shows {cell!r}, CSV has {value!r}"
+                assert _matches(cell, value, column), \
+                    f"{title}, row {index}, {column}: page shows {cell!r}, CSV has {value!r}"
     # Across tables, from the page alone: masking model A's own top-1 in the cross-masking sweep is the
     # single-head scan's condition for the best-scored head (same model, head and fixed items), so the two
     # tables must agree, and so must their unmasked baselines.

@@ -14,6 +14,7 @@ from tests.conftest import tiny_vlm
 from vrh_interp.cli import main
 from vrh_interp.evaluation.sweep import sweep, sweep_from_run
 from vrh_interp.merge import ShardMergeError, merge_runs
+from vrh_interp.runs import RunRecordError
 from vrh_interp.scoring.detect import collect_detection_stats, score_heads, scores_from_run
 from vrh_interp.scoring.scores import HeadScores
 from vrh_interp.shards import Shard
@@ -129,8 +130,8 @@ def test_merge_refuses_incomplete_shards_and_resumed_shards_merge(sweep_runs, tm
     log.write_text("".join(lines[:-3]))  # as if shard 1 was interrupted
     with pytest.raises(ShardMergeError, match=r"shard 1/3 .* is incomplete: 3 of 22 units are missing.*--shard 1/3"):
         merge_runs(tmp_path / "merged", shards)
-    log.write_text("".join(lines + lines[:1]))
-    with pytest.raises(ShardMergeError, match="twice"):
+    log.write_text("".join(lines + [lines[0].replace('"iou": ', '"iou": 0.5, "x": ', 1)]))  # a unit twice
+    with pytest.raises(RunRecordError, match=r"line 23: a second, different record of .*first is on line 1"):
         merge_runs(tmp_path / "merged", shards)
     log.write_text("".join(lines[:-3]))
     vlm = tiny_vlm(FAMILY)

@@ -4,7 +4,6 @@ measurement's batched masks against one mask at a time, and (when shipped) the m
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch

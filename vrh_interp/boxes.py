@@ -10,12 +10,27 @@ count parse failures separately from mislocations (the paper's functional-specif
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 
 class InvalidBoxError(ValueError):
     """A ground-truth or user box that cannot be used (zero area, outside the image, NaN, ...)."""
+
+
+# The layouts a user's box may be written in (``Box.from_format``): corners, corner + size, centre + size.
+BOX_FORMATS: tuple[str, ...] = ("xyxy", "xywh", "cxcywh")
+MAX_COORDINATE = 1e9  # pixels; boxes are checked against their image anyway, this only bounds the arithmetic
+
+
+def _shown(value: object, limit: int = 120) -> str:
+    """``repr`` for an error message, shortened (and safe for integers too long to print)."""
+    if isinstance(value, int) and abs(value) > MAX_COORDINATE:
+        return f"<integer of {value.bit_length()} bits>"
+    if isinstance(value, (list, tuple)):
+        text = "[" + ", ".join(_shown(v, limit) for v in value[:8]) + (", ...]" if len(value) > 8 else "]")
+    else:
+        text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,8 +44,11 @@ class Box:
 
     def __post_init__(self) -> None:
         values = (self.x1, self.y1, self.x2, self.y2)
-        if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
-            raise InvalidBoxError(f"box coordinates must be finite numbers, got {values}")
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            raise InvalidBoxError(f"box coordinates must be numbers, got {_shown(values)}")
+        if not all(abs(v) <= MAX_COORDINATE for v in values):  # also NaN; never float() of a huge int
+            raise InvalidBoxError(f"box coordinates must be finite numbers of at most {MAX_COORDINATE:.0e} pixels, "
+                                  f"got {_shown(values)}")
         if self.x2 <= self.x1 or self.y2 <= self.y1:
             raise InvalidBoxError(
                 f"box {values} has zero or negative area: expected xyxy with x2 > x1 and y2 > y1 "
@@ -40,6 +58,33 @@ class Box:
     @classmethod
     def from_xywh(cls, x: float, y: float, w: float, h: float) -> "Box":
         return cls(x, y, x + w, y + h)
+
+    @classmethod
+    def from_format(cls, values: object, box_format: object = "xyxy") -> "Box":
+        """A box from four numbers in ``box_format`` (one of ``BOX_FORMATS``), all in original pixels.
+
+        Strict on purpose: the values must be a list of exactly four real numbers (``True`` is not 1, ``"12"``
+        is not 12) and the format one of the names, never guessed from the values.
+        """
+        if not isinstance(box_format, str) or box_format not in BOX_FORMATS:
+            raise InvalidBoxError(f"unknown box format {box_format!r}: use one of {', '.join(BOX_FORMATS)} "
+                                  "(xyxy: corners x1, y1, x2, y2; xywh: top-left corner + width, height; cxcywh: "
+                                  "centre + width, height)")
+        if not isinstance(values, (list, tuple)) or len(values) != 4:
+            raise InvalidBoxError(f"a box is a list of 4 numbers ({box_format}), got {_shown(values)}")
+        numbers = []
+        for value in values:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise InvalidBoxError(f"box coordinates must be numbers, got {_shown(value)} in {_shown(values)}")
+            if abs(value) > MAX_COORDINATE:  # float() of a 400-digit int overflows
+                raise InvalidBoxError(f"box coordinate {_shown(value)} exceeds {MAX_COORDINATE:.0e} pixels")
+            numbers.append(float(value))
+        a, b, c, d = numbers
+        if box_format == "xywh":
+            return cls.from_xywh(a, b, c, d)
+        if box_format == "cxcywh":
+            return cls(a - c / 2, b - d / 2, a + c / 2, b + d / 2)
+        return cls(a, b, c, d)
 
     @property
     def width(self) -> float:

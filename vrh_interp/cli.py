@@ -11,50 +11,56 @@ configured host and API key (``nnsight.CONFIG``, ``NDIF_HOST`` / ``NDIF_API_KEY`
 from __future__ import annotations
 
 import argparse
+import errno
+import io
 import json
+import os
+import shlex
 import sys
+import warnings
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-import pandas as pd
+from vrh_interp.runs import write_atomic
+
+if TYPE_CHECKING:  # imported where used: `vrh --help` must not pay for pandas, torch, transformers
+    import pandas as pd
 
 
 def _load_model(spec: str, device: str | None, dtype: str | None) -> Any:
-    from vrh_interp.model import load, wrap
+    from vrh_interp.model import load_spec
 
-    if spec.startswith("tiny:"):  # random-weight fixtures: for trying the pipeline, not for results
-        from vrh_interp.testing.tiny import build_tiny
-
-        tiny = build_tiny(spec.split(":", 1)[1])
-        return wrap(tiny.model, tiny.processor, model_id=spec)
-    if spec.startswith("toy:"):
-        from vrh_interp import toy
-
-        name = spec.split(":", 1)[1]
-        model, processor = toy.load(name, device=device or "cpu")
-        # the id an NDIF server deploys a toy model under (`--remote`; the toys are not on the hub)
-        return wrap(model, processor, model_id=f"vrh-interp/toy-{name}", remote_id=f"vrh-interp/toy-{name}")
-    import torch
-
-    torch_dtype = getattr(torch, dtype) if dtype else None
-    return load(spec, device_map=device, dtype=torch_dtype)
+    return load_spec(spec, device, dtype)
 
 
-def _print_table(frame: pd.DataFrame, title: str) -> None:
+def _print_table(frame: pd.DataFrame | list[dict[str, Any]], title: str) -> None:
+    """A table (or its rows) that fits a 100-column terminal: wider tables wrap into column blocks and long text
+    cells end in "..." (the files and ``--json`` hold them whole)."""
+    import pandas as pd
+
+    frame = frame if isinstance(frame, pd.DataFrame) else pd.DataFrame(frame)
     print(f"\n{title}")
-    with pd.option_context("display.width", 160, "display.max_columns", 20, "display.precision", 3):
-        print(frame.to_string(index=False))
+    with pd.option_context("display.max_columns", 20, "display.precision", 3):
+        print(frame.to_string(index=False, line_width=100, max_colwidth=48))
 
 
 def cmd_families(args: argparse.Namespace) -> int:
     from vrh_interp.families import builtin_adapter_classes
+    from vrh_interp.families.paper_models import PAPER_MODELS
 
-    rows = [{"family": c.name, "name": c.display_name, "model_types": ", ".join(c.model_types),
-             "box_format": c.box_format} for c in builtin_adapter_classes()]
+    if args.paper:
+        rows = [{"model": m.name, "backbone": m.backbone, "checkpoint": m.checkpoint, "status": m.status,
+                 "heads": "?" if m.geometry is None else f"{m.geometry.num_layers}x{m.geometry.num_heads}"}
+                for m in PAPER_MODELS]
+        title = "The paper's eleven models (docs/families.md says how each is verified)"
+    else:
+        rows = [{"family": c.name, "name": c.display_name, "model_types": ", ".join(c.model_types),
+                 "box_format": c.box_format} for c in builtin_adapter_classes()]
+        title = "Supported VLM families"
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
-        _print_table(pd.DataFrame(rows), "Supported VLM families")
+        _print_table(rows, title)
     return 0
 
 
@@ -65,6 +71,120 @@ def _shard(text: str) -> Any:
         return Shard.parse(text)
     except (TypeError, ValueError) as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _int_at_least(minimum: int) -> Any:
+    """argparse type: a whole number >= ``minimum`` (``--top -5`` is an error, not "all but five")."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is too small: use a whole number >= {minimum}")
+        return value
+    return parse
+
+
+_positive_int, _non_negative_int = _int_at_least(1), _int_at_least(0)
+
+
+def _scene_count(minimum: int) -> Any:
+    """argparse type: a number of synthetic scenes, ``minimum`` .. ``sources.MAX_SYNTHETIC_SCENES`` (scenes are
+    rendered eagerly: an unbounded count would run without end)."""
+    at_least = _int_at_least(minimum)
+
+    def parse(text: str) -> int:
+        from vrh_interp.sources import MAX_SYNTHETIC_SCENES
+
+        value = at_least(text)
+        if value > MAX_SYNTHETIC_SCENES:
+            raise argparse.ArgumentTypeError(f"{value} scenes is above the limit of {MAX_SYNTHETIC_SCENES} "
+                                             "(vrh_interp.sources.MAX_SYNTHETIC_SCENES)")
+        return value
+    return parse
+
+
+def _float_in(low: float, high: float) -> Any:
+    """argparse type: a finite number in [``low``, ``high``]."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number") from None
+        if not low <= value <= high:  # NaN fails too
+            raise argparse.ArgumentTypeError(f"{text[:40]} is outside {low:g} .. {high:g}")
+        return value
+    return parse
+
+
+_unit_interval, _seconds = _float_in(0.0, 1.0), _float_in(0.0, 1e9)
+
+
+def _head_spec(text: str) -> str:
+    """argparse type: heads as text (``L2H6,L2H7`` or ``published:MODEL/BENCHMARK``), checked, kept as text."""
+    from vrh_interp.heads import HeadSet
+
+    try:
+        HeadSet.parse(text)
+    except (KeyError, TypeError, ValueError) as error:
+        raise argparse.ArgumentTypeError(str(error).strip('"')) from None
+    return text
+
+
+def _ks_spec(text: str) -> str:
+    """argparse type: a k list (``0,1,5`` or ``0,1%,2.5%``), checked for syntax, kept as text."""
+    from vrh_interp.evaluation.sweep import parse_ks
+
+    try:
+        parse_ks(text, total_heads=1_000_000)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
+def _seed_list(text: str) -> str:
+    """argparse type: distinct whole-number seeds >= 0 separated by commas (``0,1,2``), kept as text."""
+    parts = [p.strip() for p in text.split(",")]
+    numbers = all(p.isascii() and p.isdigit() and len(p) < 19 for p in parts)
+    if not numbers or len({int(p) for p in parts}) != len(parts):
+        raise argparse.ArgumentTypeError(f"{text[:60]!r} is not a list of distinct seeds: write whole numbers >= 0 "
+                                         "separated by commas, e.g. 0,1,2")
+    return text
+
+
+def _preset(text: str) -> str:
+    """argparse type: a scoring preset name (checked before any model loads)."""
+    from vrh_interp.scoring.design import resolve_design
+
+    try:
+        resolve_design(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
+def _data_spec(text: str) -> str:
+    """argparse type: a ``--data`` spec whose kind and synthetic arguments are valid (checked before any model
+    loads; files are read later), kept as text."""
+    from vrh_interp.sources import DataSpecError, check_spec
+
+    try:
+        check_spec(text)
+    except DataSpecError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
+def _vqa_spec(text: str) -> str:
+    """argparse type: a ``--vqa`` spec, checked like ``_data_spec``."""
+    from vrh_interp.sources import DataSpecError, check_spec
+
+    try:
+        check_spec(text, vqa=True)
+    except DataSpecError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
 
 
 def _shard_done(args: argparse.Namespace, done: int) -> int:
@@ -85,15 +205,48 @@ def _print_scores(scores: Any, path: Path, preset: str, top: int, as_json: bool)
         _print_table(scores.to_frame().head(top), f"Top {top} heads ({preset}); saved {path}")
 
 
-def _print_sweep(summary: pd.DataFrame, as_json: bool) -> None:
-    """The summary; in the table, each control's distribution row stands for its per-set rows (in the CSV)."""
+def _print_sweep(summary: pd.DataFrame, as_json: bool, out: str | Path) -> None:
+    """A compact table (each control's distribution row stands for its per-set rows), then one verdict line per
+    k (``report.verdict_lines``); the full summary is ``OUT/sweep_summary.csv``."""
+    from vrh_interp.report import compact_sweep_table, verdict_lines
+
     if as_json:
         print(summary.to_json(orient="records"))
-    else:
-        per_set = summary["condition"].isin(("random", "matched")) & (summary["seed"].astype(str) != "all")
-        shown = summary[~per_set]
-        _print_table(shown.drop(columns=["key"]), "k-sweep: top-k heads vs random and layer-matched head sets "
-                                                  "(one row per control: its sets' distribution)")
+        return
+    _print_table(compact_sweep_table(summary), "k-sweep: top-k heads vs random and layer-matched head sets "
+                                               "(control rows: their sets' distribution)")
+    print("\nVerdict (holds: a significant drop, more harmful than every control's sets at empirical p <= 0.05):")
+    _print_bullets(verdict_lines(summary))
+    print(f"\nfull table (per-set rows, failure decomposition):\n  {Path(out) / 'sweep_summary.csv'}")
+
+
+def _print_bullets(lines: list[str]) -> None:
+    import textwrap
+
+    print("\n".join(textwrap.fill(line, 100, initial_indent="- ", subsequent_indent="  ",
+                                   break_on_hyphens=False) for line in lines))
+
+
+DEFAULT_KS = "0,1,3,5,10,20"
+
+
+def _fitted_ks(args: argparse.Namespace, ranking: Any, geometry: Any) -> str:
+    """``--ks``, or the default grid without the k whose controls cannot be drawn on this model (too few heads
+    outside the top k, ``evaluation.sweep.largest_usable_k``), saying so."""
+    if args.ks is not None:
+        return args.ks
+    from vrh_interp.evaluation.sweep import largest_usable_k
+
+    usable = largest_usable_k(ranking, geometry, matched=not args.no_matched,
+                              exclude_first_layer=args.exclude_first_layer)
+    ks = [k for k in map(int, DEFAULT_KS.split(",")) if k <= usable]
+    if len(ks) < len(DEFAULT_KS.split(",")):
+        import textwrap
+
+        print(textwrap.fill(f"note: default --ks {DEFAULT_KS} trimmed to {','.join(map(str, ks))}: on this model "
+                            f"({geometry.total_heads} heads) the largest k whose random and layer-matched sets fit "
+                            f"outside the top k is {usable}; pass --ks to choose", 100), file=sys.stderr)
+    return ",".join(map(str, ks))
 
 
 def _print_design_space(table: pd.DataFrame, k: int, as_json: bool) -> None:
@@ -133,13 +286,14 @@ def _control_seeds(args: argparse.Namespace) -> list[int]:
 
 def _ablation_values(args: argparse.Namespace, vlm: Any, scores: Any) -> Any:
     """``--ablation mean|resample``: the reference outputs on the detection samples the scores were computed on
-    (those of ``--detect-data`` whose ids the scores file lists), saved as ``OUT/ablation_values.pt``; None for
-    zero ablation."""
+    (those of ``--detect-data`` whose ids the scores file lists; all of them with ``--vrhs``, which has no scores
+    file), saved as ``OUT/ablation_values.pt``; None for zero ablation."""
     if args.ablation == "zero":
         return None
-    from vrh_interp.evaluation.grounding import ablation_values
     from vrh_interp.sources import load_data
 
+    if scores is None:  # --vrhs (e.g. a published set): no detection run to take the samples from
+        return _saved_ablation_values(args, vlm, load_data(args.detect_data))
     wanted = set(scores.sample_ids)
     detection = [s for s in load_data(args.detect_data) if s.sample_id in wanted]
     if not wanted or len(detection) != len(wanted):
@@ -147,6 +301,12 @@ def _ablation_values(args: argparse.Namespace, vlm: Any, scores: Any) -> Any:
                          f"--detect-data {args.detect_data} holds {len(detection)} of the {len(wanted)} samples the "
                          f"scores file {args.scores} was computed on: pass the --data of its `vrh detect` run as "
                          "--detect-data")
+    return _saved_ablation_values(args, vlm, detection)
+
+
+def _saved_ablation_values(args: argparse.Namespace, vlm: Any, detection: Any) -> Any:
+    from vrh_interp.evaluation.grounding import ablation_values
+
     values = ablation_values(vlm, detection, batch_size=args.batch_size, remote=args.remote, progress=not args.json)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     values.save(Path(args.out) / "ablation_values.pt")
@@ -155,22 +315,26 @@ def _ablation_values(args: argparse.Namespace, vlm: Any, scores: Any) -> Any:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from vrh_interp.evaluation.sweep import sweep
+    from vrh_interp.heads import HeadSet
     from vrh_interp.scoring.scores import HeadScores
     from vrh_interp.sources import load_data
 
+    vrhs = HeadSet.parse(args.vrhs) if args.vrhs else None  # a bad name fails before the model loads
     vlm = _load_model(args.model, args.device, args.dtype)
-    scores = HeadScores.load(args.scores)
+    scores = HeadScores.load(args.scores) if vrhs is None else None
     samples = load_data(args.data)
     values = _ablation_values(args, vlm, scores)
-    result = sweep(vlm, samples, scores, ks=args.ks, random_seeds=_control_seeds(args), matched=not args.no_matched,
+    ranking = vrhs if vrhs is not None else scores
+    ks = _fitted_ks(args, vrhs if vrhs is not None else scores.ranking(), vlm.geometry)
+    result = sweep(vlm, samples, ranking, ks=ks, random_seeds=_control_seeds(args), matched=not args.no_matched,
                    exclude_first_layer=args.exclude_first_layer, iou_threshold=args.iou, batch_size=args.batch_size,
                    max_new_tokens=args.max_new_tokens, run_dir=args.out, shard=args.shard, remote=args.remote,
                    ablation=args.ablation, ablation_values=values)
     if args.shard is not None:
         return _shard_done(args, len(result.records))
     summary = result.summary()
-    summary.to_csv(Path(args.out) / "sweep_summary.csv", index=False)
-    _print_sweep(summary, args.json)
+    write_atomic(Path(args.out) / "sweep_summary.csv", summary.to_csv(index=False))
+    _print_sweep(summary, args.json, args.out)
     return 0
 
 
@@ -186,17 +350,21 @@ def write_head_scan(result: Any, out: Path, *, permutations: int = 10000) -> dic
     from vrh_interp.plots import score_damage_scatter
 
     table = result.table()
-    table.to_csv(out / SCAN_CSV, index=False)
+    write_atomic(out / SCAN_CSV, table.to_csv(index=False))
     facts = {"spearman": result.spearman(), "heads": len(table), "n": int(table["n"].max()),
              "baseline_accuracy": result.baseline_accuracy,
              "p_value": spearman_permutation_p(table["score"].to_numpy(), table["drop"].to_numpy(),
                                                permutations=permutations),
              "top_head": str(table["head"].iloc[0]), "top_head_damage_rank": int(table["damage_rank"].iloc[0])}
-    score_damage_scatter(table).savefig(out / SCAN_PNG)
+    figure = io.BytesIO()
+    score_damage_scatter(table).savefig(figure, format="png")
+    write_atomic(out / SCAN_PNG, figure.getvalue())
     return facts
 
 
 def cmd_scan(args: argparse.Namespace) -> int:
+    import pandas as pd
+
     from vrh_interp.evaluation.head_scan import head_scan
     from vrh_interp.evaluation.sweep import ablation_for
     from vrh_interp.heads import HeadSet
@@ -257,7 +425,7 @@ def cmd_design_space(args: argparse.Namespace) -> int:
     table = design_space(vlm, stats, evaluate, k=args.k, random_seeds=range(args.random_sets),
                          batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, run_dir=out,
                          remote=args.remote, ablation=args.ablation, ablation_values=values)
-    table.to_csv(out / "design_space.csv", index=False)
+    write_atomic(out / "design_space.csv", table.to_csv(index=False))
     _print_design_space(table, args.k, args.json)
     return 0
 
@@ -279,7 +447,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
         return 0
     if all((d / "design_space" / "manifest.json").exists() for d in shards):
         table = merge_design_space_runs(out, shards)
-        table.to_csv(out / "design_space.csv", index=False)
+        write_atomic(out / "design_space.csv", table.to_csv(index=False))
         _print_design_space(table, int(table["k"].iloc[0]), args.json)
         return 0
     merged = merge_runs(out, shards)
@@ -292,15 +460,20 @@ def cmd_merge(args: argparse.Namespace) -> int:
         from vrh_interp.evaluation.sweep import sweep_from_run
 
         summary = sweep_from_run(out, iou_threshold=args.iou).summary()
-        summary.to_csv(out / "sweep_summary.csv", index=False)
-        _print_sweep(summary, args.json)
+        write_atomic(out / "sweep_summary.csv", summary.to_csv(index=False))
+        _print_sweep(summary, args.json, out)
     return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from vrh_interp.report import write_report
+    import pandas as pd
+
+    from vrh_interp.report import verdict_lines, write_report
 
     paths = write_report(Path(args.run))
+    summary = Path(args.run) / "sweep_summary.csv"
+    if summary.exists():  # the k-sweep's verdict, as `vrh sweep` printed it
+        _print_bullets(verdict_lines(pd.read_csv(summary)))
     print(f"report: {paths['html']}\nsummary: {paths['markdown']}")
     return 0
 
@@ -359,7 +532,8 @@ def cmd_patch(args: argparse.Namespace) -> int:
     vrhs = HeadSet.parse(args.vrhs) if args.vrhs else None
     study = detect_and_study(vlm, Path(args.out), detect_scenes=args.detect, top=top, vrhs=vrhs,
                              pairs_per_kind=args.pairs, probe_scenes=args.probe_scenes,
-                             random_seeds=[int(s) for s in args.seeds.split(",")], targets=args.targets)
+                             random_seeds=[int(s) for s in args.seeds.split(",")], targets=args.targets,
+                             metric=args.metric)
     if args.json:
         print(json.dumps({"out": args.out, "facts": study.facts,
                           "tables": {k: v.to_dict(orient="records") for k, v in study.tables.items()}}, default=str))
@@ -374,24 +548,51 @@ def ablation_options(p: argparse.ArgumentParser, *, detect_data: bool = True) ->
                    help="how masked heads are removed: zero (the paper's), mean (the head's mean output per position "
                         "segment over the detection samples) or resample (another detection sample's)")
     if detect_data:
-        p.add_argument("--detect-data", default="synthetic:detect:200",
+        p.add_argument("--detect-data", type=_data_spec, default="synthetic:detect:200",
                        help="mean/resample ablation: the --data of the `vrh detect` run that wrote --scores (its "
                             "samples are the reference)")
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Help with each option's default (left out when it is None or a flag's False, or the help states it)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default in (None, False, argparse.SUPPRESS) or "default" in text or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
+START_HERE = """start here (a shipped toy whose retrieval heads are known; CPU, no network, 1-2 minutes each):
+  vrh detect --model toy:planted --data synthetic:detect:20 --out runs/first --top 5
+  vrh sweep --model toy:planted --scores runs/first/scores-vrh.json \\
+      --data synthetic:eval:20 --ks 0,3 --out runs/first-sweep
+  vrh report runs/first-sweep
+then the same on your own model: --model Qwen/Qwen2.5-VL-3B-Instruct (a hub id) or a folder,
+--data jsonl:PATH or refcoco:ROOT (docs/datasets.md). The whole pipeline in ~5 minutes: vrh demo"""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vrh", description="Find and test Visual Retrieval Heads in VLMs.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="vrh", description="Find and test Visual Retrieval Heads in VLMs.", epilog=START_HERE)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def common(p: argparse.ArgumentParser, *, data: bool = True) -> None:
         p.add_argument("--model", default="toy:a", help="hub id, local folder, toy:a / toy:b / toy:c / toy:d / toy:planted (shipped toy models) or tiny:FAMILY (random fixture)")
         if data:
-            p.add_argument("--data", default="synthetic:detect:200", help="synthetic:SPLIT:N, jsonl:PATH, refcoco:ROOT[:SPLIT], lmms-refcoco:DIR, toloka:CSV:IMAGES, ... (docs/datasets.md)")
+            p.add_argument("--data", type=_data_spec, default="synthetic:detect:200",
+                           help="synthetic:SPLIT:N, jsonl:PATH, refcoco:ROOT[:SPLIT], lmms-refcoco:DIR, "
+                                "toloka:CSV:IMAGES, ... (docs/datasets.md)")
         p.add_argument("--out", default="runs/vrh", help="run folder (rerun to resume)")
         p.add_argument("--device", default=None, help="device or device_map, e.g. cpu, cuda, auto")
         p.add_argument("--dtype", default=None, help="torch dtype name, e.g. bfloat16")
-        p.add_argument("--batch-size", type=int, default=16)
-        p.add_argument("--max-new-tokens", type=int, default=24)
+        p.add_argument("--batch-size", type=_positive_int, default=16, help="samples per forward pass")
+        p.add_argument("--max-new-tokens", type=_positive_int, default=24, help="greedy answer tokens per sample")
         p.add_argument("--json", action="store_true", help="print machine-readable JSON")
         p.add_argument("--shard", type=_shard, default=None, metavar="I/N",
                        help="run shard I (0-based) of N, into its own --out; join them with `vrh merge`")
@@ -399,28 +600,38 @@ def build_parser() -> argparse.ArgumentParser:
                        help="run the model on NDIF (nnsight's configured host and API key; docs/recipes/remote.md)")
 
     p = sub.add_parser("families", help="list supported VLM families")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--paper", action="store_true",
+                   help="list the paper's eleven models instead: backbone, checkpoint, head grid, support status")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.set_defaults(func=cmd_families)
 
     p = sub.add_parser("detect", help="score every head on grounding samples")
     common(p)
-    p.add_argument("--preset", default="vrh", help="scoring preset (vrh, retrieval_heads, qrhead, ...)")
-    p.add_argument("--top", type=int, default=20)
+    p.add_argument("--preset", type=_preset, default="vrh", help="scoring preset (vrh, retrieval_heads, qrhead, ...)")
+    p.add_argument("--top", type=_positive_int, default=20,
+                   help="how many of the best-scored heads to print (all are saved)")
     p.set_defaults(func=cmd_detect)
 
     p = sub.add_parser("sweep", help="mask top-k vs random heads and measure grounding")
     common(p)
     p.set_defaults(data="synthetic:eval:200")
-    p.add_argument("--scores", required=True, help="scores JSON written by `vrh detect`")
-    p.add_argument("--ks", default="0,1,3,5,10,20",
+    ranking = p.add_mutually_exclusive_group(required=True)
+    ranking.add_argument("--scores", help="scores JSON written by `vrh detect`")
+    ranking.add_argument("--vrhs", type=_head_spec,
+                         help="a ranking given as heads instead: L19H17,L16H0,... or a published list, "
+                                        "published:MODEL/BENCHMARK, e.g. published:qwen2.5-vl-7b/refcoco")
+    p.add_argument("--ks", type=_ks_spec, default=None,
                    help="k values: head counts and/or percentages of all heads, e.g. 0,1%%,2.5%%,5 (a positive "
-                        "percentage is rounded half up to at least 1 head)")
-    p.add_argument("--random-sets", type=int, default=20,
+                        f"percentage is rounded half up to at least 1 head). Default: {DEFAULT_KS} without the k "
+                        "too large for this model's controls (a note names them)")
+    p.add_argument("--random-sets", type=_positive_int, default=20,
                    help="control head sets per k and control kind (seeds 0 .. N-1)")
-    p.add_argument("--seeds", default=None, help="explicit control seeds, e.g. 0,1,2 (overrides --random-sets)")
+    p.add_argument("--seeds", type=_seed_list, default=None,
+                   help="explicit control seeds, e.g. 0,1,2 (overrides --random-sets)")
     p.add_argument("--no-matched", action="store_true",
                    help="leave out the layer-matched control (only the uniform random sets)")
-    p.add_argument("--iou", type=float, default=0.5)
+    p.add_argument("--iou", type=_unit_interval, default=0.5,
+                   help="an answer is correct when its box overlaps the referent's at IoU >= this")
     p.add_argument("--exclude-first-layer", action="store_true", help="random controls avoid layer 0")
     ablation_options(p)
     p.set_defaults(func=cmd_sweep)
@@ -429,18 +640,20 @@ def build_parser() -> argparse.ArgumentParser:
     common(p)
     p.set_defaults(data="synthetic:eval:200", out="runs/scan")
     p.add_argument("--scores", required=True, help="scores JSON written by `vrh detect`")
-    p.add_argument("--limit", type=int, default=100,
+    p.add_argument("--limit", type=_positive_int, default=100,
                    help="scan on the first N evaluation samples (a fixed subset; cost: (1 + heads) x N answers)")
-    p.add_argument("--heads", default=None, help="heads to scan, e.g. L0H1,L3H5 (default: every head)")
-    p.add_argument("--iou", type=float, default=0.5)
+    p.add_argument("--heads", type=_head_spec, default=None, help="heads to scan, e.g. L0H1,L3H5 (default: every head)")
+    p.add_argument("--iou", type=_unit_interval, default=0.5,
+                   help="an answer is correct when its box overlaps the referent's at IoU >= this")
     ablation_options(p)
     p.set_defaults(func=cmd_scan)
 
     p = sub.add_parser("design-space", help="rank the scoring variants by the drop their top-k causes")
     common(p)
-    p.add_argument("--eval-data", default="synthetic:eval:200")
-    p.add_argument("--k", type=int, default=20)
-    p.add_argument("--random-sets", type=int, default=20,
+    p.add_argument("--eval-data", type=_data_spec, default="synthetic:eval:200",
+                   help="evaluation samples the masks are tested on (disjoint from --data, which detects)")
+    p.add_argument("--k", type=_positive_int, default=20, help="heads masked per variant: each variant's top k")
+    p.add_argument("--random-sets", type=_non_negative_int, default=20,
                    help="random sets of k heads (outside every variant's top-k) each variant is compared with; "
                         "0: rank the variants without a random control")
     ablation_options(p, detect_data=False)
@@ -449,27 +662,28 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("merge", help="join the --out folders of a sharded detect, sweep, design-space or reproduce run")
     p.add_argument("out", help="new folder for the merged run")
     p.add_argument("shards", nargs="+", help="the --out folders of every shard 0/N .. N-1/N")
-    p.add_argument("--preset", default="vrh", help="detect runs: scoring preset of the scores file written")
-    p.add_argument("--top", type=int, default=20, help="detect runs: heads printed")
-    p.add_argument("--iou", type=float, default=0.5, help="sweep runs: correctness threshold of the summary")
+    p.add_argument("--preset", type=_preset, default="vrh",
+                   help="detect runs: scoring preset of the scores file written")
+    p.add_argument("--top", type=_positive_int, default=20, help="detect runs: heads printed")
+    p.add_argument("--iou", type=_unit_interval, default=0.5, help="sweep runs: correctness threshold of the summary")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.set_defaults(func=cmd_merge)
 
     p = sub.add_parser("reproduce", help="the paper's protocol on benchmark files: detect, k-sweep, failure split, VQA")
     common(p, data=False)
     p.set_defaults(out="runs/reproduce")
-    p.add_argument("--data", required=True,
+    p.add_argument("--data", type=_data_spec, required=True,
                    help="grounding spec: refcoco:ROOT[:SPLIT], lmms-refcoco:DIR, toloka:CSV:IMAGES, refspatial:PATH, ...")
-    p.add_argument("--vqa", action="append", default=[], metavar="NAME:PATH",
+    p.add_argument("--vqa", type=_vqa_spec, action="append", default=[], metavar="NAME:PATH",
                    help="VQA benchmark spec, repeatable: cvbench, mmstar, countbench, mathvista, spatial457, "
                         "spatialrgpt, vaw")
-    p.add_argument("--detect", type=int, default=200, help="seeded detection samples; the rest evaluate")
-    p.add_argument("--eval", type=int, default=None, help="evaluation samples (default: all the rest)")
-    p.add_argument("--split-seed", type=int, default=0)
-    p.add_argument("--ks", default="0,1,3,5,10,20", help="k values, capped at half the model's heads")
-    p.add_argument("--seeds", default="0,1,2", help="random-control seeds")
-    p.add_argument("--vqa-k", type=int, default=20, help="VRHs (and random heads) masked on the VQA suite")
-    p.add_argument("--vqa-limit", type=int, default=None, help="first N questions of each VQA benchmark")
+    p.add_argument("--detect", type=_positive_int, default=200, help="seeded detection samples; the rest evaluate")
+    p.add_argument("--eval", type=_positive_int, default=None, help="evaluation samples (default: all the rest)")
+    p.add_argument("--split-seed", type=int, default=0, help="seed of the detection / evaluation split")
+    p.add_argument("--ks", type=_ks_spec, default="0,1,3,5,10,20", help="k values, capped at half the model's heads")
+    p.add_argument("--seeds", type=_seed_list, default="0,1,2", help="random-control seeds")
+    p.add_argument("--vqa-k", type=_positive_int, default=20, help="VRHs (and random heads) masked on the VQA suite")
+    p.add_argument("--vqa-limit", type=_positive_int, default=None, help="first N questions of each VQA benchmark")
     p.set_defaults(func=cmd_reproduce)
 
     p = sub.add_parser("report", help="write an HTML + Markdown report for a run folder")
@@ -483,64 +697,136 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--transfer-model", default="auto",
                    help="second model sharing the backbone (default: the main model's partner, toy:d for toy:c, "
                         "toy:b for toy:a; '' to skip)")
-    p.add_argument("--out", default="runs/demo")
-    p.add_argument("--budget-seconds", type=float, default=180.0,
+    p.add_argument("--out", default="runs/demo", help="run folder (rerun to resume)")
+    p.add_argument("--budget-seconds", type=_seconds, default=180.0,
                    help="time budget for the whole demo (default 180: the full claims table in about 3 minutes on a "
                         "quiet 2-core machine). A target, not a guarantee: the sample counts are picked from a short "
                         "timed calibration on the models, and other processes sharing the CPU slow the run down. "
                         "The sizes below, when given, override it; 0 = no budget (the full sizes)")
-    p.add_argument("--detect-scenes", "--detect", dest="detect", type=int, default=None,
+    p.add_argument("--detect-scenes", "--detect", dest="detect", type=_scene_count(1), default=None,
                    help="detection scenes (default: planned, 100-200)")
-    p.add_argument("--eval-scenes", "--eval", dest="eval", type=int, default=None,
+    p.add_argument("--eval-scenes", "--eval", dest="eval", type=_scene_count(1), default=None,
                    help="evaluation scenes (disjoint from detection); every referent is an item (default: planned, "
                         "30-152 scenes; 152: >= 500 items)")
-    p.add_argument("--random-sets", type=int, default=None,
+    p.add_argument("--random-sets", type=_positive_int, default=None,
                    help="random (and layer-matched) control head sets at k* in every sweep (default 20, never fewer "
                         "unless given: the verdict rule needs them)")
-    p.add_argument("--curve-sets", type=int, default=None,
+    p.add_argument("--curve-sets", type=_non_negative_int, default=None,
                    help="control sets of each kind at the main sweep's other k (curve only, no verdict; default 2)")
-    p.add_argument("--check-items", type=int, default=None,
+    p.add_argument("--check-items", type=_positive_int, default=None,
                    help="fixed evaluation items for the ablation-kind check, head scan, design space, cross-masking "
                         "(default: planned, 20-50)")
-    p.add_argument("--vqa-scenes", type=int, default=None,
+    p.add_argument("--vqa-scenes", type=_scene_count(0), default=None,
                    help="eval scenes whose VQA questions are asked (default: planned, 8-25)")
-    p.add_argument("--control-scenes", type=int, default=None,
+    p.add_argument("--control-scenes", type=_scene_count(0), default=None,
                    help="evaluation scenes of the positive control on toy:planted (default: planned, 20-30)")
     p.add_argument("--plan-only", action="store_true",
                    help="calibrate, print the plan (sizes, answers and estimated seconds per step) and stop")
-    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--batch-size", type=_positive_int, default=256, help="rows per forward pass")
     p.add_argument("--no-positive-control", action="store_true",
                    help="skip step 1, the positive control on toy:planted")
-    p.add_argument("--device", default=None)
-    p.add_argument("--dtype", default=None)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--device", default=None, help="device or device_map, e.g. cpu, cuda, auto")
+    p.add_argument("--dtype", default=None, help="torch dtype name, e.g. bfloat16")
+    p.add_argument("--json", action="store_true", help="print the verdicts as JSON")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("patch", help="activation patching: what the VRHs read out and write (synthetic pairs)")
-    p.add_argument("--model", default="toy:a")
-    p.add_argument("--out", default="runs/patching")
-    p.add_argument("--vrhs", default=None, help="heads to study, e.g. L2H6,L2H7 (default: detect them)")
-    p.add_argument("--detect", type=int, default=200, help="detection scenes (when --vrhs is not given)")
-    p.add_argument("--top", type=int, default=None, help="how many top-scored heads are the VRHs (default: the demo's k*)")
-    p.add_argument("--pairs", type=int, default=48, help="clean/corrupted pairs per kind (held-out eval scenes)")
-    p.add_argument("--probe-scenes", type=int, default=120, help="eval scenes for the linear probes")
-    p.add_argument("--seeds", default="0,1,2", help="random-control seeds")
+    p.add_argument("--model", default="toy:a", help="hub id, local folder, toy:NAME or tiny:FAMILY")
+    p.add_argument("--out", default="runs/patching", help="run folder")
+    p.add_argument("--vrhs", type=_head_spec, default=None,
+                   help="heads to study, e.g. L2H6,L2H7 or published:MODEL/BENCHMARK "
+                                                "(default: detect them)")
+    p.add_argument("--detect", type=_scene_count(1), default=200, help="detection scenes (when --vrhs is not given)")
+    p.add_argument("--top", type=_positive_int, default=None,
+                   help="how many top-scored heads are the VRHs (default: the demo's k*)")
+    p.add_argument("--pairs", type=_scene_count(1), default=48,
+                   help="clean/corrupted pairs per kind (held-out eval scenes)")
+    p.add_argument("--probe-scenes", type=_scene_count(1), default=120, help="eval scenes for the linear probes")
+    p.add_argument("--seeds", type=_seed_list, default=",".join(str(s) for s in range(20)),
+                   help="control seeds: one random and one layer-matched set each (default 0-19)")
     p.add_argument("--targets", choices=("greedy", "ground_truth"), default="greedy",
                    help="the two answers of a pair: the model's greedy answers, or the referents' boxes")
-    p.add_argument("--device", default=None)
-    p.add_argument("--dtype", default=None)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--metric", choices=("answer", "first_token"), default="answer",
+                   help="answer: log-probability of the whole clean box vs the corrupted one (every coordinate); "
+                        "first_token: logit difference at the first differing answer token only")
+    p.add_argument("--device", default=None, help="device or device_map, e.g. cpu, cuda, auto")
+    p.add_argument("--dtype", default=None, help="torch dtype name, e.g. bfloat16")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.set_defaults(func=cmd_patch)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+# commands whose --out is a run folder that the same command resumes: held under the folder's lock while they run
+RESUMABLE = ("detect", "sweep", "scan", "design-space", "reproduce", "demo", "patch")
+# what a full disk, a read-only or foreign folder, or a failing device raises while writing
+WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO, errno.EFBIG}
+
+
+def _resume_hint(args: argparse.Namespace, argv: Sequence[str]) -> str:
+    if args.command not in RESUMABLE:
+        return ""
+    return f"; what is done is kept in {args.out}: rerun the same command to resume it: vrh {shlex.join(argv)}"
+
+
+def _run(args: argparse.Namespace) -> int:
+    """``args.func`` under the lock of its run folder; a folder this call created and left empty is removed."""
+    if args.command not in RESUMABLE:
+        return int(args.func(args))
+    from vrh_interp.runs import LOCK_FILE, lock_run_folder
+
+    out = Path(args.out)
+    created = not out.exists()
+    lock = lock_run_folder(out)
     try:
         return int(args.func(args))
-    except (ValueError, FileNotFoundError, RuntimeError) as error:
-        print(f"vrh {args.command}: error: {error}", file=sys.stderr)
+    finally:
+        if created and os.listdir(out) == [LOCK_FILE]:  # failed before writing anything: leave no trace
+            (out / LOCK_FILE).unlink()
+            out.rmdir()
+        del lock
+
+
+def _close_progress_bars() -> None:
+    """End every open progress bar, so that a failure's message starts on its own line after them."""
+    tqdm_module = sys.modules.get("tqdm")
+    for bar in list(getattr(getattr(tqdm_module, "tqdm", None), "_instances", ())):
+        bar.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Every failure ends in one line on stderr, never a traceback (``VRH_DEBUG=1`` shows it for unexpected ones):
+    the library's errors (they name the problem and the fix), a full disk or unwritable folder, and Ctrl-C name
+    the run folder and the command that resumes it."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    name = f"vrh {args.command}"
+    try:
+        with warnings.catch_warnings():  # a warning is one line too (e.g. scores of another model: a transfer)
+            warnings.showwarning = lambda message, *_, **__: print(f"{name}: warning: {message}", file=sys.stderr)
+            return _run(args)
+    except KeyboardInterrupt:
+        _close_progress_bars()
+        print(f"{name}: interrupted{_resume_hint(args, argv)}", file=sys.stderr)
+        return 130
+    except OSError as error:
+        _close_progress_bars()
+        if error.errno in WRITE_ERRNOS:
+            print(f"{name}: error: cannot write {error.filename or 'its output'} ({error.strerror}): free space, make "
+                  f"the folder writable or pick another --out{_resume_hint(args, argv)}", file=sys.stderr)
+        else:
+            print(f"{name}: error: {error}", file=sys.stderr)
         return 2
+    except (ValueError, RuntimeError) as error:
+        _close_progress_bars()
+        print(f"{name}: error: {error}", file=sys.stderr)
+        return 2
+    except Exception as error:
+        if os.environ.get("VRH_DEBUG"):
+            raise
+        _close_progress_bars()
+        print(f"{name}: unexpected {type(error).__name__}: {error}. This is a bug in vrh-interp: please report it "
+              "with the command (VRH_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ Steps (each writes its records into the run folder, so rerunning resumes):
    disjoint from detection; the printed interval widths say what that buys);
 4. the causal verdict at k* again with mean and resample ablation (reference outputs from the detection
    samples), compared with zero ablation on the same items;
-5. the single-head causal scan (every head masked alone) and the rank correlation of score and damage;
+5. the single-head causal scan (each head masked alone: all heads, or on models over 48 heads the top k* and a
+   random sample, 32 in all) and the rank correlation of score and damage;
 6. design space, 7. sparsity and stability, 8. transfer to a second model sharing the backbone (score maps and
    cross-masking), 9. cross-task VQA on the eval scenes' synthetic questions (judged only on the question kinds
    the model answers above the majority-answer level), 10. attention overlays of the top heads and the report.
@@ -27,7 +28,8 @@ with short timed calls, exactly as the steps run them (``calibrate``: a few head
 items through ``run_conditions``, so batching many conditions into one generation is measured, not assumed; a
 few detection samples; a few VQA questions; the positive control's model). ``choose_sizes`` then picks the
 sample counts between ``MINIMUM_SIZES`` and ``FULL_SIZES`` (one interpolation for all of them) so that the
-estimate (``plan_steps``: greedy answers x measured seconds per answer, per step) fits the budget; sizes given
+estimate (``plan_steps``: greedy answers x measured seconds per answer, per step) fits ``PLAN_MARGIN`` (92 %)
+of the budget; sizes given
 explicitly (``--eval``, ``--check-items``, ...) are kept and the others planned around them; budget 0 means the
 full sizes. The plan is printed before step 1 (answers and estimated seconds per step, the expected 95 %
 interval half-widths), each step prints the time elapsed and the time left (re-estimated from the measured
@@ -42,7 +44,7 @@ with them. Verdicts are only judged where the full control is measured:
   to judge (no verdict reads them). The control sets are the same draws as with 20 sets per k (seeds 0 and 1);
 * ``check_items`` fixed items (every n-th of the evaluation items, spread over the scenes) for the checks that
   multiply the cost: mean/resample ablation at k* (20 + 20 sets each, compared with zero ablation restricted to
-  the same items), the single-head scan (every head: 129 conditions on a 128-head model), the design space and
+  the same items), the single-head scan (33 conditions on a 128-head model: ``scan_heads``), the design space and
   cross-masking at k*;
 * VQA on the questions of the first ``vqa_scenes`` evaluation scenes, at k* with 20 + 20 sets.
 
@@ -63,6 +65,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import textwrap
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -205,9 +208,30 @@ def score_predicts_damage(scan: dict[str, Any] | None) -> dict[str, str]:
     rho, p = scan["spearman"], scan["p_value"]
     holds = bool(np.isfinite(rho) and rho > 0 and p < 0.05)
     return {"claim": claim, "verdict": "holds" if holds else "does not hold",
-            "numbers": f"Spearman {rho:.3f} over {scan['heads']} heads (one-sided permutation p={p:.3g}; rule: > 0 "
+            "numbers": f"Spearman {rho:.3f} over {scan['heads']} heads{_scan_sample(scan)} (one-sided permutation p={p:.3g}; rule: > 0 "
                        f"with p < 0.05), n={scan['n']} items, baseline {scan['baseline_accuracy']:.3f}; the top-scored "
                        f"head {scan['top_head']} ranks {scan['top_head_damage_rank']} of {scan['heads']} by damage"}
+
+
+TERMINAL_WIDTH = 100
+
+
+def claims_text(table: pd.DataFrame, width: int = TERMINAL_WIDTH) -> str:
+    """The verdicts table for a terminal: per claim, its verdict and the claim on one line, then its numbers
+    wrapped and indented (the whole table is in demo.json and the report)."""
+    blocks = []
+    for row in table.to_dict(orient="records"):
+        head = textwrap.fill(f"{str(row['verdict']).upper():>15}  {row['claim']}", width, subsequent_indent=" " * 17,
+                             break_on_hyphens=False)
+        body = textwrap.fill(str(row.get("numbers", "")), width, initial_indent=" " * 17, subsequent_indent=" " * 17,
+                             break_on_hyphens=False)
+        blocks.append(f"{head}\n{body}")
+    return "\n".join(blocks)
+
+
+def _scan_sample(scan: dict[str, Any]) -> str:
+    """' of 128 (a sample: ...)' when the scan masked a sample of the heads (``scan_heads``), else ''."""
+    return f" of {scan['total_heads']} ({scan['sampled']})" if scan.get("sampled") else ""
 
 
 def _heads(summary: pd.DataFrame, k: int) -> str:
@@ -281,10 +305,21 @@ def evaluation_items(scenes: int) -> list[Any]:
 
 
 def check_subset(items: Sequence[Any], count: int) -> list[Any]:
-    """``count`` items spread evenly over ``items`` (every n-th, n = len / count): fixed, covers all scenes."""
+    """``count`` items in whole scenes spread evenly over ``items`` (every n-th scene; a scene: consecutive items
+    showing the same image object, so a scene's referents share their image prefix in a generation:
+    ``interventions.shared_image_prefix``); the last scene cut to make ``count``. Fixed, spread over the scenes."""
     if count >= len(items):
         return list(items)
-    return [items[math.floor(i * len(items) / count)] for i in range(count)]
+    scenes: list[list[Any]] = []
+    for item in items:
+        image = getattr(item, "image", None)
+        if scenes and image is not None and getattr(scenes[-1][0], "image", None) is image:
+            scenes[-1].append(item)
+        else:
+            scenes.append([item])
+    wanted = min(len(scenes), math.ceil(count * len(scenes) / len(items)))
+    picked = [item for i in range(wanted) for item in scenes[math.floor(i * len(scenes) / wanted)]]
+    return picked[:count]
 
 
 def main_conditions(ranking: Any, geometry: Any, ks: Sequence[int], k_star: int, random_sets: int,
@@ -343,11 +378,37 @@ def planned_answers(conditions: Sequence[Condition], items: int) -> int:
 # Planning: sample counts from a time budget (module doc, "Sizes")
 
 DEFAULT_BUDGET_SECONDS = 180.0
+# the single-head scan masks every head of a model up to SCAN_ALL_HEADS heads; above, the top k* heads plus a
+# seeded uniform sample of the others, SCAN_SAMPLED_HEADS in all (``scan_heads``): the Spearman estimates the
+# all-heads correlation from a random sample at a quarter of the cost on a 128-head model
+SCAN_ALL_HEADS = 48
+SCAN_SAMPLED_HEADS = 32
+SCAN_SEED = 0
+
+
+def scan_heads(ranking: Any, geometry: Any, k_star: int) -> Any:
+    """The heads the demo's single-head scan masks (constants above): all of them, or the top ``k_star`` of
+    ``ranking`` and a uniform sample (seed ``SCAN_SEED``) of the rest, in (layer, head) order."""
+    from vrh_interp.heads import HeadSet
+
+    everything = geometry.all_heads()
+    if len(everything) <= SCAN_ALL_HEADS:
+        return everything
+    top = list(ranking[:k_star])
+    rest = [h for h in everything if h not in set(top)]
+    drawn = np.random.default_rng(SCAN_SEED).choice(len(rest), SCAN_SAMPLED_HEADS - len(top), replace=False)
+    return HeadSet(sorted(top + [rest[i] for i in drawn], key=lambda h: (h.layer, h.head)))
 ITEMS_PER_SCENE = 3.3  # referents per level-1 evaluation scene (502 items on 152 scenes)
 QUESTIONS_PER_SCENE = 2.7  # synthetic VQA questions per evaluation scene (67 on 25)
 CONTROL_DETECT_SCENES = 20  # the positive control's detection scenes (``run_positive_control``'s default)
 CONTROL_RANDOM_SETS = 20  # ... and its random / layer-matched sets (its verdict rule needs them; fixed)
 ABLATION_COST = 1.1  # a mean / resample-ablated answer vs a zero-ablated one (toy A: 0.6-1.0x measured, 1.5x once)
+# a resample-ablated answer where a scene's referents otherwise share their image prefix (each row has its own
+# donor, so nothing is shared): vs a shared zero-ablated answer
+UNSHARED_COST = 3.0  # (toy C: 3.1x in a default demo run, 2.3x in a single 3-condition batch; toy A: 2.6x there)
+# the plans aim at this share of the budget: on a quiet 2-core machine the default toy:c demo ran 8 % over its
+# estimate (resample ablation and the VQA step cost more than their calibration says)
+PLAN_MARGIN = 0.92
 VALUES_COST = 0.5  # ``ablation_values`` per detection sample, in detection samples (toy A: 0.47)
 DESIGN_VARIANT_SETS = 8  # distinct top-k* sets among the 15 design variants (toy A: 6 at k=1, 11 at k=3)
 OVERLAY_ANSWERS = 10  # one overlay figure (three attention read-outs and a plot), in greedy answers
@@ -379,10 +440,11 @@ class Sizes:
 
 
 BUDGETED = ("detect_scenes", "eval_scenes", "check_items", "vqa_scenes", "control_scenes")
-# the smallest plan the demo picks by itself (explicit sizes may go lower) and the largest (what the demo ran
-# before it planned: >= 500 evaluation items); detection stays >= 100 scenes so that the stability claim's
-# 20-sample rankings are compared with a reference of several times as many samples
-MINIMUM_SIZES = Sizes(detect_scenes=100, eval_scenes=30, check_items=20, vqa_scenes=8, control_scenes=20)
+# the smallest plan the demo picks by itself (explicit sizes may go lower; about 2 minutes on toy:c on a quiet
+# 2-core machine, with its wider intervals printed) and the largest (what the demo ran before it planned: >= 500
+# evaluation items); detection stays >= 60 scenes so that the stability claim's 20-sample rankings are compared
+# with a reference of three times as many samples
+MINIMUM_SIZES = Sizes(detect_scenes=60, eval_scenes=16, check_items=12, vqa_scenes=6, control_scenes=16)
 FULL_SIZES = Sizes(detect_scenes=200, eval_scenes=152, check_items=50, vqa_scenes=25, control_scenes=30)
 
 
@@ -422,6 +484,7 @@ class PlanFacts:
     positive_control: bool
     transfer: bool
     overlay_items: int = 3
+    shared_prefix: bool = False  # the family shares a scene's image prefix (``FamilyAdapter.image_prefix_cache``)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -448,7 +511,7 @@ def _stand_in_ranking(geometry: Any) -> Any:
 
 
 def plan_facts(geometry: Any, random_sets: int, curve_sets: int, *, model: str, positive_control: bool,
-               transfer: bool, overlay_items: int = 3) -> PlanFacts:
+               transfer: bool, overlay_items: int = 3, shared_prefix: bool = False) -> PlanFacts:
     """``PlanFacts`` for a model of ``geometry`` (distinct head sets counted on a stand-in ranking)."""
     from vrh_interp.evaluation.sweep import control_conditions
 
@@ -465,7 +528,8 @@ def plan_facts(geometry: Any, random_sets: int, curve_sets: int, *, model: str, 
                      kind_sets=planned_answers(at_k_star, 1),
                      design_sets=1 + DESIGN_VARIANT_SETS + planned_answers(cross, 1),
                      cross_sets=3 + planned_answers(cross, 1), control_sets=3 + 2 * CONTROL_RANDOM_SETS,
-                     positive_control=positive_control, transfer=transfer, overlay_items=overlay_items)
+                     positive_control=positive_control, transfer=transfer, overlay_items=overlay_items,
+                     shared_prefix=shared_prefix)
 
 
 def plan_steps(sizes: Sizes, facts: PlanFacts, rates: Rates) -> list[StepPlan]:
@@ -495,12 +559,14 @@ def plan_steps(sizes: Sizes, facts: PlanFacts, rates: Rates) -> list[StepPlan]:
     add(3, f"~{items} items ({sizes.eval_scenes} scenes) x {facts.main_sets} sets", answers, 0,
         rates.answer * answers + rates.summary * facts.main_conditions + rates.group * facts.main_groups)
     answers = 2 * facts.kind_sets * checks
+    resample = UNSHARED_COST if facts.shared_prefix else 1.0  # mean rows share the prefix, resample rows cannot
     add(4, f"{checks} items x {facts.kind_sets} sets x (mean, resample)", answers,
         VALUES_COST * sizes.detect_scenes,
-        rates.answer * ABLATION_COST * answers + rates.scoring * VALUES_COST * sizes.detect_scenes
+        rates.answer * ABLATION_COST * answers * (1 + resample) / 2 + rates.scoring * VALUES_COST * sizes.detect_scenes
         + (rates.summary * at_k_star + rates.group * 2) * 3)
-    answers = (facts.total_heads + 1) * checks
-    add(5, f"{checks} items x {facts.total_heads + 1} sets (each head alone)", answers, 0, rates.answer * answers)
+    scanned = min(facts.total_heads, SCAN_SAMPLED_HEADS) if facts.total_heads > SCAN_ALL_HEADS else facts.total_heads
+    answers = (scanned + 1) * checks
+    add(5, f"{checks} items x {scanned + 1} sets (each head alone)", answers, 0, rates.answer * answers)
     answers = facts.design_sets * checks
     add(6, f"{checks} items x ~{facts.design_sets} sets", answers, 0,
         rates.answer * answers + rates.summary * (1 + DESIGN_VARIANT_SETS + sizes.random_sets) + rates.group)
@@ -617,13 +683,16 @@ def calibrate(vlm: Any, *, batch_size: int, positive_control: bool, device: str 
     from vrh_interp.evaluation.sweep import random_control
     from vrh_interp.heads import HeadSet
 
-    def grounding_rate(model: Any, k: int, sets: int) -> tuple[float, int, float]:
+    def grounding_rate(model: Any, k: int, sets: int, scenes: bool = True) -> tuple[float, int, float]:
+        """Seconds per answer on items as the steps have them: a scene's referents (``scenes``: the main model's
+        steps) or one item per scene (the positive control)."""
         geometry = model.geometry
         detected = _stand_in_ranking(geometry)[:k]
         conditions = [Condition("baseline", 0, None, HeadSet())]
         conditions += [Condition("random", k, seed, random_control(geometry, detected, k, seed))
                        for seed in range(sets - 1)]
-        items = synthetic_samples("eval", CALIBRATION_ITEMS)
+        items = evaluation_items(math.ceil(CALIBRATION_ITEMS / ITEMS_PER_SCENE) + 1)[:CALIBRATION_ITEMS] if scenes \
+            else synthetic_samples("eval", CALIBRATION_ITEMS)
         run_conditions(model, items[:1], conditions[:1], batch_size=batch_size, max_new_tokens=ANSWER_TOKENS,
                        progress=False)
         answers = planned_answers(conditions, len(items))
@@ -670,7 +739,8 @@ def calibrate(vlm: Any, *, batch_size: int, positive_control: bool, device: str 
         clock = time.perf_counter()
         planted = pc.load_planted(device)
         load = time.perf_counter() - clock
-        control_answer, control_answers, _ = grounding_rate(planted, len(pc.declared()[0]), CALIBRATION_CONTROL_SETS)
+        control_answer, control_answers, _ = grounding_rate(planted, len(pc.declared()[0]), CALIBRATION_CONTROL_SETS,
+                                                          scenes=False)
         parts["control_s"] = time.perf_counter() - clock
         del planted
     facts = {"answers": answers, "scored": len(detect), "vqa_answers": vqa_answers,
@@ -823,9 +893,9 @@ def _available(spec: str) -> bool:
 
 
 def _load(spec: str, device: str | None, dtype: str | None) -> Any:
-    from vrh_interp.cli import _load_model
+    from vrh_interp.model import load_spec
 
-    return _load_model(spec, device, dtype)
+    return load_spec(spec, device, dtype)
 
 
 def _detect(vlm: Any, samples: list[Any], out: Path, batch_size: int) -> tuple[list[Any], Any]:
@@ -922,12 +992,13 @@ def run_demo(*, model_spec: str | None = None, out: Path = Path("runs/demo"), de
         print(f"      {fixed_sets['random_sets']} random sets per control kind (--random-sets): the set-level rule's "
               f"empirical p cannot go below 1/{fixed_sets['random_sets'] + 1}")
     facts = plan_facts(geometry, fixed_sets["random_sets"], fixed_sets["curve_sets"], model=model_spec,
-                       positive_control=run_control, transfer=transfer_ready, overlay_items=overlay_items)
+                       positive_control=run_control, transfer=transfer_ready, overlay_items=overlay_items,
+                       shared_prefix=vlm.adapter.image_prefix_cache)
     if stored is None:
         rates, calibration = calibrate(vlm, batch_size=batch_size, positive_control=run_control, device=device,
                                        load_seconds=load_seconds, start_seconds=time.perf_counter() - started)
         calibration_seconds = time.perf_counter() - started
-        left = None if budget is None else budget - calibration_seconds
+        left = None if budget is None else PLAN_MARGIN * budget - calibration_seconds
         sizes, fits = choose_sizes(left if left is None else max(left, 0.0), facts, rates, explicit)
         replanned = False
     else:
@@ -979,7 +1050,7 @@ def run_demo(*, model_spec: str | None = None, out: Path = Path("runs/demo"), de
     timer.end()
     if stored is None and not replanned:  # the sizes not used yet, for the time actually left
         factor = timer.factor()
-        left = None if budget is None else max(budget - timer.elapsed(), 0.0)
+        left = None if budget is None else max(PLAN_MARGIN * budget - timer.elapsed(), 0.0)
         keep = {**explicit, "detect_scenes": sizes.detect_scenes, "eval_scenes": sizes.eval_scenes,
                 "control_scenes": sizes.control_scenes}
         new_sizes, _ = choose_sizes(left, facts, rates.scaled(factor), keep, from_step=4)
@@ -1008,13 +1079,18 @@ def run_demo(*, model_spec: str | None = None, out: Path = Path("runs/demo"), de
     kinds = ablation_kind_table(kind_summaries, k_star)
     kinds.to_csv(out / "ablation_kinds.csv", index=False)
 
-    timer.begin(5, f"single-head causal scan: each of the {geometry.total_heads} heads masked alone on the "
+    scanned = scan_heads(scores.ranking(), geometry, k_star)
+    sampled = "" if len(scanned) == geometry.total_heads else \
+        f" (a sample: the top {k_star} and {len(scanned) - k_star} drawn at random)"
+    timer.begin(5, f"single-head causal scan: each of {len(scanned)} of the {geometry.total_heads} heads{sampled} "
+                   f"masked alone on the "
                    f"{len(checks)} fixed items")
     from vrh_interp.cli import write_head_scan
     from vrh_interp.evaluation.head_scan import head_scan
 
-    scan = write_head_scan(head_scan(vlm, checks, scores, batch_size=batch_size, max_new_tokens=ANSWER_TOKENS,
-                                     run_dir=out / "scan"), out)
+    scan = write_head_scan(head_scan(vlm, checks, scores, heads=scanned, batch_size=batch_size,
+                                     max_new_tokens=ANSWER_TOKENS, run_dir=out / "scan"), out)
+    scan["total_heads"], scan["sampled"] = geometry.total_heads, sampled.strip(" ()")
 
     timer.begin(6, f"design space at k={k_star} on the {len(checks)} fixed items")
     seeds = range(random_sets)
@@ -1077,19 +1153,17 @@ def run_demo(*, model_spec: str | None = None, out: Path = Path("runs/demo"), de
                           "positive_control": None if outcome is None else outcome["verdict"],
                           "seconds": round(elapsed, 1)}, default=str))
     else:
-        with pd.option_context("display.width", 200, "display.max_colwidth", 160):
-            print("\nSummary (k-sweep):")
+        with pd.option_context("display.width", TERMINAL_WIDTH, "display.precision", 3):
+            print(f"\nSummary (k-sweep; every column and the per-set rows: {out / 'sweep_summary.csv'}):")
             shown = summary[summary["seed"].isna() | (summary["seed"].astype(str) == "all")]  # per-set rows: CSV
-            print(shown[["condition", "k", "k_fraction", "seed", "sets", "accuracy", "accuracy_ci_low",
-                         "accuracy_ci_high", "accuracy_q05", "accuracy_q95", "parse_failure_rate",
-                         "other_object_rate", "no_object_rate", "p_value_vs_baseline", "p_vs_random",
-                         "p_vs_matched"]].to_string(index=False))
+            print(shown[["condition", "k", "sets", "accuracy", "accuracy_ci_low", "accuracy_ci_high",
+                         "p_vs_random", "p_vs_matched"]].to_string(index=False))
             if outcome is not None:
                 from vrh_interp.positive_control import describe
 
-                print("\nPositive control: " + describe(outcome))
+                print("\n" + textwrap.fill("Positive control: " + describe(outcome), TERMINAL_WIDTH))
             print("\nThe paper's claims on this model:")
-            print(table.to_string(index=False))
+            print(claims_text(table))
             print("\nTime per step (seconds):")
             print(timing[["step", "name", "answers", "planned_s", "estimated_s", "seconds"]].to_string(index=False))
         budget_text = f" of a {budget:.0f} s budget" if budget else ""

@@ -20,6 +20,13 @@ class HeadOutOfRangeError(ValueError):
     """A head does not exist in the model it is applied to."""
 
 
+class HeadSpecError(ValueError):
+    """A head or head-set text (``L19H17``, ``L1H2,L3H0``) that cannot be read."""
+
+
+HEAD_SPEC_HELP = "write heads as 'L<layer>H<head>' separated by commas, e.g. 'L2H6,L2H7'"
+
+
 @dataclass(frozen=True, order=True, slots=True)
 class Head:
     """One attention head of the language backbone: ``layer`` and ``head`` are 0-based."""
@@ -41,18 +48,26 @@ class Head:
     @classmethod
     def parse(cls, text: str) -> "Head":
         """Parse ``"L19H17"`` (case-insensitive) back into ``Head(19, 17)``."""
+        if not isinstance(text, str):
+            raise HeadSpecError(f"a head is parsed from text such as 'L19H17', got {type(text).__name__} {text!r}")
         match = _HEAD_PATTERN.match(text)
         if match is None:
-            raise ValueError(f"cannot parse {text!r} as a head: expected the form 'L<layer>H<head>', e.g. 'L19H17'")
+            raise HeadSpecError(f"cannot parse {text!r} as a head: expected the form 'L<layer>H<head>', e.g. 'L19H17'")
         return cls(int(match.group(1)), int(match.group(2)))
 
 
 class HeadSet:
-    """An ordered collection of distinct heads (order = ranking order, or insertion order)."""
+    """An ordered collection of distinct heads (order = ranking order, or insertion order).
+
+    ``HeadSet("L2H6,L2H7")`` reads the text with ``HeadSet.parse`` (a string is never iterated character by
+    character).
+    """
 
     __slots__ = ("_heads", "_members")
 
-    def __init__(self, heads: Iterable[Head | str] = ()) -> None:
+    def __init__(self, heads: Iterable[Head | str] | str = ()) -> None:
+        if isinstance(heads, str):
+            heads = HeadSet.parse(heads)
         seen: dict[Head, None] = {}
         for item in heads:
             head = Head.parse(item) if isinstance(item, str) else item
@@ -62,7 +77,7 @@ class HeadSet:
                     "write Head(layer, head) instead of a bare tuple"
                 )
             if head in seen:
-                raise ValueError(f"duplicate head {head} in head set")
+                raise HeadSpecError(f"duplicate head {head} in head set: list each head once")
             seen[head] = None
         self._heads: tuple[Head, ...] = tuple(seen)
         self._members: frozenset[Head] = frozenset(seen)
@@ -99,8 +114,18 @@ class HeadSet:
 
     @classmethod
     def parse(cls, text: str) -> "HeadSet":
-        """Parse ``"L1H2,L3H0"`` (commas and/or whitespace) into a head set."""
+        """Parse ``"L1H2,L3H0"`` (commas and/or whitespace) into a head set; ``"published:MODEL/BENCHMARK"``
+        is the paper's published list (``vrh_interp.published.parse_spec``)."""
+        if not isinstance(text, str):
+            raise HeadSpecError(f"a head set is parsed from text, got {type(text).__name__} {text!r}; "
+                                f"{HEAD_SPEC_HELP}")
+        if text.strip().lower().startswith("published:"):
+            from vrh_interp.published import parse_spec
+
+            return parse_spec(text)
         parts = [p for p in re.split(r"[,\s]+", text.strip()) if p]
+        if not parts:
+            raise HeadSpecError(f"empty head set {text!r}: {HEAD_SPEC_HELP}, or 'published:MODEL/BENCHMARK'")
         return cls(Head.parse(p) for p in parts)
 
     def union(self, other: Iterable[Head]) -> "HeadSet":

@@ -23,7 +23,7 @@ import torch
 from vrh_interp.heads import HeadSet
 from vrh_interp.model import VLM, GroundingBatch
 from vrh_interp.templates import LayerTemplate, apply_in_order
-from vrh_interp.templates.ablation import ZERO_ABLATION, Ablation, HeadAblation, RowHeadAblation, segment_ids
+from vrh_interp.templates.ablation import PAD, ZERO_ABLATION, Ablation, HeadAblation, RowHeadAblation, segment_ids
 from vrh_interp.templates.head_outputs import HeadOutputCapture, HeadOutputPatch
 from vrh_interp.templates.readout import AttentionRowsReadout, attention_call_label
 
@@ -61,6 +61,8 @@ def remote_errors(model: Any, remote: bool | str) -> Iterator[None]:
     import nnsight
     from nnsight.intervention.backends.remote import RemoteError
 
+    from vrh_interp.remote import RemoteTimeoutError, timed_remote_calls
+
     host = remote if isinstance(remote, str) else nnsight.CONFIG.API.HOST
     try:
         key = f"model key {model.to_model_key()!r}"  # minted once, cached by nnsight
@@ -70,7 +72,13 @@ def remote_errors(model: Any, remote: bool | str) -> Iterator[None]:
             "for the id the model was loaded from. Pass the id the server deployed it under: "
             "vrh.wrap(..., remote_id=...) or vrh.load(..., remote_id=...)") from err
     try:
-        yield
+        with timed_remote_calls():
+            yield
+    except RemoteTimeoutError as err:
+        raise RemoteExecutionError(
+            f"{err} for {key}: check that the host is up and is an NDIF API (nnsight.CONFIG.API.HOST or NDIF_HOST), "
+            "and that no firewall or proxy holds the connection; a busy server may need a longer timeout "
+            "(vrh_interp.remote.set_remote_timeouts)") from err
     except RemoteError as err:
         text = str(err)
         if text.startswith("Failed to send request"):
@@ -83,6 +91,10 @@ def remote_errors(model: Any, remote: bool | str) -> Iterator[None]:
             "nnsight.CONFIG.API.HOST or the NDIF_HOST environment variable, check the server is up, or run "
             "with remote=False to compute locally") from err
     except Exception as err:
+        if type(err).__name__ == "WebSocketAddressException":  # the websocket client's DNS failure
+            raise RemoteExecutionError(
+                f"could not resolve the NDIF host {host} ({err}): check its spelling (nnsight.CONFIG.API.HOST or "
+                "NDIF_HOST) and this machine's network and DNS, or run with remote=False to compute locally") from err
         if type(err).__module__.startswith("websocket"):  # e.g. a host that is not an NDIF API
             raise RemoteExecutionError(f"the NDIF connection to {host} failed ({type(err).__name__}: {err}); "
                                        "is this host an NDIF API (nnsight.CONFIG.API.HOST)?") from err
@@ -164,7 +176,7 @@ def replicate_encoding(encoding: Mapping[str, Any], times: int) -> dict[str, Any
 def generate_conditions(vlm: VLM, encoding: Mapping[str, Any], conditions: Sequence[tuple[HeadSet | None, Ablation]],
                         *, max_new_tokens: int, segments: torch.Tensor | None = None,
                         sample_ids: Sequence[str] | None = None, remote: bool | str = False,
-                        **generate_kwargs: Any) -> list[torch.Tensor]:
+                        shared_prefix: bool = True, **generate_kwargs: Any) -> list[torch.Tensor]:
     """Greedy generation of ONE batch under several conditions ``(heads, ablation)`` in one pass: the batch is
     replicated per condition (``replicate_encoding``) and each block masked with its own heads and kind
     (``condition_ablation``). Returns one ``[batch, prompt + new]`` id tensor per condition. One condition runs
@@ -173,11 +185,20 @@ def generate_conditions(vlm: VLM, encoding: Mapping[str, Any], conditions: Seque
     Each row's tokens equal those of its condition generated alone (rows do not interact; tested exactly): a
     pass only runs until EVERY row stopped, so a condition's tensor may be wider than alone, with the pad token
     after its rows' EOS (``VLM.decode_answers`` stops at both). ``segments`` / ``sample_ids`` (of the original
-    batch) are needed for mean / resample conditions."""
+    batch) are needed for mean / resample conditions. ``shared_prefix``: where several rows show the same image
+    (a scene's referents) and every condition zero-ablates, the image prefix runs once per image and condition
+    (``shared_image_prefix``; local runs only)."""
     if not conditions:
         raise ValueError("generate_conditions needs at least one condition")
     rows = int(encoding["input_ids"].shape[0])
     masked = [(h, a) for h, a in conditions if h is not None and len(h)]
+    # resample gives each row its own donor's values, so rows that share an image differ in the prefix
+    if shared_prefix and not remote and all(a.kind == "zero" or (a.kind == "mean" and segments is not None)
+                                            for _, a in masked):
+        prefix = shared_image_prefix(vlm, encoding)
+        if prefix is not None:
+            return _generate_from_prefix(vlm, encoding, conditions, prefix, max_new_tokens=max_new_tokens,
+                                         segments=segments, **generate_kwargs)
     if len(conditions) == 1:
         heads, ablation = conditions[0]
         templates = [head_ablation(vlm, heads, ablation, segments=segments, sample_ids=sample_ids)] if masked else []
@@ -187,6 +208,149 @@ def generate_conditions(vlm: VLM, encoding: Mapping[str, Any], conditions: Seque
     ids = run_generate(vlm, replicate_encoding(encoding, len(conditions)), templates, max_new_tokens=max_new_tokens,
                        remote=remote, **generate_kwargs).ids
     return list(ids.split(rows, dim=0))
+
+
+@dataclass(frozen=True)
+class SharedPrefix:
+    """Rows of a left-padded batch that share their prompt up to the last image token and the text after it that
+    every row has (``shared_image_prefix``):
+    ``ids`` (``[images, length]``) is each distinct image's prefix, ``first[i]`` a row showing image i,
+    ``image_of[r]`` row r's image and ``starts[r]`` where row r's prompt begins (after its left padding)."""
+
+    ids: torch.Tensor
+    first: list[int]
+    image_of: list[int]
+    starts: list[int]
+
+    @property
+    def length(self) -> int:
+        return int(self.ids.shape[1])
+
+
+def shared_image_prefix(vlm: VLM, encoding: Mapping[str, Any]) -> SharedPrefix | None:
+    """The batch's shared image prefixes, or None where sharing does not apply or would not pay.
+
+    Exactness argument: attention is causal, so the keys and values of a prompt's tokens up to its last image
+    token (and the text every row has after it) depend on those tokens and the image only; where several rows have the same prefix tokens and the same
+    image (the same pixel rows, compared exactly), one forward pass over the prefix gives every such row its
+    cache. The suffixes (expression, generation prompt) then run on that cache with the padding between prefix
+    and suffix masked out; positions come from the attention mask (``FamilyAdapter.image_prefix_cache``: 1-D
+    rotary positions, causal image attention), so every token sees the same keys at the same positions as in
+    the left-padded batch. Only the order of floating-point sums differs (other matrix shapes); greedy answers
+    are tested equal to the unshared path. Applies when the family allows it, every row has one image at the
+    same prefix length, each per-image tensor has one row per prompt, and some image repeats."""
+    if not vlm.adapter.image_prefix_cache or "input_ids" not in encoding or "attention_mask" not in encoding:
+        return None
+    ids, mask = encoding["input_ids"], encoding["attention_mask"]
+    rows, width = ids.shape
+    image_inputs = {k: v for k, v in encoding.items() if k not in ("input_ids", "attention_mask")}
+    if not image_inputs or not all(isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] % rows == 0
+                                   for v in image_inputs.values()):
+        return None  # per-image tensors in blocks of equal size per row (InternVL's tiles), or not shareable
+    token = vlm.adapter.image_token_id(vlm.processor)
+    starts = (width - mask.sum(dim=1)).tolist()
+    ends = []
+    for r in range(rows):
+        where = (ids[r] == token).nonzero()
+        if not len(where):
+            return None
+        ends.append(int(where.max()) + 1)
+    lengths = {end - start for end, start in zip(ends, starts)}
+    if len(lengths) != 1 or not bool((mask[torch.arange(rows)[:, None], torch.tensor(starts)[:, None]
+                                           + torch.arange(next(iter(lengths)))] == 1).all()):
+        return None
+    length = lengths.pop()
+    # past the image, the rows usually go on alike (the instruction before the expression): share that too, up to
+    # the first token where any two rows differ, leaving every row at least one token to run
+    sizes = [width - start for start in starts]
+    reference = ids[0, starts[0]:]
+    while length < min(sizes) - 1 and all(int(ids[r, starts[r] + length]) == int(reference[length])
+                                          for r in range(rows)):
+        length += 1
+    keys: dict[bytes, int] = {}
+    first: list[int] = []
+    image_of: list[int] = []
+    for r in range(rows):
+        prefix = ids[r, starts[r]:starts[r] + length]
+        key = b"".join(_row_block(v, rows, r).detach().cpu().contiguous().numpy().tobytes()
+                       for v in image_inputs.values())
+        key += prefix.cpu().numpy().tobytes()
+        if key not in keys:
+            keys[key] = len(first)
+            first.append(r)
+        image_of.append(keys[key])
+    if len(first) == rows:  # no image repeats: nothing to share
+        return None
+    prefix_ids = torch.stack([ids[r, starts[r]:starts[r] + length] for r in first])
+    return SharedPrefix(prefix_ids, first, image_of, starts)
+
+
+def _row_block(value: torch.Tensor, rows: int, row: int) -> torch.Tensor:
+    """Row ``row``'s block of a per-image tensor of ``rows`` equal blocks (one row each, or InternVL's tiles:
+    equal prefix lengths mean equal image-token counts, so equal tile counts)."""
+    size = value.shape[0] // rows
+    return value[row * size:(row + 1) * size]
+
+
+def _generate_from_prefix(vlm: VLM, encoding: Mapping[str, Any], conditions: Sequence[tuple[HeadSet | None, Ablation]],
+                          prefix: SharedPrefix, *, max_new_tokens: int, segments: torch.Tensor | None = None,
+                          **generate_kwargs: Any) -> list[torch.Tensor]:
+    """``generate_conditions`` through ``prefix``: one masked forward over the distinct image prefixes of every
+    condition (rows condition-major, ``images`` per condition), its cache gathered to the batch's rows, then the
+    suffixes generated on it. ``segments`` (the left-padded batch's, for mean ablation) are cut the same way: the
+    prefix's for the prefix pass, the suffix's (padding between) for the generation. Returns what
+    ``generate_conditions`` returns: the original left-padded prompt ids followed by the new tokens."""
+    import nnsight
+
+    ids, mask = encoding["input_ids"], encoding["attention_mask"]
+    rows, width = ids.shape
+    count, images, length = len(conditions), len(prefix.first), prefix.length
+    masked = any(h is not None and len(h) for h, _ in conditions)
+    prefix_encoding = {"input_ids": prefix.ids.repeat(count, 1), "attention_mask": torch.ones_like(prefix.ids).repeat(
+        count, 1)}
+    image_inputs = {key: torch.cat([_row_block(value, rows, r) for r in prefix.first], dim=0)
+                    for key, value in encoding.items() if key not in ("input_ids", "attention_mask")}
+    if count == 1:
+        prefix_encoding.update(image_inputs)
+    else:  # the vision tower once per image; every condition's rows get its features (masking is in the LM only)
+        with torch.no_grad():
+            features = vlm.hf_model.model.get_image_features(**image_inputs, return_dict=True)
+        pooled = features.pooler_output
+        features.pooler_output = torch.cat([pooled] * count) if isinstance(pooled, torch.Tensor) \
+            else type(pooled)(list(pooled) * count)  # condition-major, as the prefix rows
+        prefix_encoding["mm_encoder_outputs"] = {"image": features}
+    suffixes = [ids[r, prefix.starts[r] + length:] for r in range(rows)]
+    longest = max(len(x) for x in suffixes)
+    prefix_segments = suffix_segments = None
+    if segments is not None:
+        prefix_segments = torch.stack([segments[r, prefix.starts[r]:prefix.starts[r] + length] for r in prefix.first])
+        suffix_segments = torch.full((rows, longest), PAD, dtype=segments.dtype)
+        for r, suffix in enumerate(suffixes):
+            suffix_segments[r, longest - len(suffix):] = segments[r, prefix.starts[r] + length:]
+    model = vlm.nn
+    with torch.no_grad():
+        if masked:
+            template = condition_ablation(vlm, conditions, images, segments=prefix_segments)
+            with model.trace(**prefix_encoding, use_cache=True):
+                apply_in_order(model, [template])
+                cache = nnsight.save(model.output.cache)
+        else:
+            cache = vlm.hf_model(**prefix_encoding, use_cache=True).cache
+    image_of = torch.tensor(prefix.image_of)
+    cache.batch_select_indices(torch.cat([c * images + image_of for c in range(count)]).to(ids.device))
+    pad = getattr(getattr(vlm.processor, "tokenizer", None), "pad_token_id", None)
+    full = torch.full((rows, length + longest), int(pad or 0), dtype=ids.dtype, device=ids.device)
+    full_mask = torch.zeros((rows, length + longest), dtype=mask.dtype, device=mask.device)
+    for r, suffix in enumerate(suffixes):
+        full[r, :length] = prefix.ids[prefix.image_of[r]]
+        full[r, length + longest - len(suffix):] = suffix
+        full_mask[r, :length] = 1
+        full_mask[r, length + longest - len(suffix):] = 1
+    templates = [condition_ablation(vlm, conditions, rows, segments=suffix_segments)] if masked else []
+    out = run_generate(vlm, {"input_ids": full.repeat(count, 1), "attention_mask": full_mask.repeat(count, 1),
+                             "cache": cache}, templates, max_new_tokens=max_new_tokens, **generate_kwargs).ids
+    new = out[:, length + longest:]
+    return [torch.cat([ids, part.to(ids.device)], dim=1) for part in new.split(rows, dim=0)]
 
 
 def batch_segments(batch: GroundingBatch, encoding: Mapping[str, Any] | None = None) -> torch.Tensor:
@@ -218,6 +382,9 @@ def attention_readout(vlm: VLM, prefill_rows: Sequence[int] | torch.Tensor, *, l
     bad = [layer for layer in layer_list if not 0 <= layer < geometry.num_layers]
     if bad:
         raise ValueError(f"layers {bad} out of range for a model with {geometry.num_layers} layers")
+    described = getattr(vlm.adapter, "rows_readout", None)  # a DescribedAdapter recomputes q / k itself
+    if described is not None:
+        return described(layer_list, prefill_rows, heads_by_layer=by_layer)
     paths = {layer: vlm.adapter.attention_path(layer) for layer in layer_list}
     label = attention_call_label(vlm.adapter.attention_module(vlm.nn, layer_list[0]).source.names)
     return AttentionRowsReadout.build(paths, label, prefill_rows, heads_by_layer=by_layer)

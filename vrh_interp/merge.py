@@ -34,7 +34,7 @@ from typing import Any, Callable, Sequence
 import pandas as pd
 
 from vrh_interp.evaluation.sweep import condition_order
-from vrh_interp.runs import RecordLog, RunFolder
+from vrh_interp.runs import RECORD_KEYS, RecordLog, RunFolder, check_not_running
 from vrh_interp.scoring.analysis import design_space_from_run
 from vrh_interp.scoring.detect import stats_from_run
 from vrh_interp.shards import Shard
@@ -77,6 +77,7 @@ def read_shard_folder(path: str | os.PathLike[str], kinds: Sequence[str] = tuple
                               "folders of runs made with --shard i/n")
     if config.get("kind") not in kinds:
         raise ShardMergeError(f"{path} holds a {config.get('kind')!r} run; expected one of {sorted(kinds)}")
+    check_not_running(path)  # a shard still being written would merge as incomplete, or change under us
     return ShardFolder(path, Shard(entry["index"], entry["count"]), entry["batch_size"], config)
 
 
@@ -104,11 +105,7 @@ class RunOrder:
 
 
 def _unit(kind: str, record: dict[str, Any]) -> tuple[str, ...]:
-    if kind == "detect":
-        return (record["sample_id"],)
-    if kind == "sweep":
-        return (record["sample_id"], record["condition"])
-    return (record["benchmark"], record["sample_id"], record["condition"])
+    return tuple(record[field] for field in RECORD_KEYS[MERGEABLE_KINDS[kind]])
 
 
 def _expected_units(folder: ShardFolder, order: RunOrder) -> list[tuple[str, ...]]:
@@ -160,13 +157,7 @@ def _read_records(folder: ShardFolder) -> list[dict[str, Any]]:
 def _shard_records(folder: ShardFolder, order: RunOrder) -> list[dict[str, Any]]:
     """The shard's records in unsharded append order, after checking they are exactly its units."""
     kind = folder.config["kind"]
-    by_key: dict[tuple[str, ...], dict[str, Any]] = {}
-    for record in _read_records(folder):
-        key = _unit(kind, record)
-        if key in by_key:
-            raise ShardMergeError(f"shard {folder.shard} ({folder.path}) records {key} twice: its log is "
-                                  "corrupt; delete the folder and rerun that shard")
-        by_key[key] = record
+    by_key = {_unit(kind, record): record for record in _read_records(folder)}  # each unit once (RecordLog.read)
     expected = _expected_units(folder, order)
     foreign = sorted(set(by_key) - set(expected))
     if foreign:

@@ -29,6 +29,7 @@ from PIL import Image
 from vrh_interp.families import FamilyAdapter, adapter_for_config
 from vrh_interp.families.base import BoxFrame, VisualLayout
 from vrh_interp.heads import HeadGeometry
+from vrh_interp.model_source import ModelLoadError, check_device, parse_dtype, resolve_model_source
 
 
 @dataclass
@@ -199,12 +200,19 @@ def _remote_keyed_class() -> type:
 
 
 def wrap(model: Any, processor: Any, *, adapter: FamilyAdapter | None = None, model_id: str | None = None,
-         revision: str | None = None, remote_id: str | None = None) -> VLM:
+         revision: str | None = None, remote_id: str | None = None, attention: Any = None) -> VLM:
     """Wrap a HF ``*ForConditionalGeneration`` already in memory (any device / dtype).
 
     ``remote_id``: the hub id an NDIF server deployed this model under, for ``remote=True`` runs of a model
     loaded from a local folder or on a machine without hub access (used verbatim; spell it as deployed).
+    ``attention``: an ``AttentionDescription`` (``vrh_interp.families.described``) for attention the adapters do
+    not know (remote code); it is checked against the model, ``adapter`` (default: the built-in one) then
+    supplies only the visual side (docs/recipes/remote-code-models.md).
     """
+    if attention is not None:
+        from vrh_interp.families.described import described_adapter
+
+        adapter = described_adapter(model, attention, adapter)
     if adapter is None:
         adapter = adapter_for_config(model.config)
     model.eval()
@@ -215,20 +223,62 @@ def wrap(model: Any, processor: Any, *, adapter: FamilyAdapter | None = None, mo
 
 def load(model_id_or_path: str | os.PathLike[str], *, device_map: Any = None, dtype: Any = None,
          revision: str | None = None, trust_remote_code: bool = False, adapter: FamilyAdapter | None = None,
-         attn_implementation: str = "sdpa", remote_id: str | None = None, **from_pretrained_kwargs: Any) -> VLM:
-    """Load a checkpoint from a hub id or a local folder and wrap it.
+         attn_implementation: str | None = None, remote_id: str | None = None, attention: Any = None,
+         **from_pretrained_kwargs: Any) -> VLM:
+    """Load a model spec and wrap it: a hub id or a local folder, ``toy:NAME`` (a shipped toy model) or
+    ``tiny:FAMILY`` (a random-weight fixture, for trying the pipeline, not for results).
 
-    ``trust_remote_code`` is never enabled on the user's behalf: HF-native classes are used.
+    ``attn_implementation=None`` lets transformers choose per sub-model: sdpa where it exists, else eager (PaliGemma
+    2's Gemma 2 backbone has no sdpa, which cannot soft-cap; asking for "sdpa" fails to load it).
+    ``trust_remote_code`` is never enabled on the user's behalf: HF-native classes are used. ``attention``: an
+    ``AttentionDescription`` for a model whose attention the adapters do not know (see ``wrap``).
     """
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    source = os.path.expanduser(os.fspath(model_id_or_path))
-    looks_like_path = os.path.isabs(source) or source.startswith(".") or source.count("/") > 1
-    if looks_like_path and not os.path.exists(source):
-        raise FileNotFoundError(f"model folder {source!r} does not exist (pass a hub id or an existing folder)")
-    model = AutoModelForImageTextToText.from_pretrained(
-        source, device_map=device_map, dtype=dtype, revision=revision, trust_remote_code=trust_remote_code,
-        attn_implementation=attn_implementation, **from_pretrained_kwargs,
-    )
-    processor = AutoProcessor.from_pretrained(source, revision=revision, trust_remote_code=trust_remote_code)
-    return wrap(model, processor, adapter=adapter, model_id=source, revision=revision, remote_id=remote_id)
+    spec = os.fspath(model_id_or_path)
+    check_device(device_map)
+    if spec.startswith(("toy:", "tiny:")):
+        vlm = _load_builtin(spec, device_map)
+        if dtype is None and adapter is None and attention is None:
+            return vlm
+        return wrap(vlm.hf_model if dtype is None else vlm.hf_model.to(dtype), vlm.processor, adapter=adapter,
+                    model_id=vlm.model_id, remote_id=vlm.remote_id, attention=attention)
+    source = os.path.expanduser(spec)
+    from_pretrained_kwargs = {**resolve_model_source(source, revision), **from_pretrained_kwargs}
+    try:
+        model = AutoModelForImageTextToText.from_pretrained(
+            source, device_map=device_map, dtype=dtype, revision=revision, trust_remote_code=trust_remote_code,
+            attn_implementation=attn_implementation, **from_pretrained_kwargs,
+        )
+        processor = AutoProcessor.from_pretrained(
+            source, revision=revision, trust_remote_code=trust_remote_code,
+            local_files_only=from_pretrained_kwargs.get("local_files_only", False))
+    except OSError as error:  # missing weights, gated, a download cut off: transformers' text says which
+        raise ModelLoadError(f"could not load model {spec!r}: {error}") from error
+    return wrap(model, processor, adapter=adapter, model_id=source, revision=revision, remote_id=remote_id,
+                attention=attention)
+
+
+def _load_builtin(spec: str, device: Any = None) -> VLM:
+    """``toy:NAME`` and ``tiny:FAMILY`` specs (no hub, no network)."""
+    kind, name = spec.split(":", 1)
+    if kind == "tiny":
+        from vrh_interp.testing.tiny import build_tiny
+
+        tiny = build_tiny(name)
+        return wrap(tiny.model, tiny.processor, model_id=spec)
+    from vrh_interp import toy
+
+    model, processor = toy.load(name, device=device or "cpu")
+    # the id an NDIF server deploys a toy model under (`--remote`; the toys are not on the hub)
+    return wrap(model, processor, model_id=f"vrh-interp/toy-{name}", remote_id=f"vrh-interp/toy-{name}")
+
+
+def load_spec(spec: str | os.PathLike[str], device: str | None = None, dtype: str | None = None) -> VLM:
+    """The one resolver for model specs given as text (CLI, demo, reproduce, benchmarks, notebooks):
+    ``toy:a``, ``toy:planted``, ``tiny:qwen2_vl``, a local folder or a hub id; ``dtype`` by name
+    (``"bfloat16"``), ``device`` as ``from_pretrained``'s ``device_map``."""
+    text = os.fspath(spec)
+    check_device(device)
+    torch_dtype = parse_dtype(dtype)
+    return load(text, device_map=device, dtype=torch_dtype)

@@ -5,11 +5,12 @@ detect-only run as for a full demo. Order, pictures first:
 
 1. the positive control (``positive_control/``: its outcome sentence and the detection grading table), so a
    negative verdict below sits next to a pipeline that demonstrably finds planted heads;
-2. figures: the k-sweep curve with the random-set band (5-95 % quantiles of the sets) and the layer-matched
+2. the k-sweep's verdict lines, one per k (``verdict_lines``: top-k vs the random and layer-matched sets);
+3. figures: the k-sweep curve with the random-set band (5-95 % quantiles of the sets) and the layer-matched
    band, the score heatmap, the score-vs-single-head-damage scatter (``head_scan.csv``), attention overlays of
    the top heads (``overlays/*.png``), then failure decomposition, score distribution, design space,
    cross-masking;
-3. tables (``TABLES``), each collapsible (``<details>``) in the HTML; the claims table starts open. Sweep
+4. tables (``TABLES``), each collapsible (``<details>``) in the HTML; the claims table starts open. Sweep
    tables keep one row per control head set; the ``seed="all"`` rows hold the sets' distribution (mean, sd,
    quantiles, two-level bootstrap interval) and the top-k rows their empirical p-values against each control;
    the last one, ``timing.csv`` (``vrh demo``), is the time per step: planned, re-estimated, measured.
@@ -128,6 +129,11 @@ def write_report(run: Path) -> dict[str, Path]:
             md += ["Detection graded against the planted heads:", "", markdown_table(grading), ""]
             body.append("<p>Detection graded against the planted heads:</p>" + _html_table(grading))
         body.append("</section>")
+    verdicts = verdict_lines(pd.read_csv(run / "sweep_summary.csv")) if (run / "sweep_summary.csv").exists() else []
+    if verdicts:
+        md += ["## Verdict: top-k heads vs random head sets", "", *[f"- {line}" for line in verdicts], ""]
+        body.append("<h2>Verdict: top-k heads vs random head sets</h2><ul>"
+                    + "".join(f"<li>{html.escape(line)}</li>" for line in verdicts) + "</ul>")
     if figures:
         md += ["## Figures", ""]
         body.append("<h2>Figures</h2>")
@@ -157,10 +163,56 @@ def write_report(run: Path) -> dict[str, Path]:
 
 
 def _read_table(path: Path) -> pd.DataFrame:
+    """A CSV read back; a sweep's ``seed`` and ``sets`` columns (empty where they do not apply: the baseline, the
+    top-k, a single control set) show "-", not nan."""
     try:
-        return pd.read_csv(path)
+        table = pd.read_csv(path)
     except pd.errors.EmptyDataError:
         return pd.DataFrame()
+    for column in ("seed", "sets"):
+        if column in table:
+            table[column] = table[column].map(lambda v: "-" if pd.isna(v) else str(v).removesuffix(".0"))
+    return table
+
+
+CONTROL_NAMES = {"random": "random", "matched": "layer-matched"}
+
+
+def verdict_lines(summary: pd.DataFrame) -> list[str]:
+    """One line per k > 0 with control sets: the top-k's accuracy against the unmasked baseline and each
+    control's mean set accuracy, then the set-level verdict of ``evaluation.sweep.summary_verdict`` (holds only
+    when the drop is significant AND more harmful than the sets of every control, empirical p <= 0.05) and why."""
+    from vrh_interp.evaluation.sweep import summary_verdict
+
+    baseline = summary[summary["condition"] == "baseline"]["accuracy"]
+    base = f"{float(baseline.iloc[0]):.3f}" if len(baseline) else "n/a"
+    lines = []
+    for k in sorted(summary[summary["condition"] == "top"]["k"].unique()):
+        judged = summary_verdict(summary, int(k), controls=None)
+        controls = [f"{int(row['sets'])} {CONTROL_NAMES.get(kind, kind)} sets {float(row['accuracy']):.3f} "
+                    f"(p={float(judged['target'][f'p_vs_{kind}']):.3g})"
+                    for kind, row in judged["controls"].items() if row is not None]
+        share = judged["target"].get("k_fraction", float("nan"))
+        share = f" ({float(share):.1%} of the heads)" if pd.notna(share) else ""
+        lines.append(f"k={int(k)}{share}: top-{int(k)} masked {float(judged['target']['accuracy']):.3f} vs unmasked "
+                     f"{base}; {', '.join(controls) or 'no control sets'} -> {judged['verdict'].upper()} "
+                     f"({judged['reason']})")
+    return lines
+
+
+SWEEP_COLUMNS = ("condition", "k", "seed", "sets", "n", "accuracy", "accuracy_ci_low", "accuracy_ci_high",
+                 "p_value_vs_baseline", "p_vs_random", "p_vs_matched")
+
+
+def compact_sweep_table(summary: pd.DataFrame) -> pd.DataFrame:
+    """The sweep summary for a terminal (under 100 columns): baseline, top-k and each control's distribution
+    row (its per-set rows and the failure decomposition stay in ``sweep_summary.csv`` and the report)."""
+    per_set = summary["condition"].isin(CONTROL_NAMES) & (summary["seed"].astype(str) != "all")
+    table = summary[~per_set][[c for c in SWEEP_COLUMNS if c in summary]].copy()
+    table["seed"] = table["seed"].map(lambda v: "-" if v is None or pd.isna(v) else v)
+    table["sets"] = table["sets"].map(lambda v: "-" if pd.isna(v) else str(int(v)))
+    return table.rename(columns={"condition": "heads masked", "accuracy_ci_low": "ci_low",
+                                 "accuracy_ci_high": "ci_high", "p_value_vs_baseline": "p_vs_base"})
 
 
 def markdown_table(table: pd.DataFrame) -> str:

@@ -115,7 +115,7 @@ def run_reproduce(model_spec: str, data_spec: str, vqa_specs: Sequence[str] = ()
     passed to detection, the k-sweep and the VQA sweep (batched requests); it is not part of the run folder's
     configuration, so a remote run may resume a local one.
     """
-    from vrh_interp.cli import _load_model
+    from vrh_interp.model import load_spec
 
     started = time.perf_counter()
     out = Path(out)
@@ -127,7 +127,7 @@ def run_reproduce(model_spec: str, data_spec: str, vqa_specs: Sequence[str] = ()
     say = print if progress else (lambda *_: None)
     part = "" if shard is None else f" (shard {shard}: its samples only)"
 
-    vlm = _load_model(model_spec, device, dtype)
+    vlm = load_spec(model_spec, device, dtype)
     samples = load_data(data_spec)
     split = detection_split(samples, detect_count, seed=split_seed, evaluation_count=evaluation_count)
     write_json_atomic(out / "split.json", {**split.as_dict(), "skipped_rows": len(getattr(samples, "skipped", ()))})

@@ -23,6 +23,10 @@ from typing import Any, Sequence, TypeVar
 T = TypeVar("T")
 
 
+class ShardSpecError(ValueError):
+    """A shard that does not exist (``--shard I/N`` with I outside 0 .. N-1, N < 1, not INDEX/COUNT)."""
+
+
 @dataclass(frozen=True)
 class Shard:
     """Shard ``index`` (0-based) of ``count``."""
@@ -34,17 +38,17 @@ class Shard:
         if not all(type(value) is int for value in (self.index, self.count)):
             raise TypeError(f"Shard(index, count) takes two ints, got {self.index!r}, {self.count!r}")
         if self.count < 1:
-            raise ValueError(f"shard count must be >= 1, got {self.count}")
+            raise ShardSpecError(f"shard count must be >= 1, got {self.count}")
         if not 0 <= self.index < self.count:
-            raise ValueError(f"shard index {self.index} is out of range for {self.count} shards: indices are "
+            raise ShardSpecError(f"shard index {self.index} is out of range for {self.count} shards: indices are "
                              f"0-based, 0 .. {self.count - 1} (e.g. --shard 0/{self.count})")
 
     @classmethod
     def parse(cls, text: str) -> "Shard":
         """``"1/3"`` -> ``Shard(1, 3)``."""
         parts = text.strip().split("/")
-        if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
-            raise ValueError(f"shard {text!r} is not INDEX/COUNT: write e.g. 0/3, 1/3, 2/3 (0-based index)")
+        if len(parts) != 2 or not all(p.strip().isdecimal() and len(p) < 20 for p in parts):  # not "²", not 10**5000
+            raise ShardSpecError(f"shard {text!r} is not INDEX/COUNT: write e.g. 0/3, 1/3, 2/3 (0-based index)")
         return cls(int(parts[0]), int(parts[1]))
 
     def __str__(self) -> str:

@@ -6,7 +6,7 @@ Grounding samples (``load_data``):
 
 * ``synthetic:SPLIT:N[:LEVEL]`` - N seeded scenes of the synthetic split (``detect``/``eval``/``train``),
   one referent per scene (cycling through the objects so every position and kind occurs), difficulty
-  LEVEL (default 1);
+  LEVEL 0, 1 or 2 (default 1); N is at most ``MAX_SYNTHETIC_SCENES`` (the scenes are rendered eagerly);
 * ``jsonl:PATH`` - a user's own data, one JSON object per line (``vrh_interp.datasets.jsonl``);
 * ``refcoco:ROOT[:SPLIT]``, ``refcoco+:ROOT[:SPLIT]``, ``refcocog:ROOT[:SPLIT]`` - the refer toolkit layout
   (default split ``val``; options ``per=object|expression``, ``images=COCO_TRAIN2014_DIR``, ``split_by=``);
@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
+from vrh_interp.data.scenes import DIFFICULTY_LEVELS
 from vrh_interp.datasets.cvbench import load_cvbench
 from vrh_interp.datasets.countbench import load_countbench
 from vrh_interp.datasets.jsonl import load_jsonl as jsonl_samples
@@ -50,6 +51,8 @@ from vrh_interp.datasets.toloka import load_toloka
 from vrh_interp.datasets.vaw import load_vaw
 
 COMMON_OPTIONS: tuple[str, ...] = ("on_error", "verify_images")
+SYNTHETIC_SPLITS: tuple[str, ...] = ("detect", "eval", "train")
+MAX_SYNTHETIC_SCENES = 100_000  # rendered while loading: ~1 ms each, so the largest spec loads in minutes
 TRUE_WORDS, FALSE_WORDS = ("1", "true", "yes"), ("0", "false", "no")
 
 
@@ -89,17 +92,35 @@ class ParsedSpec:
 
 
 def parse_spec(spec: str) -> ParsedSpec:
+    """Split a spec into kind, positional parts and ``key=value`` options (a repeated option is an error)."""
+    if not isinstance(spec, str):
+        raise DataSpecError(f"a data spec is text such as 'synthetic:eval:200' or 'jsonl:PATH', got "
+                            f"{type(spec).__name__} {spec!r}")
     kind, _, rest = spec.partition(":")
     parts = rest.split(":") if rest else []
-    options = dict(p.split("=", 1) for p in parts if "=" in p)
+    options: dict[str, str] = {}
+    for key, value in (p.split("=", 1) for p in parts if "=" in p):
+        if key in options:
+            raise DataSpecError(f"bad spec {spec!r}: option {key!r} given twice")
+        options[key] = value
     return ParsedSpec(spec, kind, tuple(p for p in parts if "=" not in p), MappingProxyType(options))
+
+
+def check_synthetic(split: object, count: object, difficulty: object) -> None:
+    """Refuse a synthetic split, scene count or level outside the documented ranges (DataSpecError)."""
+    if split not in SYNTHETIC_SPLITS:
+        raise DataSpecError(f"unknown synthetic split {split!r}: use one of {', '.join(SYNTHETIC_SPLITS)}")
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_SYNTHETIC_SCENES:
+        raise DataSpecError(f"synthetic scene count {count!r} out of range: use 1 .. {MAX_SYNTHETIC_SCENES} "
+                            "(vrh_interp.sources.MAX_SYNTHETIC_SCENES)")
+    if isinstance(difficulty, bool) or difficulty not in DIFFICULTY_LEVELS:
+        raise DataSpecError(f"synthetic difficulty level {difficulty!r} does not exist: use 0, 1 or 2")
 
 
 def synthetic_samples(split: str, count: int, difficulty: int = 1) -> list[Any]:
     from vrh_interp.data import grounding_samples
 
-    if count < 1:
-        raise DataSpecError(f"synthetic data needs a positive scene count, got {count}")
+    check_synthetic(split, count, difficulty)
     out = []
     for index in range(count):
         options = grounding_samples(split, index, difficulty)  # type: ignore[arg-type]
@@ -108,21 +129,28 @@ def synthetic_samples(split: str, count: int, difficulty: int = 1) -> list[Any]:
     return out
 
 
-def _synthetic(spec: ParsedSpec) -> list[Any]:
+def _synthetic_args(spec: ParsedSpec) -> tuple[Any, int, int]:
+    """(split, N, LEVEL) of ``synthetic:SPLIT:N[:LEVEL]``, each checked (DataSpecError with the usage)."""
     parts = spec.positional
-    if len(parts) not in (2, 3) or parts[0] not in ("train", "detect", "eval") or spec.options:
-        raise DataSpecError(f"bad synthetic spec {spec.text!r}: use synthetic:SPLIT:N[:LEVEL], SPLIT in "
-                            "detect/eval/train")
-    return synthetic_samples(parts[0], int(parts[1]), int(parts[2]) if len(parts) == 3 else 1)
+    usage = (f"use synthetic:SPLIT:N[:LEVEL] with SPLIT one of {'/'.join(SYNTHETIC_SPLITS)}, N scenes "
+             f"(1 .. {MAX_SYNTHETIC_SCENES}) and LEVEL 0, 1 or 2 (default 1), e.g. synthetic:eval:200")
+    if len(parts) not in (2, 3) or spec.options or not all(p.isascii() and p.isdigit() for p in parts[1:]) \
+            or any(len(p) > 9 for p in parts[1:]):
+        raise DataSpecError(f"bad synthetic spec {spec.text!r}: {usage}")
+    split, count, level = parts[0], int(parts[1]), int(parts[2]) if len(parts) == 3 else 1
+    try:
+        check_synthetic(split, count, level)
+    except DataSpecError as error:
+        raise DataSpecError(f"bad synthetic spec {spec.text!r}: {error}; {usage}") from None
+    return split, count, level
+
+
+def _synthetic(spec: ParsedSpec) -> list[Any]:
+    return synthetic_samples(*_synthetic_args(spec))
 
 
 def _synthetic_vqa(spec: ParsedSpec) -> SampleSet[VQASample]:
-    parts = spec.positional
-    if len(parts) not in (2, 3) or parts[0] not in ("train", "detect", "eval") or spec.options \
-            or not all(p.isdigit() for p in parts[1:]) or int(parts[1]) < 1:
-        raise DataSpecError(f"bad synthetic VQA spec {spec.text!r}: use synthetic:SPLIT:N[:LEVEL], SPLIT in "
-                            "detect/eval/train, N >= 1 scenes")
-    return synthetic_vqa(parts[0], int(parts[1]), int(parts[2]) if len(parts) == 3 else 1)  # type: ignore[arg-type]
+    return synthetic_vqa(*_synthetic_args(spec))
 
 
 def _refer(spec: ParsedSpec) -> SampleSet:
@@ -173,15 +201,26 @@ GROUNDING_KINDS: Mapping[str, Callable[[ParsedSpec], Sequence[Any]]] = MappingPr
 
 def load_data(spec: str) -> Sequence[Any]:
     """Grounding samples for a ``--data`` spec."""
-    parsed = parse_spec(spec)
-    if parsed.kind not in GROUNDING_KINDS:
-        raise DataSpecError(f"unknown data spec {spec!r}: kinds are {', '.join(GROUNDING_KINDS)} "
-                            "(e.g. synthetic:SPLIT:N, jsonl:PATH, refcoco:ROOT[:SPLIT])")
-    return GROUNDING_KINDS[parsed.kind](parsed)
+    parsed = check_spec(spec)
+    return _loaded(GROUNDING_KINDS[parsed.kind], parsed)
+
+
+def _loaded(load: Callable[[ParsedSpec], Any], spec: ParsedSpec) -> Any:
+    """``load(spec)``; a loader's plain ValueError about an argument (a split or option value it does not know)
+    becomes a DataSpecError naming the spec. The library's own errors (DatasetError: a file or row) pass."""
+    try:
+        return load(spec)
+    except ValueError as error:
+        if type(error).__module__.startswith("vrh_interp"):
+            raise
+        raise DataSpecError(f"bad spec {spec.text!r}: {error}") from None
 
 
 def _comma_list(text: str) -> tuple[str, ...]:
-    return tuple(part for part in text.split(",") if part)
+    parts = tuple(part for part in text.split(",") if part)
+    if not parts:
+        raise ValueError("an empty list")
+    return parts
 
 
 def _vqa_loader(load: Callable[..., SampleSet[VQASample]], allowed: Sequence[str] = (), *,
@@ -194,7 +233,10 @@ def _vqa_loader(load: Callable[..., SampleSet[VQASample]], allowed: Sequence[str
         options = spec.checked_options(allowed, usage, required=required)
         for name, convert in (converters or {}).items():
             if name in options:
-                options[name] = convert(options[name])
+                try:
+                    options[name] = convert(options[name])
+                except ValueError:
+                    raise DataSpecError(f"bad spec {spec.text!r}: cannot read {name}={options[name]!r}") from None
         if "images" in options:
             options["image_dir"] = options.pop("images")
         return load(path, **options)
@@ -217,8 +259,20 @@ VQA_BENCHMARKS: Mapping[str, Callable[[ParsedSpec], SampleSet[VQASample]]] = Map
 
 def load_vqa(spec: str) -> SampleSet[VQASample]:
     """VQA samples for a ``--vqa NAME:PATH[:key=value...]`` spec."""
+    parsed = check_spec(spec, vqa=True)
+    return _loaded(VQA_BENCHMARKS[parsed.kind], parsed)
+
+
+def check_spec(spec: str, *, vqa: bool = False) -> ParsedSpec:
+    """Parse a ``--data`` (``--vqa`` with ``vqa``) spec and check what can be checked without reading a file: a
+    known kind, synthetic arguments in range (DataSpecError otherwise). The CLI calls it before loading a model."""
     parsed = parse_spec(spec)
-    if parsed.kind not in VQA_BENCHMARKS:
+    if vqa and parsed.kind not in VQA_BENCHMARKS:
         raise DataSpecError(f"unknown VQA benchmark in {spec!r}: use NAME:PATH with NAME one of "
                             f"{', '.join(VQA_BENCHMARKS)}")
-    return VQA_BENCHMARKS[parsed.kind](parsed)
+    if not vqa and parsed.kind not in GROUNDING_KINDS:
+        raise DataSpecError(f"unknown data spec {spec!r}: kinds are {', '.join(GROUNDING_KINDS)} "
+                            "(e.g. synthetic:SPLIT:N, jsonl:PATH, refcoco:ROOT[:SPLIT])")
+    if parsed.kind == "synthetic":
+        _synthetic_args(parsed)
+    return parsed

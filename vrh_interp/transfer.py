@@ -30,6 +30,7 @@ from vrh_interp.evaluation.sweep import (DEFAULT_RANDOM_SEEDS, Condition, SweepR
                                          control_conditions, run_conditions)
 from vrh_interp.heads import HeadGeometry, HeadSet
 from vrh_interp.model import VLM
+from vrh_interp.published import PublishedHeadSet, check_geometry
 from vrh_interp.samples import GroundingSampleLike
 from vrh_interp.scoring.scores import HeadScores
 from vrh_interp.templates.ablation import AblationValues
@@ -166,7 +167,9 @@ def cross_masking(vlm_a: VLM, vlm_b: VLM, scores_a: HeadScores | HeadSet, scores
     both models' detection samples. ``run_dir`` holds one resumable run folder per masked model
     (``masked_in_<label>``). ``remote`` is passed to ``run_conditions`` for both models. ``ablation`` "mean" or
     "resample" needs each model's own reference outputs, ``ablation_values=(values_a, values_b)``
-    (``evaluation.grounding.ablation_values`` of each model on its detection samples).
+    (``evaluation.grounding.ablation_values`` of each model on its detection samples). A published ranking
+    (``vrh_interp.published``) is checked against its model's grid and recorded in each run folder's manifest
+    (``heads_source``: ``own`` and ``transferred``).
     """
     if labels[0] == labels[1]:
         raise ValueError(f"the two models need different labels, got {labels}")
@@ -189,16 +192,20 @@ def cross_masking(vlm_a: VLM, vlm_b: VLM, scores_a: HeadScores | HeadSet, scores
     for target, source, own, other, label, other_label, folder, values in (
             (vlm_a, vlm_b, rankings[0], rankings[1], labels[0], labels[1], folders[0], ablation_values[0]),
             (vlm_b, vlm_a, rankings[1], rankings[0], labels[1], labels[0], folders[1], ablation_values[1])):
+        check_geometry(own, target.geometry)
         transferred = transfer_heads(other, source.geometry, target.geometry, mapping)
         ablation_for(ablation, values, target.geometry)  # a missing or mismatched reference fails before any run
-        plan.append((target, label, other_label, folder, values,
+        published = {kind: ranking.source.to_dict() for kind, ranking in (("own", own), ("transferred", other))
+                     if isinstance(ranking, PublishedHeadSet)}
+        plan.append((target, label, other_label, folder, values, published or None,
                      cross_conditions(own, transferred, target.geometry, ks, random_seeds, ablation=ablation)))
     results, sources = {}, {}
-    for target, label, other_label, folder, values, conditions in plan:
+    for target, label, other_label, folder, values, heads_source, conditions in plan:
         results[label] = run_conditions(target, eval_samples, conditions, iou_threshold=iou_threshold,
                                         batch_size=batch_size, max_new_tokens=max_new_tokens, progress=progress,
                                         remote=remote, ablation_values=values if ablation != "zero" else None,
-                                        run_dir=None if run_dir is None else Path(run_dir) / f"masked_in_{folder}")
+                                        run_dir=None if run_dir is None else Path(run_dir) / f"masked_in_{folder}",
+                                        heads_source=heads_source)
         sources[label] = other_label
     return CrossMaskingResult(results=results, sources=sources)
 

@@ -181,7 +181,7 @@ def write_cvbench(folder: Path, rows: Sequence[dict[str, Any]], name: str = "tes
     return write_parquet(folder / f"{name}.parquet", {
         "idx": [r["idx"] for r in rows], "type": [r.get("type", "2D") for r in rows],
         "task": [r.get("task", "Count") for r in rows], "image": embedded(len(rows)),
-        "prompt": [f"How many cups? Select from the following choices.\n"
+        "prompt": ["How many cups? Select from the following choices.\n"
                    + "\n".join(f"({chr(65 + i)}) {c}" for i, c in enumerate(r["choices"])) for r in rows],
         "question": ["How many cups?"] * len(rows), "choices": [list(r["choices"]) for r in rows],
         "answer": [r["answer"] for r in rows], "source": [r.get("source", "COCO") for r in rows],

@@ -1,4 +1,4 @@
-"""Checks the family adapter tests share: fixture and registry, head geometry, generation, box-format round trips.
+"""Checks the family adapter tests share: fixture and registry, head geometry, layouts, generation, box formats.
 
 The layout experiment itself is library code (``vrh_interp.testing.layout_probe``); what is here needs pytest or
 hypothesis, which are test dependencies only.
@@ -19,21 +19,13 @@ from vrh_interp.families import adapter_for_config
 from vrh_interp.families.base import BoxFrame, FamilyAdapter, VisualLayout
 from vrh_interp.families.llava_next import tiled_canvas
 from vrh_interp.heads import HeadGeometry
+from vrh_interp.testing.layout_probe import (
+    assert_changed_within_sampling,
+    changed_positions,
+    language_model_input,
+    random_boxes,
+)
 from vrh_interp.testing.tiny import TinyVLM
-
-
-# Image sizes covering smart_resize's three branches (Qwen2-VL, Qwen2.5-VL, Qwen3-VL): downscale to the pixel
-# budget (300x170, 640x480), plain rounding to multiples of the factor (97x203), upscale to the minimum (50x40).
-SMART_RESIZE_LAYOUT_CASES = [
-    ((300, 170), Box(0, 0, 90, 68)),
-    ((300, 170), Box(170, 100, 300, 170)),
-    ((97, 203), Box(19, 20, 87, 71)),
-    ((97, 203), Box(94, 0, 97, 3)),
-    ((640, 480), Box(128, 48, 576, 168)),
-    ((640, 480), Box(0, 0, 640, 480)),
-    ((50, 40), Box(10, 4, 45, 14)),
-    ((50, 40), Box(47, 37, 50, 40)),
-]
 
 
 def assert_fixture_is_registered(tiny: TinyVLM, model_class: type, image_processor_class: type,
@@ -57,23 +49,17 @@ def text_config_geometry(text_config: Any, head_dim: int) -> HeadGeometry:
     )
 
 
-def assert_hidden_split_head_geometry(tiny: TinyVLM, adapter: FamilyAdapter) -> None:
-    """Qwen2-VL-style attention (Qwen2-VL, Qwen2.5-VL, GLM-4V): ``head_dim = hidden_size // num_attention_heads``
-    in the adapter's geometry and in the language model's attention modules, whatever the config says."""
-    text_config = tiny.model.config.get_text_config()
-    head_dim = text_config.hidden_size // text_config.num_attention_heads
-    assert adapter.geometry() == text_config_geometry(text_config, head_dim)
-    attention = adapter.attention_module(tiny.model, 1)
-    assert attention is tiny.model.model.language_model.layers[1].self_attn
-    assert attention.head_dim == adapter.geometry().head_dim
-    assert adapter.output_projection(tiny.model, 1).in_features == attention.num_heads * attention.head_dim
+def encode_noise_images(tiny: TinyVLM, adapter: FamilyAdapter, sizes: list[tuple[int, int]],
+                        expressions: list[str] | None = None) -> Any:
+    """One batch: row i is ``noise_image(*sizes[i])`` with the grounding prompt for ``expressions[i]`` ("x")."""
+    prompts = [adapter.grounding_prompt(tiny.processor, expression) for expression in expressions or ["x"] * len(sizes)]
+    return adapter.encode(tiny.processor, [noise_image(*size) for size in sizes], prompts)
 
 
 def encode_noise_image(tiny: TinyVLM, adapter: FamilyAdapter, image_size: tuple[int, int],
                        expression: str = "x") -> Any:
     """The adapter's encoding of ``noise_image(*image_size)`` with the grounding prompt for ``expression``."""
-    prompt = adapter.grounding_prompt(tiny.processor, expression)
-    return adapter.encode(tiny.processor, [noise_image(*image_size)], [prompt])
+    return encode_noise_images(tiny, adapter, [image_size], [expression])
 
 
 def noise_image_layout(tiny: TinyVLM, adapter: FamilyAdapter, image_size: tuple[int, int]) -> VisualLayout:
@@ -89,21 +75,34 @@ def anyres_sample_spacing(image_size: tuple[int, int], grid_pinpoints: list[list
     return max(width / tile_size, height / tile_size, width / new_w, height / new_h)
 
 
+def assert_layout_agrees_up_to_sampling(tiny: TinyVLM, adapter: FamilyAdapter, image_size: tuple[int, int],
+                                        boxes: int, spacing: float) -> None:
+    """The layout experiment on an image the processor downscales, for ``boxes`` random boxes: exact up to
+    ``spacing``, the largest source-pixel step of the resampling (``assert_changed_within_sampling``)."""
+    layout = noise_image_layout(tiny, adapter, image_size)
+    for box in random_boxes(image_size, count=boxes, seed=image_size[0]):
+        changed = changed_positions(tiny, adapter, noise_image(*image_size), box)
+        assert_changed_within_sampling(layout, box, changed, spacing)
+
+
+def assert_separators_are_image_newlines(tiny: TinyVLM, adapter: FamilyAdapter, encoding: Any,
+                                         layout: VisualLayout) -> list[int]:
+    """LLaVA-NeXT-style layouts: the visual positions in no block carry the model's ``image_newline`` (their
+    layer-0 input is its RMS-normalised value: layer 0's RMSNorm has unit weight); returns those positions."""
+    in_blocks = {p for block in layout.blocks for p in block.positions}
+    newlines = [p for p in layout.visual_positions if p not in in_blocks]
+    hidden = language_model_input(tiny, adapter, encoding)[0]
+    newline = tiny.model.model.image_newline.detach()
+    normalised = newline * torch.rsqrt(newline.pow(2).mean() + tiny.model.config.text_config.rms_norm_eps)
+    assert torch.allclose(hidden[newlines], normalised.expand(len(newlines), -1), atol=1e-5)
+    return newlines
+
+
 def assert_generates(tiny: TinyVLM, encoding: Any, new_tokens: int = 3) -> None:
     """Greedy generation from ``encoding`` (one row) adds ``new_tokens`` tokens."""
     with torch.no_grad():
         generated = tiny.model.generate(**encoding, max_new_tokens=new_tokens, do_sample=False)
     assert generated.shape == (1, encoding["input_ids"].shape[1] + new_tokens)
-
-
-def assert_image_grid_prompt_generates(tiny: TinyVLM, adapter: FamilyAdapter, prompt: str) -> None:
-    """Qwen2-VL-style processors (``image_grid_thw``, merge 2): ``prompt`` on a 300x170 image gets one
-    placeholder per merged token, and generates."""
-    encoding = adapter.encode(tiny.processor, [noise_image(300, 170)], [prompt])
-    frames, grid_h, grid_w = encoding["image_grid_thw"][0].tolist()
-    image_token_id = adapter.image_token_id(tiny.processor)
-    assert int((encoding["input_ids"] == image_token_id).sum()) == frames * grid_h * grid_w // 4
-    assert_generates(tiny, encoding)
 
 
 @st.composite

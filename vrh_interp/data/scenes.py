@@ -65,6 +65,7 @@ OBJECT_MARGIN_PX = 3
 MIN_ORDER_GAP_PX = 4
 
 Split = Literal["train", "detect", "eval"]
+DIFFICULTY_LEVELS: tuple[int, ...] = (0, 1, 2)  # the curriculum levels (make_scene)
 SPLIT_SEED_RANGES: dict[str, tuple[int, int]] = {
     "train": (0, 1_000_000_000),
     "detect": (1_000_000_000, 1_100_000_000),
@@ -237,6 +238,8 @@ def _place(rng: random.Random, sides: Sequence[int], image_size: int) -> list[tu
 
 def make_scene(split: Split, index: int, difficulty: int = 1, image_size: int = IMAGE_SIZE) -> Scene:
     """Render scene ``index`` of ``split`` at curriculum level ``difficulty`` (0, 1 or 2)."""
+    if isinstance(difficulty, bool) or difficulty not in DIFFICULTY_LEVELS:
+        raise ValueError(f"difficulty level {difficulty!r} does not exist: use one of {DIFFICULTY_LEVELS}")
     seed = scene_seed(split, index)
     rng = random.Random(seed * 8 + difficulty)
     while True:

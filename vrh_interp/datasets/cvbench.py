@@ -24,10 +24,15 @@ CVBENCH_COLUMNS: tuple[str, ...] = ("idx", "type", "task", "image", "prompt", "c
 Part = Literal["all", "2d", "3d"]
 
 
+CVBENCH_PARTS: dict[str, list[str]] = {"all": ["test_2d", "test_3d"], "2d": ["test_2d"], "3d": ["test_3d"]}
+
+
 def cvbench_files(path: Path, part: Part) -> list[Path]:
+    if part not in CVBENCH_PARTS:
+        raise DatasetError(str(path), f"unknown CV-Bench part {part!r}: use one of {', '.join(CVBENCH_PARTS)}")
     if path.is_file():
         return [path]
-    names = {"all": ["test_2d", "test_3d"], "2d": ["test_2d"], "3d": ["test_3d"]}[part]
+    names = CVBENCH_PARTS[part]
     for suffix in (".parquet", ".jsonl"):
         found = [path / f"{n}{suffix}" for n in names if (path / f"{n}{suffix}").is_file()]
         if found:

@@ -51,7 +51,7 @@ class RowErrors:
             self.reject(error)
         except KeyError as error:
             self.reject(DatasetError(where, f"missing field {error}"))
-        except (IndexError, TypeError, ValueError, json.JSONDecodeError) as error:
+        except (IndexError, TypeError, ValueError, OverflowError, json.JSONDecodeError) as error:
             self.reject(DatasetError(where, f"{type(error).__name__}: {error}"))
 
     def reject(self, error: DatasetError) -> None:

@@ -12,10 +12,12 @@ Genome, Toloka), which is what ``PIL.Image.open`` returns.
 
 from __future__ import annotations
 
+import contextlib
 import io
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Iterator, Protocol, Sequence
 
 from PIL import Image, ImageDraw, UnidentifiedImageError
 
@@ -23,6 +25,9 @@ from vrh_interp.boxes import Box
 from vrh_interp.datasets.errors import DatasetError
 
 ImageData = bytes | Path
+# Largest image accepted (pixels, from the header, before any decoding): PIL's own decompression-bomb limit
+# (~89.5 MP, e.g. 9459 x 9459). A header claiming more is a row error (skippable), never a decode attempt.
+MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS or 89_478_485
 REGION_COLOURS: tuple[str, ...] = ("red", "blue", "lime", "yellow", "magenta", "cyan")
 
 
@@ -37,20 +42,36 @@ class ImageSource(Protocol):
 
 
 def _open(data: ImageData) -> Image.Image:
-    return Image.open(io.BytesIO(data) if isinstance(data, bytes) else data)
+    with warnings.catch_warnings():  # PIL warns between 1x and 2x its limit; _check_pixels refuses those images
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        return Image.open(io.BytesIO(data) if isinstance(data, bytes) else data)
+
+
+def _check_pixels(image: Image.Image, data: ImageData, where: str) -> None:
+    width, height = image.size
+    if width * height > MAX_IMAGE_PIXELS:
+        raise _too_large(data, where, f"{width} x {height}")
+
+
+def _too_large(data: ImageData, where: str, claimed: str) -> DatasetError:
+    return DatasetError(where, f"image{_named(data)} claims {claimed} pixels, more than the limit of "
+                               f"{MAX_IMAGE_PIXELS} (vrh_interp.datasets.images.MAX_IMAGE_PIXELS): resize it")
+
+
+def _named(data: ImageData) -> str:
+    return "" if isinstance(data, bytes) else f" {data}"
+
+
+UNREADABLE = (UnidentifiedImageError, OSError, SyntaxError, ValueError)
 
 
 def decode_image(data: ImageData, where: str) -> Image.Image:
     """Fully decoded RGB image from bytes or a file; DatasetError if missing, unreadable or truncated."""
     if isinstance(data, Path) and not data.is_file():
         raise DatasetError(where, f"image file {data} does not exist")
-    try:
-        with _open(data) as handle:
-            handle.load()
-            return handle.convert("RGB")
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
-        raise DatasetError(where, f"cannot decode image{'' if isinstance(data, bytes) else ' ' + str(data)}: "
-                                  f"{error}") from error
+    with _opened(data, where, "cannot decode image") as handle:
+        handle.load()
+        return handle.convert("RGB")
 
 
 def probe_size(data: ImageData, where: str, *, full_decode: bool = False) -> tuple[int, int]:
@@ -59,12 +80,24 @@ def probe_size(data: ImageData, where: str, *, full_decode: bool = False) -> tup
         return decode_image(data, where).size
     if isinstance(data, Path) and not data.is_file():
         raise DatasetError(where, f"image file {data} does not exist")
+    with _opened(data, where, "not a readable image") as handle:
+        return handle.size
+
+
+@contextlib.contextmanager
+def _opened(data: ImageData, where: str, failure: str) -> Iterator[Image.Image]:
+    """The opened image, its pixel count checked; every failure to open or read it (inside the block too) is a
+    ``DatasetError`` starting with ``failure``."""
     try:
         with _open(data) as handle:
-            return handle.size
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
-        raise DatasetError(where, f"not a readable image{'' if isinstance(data, bytes) else ' ' + str(data)}: "
-                                  f"{error}") from error
+            _check_pixels(handle, data, where)
+            yield handle
+    except DatasetError:
+        raise
+    except Image.DecompressionBombError:  # PIL's own check, at twice the limit, while opening
+        raise _too_large(data, where, "more than twice that") from None
+    except UNREADABLE as error:
+        raise DatasetError(where, f"{failure}{_named(data)}: {error}") from error
 
 
 @dataclass(frozen=True)

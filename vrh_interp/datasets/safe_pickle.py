@@ -39,5 +39,8 @@ def load_plain_pickle(path: str | Path) -> Any:
             return PlainDataUnpickler(handle, encoding="utf-8", errors="replace").load()
         except UnsafePickleError as error:
             raise UnsafePickleError(f"{path}: {error}") from None
-        except (pickle.UnpicklingError, EOFError, ValueError) as error:
+        except (pickle.UnpicklingError, EOFError, ValueError, MemoryError, TypeError, AttributeError,
+                LookupError) as error:
+            # a malformed file fails in many ways: a length field larger than memory (MemoryError), an opcode
+            # applied to the wrong kind of object (TypeError, AttributeError, IndexError), a missing memo entry
             raise pickle.UnpicklingError(f"{path}: not a readable pickle ({type(error).__name__}: {error})") from error

@@ -22,6 +22,7 @@ from PIL import Image
 from vrh_interp.boxes import Box
 from vrh_interp.datasets.errors import DatasetError, RowErrors, SkippedRow
 from vrh_interp.datasets.images import ImageSource
+from vrh_interp.samples import MAX_EXPRESSION_CHARS
 
 
 @dataclass(frozen=True)
@@ -33,9 +34,22 @@ class GroundingSample:
     image_source: ImageSource = field(repr=False)
     meta: Mapping[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        where = str(self.meta.get("row", self.sample_id))
+        if not isinstance(self.expression, str):
+            raise DatasetError(where, f"the expression must be a string, got {type(self.expression).__name__}")
+        if len(self.expression) > MAX_EXPRESSION_CHARS:
+            raise DatasetError(where, f"expression of {len(self.expression)} characters: the limit is "
+                                      f"{MAX_EXPRESSION_CHARS} (vrh_interp.samples.MAX_EXPRESSION_CHARS)")
+
     @property
     def image(self) -> Image.Image:
         return self.image_source.open()
+
+
+# Longest VQA question accepted (characters): benchmark questions with their options and hints stay under a
+# few thousand; the limit only stops a pathological file from asking for unbounded attention memory.
+MAX_QUESTION_CHARS = 20_000
 
 
 @dataclass(frozen=True)
@@ -55,6 +69,12 @@ class VQASample:
     @property
     def image(self) -> Image.Image:
         return self.image_source.open()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.question, str) or len(self.question) > MAX_QUESTION_CHARS:
+            raise DatasetError(str(self.meta.get("row", self.sample_id)),
+                               f"the question must be a string of at most {MAX_QUESTION_CHARS} characters "
+                               f"(vrh_interp.datasets.samples.MAX_QUESTION_CHARS), got {len(str(self.question))}")
 
     @property
     def letters(self) -> tuple[str, ...]:

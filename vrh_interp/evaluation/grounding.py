@@ -47,16 +47,18 @@ def ground_batch(vlm: VLM, samples: Sequence[GroundingSampleLike], *, heads: Hea
 
 def ground_conditions(vlm: VLM, samples: Sequence[GroundingSampleLike],
                       conditions: Sequence[tuple[HeadSet | None, Ablation]], *, max_new_tokens: int = 24,
-                      remote: bool | str = False, batch: GroundingBatch | None = None) -> list[list[GroundingOutcome]]:
+                      remote: bool | str = False, batch: GroundingBatch | None = None,
+                      shared_prefix: bool = True) -> list[list[GroundingOutcome]]:
     """Greedy answers for one batch under each condition ``(heads, ablation)``, all in ONE generation (condition
     batching, ``interventions.generate_conditions``): per condition, the outcomes ``ground_batch`` gives with
-    those heads and that ablation (equal exactly). ``batch`` is the samples' encoding when already made."""
+    those heads and that ablation (equal exactly). ``batch`` is the samples' encoding when already made;
+    ``shared_prefix``: a scene's referents share their image prefix (``interventions.shared_image_prefix``)."""
     if batch is None:
         batch = encode_samples(vlm, samples)
     needs_segments = any(h is not None and len(h) and a.kind != "zero" for h, a in conditions)
     ids = iv.generate_conditions(vlm, batch.encoding, conditions, max_new_tokens=max_new_tokens, remote=remote,
                                  segments=iv.batch_segments(batch) if needs_segments else None,
-                                 sample_ids=[s.sample_id for s in samples])
+                                 sample_ids=[s.sample_id for s in samples], shared_prefix=shared_prefix)
     return [_outcomes(vlm, samples, batch, block) for block in ids]
 
 

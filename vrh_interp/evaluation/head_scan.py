@@ -20,6 +20,7 @@ carries its sample ids).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -29,8 +30,9 @@ import pandas as pd
 from vrh_interp.evaluation.sweep import Condition, SweepResult, run_conditions, sweep_from_run
 from vrh_interp.heads import Head, HeadSet
 from vrh_interp.model import VLM
+from vrh_interp.provenance import model_provenance
 from vrh_interp.samples import GroundingSampleLike
-from vrh_interp.scoring.scores import HeadScores
+from vrh_interp.scoring.scores import HeadScores, ScoresTransferWarning
 from vrh_interp.templates.ablation import ZERO_ABLATION, Ablation
 from vrh_interp.transfer import spearman
 
@@ -127,10 +129,13 @@ def head_scan(vlm: VLM, samples: Sequence[GroundingSampleLike], scores: HeadScor
         if overlap:
             raise ValueError(f"{len(overlap)} scan samples were also used for detection (e.g. {overlap[:3]}): scan "
                              "on evaluation samples disjoint from the detection samples")
+    transfer = scores.transfer_to(model_provenance(vlm)) if scores is not None else None
+    if transfer is not None:  # another model's scores: said, and recorded in the run folder
+        warnings.warn(transfer["note"], ScoresTransferWarning, stacklevel=2)
     conditions = scan_conditions(heads, geometry.num_heads, ablation.kind)
     result = run_conditions(vlm, samples, conditions, iou_threshold=iou_threshold, batch_size=batch_size,
                             max_new_tokens=max_new_tokens, run_dir=run_dir, progress=progress, remote=remote,
-                            ablation_values=ablation.values, max_batch_rows=max_batch_rows)
+                            ablation_values=ablation.values, max_batch_rows=max_batch_rows, heads_source=transfer)
     return HeadScanResult(result, scores)
 
 

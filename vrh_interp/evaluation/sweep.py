@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Hashable, Iterable, Iterator, Mapping, Sequence, TypeVar
@@ -49,12 +50,13 @@ from vrh_interp.boxes import Box
 from vrh_interp.evaluation.grounding import encode_samples, ground_batch, ground_conditions  # noqa: F401
 from vrh_interp.evaluation.statistics import (QUANTILES, bootstrap_ci, empirical_p_value, mcnemar_exact,
                                               random_set_distribution, set_level_verdict, two_level_bootstrap_ci)
-from vrh_interp.heads import HeadGeometry, HeadSet
+from vrh_interp.heads import Head, HeadGeometry, HeadSet
 from vrh_interp.model import VLM, GroundingBatch
 from vrh_interp.provenance import library_versions, model_provenance
+from vrh_interp.published import PublishedHeadSet, check_geometry
 from vrh_interp.runs import RecordLog, RunFolder, whole_run_manifest
 from vrh_interp.samples import GroundingSampleLike, as_box, check_samples
-from vrh_interp.scoring.scores import HeadScores
+from vrh_interp.scoring.scores import HeadScores, ScoresTransferWarning
 from vrh_interp.shards import Shard, shard_config
 from vrh_interp.templates.ablation import ABLATION_KINDS, ZERO_ABLATION, Ablation, AblationValues
 
@@ -97,7 +99,8 @@ class Condition:
 def random_control(geometry: HeadGeometry, detected: HeadSet, k: int, seed: int, *,
                    exclude_first_layer: bool = False) -> HeadSet:
     """k heads drawn (seeded) from all heads not in ``detected`` (nested in k for a fixed seed)."""
-    eligible = [h for h in geometry.all_heads() if h not in detected and not (exclude_first_layer and h.layer == 0)]
+    excluded = set(detected)
+    eligible = [h for h in geometry.all_heads() if h not in excluded and not (exclude_first_layer and h.layer == 0)]
     if k > len(eligible):
         raise ValueError(f"cannot draw {k} random heads: only {len(eligible)} heads lie outside the detected set")
     order = np.random.default_rng(seed).permutation(len(eligible))
@@ -119,8 +122,13 @@ def layer_matched_control(geometry: HeadGeometry, detected: HeadSet, top_k_set: 
     rng = np.random.default_rng(seed)
     counts = {layer: len(heads) for layer, heads in top_k_set.by_layer().items()}
     chosen = []
+    excluded = set(detected)
+    by_layer: dict[int, list[Head]] = {}
+    for head in geometry.all_heads():  # (layer, head) order, as each layer's eligible list always was
+        if head not in excluded:
+            by_layer.setdefault(head.layer, []).append(head)
     for layer in range(geometry.num_layers):
-        eligible = [h for h in geometry.all_heads() if h.layer == layer and h not in detected]
+        eligible = by_layer.get(layer, [])
         order = rng.permutation(len(eligible))
         need = counts.get(layer, 0)
         if need > len(eligible):
@@ -158,6 +166,10 @@ def largest_usable_k(ranking: HeadSet, geometry: HeadGeometry, *, matched: bool 
     return 0
 
 
+class KSpecError(ValueError):
+    """A ``--ks`` list that cannot be read as head counts / percentages."""
+
+
 def parse_ks(text: str | Iterable[int | str], total_heads: int) -> list[int]:
     """k values as head counts from counts and/or percentages of all heads: ``"0,1%,2.5%,5"``.
 
@@ -167,24 +179,27 @@ def parse_ks(text: str | Iterable[int | str], total_heads: int) -> list[int]:
     sorted. Percentages above 100, negative values and non-integer counts are errors.
     """
     items = [t.strip() for t in text.split(",")] if isinstance(text, str) else list(text)
+    if isinstance(text, str) and not any(items):
+        raise KSpecError(f"no k values in {text!r}: write head counts and/or percentages, e.g. 0,1,5 or 0,1%,2.5%")
     counts = []
     for item in items:
         if isinstance(item, str) and item.endswith("%"):
             try:
                 percent = float(item[:-1])
             except ValueError:
-                raise ValueError(f"k value {item!r} is not a percentage such as '2.5%'") from None
+                raise KSpecError(f"k value {item!r} is not a percentage such as '2.5%'") from None
             if not 0 <= percent <= 100:
-                raise ValueError(f"k value {item!r} is not between 0% and 100% of the heads")
+                raise KSpecError(f"k value {item!r} is not between 0% and 100% of the heads")
             count = math.floor(percent / 100 * total_heads + 0.5)
             counts.append(max(1, count) if percent > 0 else 0)
         else:
             try:
                 value = float(item)
-            except (TypeError, ValueError):
-                raise ValueError(f"k value {item!r} is neither a head count nor a percentage such as '2.5%'") from None
+                int(value)  # inf: OverflowError, nan: ValueError
+            except (TypeError, ValueError, OverflowError):
+                raise KSpecError(f"k value {item!r} is neither a head count nor a percentage such as '2.5%'") from None
             if value != int(value) or value < 0:
-                raise ValueError(f"k value {item!r} is not a head count (a whole number >= 0); write fractions of "
+                raise KSpecError(f"k value {item!r} is not a head count (a whole number >= 0); write fractions of "
                                  "all heads as percentages, e.g. '2.5%'")
             counts.append(int(value))
     return sorted(set(counts))
@@ -388,7 +403,9 @@ def sweep(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], ranking: HeadSc
     layer-matched sets per k; ``ks`` are counts or percentages of all heads (``parse_ks``); ``shard`` runs one
     shard (``run_conditions``). ``ablation``: "zero" (the paper's), "mean" or "resample", the latter two with
     ``ablation_values`` (``evaluation.grounding.ablation_values`` on the detection samples). Conditions are
-    batched ``max_batch_rows`` rows per generation (``run_conditions``)."""
+    batched ``max_batch_rows`` rows per generation (``run_conditions``). A published ranking
+    (``vrh_interp.published``) is checked against the model's grid (``published.check_geometry``) and its
+    source is recorded as ``heads_source`` in the run folder's manifest."""
     if isinstance(ranking, HeadScores):
         detection_ids = list(detection_ids or []) + list(ranking.sample_ids)
         head_ranking = ranking.ranking()
@@ -401,14 +418,19 @@ def sweep(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], ranking: HeadSc
             "evaluation samples must be disjoint (use vrh_interp.splits or different seeds)"
         )
     geometry = vlm.geometry
-    geometry.validate(head_ranking)
+    transfer = ranking.transfer_to(model_provenance(vlm)) if isinstance(ranking, HeadScores) else None
+    if transfer is not None:
+        warnings.warn(transfer["note"], ScoresTransferWarning, stacklevel=2)
+    check_geometry(head_ranking, geometry)
+    heads_source = head_ranking.source.to_dict() if isinstance(head_ranking, PublishedHeadSet) else transfer
     counts = parse_ks(ks, geometry.total_heads) if isinstance(ks, str) or any(isinstance(k, str) for k in ks) \
         else list(ks)
     conditions = sweep_conditions(head_ranking, geometry, counts, list(random_seeds),
                                   exclude_first_layer=exclude_first_layer, matched=matched, ablation=ablation)
     return run_conditions(vlm, eval_samples, conditions, iou_threshold=iou_threshold, batch_size=batch_size,
                           max_new_tokens=max_new_tokens, run_dir=run_dir, progress=progress, remote=remote,
-                          shard=shard, ablation_values=ablation_values, max_batch_rows=max_batch_rows)
+                          shard=shard, ablation_values=ablation_values, max_batch_rows=max_batch_rows,
+                          heads_source=heads_source)
 
 
 def ablation_for(kind: str, values: AblationValues | None, geometry: HeadGeometry | None = None) -> Ablation:
@@ -574,7 +596,7 @@ def run_conditions(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], condit
                    run_dir: str | Path | None = None, progress: bool = True,
                    remote: bool | str = False, shard: Shard | None = None,
                    ablation_values: AblationValues | None = None,
-                   max_batch_rows: int | None = None) -> SweepResult:
+                   max_batch_rows: int | None = None, heads_source: Mapping[str, Any] | None = None) -> SweepResult:
     """Greedy grounding of every sample under every condition, resumable through ``run_dir``.
 
     Each condition masks its heads with its ``ablation`` kind; "mean" and "resample" need ``ablation_values``
@@ -595,7 +617,8 @@ def run_conditions(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], condit
 
     With ``shard``, only that shard's samples (``Shard.select``) are grounded and the result holds their
     records only; merge the shard folders with ``vrh_interp.merge.merge_runs`` and read the merged folder
-    with ``sweep_from_run`` for the full result.
+    with ``sweep_from_run`` for the full result. ``heads_source`` (where the masked heads come from, e.g. a
+    published list: ``PublishedSource.to_dict``) is recorded in the manifest when given.
     """
     check_samples(eval_samples, minimum=1, what="evaluation samples")
     if not 0 < iou_threshold <= 1:
@@ -616,6 +639,8 @@ def run_conditions(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], condit
               "libraries": {k: v for k, v in library_versions().items() if k in ("transformers", "torch")}}
     if ablation_values is not None:  # only when given: folders of zero-ablation runs keep their manifests
         config["ablation_values"] = ablation_values.fingerprint()
+    if heads_source is not None:
+        config["heads_source"] = dict(heads_source)
     folder = RunFolder(run_dir, shard_config(config, shard, batch_size)) if run_dir is not None else None
     mine = shard.select(eval_samples, batch_size) if shard is not None else list(eval_samples)
     log = folder.log("sweep_records") if folder else None

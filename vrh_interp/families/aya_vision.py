@@ -2,7 +2,7 @@
 
 Facts (read in transformers 5.24: ``models/aya_vision/processing_aya_vision.py``,
 ``models/aya_vision/modeling_aya_vision.py``, ``models/cohere2/modeling_cohere2.py``; checked by the layout
-experiment in ``tests/families/test_aya_vision.py``):
+experiment in ``tests/families/test_families.py -k aya_vision``):
 
 * Language backbone: ``model.language_model.layers[i].self_attn`` (Cohere2, ``o_proj``). The text config
   has no ``head_dim``: it is hidden_size // num_attention_heads, as in ``Cohere2Attention``. Layers follow

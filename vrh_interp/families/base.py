@@ -38,6 +38,18 @@ class UnsupportedModelError(ValueError):
     """The model's architecture has no family adapter."""
 
 
+EDGE_TOLERANCE = 1e-9  # relative: float rounding of token edges is ~1e-16 of the coordinates' magnitude
+
+
+def overlapping_spans(start: float, end: float, count: int, low: float, high: float) -> list[int]:
+    """Indices of the ``count`` equal spans tiling ``[start, end)`` that overlap ``[low, high)`` by more than
+    the rounding tolerance (see ``VisualBlock.overlapping_cells``)."""
+    tolerance = min(EDGE_TOLERANCE * max(1.0, abs(start), abs(end), abs(low), abs(high)), (high - low) / 4)
+    width = (end - start) / count if count else 0.0
+    return [i for i in range(count)
+            if min(start + (i + 1) * width, high) - max(start + i * width, low) > tolerance]
+
+
 @dataclass(frozen=True)
 class VisualBlock:
     """A ``rows`` x ``cols`` row-major grid of visual tokens spanning ``region`` of the original image.
@@ -64,14 +76,18 @@ class VisualBlock:
         return (x0 + col * cw, y0 + row * ch, x0 + (col + 1) * cw, y0 + (row + 1) * ch)
 
     def overlapping_cells(self, box: Box) -> list[tuple[int, int]]:
-        """Grid cells (row, col) whose pixel rectangle overlaps ``box`` with positive area."""
-        cells = []
-        for r in range(self.rows):
-            for c in range(self.cols):
-                tx0, ty0, tx1, ty1 = self.token_rect(r, c)
-                if min(tx1, box.x2) - max(tx0, box.x1) > 0 and min(ty1, box.y2) - max(ty0, box.y1) > 0:
-                    cells.append((r, c))
-        return cells
+        """Grid cells (row, col) whose pixel rectangle overlaps ``box`` with positive area.
+
+        Overlaps are decided per axis, and an overlap no larger than ``EDGE_TOLERANCE`` times the coordinates'
+        magnitude counts as none: token edges are computed in floating point (``23.0`` comes out as
+        ``22.999999999999996``), and a box whose edge sits exactly on a token edge must not pick up the whole
+        neighbouring row or column. The tolerance is capped at a quarter of the box's extent, so a box narrower
+        than it still selects the tokens under it.
+        """
+        x0, y0, x1, y1 = self.region
+        cols = overlapping_spans(x0, x1, self.cols, box.x1, box.x2)
+        rows = overlapping_spans(y0, y1, self.rows, box.y1, box.y2)
+        return [(r, c) for r in rows for c in cols]
 
     def positions_for_box(self, box: Box) -> list[int]:
         return [self.positions[r * self.cols + c] for r, c in self.overlapping_cells(box)]
@@ -133,6 +149,11 @@ class FamilyAdapter(ABC):
     attention_attr: ClassVar[str] = "self_attn"
     output_projection_attr: ClassVar[str] = "o_proj"
     non_causal_image_attention: ClassVar[bool] = False
+    # rows that share an image share the prompt up to its last image token: that prefix may be run once per
+    # image and its key/value cache reused (``interventions.shared_image_prefix``). Only where positions come from
+    # the attention mask (1-D rotary; not Qwen's M-RoPE), attention is causal and the processor's per-image
+    # tensors have one row per prompt
+    image_prefix_cache: ClassVar[bool] = False
     # ``token_type_ids`` value of answer tokens appended for teacher forcing (PaliGemma: 1 = causal suffix)
     answer_token_type_id: ClassVar[int] = 0
 

@@ -3,7 +3,7 @@
 Facts (read in transformers 5.24: ``models/gemma3/processing_gemma3.py``,
 ``models/gemma3/image_processing_pil_gemma3.py``, ``models/gemma3/modeling_gemma3.py``,
 ``models/gemma3/configuration_gemma3.py``; checked by the layout experiment in
-``tests/families/test_gemma3.py``):
+``tests/families/test_families.py -k gemma3``):
 
 * Language backbone: ``model.language_model.layers[i].self_attn`` (``o_proj``, with ``q_norm``/``k_norm``
   RMS norms on queries and keys before RoPE); heads, KV heads and head_dim from ``config.text_config``.

@@ -1,8 +1,8 @@
-"""GLM-4V (``Glm4vForConditionalGeneration``: GLM-4.1V-9B-Thinking/Base, GLM-4.6V-Flash).
+"""GLM-4V (``Glm4vForConditionalGeneration``: GLM-4.1V-9B-Thinking/Base, GLM-4.6V-Flash; ``Glm46V*``).
 
 Facts (read in transformers 5.24: ``models/glm4v/modeling_glm4v.py``, ``models/glm4v/processing_glm4v.py``,
 ``models/glm4v/image_processing_pil_glm4v.py``; checked by the layout experiment in
-``tests/families/test_glm4v.py``):
+``tests/families/test_families.py -k glm4v``):
 
 * Language backbone: ``model.language_model.layers[i].self_attn`` with ``o_proj``; ``Glm4vTextAttention``
   sets ``head_dim = hidden_size // num_attention_heads`` (the text config has no ``head_dim``), as in
@@ -24,10 +24,10 @@ Facts (read in transformers 5.24: ``models/glm4v/modeling_glm4v.py``, ``models/g
 from __future__ import annotations
 
 import re
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from vrh_interp.boxes import Box, BoxParseFailure
-from vrh_interp.families.base import BoxFrame, check_image_box
+from vrh_interp.families.base import BoxFrame, UnsupportedModelError, check_image_box
 from vrh_interp.families.coordinates import NUMBER, first_four_numbers, from_relative, quantised_relative
 from vrh_interp.families.qwen2_vl import RELATIVE_SCALE, Qwen2VLAdapter
 
@@ -50,8 +50,22 @@ def answer_part(text: str) -> str:
 class Glm4vAdapter(Qwen2VLAdapter):
     name: ClassVar[str] = "glm4v"
     display_name: ClassVar[str] = "GLM-4V (GLM-4.1V)"
-    model_types: ClassVar[tuple[str, ...]] = ("glm4v",)
+    # glm46v: transformers' GLM-4.6V classes (a Glm4v subclass with the same processor, layout and text attention)
+    model_types: ClassVar[tuple[str, ...]] = ("glm4v", "glm46v")
     box_format: ClassVar[str] = "<|begin_of_box|>[x1,y1,x2,y2]<|end_of_box|>, integers 0-1000 relative to the image"
+
+    def __init__(self, config: Any) -> None:
+        """Refuses a ``glm46v`` model whose language model is not the dense ``glm4v_text`` (GLM-4.6V's MoE backbone
+        reads ``head_dim`` from its config, so the inherited Qwen2-VL rule, hidden // heads, would be wrong for it)."""
+        super().__init__(config)
+        text_type = None if self.config is None else getattr(self.config.get_text_config(), "model_type", None)
+        if text_type not in (None, "glm4v_text"):
+            raise UnsupportedModelError(
+                f"the GLM-4V adapter covers the dense glm4v_text language model (GLM-4.1V, GLM-4.6V-Flash); this "
+                f"model's is {text_type!r} (e.g. GLM-4.6V's MoE), whose head grid is not checked here. Describe its "
+                "attention with vrh_interp.families.described.AttentionDescription, or pass an adapter of your own "
+                "(adapter=...) that reads its head_dim."
+            )
 
     def grounding_instruction(self, expression: str) -> str:
         return f"Help me to locate {expression} in the image and give me its bounding boxes."

@@ -3,7 +3,7 @@
 Facts (read in transformers 5.24: ``models/idefics3/processing_idefics3.py``,
 ``models/idefics3/image_processing_pil_idefics3.py``, ``models/idefics3/modeling_idefics3.py`` and the
 SmolVLM copies in ``models/smolvlm/``, whose image processor and prompt layout are the same; checked by the
-layout experiment in ``tests/families/test_idefics3.py``):
+layout experiment in ``tests/families/test_families.py -k idefics3``):
 
 * Language backbone: ``model.text_model.layers[i].self_attn`` (Llama, ``o_proj``), not
   ``model.language_model``; heads, KV heads and head_dim from ``config.text_config``.

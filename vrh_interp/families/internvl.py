@@ -2,7 +2,7 @@
 
 Facts (read in transformers 5.24: ``models/internvl/processing_internvl.py``,
 ``models/internvl/modeling_internvl.py``, ``models/got_ocr2/image_processing_pil_got_ocr2.py``;
-checked by the layout experiment in ``tests/families/test_internvl.py``):
+checked by the layout experiment in ``tests/families/test_families.py -k internvl``):
 
 * Language backbone: ``model.language_model.layers[i].self_attn`` (Qwen2/Llama style, ``o_proj``);
   heads, KV heads and head_dim from ``config.text_config``.
@@ -120,6 +120,7 @@ def tiled_visual_layout(encoding: Mapping[str, Any], image_size: tuple[int, int]
 
 class InternVLAdapter(FamilyAdapter):
     name: ClassVar[str] = "internvl"
+    image_prefix_cache: ClassVar[bool] = True
     display_name: ClassVar[str] = "InternVL (HF-native)"
     model_types: ClassVar[tuple[str, ...]] = ("internvl",)
     box_format: ClassVar[str] = "<ref>EXPR</ref><box>[[x1, y1, x2, y2]]</box>, integers 0-1000 of the original image"

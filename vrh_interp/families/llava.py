@@ -2,7 +2,7 @@
 
 Facts (read in transformers 5.24: ``models/llava/modeling_llava.py``, ``models/llava/processing_llava.py``,
 ``models/llava/image_processing_pil_llava.py``, ``image_transforms.py``; checked by the layout experiment in
-``tests/families/test_llava.py``):
+``tests/families/test_families.py -k llava``):
 
 * Language backbone: ``model.language_model.layers[i].self_attn`` with ``o_proj`` (Llama/Vicuna); head grid
   from the text config.
@@ -134,6 +134,7 @@ def split_class_token(positions: list[int], grid_tokens: int, strategy: str) -> 
 
 class LlavaAdapter(FamilyAdapter):
     name: ClassVar[str] = "llava"
+    image_prefix_cache: ClassVar[bool] = True
     display_name: ClassVar[str] = "LLaVA-1.5"
     model_types: ClassVar[tuple[str, ...]] = ("llava",)
     box_format: ClassVar[str] = "[x1, y1, x2, y2], floats 0-1 (2 decimals) relative to the square the model sees"

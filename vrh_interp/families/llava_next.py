@@ -4,7 +4,7 @@ Facts (read in transformers 5.24: ``models/llava_next/modeling_llava_next.py`` (
 ``unpad_image``, ``LlavaNextModel.pack_image_features``), ``models/llava_next/processing_llava_next.py``
 (``_get_number_of_features``), ``models/llava_next/image_processing_pil_llava_next.py``,
 ``image_processing_utils.py`` (``select_best_resolution``, ``get_patch_output_size``); checked by the layout
-experiment in ``tests/families/test_llava_next.py``):
+experiment in ``tests/families/test_families.py -k llava_next``):
 
 * Language backbone and placeholder as LLaVA-1.5 (``model.language_model.layers[i].self_attn.o_proj``,
   ``<image>``).
@@ -17,8 +17,10 @@ experiment in ``tests/families/test_llava_next.py``):
   removes the padded rows or columns with ``unpad_image`` (computed on the TOKEN grid: ``round(h * cur_w /
   w, 7)`` rows kept, ``(cur - new) // 2`` dropped on each side, so an odd remainder keeps one extra row),
   and appends one ``image_newline`` token after each kept row. Newline positions are visual positions but
-  belong to no block. Inside one tile the g x g tokens cover the first g * patch pixels of the tile (exactly
-  T when patch divides T, as in the released 336 / 14 checkpoints; SigLIP's 384 / 14 leaves a gap of
+  belong to no block. At extreme aspect ratios (e.g. 2000x40, 1x40) ``unpad_image`` keeps 0 rows (no tile
+  token, no newline) or 0 columns (a newline per row and nothing else); the layout is then the base view
+  alone. Inside one tile the g x g tokens cover the first g * patch pixels of the tile (exactly T when patch
+  divides T, as in the released 336 / 14 checkpoints; SigLIP's 384 / 14 leaves a gap of
   6 pixels per tile, see ``llava_onevision``), so the layout has one block per tile: the kept part of that
   tile's token grid, mapped back to the original image.
 * Native grounding format: as LLaVA-1.5 (``[x1, y1, x2, y2]``, 0-1 floats, 2 decimals), relative to the
@@ -78,8 +80,11 @@ def kept_token_grid(full_rows: int, full_cols: int, image_hw: tuple[int, int]) -
     """Which rows/columns of the reassembled tile grid survive the model's own ``unpad_image``."""
     index = torch.arange(full_rows * full_cols).view(1, full_rows, full_cols)
     kept = unpad_image(index, list(image_hw))
+    rows, cols = int(kept.shape[1]), int(kept.shape[2])
+    if rows == 0 or cols == 0:  # extreme aspect ratios: no tile token survives (the rows' newlines still do)
+        return KeptGrid(row0=0, col0=0, rows=rows, cols=cols)
     first = int(kept[0, 0, 0])
-    return KeptGrid(row0=first // full_cols, col0=first % full_cols, rows=kept.shape[1], cols=kept.shape[2])
+    return KeptGrid(row0=first // full_cols, col0=first % full_cols, rows=rows, cols=cols)
 
 
 def tile_blocks(grid_positions: list[list[int]], kept: KeptGrid, canvas: TiledCanvas, tile_size: int,

@@ -3,7 +3,7 @@
 Facts (read in transformers 5.24: ``models/llava_onevision/modeling_llava_onevision.py``
 (``LlavaOnevisionModel.pack_image_features``), ``models/llava_onevision/processing_llava_onevision.py``
 (``_get_unpadded_features``), ``models/llava_onevision/image_processing_pil_llava_onevision.py``; checked by
-the layout experiment in ``tests/families/test_llava_onevision.py``):
+the layout experiment in ``tests/families/test_families.py -k llava_onevision``):
 
 * Language backbone: Qwen2, ``model.language_model.layers[i].self_attn.o_proj``; placeholder ``<image>``.
 * Layout: LLaVA-NeXT's rule (base view first, best-resolution tiles, ``unpad_image`` on the token grid, one
@@ -60,8 +60,8 @@ class LlavaOnevisionAdapter(LlavaNextAdapter):
 
     def grid_blocks(self, grid_rows: list[list[int]], kept: KeptGrid, canvas: TiledCanvas, tile_size: int,
                     tile_tokens: int, patch: int) -> list[VisualBlock]:
-        out_rows, out_cols = len(grid_rows), len(grid_rows[0])
-        if (out_rows, out_cols) == (kept.rows, kept.cols):
+        out_rows, out_cols = len(grid_rows), len(grid_rows[0]) if grid_rows else 0
+        if (out_rows, out_cols) == (kept.rows, kept.cols) or not out_rows * out_cols:
             return super().grid_blocks(grid_rows, kept, canvas, tile_size, tile_tokens, patch)
 
         def source_spans(out_index: int, kept_start: int, kept_size: int, out_size: int) -> list[tuple[int, int]]:

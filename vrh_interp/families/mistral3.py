@@ -3,7 +3,7 @@
 Facts (read in transformers 5.24: ``models/mistral3/modeling_mistral3.py`` (``Mistral3PatchMerger``,
 ``Mistral3Model.get_placeholder_mask``), ``models/pixtral/processing_pixtral.py``
 (``replace_image_token``, ``_get_num_multimodal_tokens``), ``models/pixtral/image_processing_pil_pixtral.py``
-(``get_resize_output_image_size``); checked by the layout experiment in ``tests/families/test_mistral3.py``):
+(``get_resize_output_image_size``); checked by the layout experiment in ``tests/families/test_families.py -k mistral3``):
 
 * Language backbone: Mistral, ``model.language_model.layers[i].self_attn`` with ``o_proj``; ``head_dim``
   from the text config (128 with hidden 5120 / 32 heads in Mistral-Small-3.1 [GK]: never hidden // heads).

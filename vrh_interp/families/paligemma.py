@@ -3,7 +3,7 @@
 Facts (read in transformers 5.24: ``models/paligemma/processing_paligemma.py``,
 ``models/paligemma/modeling_paligemma.py``, ``models/paligemma/configuration_paligemma.py``; box
 dequantisation from big_vision ``evaluators/proj/paligemma/transfers/segmentation.py``; checked by the
-layout experiment in ``tests/families/test_paligemma.py``):
+layout experiment in ``tests/families/test_families.py -k paligemma``):
 
 * Language backbone: ``model.language_model.layers[i].self_attn`` (``o_proj``); heads, KV heads and
   head_dim from ``config.text_config``. PaliGemma 2's Gemma2 backbone alternates sliding-window and global

@@ -3,7 +3,7 @@
 Facts (read in transformers 5.24: ``models/qwen2_5_vl/modeling_qwen2_5_vl.py``,
 ``models/qwen2_5_vl/processing_qwen2_5_vl.py``; the image processor is Qwen2-VL's, see
 ``models/auto/image_processing_auto.py``; checked by the layout experiment in
-``tests/families/test_qwen2_5_vl.py``):
+``tests/families/test_families.py -k qwen2_5_vl``):
 
 * Backbone, head geometry (``head_dim = hidden_size // num_attention_heads`` in ``Qwen2_5_VLAttention``),
   ``<|image_pad|>`` placeholder and layout rule are Qwen2-VL's (``Qwen2VLAdapter``): patch 14 x merge 2,

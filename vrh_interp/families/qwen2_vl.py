@@ -2,7 +2,7 @@
 
 Facts (read in transformers 5.24: ``models/qwen2_vl/modeling_qwen2_vl.py``,
 ``models/qwen2_vl/processing_qwen2_vl.py``, ``models/qwen2_vl/image_processing_pil_qwen2_vl.py``; checked by
-the layout experiment in ``tests/families/test_qwen2_vl.py``):
+the layout experiment in ``tests/families/test_families.py -k qwen2_vl``):
 
 * Language backbone: ``model.language_model.layers[i].self_attn`` with ``o_proj``. The attention module sets
   ``head_dim = hidden_size // num_attention_heads`` whatever the config says (``Qwen2VLAttention.__init__``),

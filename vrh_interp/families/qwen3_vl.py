@@ -3,7 +3,7 @@
 Facts (read in transformers 5.24: ``models/qwen3_vl/modeling_qwen3_vl.py``,
 ``models/qwen3_vl/processing_qwen3_vl.py``; the image processor is Qwen2-VL's with patch 16, see
 ``models/auto/image_processing_auto.py``; checked by the layout experiment in
-``tests/families/test_qwen3_vl.py``):
+``tests/families/test_families.py -k qwen3_vl``):
 
 * Language backbone: ``model.language_model.layers[i].self_attn`` with ``o_proj``; unlike Qwen2/2.5-VL the
   attention reads ``config.head_dim`` (``Qwen3VLTextAttention.__init__``), so the geometry is the

@@ -1,19 +1,30 @@
-"""A batch of clean/corrupted pairs prepared for patching, and the logit-difference metric.
+"""A batch of clean/corrupted pairs prepared for patching, and the metric patching recovers.
 
-Metric. For each pair the unpatched model answers both inputs greedily (or, with
-``targets="ground_truth"``, the two answers are the referents' boxes in the native format). The two
-answers share a prefix
-(``[`` and often the first coordinates) and then diverge at answer token ``d``. Both prompts are
-teacher-forced with that common prefix, and the metric is the logit difference at the position that
-predicts token ``d``: ``logit(clean answer token d) - logit(corrupted answer token d)``. It is positive on
-the clean input and negative on the corrupted one, in the model's native box format, and it measures the
-first decision where the two answers part. Pairs whose two answers are identical carry no signal and are
-excluded (counted in ``excluded``).
+Answers. For each pair the unpatched model answers both inputs greedily (or, with
+``targets="ground_truth"``, the two answers are the referents' boxes in the native format): the clean
+answer A and the corrupted answer B. They share a prefix (``[`` and often the first coordinates) and part
+at answer token ``d``. Pairs whose two answers are identical carry no signal and are excluded (counted in
+``excluded``).
 
-Layout. One encoding holds ``[clean_1..clean_n, corrupted_1..corrupted_n]`` (optionally the corrupted block
-repeated, one copy per patched head). Prompts are left-padded, so every prompt ends at ``prompt_length - 1``
-and the common prefix follows; a position index therefore names the same slot in a clean row and its
-corrupted row. The set of prompt lengths is the same in every copy, so the padded length is too.
+Metrics (``PairBatch.metric``; every recovery is of the chosen one, and tables say which):
+
+* ``"answer"`` (default, the whole box): ``log P(A | x) - log P(B | x)``, both answers teacher-forced in
+  full, every answer token's log-probability summed. It sees every coordinate, not just the first one the
+  answers disagree on, and splits exactly into per-token terms grouped by coordinate (``GROUPS``: x1, y1,
+  x2, y2 and ``format`` for brackets, commas, box tags): ``per_coordinate_recovery``. Tokens of the shared
+  prefix add 0 (same token, same context on both sides).
+* ``"first_token"`` (single token, labelled as such): ``logit(A_d) - logit(B_d)`` at the position predicting
+  token ``d`` with the common prefix teacher-forced. On toy A the prefix is ``[`` in every pair, so this
+  metric is the first coordinate (x1) only.
+
+Both are positive on the clean input and negative on the corrupted one, in the model's native box format.
+
+Layout. A pair contributes S rows per input (``sequences``: 2 for ``answer``, A-forced then B-forced; 1 for
+``first_token``), so a *side* is ``n * S`` rows: ``[A-forced rows of pairs 1..n, B-forced rows of pairs
+1..n]``. One encoding holds the clean side then the corrupted side (optionally repeated, one copy per
+patched head). Row j of the clean side and row j of a corrupted copy hold the same pair and the same forced
+answer, so patches copy row j to row j. Prompts are left-padded, so every prompt ends at
+``prompt_length - 1`` and the forced answer follows; a position index names the same slot in both rows.
 
 Recovery. ``(patched - corrupted) / (clean - corrupted)``, as a ratio of means over pairs (a mean of per-pair
 ratios explodes when a pair's clean and corrupted values are close); 0 = no effect, 1 = clean behaviour.
@@ -21,6 +32,8 @@ ratios explodes when a pair's clean and corrupted values are close); 0 = no effe
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Sequence
 
@@ -29,6 +42,7 @@ import numpy as np
 import torch
 
 from vrh_interp import interventions as iv
+from vrh_interp.boxes import BoxParseFailure
 from vrh_interp.evaluation.statistics import bootstrap_statistic_ci
 from vrh_interp.model import VLM, GroundingBatch
 from vrh_interp.patching.pairs import PatchingPair
@@ -37,63 +51,201 @@ from vrh_interp.templates import LayerTemplate, apply_in_order
 
 PatchPositions = Literal["answer", "all"]
 AnswerTargets = Literal["greedy", "ground_truth"]
+Metric = Literal["answer", "first_token"]
+METRICS: tuple[Metric, ...] = ("answer", "first_token")
+METRIC_LABELS = {
+    "answer": "whole-answer log-probability difference log P(clean box) - log P(corrupted box), every box token "
+              "teacher-forced",
+    "first_token": "single-token logit difference at the first answer token where the clean and corrupted answers "
+                   "differ (one coordinate only)",
+}
+GROUPS: tuple[str, ...] = ("x1", "y1", "x2", "y2", "format")
+FORMAT = len(GROUPS) - 1
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+def token_coordinates(vlm: VLM, ids: Sequence[int], frame: Any) -> list[int]:
+    """Per answer token, the box coordinate it writes (index into ``GROUPS``; ``FORMAT`` for the rest).
+
+    Found without knowing the family's coordinate order: each number in the decoded answer is nudged by one
+    unit in its last digit and the answer re-parsed with the family's own parser; the number is coordinate c
+    when exactly c changes (numbers that break the parse, like the 2 of ``box_2d``, are format). A token
+    belongs to the coordinate whose digits it overlaps (an unparsable answer is all format).
+    """
+    decode = vlm.tokenizer.decode
+    text = decode(list(ids), skip_special_tokens=False)
+    box = vlm.adapter.parse_box(text, frame)
+    labels = [FORMAT] * len(ids)
+    if isinstance(box, BoxParseFailure):
+        return labels
+    original = (box.x1, box.y1, box.x2, box.y2)
+    chars = [FORMAT] * len(text)
+    for match in _NUMBER.finditer(text):
+        number = match.group()
+        digits = number.replace(".", "")
+        for step in (1, -1):
+            value = int(digits) + step
+            if value < 0:
+                continue
+            nudged = str(value).zfill(len(digits))
+            if "." in number:
+                point = number.index(".") - len(number) + 1  # from the end: a longer integer part still fits
+                nudged = nudged[:point] + "." + nudged[point:]
+            parsed = vlm.adapter.parse_box(text[:match.start()] + nudged + text[match.end():], frame)
+            if isinstance(parsed, BoxParseFailure):
+                continue
+            changed = [c for c, (a, b) in enumerate(zip(original, (parsed.x1, parsed.y1, parsed.x2, parsed.y2)))
+                       if abs(a - b) > 1e-9]
+            if len(changed) == 1:
+                chars[match.start():match.end()] = [changed[0]] * (match.end() - match.start())
+                break
+    start = 0
+    for t in range(len(ids)):
+        end = len(decode(list(ids[:t + 1]), skip_special_tokens=False))
+        covered = [c for c in chars[start:end] if c != FORMAT]
+        labels[t] = covered[0] if covered else FORMAT
+        start = end
+    return labels
 
 
 @dataclass
 class PairBatch:
-    """Pairs kept for patching with their answers, divergence points and metric tokens."""
+    """Pairs kept for patching with their answers, divergence points, forced tokens and the metric."""
 
     pairs: list[PatchingPair]
     excluded: list[tuple[str, str]]  # (pair_id, reason)
     clean_answers: list[str]
     corrupted_answers: list[str]
-    prefixes: list[list[int]]  # common answer prefix per pair (teacher-forced)
+    prefixes: list[list[int]]  # common answer prefix per pair (teacher-forced by the first-token metric)
     clean_token: torch.Tensor  # [n] the clean answer's token at the divergence point
     corrupted_token: torch.Tensor  # [n]
     prompt_length: int
+    clean_ids: list[list[int]] = dataclasses.field(default_factory=list)  # the whole clean answer, per pair
+    corrupted_ids: list[list[int]] = dataclasses.field(default_factory=list)
+    clean_groups: list[list[int]] = dataclasses.field(default_factory=list)  # GROUPS index per clean answer token
+    corrupted_groups: list[list[int]] = dataclasses.field(default_factory=list)
+    metric: Metric = "answer"
+
+    def __post_init__(self) -> None:
+        if self.metric not in METRICS:
+            raise ValueError(f"metric must be one of {METRICS}, not {self.metric!r}")
+        if self.metric == "answer" and len(self.clean_ids) != len(self.pairs):
+            raise ValueError("the whole-answer metric needs every pair's full answers (clean_ids, corrupted_ids); "
+                             "build the batch with prepare_pairs, or use metric='first_token'")
+
+    def with_metric(self, metric: Metric) -> "PairBatch":
+        """The same pairs measured with another metric (no model call)."""
+        return dataclasses.replace(self, metric=metric)
 
     @property
     def n(self) -> int:
         return len(self.pairs)
 
     @property
+    def sequences(self) -> int:
+        """Rows per input and pair: 2 (A-forced, B-forced) for ``answer``, 1 for ``first_token``."""
+        return 2 if self.metric == "answer" else 1
+
+    @property
+    def side(self) -> int:
+        """Rows of one side (all clean rows, or one copy of the corrupted rows)."""
+        return self.n * self.sequences
+
+    @property
     def metric_positions(self) -> torch.Tensor:
         """Per pair, the position predicting the first diverging answer token."""
         return torch.tensor([self.prompt_length - 1 + len(p) for p in self.prefixes])
 
+    def forced(self) -> list[list[int]]:
+        """The teacher-forced answer tokens of one side's rows."""
+        if self.metric == "answer":
+            return [list(ids) for ids in self.clean_ids + self.corrupted_ids]
+        return [list(p) for p in self.prefixes]
+
     def positions(self, which: PatchPositions) -> tuple[int, ...] | None:
-        """``answer``: the prompt end and the teacher-forced prefix; ``all``: every position (None)."""
+        """``answer``: the prompt end and the teacher-forced tokens; ``all``: every position (None)."""
         if which == "all":
             return None
         if which != "answer":
             raise ValueError(f"positions must be 'answer' or 'all', not {which!r}")
-        width = max(len(p) for p in self.prefixes)
+        width = max(len(p) for p in self.forced())
         return tuple(range(self.prompt_length - 1, self.prompt_length + width))
 
     def encode(self, vlm: VLM, copies: int = 1) -> tuple[GroundingBatch, dict[str, Any]]:
-        """Rows ``[clean (n), corrupted (n) x copies]`` with the common prefixes appended."""
-        cleans = [p.clean for p in self.pairs]
-        corrupteds = [p.corrupted for p in self.pairs] * copies
+        """Rows ``[clean side, corrupted side x copies]`` with each row's forced answer appended."""
+        cleans = [p.clean for p in self.pairs] * self.sequences
+        corrupteds = [p.corrupted for p in self.pairs] * (self.sequences * copies)
         rows = cleans + corrupteds
         batch = vlm.encode_grounding([s.image for s in rows], [s.expression for s in rows])
         if batch.prompt_length != self.prompt_length:
             raise RuntimeError(f"re-encoded prompt length {batch.prompt_length} != {self.prompt_length}")
-        prefixes = self.prefixes + self.prefixes * copies
-        return batch, vlm.teacher_forced(batch, prefixes)
+        return batch, vlm.teacher_forced(batch, self.forced() * (1 + copies))
 
-    def require_aligned(self, encoding: dict[str, Any], which: PatchPositions) -> None:
-        """Patching at ``all`` positions needs each pair's two prompts to have the same length (same padding)."""
+    def require_aligned(self, encoding: dict[str, Any], which: PatchPositions, *, offset: int | None = None) -> None:
+        """Patching at ``all`` positions needs each pair's two prompts to have the same length (same padding).
+
+        ``offset``: where the corrupted rows start (default: after the clean side of ``encode``)."""
         if which != "all":
             return
         lengths = encoding["attention_mask"].sum(dim=1)
-        bad = [p.pair_id for i, p in enumerate(self.pairs) if lengths[i] != lengths[self.n + i]]
+        offset = self.side if offset is None else offset
+        bad = [p.pair_id for i, p in enumerate(self.pairs) if lengths[i] != lengths[offset + i]]
         if bad:
             raise ValueError(f"positions='all' needs clean and corrupted prompts of equal length; {len(bad)} pairs differ "
                              f"(e.g. {bad[:3]}): use positions='answer', or build pairs with "
                              "make_pairs(..., same_expression_length=True)")
 
+    def clean_rows(self) -> list[int]:
+        return list(range(self.side))
+
     def corrupted_rows(self, copy: int = 0) -> list[int]:
-        return [self.n * (1 + copy) + i for i in range(self.n)]
+        return [self.side * (1 + copy) + i for i in range(self.side)]
+
+    def pair_of_row(self) -> list[int]:
+        """The pair each row of a side belongs to."""
+        return list(range(self.n)) * self.sequences
+
+    def scoring(self) -> dict[str, torch.Tensor]:
+        """One side's metric as index tensors: entry (r, l) adds ``weight * log p(token | row r, position)``
+        to pair ``pair[r]``, group ``group``; plain tensors, so they can travel in a remote request."""
+        if self.metric == "answer":
+            sequences = self.clean_ids + self.corrupted_ids
+            groups = self.clean_groups + self.corrupted_groups
+            signs = [1.0] * self.n + [-1.0] * self.n
+            width = max(len(s) for s in sequences)
+            positions = torch.full((self.side, width), self.prompt_length - 1)
+            tokens = torch.zeros(self.side, width, dtype=torch.long)
+            weights = torch.zeros(self.side, width)
+            group = torch.full((self.side, width), FORMAT)
+            for r, (ids, labels) in enumerate(zip(sequences, groups)):
+                positions[r, :len(ids)] = torch.arange(len(ids)) + self.prompt_length - 1
+                tokens[r, :len(ids)] = torch.tensor(ids)
+                weights[r, :len(ids)] = signs[r]
+                group[r, :len(ids)] = torch.tensor(labels)
+        else:
+            positions = self.metric_positions[:, None].repeat(1, 2)
+            tokens = torch.stack([self.clean_token, self.corrupted_token], dim=1)
+            weights = torch.tensor([[1.0, -1.0]]).repeat(self.n, 1)
+            divergence = [groups[len(p)] if groups else FORMAT for groups, p in
+                          zip(self.clean_groups or [[]] * self.n, self.prefixes)]
+            group = torch.tensor(divergence)[:, None].repeat(1, 2)
+        return {"positions": positions, "tokens": tokens, "weights": weights, "groups": group,
+                "pair": torch.tensor(self.pair_of_row())}
+
+
+def score_rows(logits: Any, rows: torch.Tensor, scoring: dict[str, torch.Tensor], n: int) -> Any:
+    """The metric split by group, ``[n, len(GROUPS)]``, of the side whose rows are ``rows`` (see ``scoring``).
+
+    Plain torch on the logits, so it runs inside a trace (the full logits never leave it) and is
+    differentiable (attribution patching backpropagates through it). Log-softmax in at least float32.
+    """
+    picked = logits[rows[:, None], scoring["positions"]]  # [R, L, vocab]
+    picked = picked.to(torch.promote_types(picked.dtype, torch.float32)).log_softmax(dim=-1)
+    logp = picked.gather(2, scoring["tokens"][:, :, None])[:, :, 0] * scoring["weights"]  # [R, L]
+    by_group = torch.zeros(logp.shape[0], len(GROUPS), dtype=logp.dtype, device=logp.device)
+    by_group = by_group.scatter_add(1, scoring["groups"].to(logp.device), logp)  # [R, G]
+    per_pair = torch.zeros(n, len(GROUPS), dtype=logp.dtype, device=logp.device)
+    return per_pair.index_add(0, scoring["pair"].to(logp.device), by_group)
 
 
 def _target_answers(vlm: VLM, pairs: Sequence[PatchingPair], batch: GroundingBatch, targets: AnswerTargets,
@@ -116,83 +268,89 @@ def _target_answers(vlm: VLM, pairs: Sequence[PatchingPair], batch: GroundingBat
 
 
 def prepare_pairs(vlm: VLM, pairs: Sequence[PatchingPair], *, targets: AnswerTargets = "greedy",
-                  max_new_tokens: int = 24, remote: bool | str = False) -> PairBatch:
+                  metric: Metric = "answer", max_new_tokens: int = 24, remote: bool | str = False) -> PairBatch:
     """Set up the metric for every pair; see the module docstring.
 
     ``targets="greedy"``: the two answers are the unpatched model's greedy answers (what the model does);
     ``"ground_truth"``: the clean and corrupted referents' boxes in the family's native format (what the
-    inputs ask for; pairs without a corrupted referent are excluded).
+    inputs ask for; pairs without a corrupted referent are excluded). ``metric``: ``"answer"`` (the whole
+    box) or ``"first_token"`` (the first differing token only).
     """
     if not pairs:
         raise ValueError("prepare_pairs needs at least one pair")
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {METRICS}, not {metric!r}")
     rows = [p.clean for p in pairs] + [p.corrupted for p in pairs]
     batch = vlm.encode_grounding([s.image for s in rows], [s.expression for s in rows])
     new, answers = _target_answers(vlm, pairs, batch, targets, max_new_tokens, remote)
     n = len(pairs)
     kept, excluded, prefixes, good, bad, clean_answers, corrupted_answers = [], [], [], [], [], [], []
+    clean_ids, corrupted_ids, clean_groups, corrupted_groups = [], [], [], []
     for i, pair in enumerate(pairs):
-        clean_ids, corrupted_ids = new[i], new[n + i]
-        if corrupted_ids is None:
+        clean, corrupted = new[i], new[n + i]
+        if corrupted is None:
             excluded.append((pair.pair_id, "no corrupted referent"))
             continue
-        d = next((j for j, (a, b) in enumerate(zip(clean_ids, corrupted_ids)) if a != b), None)
+        d = next((j for j, (a, b) in enumerate(zip(clean, corrupted)) if a != b), None)
         if d is None:
-            excluded.append((pair.pair_id, "same answer" if clean_ids == corrupted_ids else "one answer is a prefix"))
+            excluded.append((pair.pair_id, "same answer" if clean == corrupted else "one answer is a prefix"))
             continue
         kept.append(pair)
-        prefixes.append(clean_ids[:d])
-        good.append(clean_ids[d])
-        bad.append(corrupted_ids[d])
+        prefixes.append(clean[:d])
+        good.append(clean[d])
+        bad.append(corrupted[d])
         clean_answers.append(answers[i])
         corrupted_answers.append(answers[n + i])
+        clean_ids.append(list(clean))
+        corrupted_ids.append(list(corrupted))
+        clean_groups.append(token_coordinates(vlm, clean, batch.frames[i]))
+        corrupted_groups.append(token_coordinates(vlm, corrupted, batch.frames[n + i]))
     if not kept:
         raise ValueError(f"no pair has different clean and corrupted answers ({len(excluded)} excluded)")
     # the prompt length of the KEPT rows (dropping rows can shorten the padded length)
     kept_rows = [p.clean for p in kept] + [p.corrupted for p in kept]
     length = vlm.encode_grounding([s.image for s in kept_rows], [s.expression for s in kept_rows]).prompt_length
     return PairBatch(kept, excluded, clean_answers, corrupted_answers, prefixes, torch.tensor(good),
-                     torch.tensor(bad), length)
+                     torch.tensor(bad), length, clean_ids, corrupted_ids, clean_groups, corrupted_groups, metric)
 
 
-def logit_differences(vlm: VLM, encoding: dict[str, Any], rows: Sequence[int], positions: torch.Tensor,
-                      clean_token: torch.Tensor, corrupted_token: torch.Tensor, *,
-                      templates: Sequence[LayerTemplate] = (), extra: Callable[[Any], None] | None = None,
-                      remote: bool | str = False) -> torch.Tensor:
-    """``logit(clean) - logit(corrupted)`` at ``positions`` of ``rows`` under ``templates``; only [len(rows)] returns.
+def measure(vlm: VLM, pairs: PairBatch, encoding: dict[str, Any], sides: Sequence[int], *,
+            templates: Sequence[LayerTemplate] = (), extra: Callable[[Any], None] | None = None,
+            remote: bool | str = False) -> np.ndarray:
+    """The metric by group, ``[len(sides), n, len(GROUPS)]``, of side blocks ``sides`` (0 = the clean side,
+    1 + k = corrupted copy k) under ``templates``; sum the last axis for the metric itself.
 
     ``extra(model)`` runs inside the trace after the templates (for interventions that are not layer
     templates, e.g. ``HeadKeyValuePatch.apply``). The logits never leave the trace in full.
     """
     model = vlm.nn
+    scoring, n, side = pairs.scoring(), pairs.n, pairs.side  # plain values: `pairs` holds images
+    row_blocks = [torch.arange(side) + side * s for s in sides]
     iv.prepare_remote(remote)
-    row_index = torch.as_tensor(list(rows))
     with torch.no_grad(), iv.remote_errors(model, remote):
         with model.trace(**encoding, remote=remote):
             apply_in_order(model, templates)
             if extra is not None:
                 extra(model)
             logits = model.output.logits
-            picked = logits[row_index, positions]
-            diff = nnsight.save(picked.gather(1, clean_token[:, None]) - picked.gather(1, corrupted_token[:, None]))
-    return diff[:, 0].float()
+            values = nnsight.save(torch.stack([score_rows(logits, rows, scoring, n) for rows in row_blocks]))
+    return values.detach().cpu().double().numpy()
 
 
 @dataclass(frozen=True)
 class Baseline:
-    """Unpatched metric on both sides of every pair."""
+    """Unpatched metric on both sides of every pair, and split by group (``GROUPS``)."""
 
     clean: np.ndarray  # [n]
     corrupted: np.ndarray  # [n]
+    clean_parts: np.ndarray  # [n, len(GROUPS)]
+    corrupted_parts: np.ndarray
 
 
 def baseline(vlm: VLM, pairs: PairBatch, *, remote: bool | str = False) -> Baseline:
     _, encoding = pairs.encode(vlm)
-    n = pairs.n
-    positions = pairs.metric_positions
-    values = logit_differences(vlm, encoding, list(range(2 * n)), torch.cat([positions, positions]),
-                               torch.cat([pairs.clean_token] * 2), torch.cat([pairs.corrupted_token] * 2),
-                               remote=remote).numpy()
-    return Baseline(values[:n], values[n:])
+    values = measure(vlm, pairs, encoding, [0, 1], remote=remote)
+    return Baseline(values[0].sum(-1), values[1].sum(-1), values[0], values[1])
 
 
 def recovery(patched: np.ndarray, base: Baseline) -> float:
@@ -205,3 +363,18 @@ def recovery_ci(patched: np.ndarray, base: Baseline, *, seed: int = 0) -> tuple[
     gap = base.clean - base.corrupted
     gain = patched - base.corrupted
     return bootstrap_statistic_ci(lambda idx: float(gain[idx].mean() / gap[idx].mean()), len(gap), seed=seed)
+
+
+def per_coordinate(patched_parts: np.ndarray, base: Baseline) -> dict[str, float]:
+    """Per group g (``GROUPS``): ``recovery_g`` = the group's own recovery, ``mean(patched_g - corrupted_g) /
+    mean(clean_g - corrupted_g)`` (NaN when the group's gap is 0, e.g. a coordinate both answers share), and
+    ``share_g`` = the same gain over the WHOLE gap. The shares sum to the total recovery exactly (the metric
+    is a sum over groups); the per-coordinate recoveries do not (each has its own denominator)."""
+    gain = (patched_parts - base.corrupted_parts).mean(axis=0)
+    gap = (base.clean_parts - base.corrupted_parts).mean(axis=0)
+    total = gap.sum()
+    out: dict[str, float] = {}
+    for g, name in enumerate(GROUPS):
+        out[f"recovery_{name}"] = float(gain[g] / gap[g]) if abs(gap[g]) > 1e-9 * max(abs(total), 1.0) else float("nan")
+        out[f"share_{name}"] = float(gain[g] / total)
+    return out

@@ -1,23 +1,23 @@
 """Head-output patching: copy chosen heads' outputs from the clean run into the corrupted run.
 
 A head's output is its ``head_dim`` slice of the output projection's input (the site ablation zeroes).
-Patching it from clean into corrupted and measuring how much of the clean-vs-corrupted logit difference
-comes back (``recovery``, see ``vrh_interp.patching.batch``) asks: is this head's output, at these
-positions, SUFFICIENT to carry the clean input's answer? The complementary question (necessary?) is
-ablation.
+Patching it from clean into corrupted and measuring how much of the clean-vs-corrupted metric comes back
+(``recovery``; the whole-answer metric by default, see ``vrh_interp.patching.batch``) asks: is this head's
+output, at these positions, SUFFICIENT to carry the clean input's answer? The complementary question
+(necessary?) is ablation.
 
-``patch_each_head`` does every head one at a time, exactly, batched: one forward holds the clean rows
-and one copy of the corrupted rows per head (``RowPairHeadPatch``), so ``heads_per_forward`` heads cost
-one pass. ``patch_head_set`` patches a set at once (e.g. the detected VRHs vs random heads), and
-``patched_answers`` lets the corrupted run generate freely after a prefill-only patch, to read the
-effect on the box itself (IoU with the clean box).
+``patch_sets`` patches many head sets, each alone and exactly, batched: one forward holds the clean rows
+and one copy of the corrupted rows per set (``RowPairHeadPatch``), so ``sets_per_forward`` sets cost one
+pass; ``patch_each_head`` is that with one head per set. ``patch_head_set`` patches one set (e.g. the
+detected VRHs) with its CI and per-coordinate recovery, and ``patched_answers`` lets the corrupted run
+generate freely after a prefill-only patch, to read the effect on the box itself (IoU with the clean box).
 """
 
 from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import nnsight
 import numpy as np
@@ -29,7 +29,8 @@ from vrh_interp import interventions as iv
 from vrh_interp.boxes import BoxParseFailure
 from vrh_interp.heads import Head, HeadSet
 from vrh_interp.model import VLM
-from vrh_interp.patching.batch import Baseline, PairBatch, PatchPositions, baseline, logit_differences, recovery, recovery_ci
+from vrh_interp.patching.batch import (GROUPS, Baseline, PairBatch, PatchPositions, baseline, measure, per_coordinate,
+                                       recovery, recovery_ci)
 from vrh_interp.samples import as_box
 from vrh_interp.templates import apply_in_order
 from vrh_interp.templates.head_outputs import RowPairHeadPatch
@@ -37,11 +38,12 @@ from vrh_interp.templates.head_outputs import RowPairHeadPatch
 
 @dataclass
 class HeadPatchingResult:
-    """Per-head recovery (``frame``), the per-pair patched metric and the unpatched baseline."""
+    """Per-head recovery (``frame``), the per-pair patched metric (and split by group) and the baseline."""
 
     frame: pd.DataFrame
-    per_pair: dict[Head, np.ndarray]
+    per_pair: dict[Head, np.ndarray]  # [n]
     baseline: Baseline
+    parts: dict[Head, np.ndarray] | None = None  # [n, len(GROUPS)]
 
     def recovery_grid(self, num_layers: int, num_heads: int) -> np.ndarray:
         grid = np.full((num_layers, num_heads), np.nan)
@@ -50,53 +52,60 @@ class HeadPatchingResult:
         return grid
 
 
+def patch_sets(vlm: VLM, pairs: PairBatch, sets: Sequence[HeadSet], *, positions: PatchPositions = "answer",
+               sets_per_forward: int = 8, remote: bool | str = False, progress: bool = False,
+               desc: str = "patching head sets") -> np.ndarray:
+    """The patched metric by group, ``[len(sets), n, len(GROUPS)]``: each set patched alone, exactly, with
+    ``sets_per_forward`` sets per pass (one corrupted copy per set, ``RowPairHeadPatch``)."""
+    sets = [vlm.geometry.validate(heads) for heads in sets]
+    clean_rows = pairs.clean_rows()
+    out = []
+    chunks = [sets[i: i + sets_per_forward] for i in range(0, len(sets), sets_per_forward)]
+    for chunk in tqdm(chunks, desc=desc, disable=not progress):
+        _, encoding = pairs.encode(vlm, copies=len(chunk))
+        pairs.require_aligned(encoding, positions)
+        entries = [(head, clean_rows, pairs.corrupted_rows(k)) for k, heads in enumerate(chunk) for head in heads]
+        templates = [RowPairHeadPatch.build(entries, vlm.geometry, iv.projection_path(vlm),
+                                            positions=pairs.positions(positions))] if entries else []
+        out.append(measure(vlm, pairs, encoding, range(1, len(chunk) + 1), templates=templates, remote=remote))
+    return np.concatenate(out) if out else np.zeros((0, pairs.n, len(GROUPS)))
+
+
 def patch_each_head(vlm: VLM, pairs: PairBatch, *, positions: PatchPositions = "answer", heads: HeadSet | None = None,
                     heads_per_forward: int = 8, base: Baseline | None = None, remote: bool | str = False,
                     progress: bool = True) -> HeadPatchingResult:
     """Patch each head alone (clean -> corrupted) at ``positions``; recovery with a bootstrap CI per head."""
     heads = vlm.geometry.validate(heads if heads is not None else vlm.geometry.all_heads())
     base = base if base is not None else baseline(vlm, pairs, remote=remote)
-    n = pairs.n
-    clean_rows = list(range(n))
-    per_pair: dict[Head, np.ndarray] = {}
-    chunks = [list(heads)[i: i + heads_per_forward] for i in range(0, len(heads), heads_per_forward)]
-    for chunk in tqdm(chunks, desc="patching heads", disable=not progress):
-        _, encoding = pairs.encode(vlm, copies=len(chunk))
-        pairs.require_aligned(encoding, positions)
-        template = RowPairHeadPatch.build(
-            [(head, clean_rows, pairs.corrupted_rows(k)) for k, head in enumerate(chunk)],
-            vlm.geometry, iv.projection_path(vlm), positions=pairs.positions(positions))
-        rows = [r for k in range(len(chunk)) for r in pairs.corrupted_rows(k)]
-        k = len(chunk)
-        values = logit_differences(vlm, encoding, rows, pairs.metric_positions.repeat(k),
-                                   pairs.clean_token.repeat(k), pairs.corrupted_token.repeat(k),
-                                   templates=[template], remote=remote).numpy()
-        for j, head in enumerate(chunk):
-            per_pair[head] = values[j * n: (j + 1) * n]
+    values = patch_sets(vlm, pairs, [HeadSet([h]) for h in heads], positions=positions,
+                        sets_per_forward=heads_per_forward, remote=remote, progress=progress, desc="patching heads")
+    parts = dict(zip(heads, values))
+    per_pair = {head: values.sum(-1) for head, values in parts.items()}
     records = []
     for head, values in per_pair.items():
         low, high = recovery_ci(values, base)
         records.append({"head": str(head), "layer": head.layer, "head_index": head.head,
                         "recovery": recovery(values, base), "ci_low": low, "ci_high": high,
-                        "n_pairs": n, "positions": positions})
-    return HeadPatchingResult(pd.DataFrame(records), per_pair, base)
+                        **per_coordinate(parts[head], base), "n_pairs": pairs.n, "positions": positions,
+                        "metric": pairs.metric})
+    return HeadPatchingResult(pd.DataFrame(records), per_pair, base, parts)
 
 
 def patch_head_set(vlm: VLM, pairs: PairBatch, heads: HeadSet, *, positions: PatchPositions = "answer",
                    base: Baseline | None = None, remote: bool | str = False) -> dict[str, float]:
-    """Patch every head of ``heads`` at once; recovery with its bootstrap CI."""
+    """Patch every head of ``heads`` at once; recovery with its bootstrap CI, per coordinate (``per_coordinate``)."""
     heads = vlm.geometry.validate(heads)
     base = base if base is not None else baseline(vlm, pairs, remote=remote)
     _, encoding = pairs.encode(vlm)
     pairs.require_aligned(encoding, positions)
-    clean_rows, corrupted_rows = list(range(pairs.n)), pairs.corrupted_rows()
+    clean_rows, corrupted_rows = pairs.clean_rows(), pairs.corrupted_rows()
     templates = [RowPairHeadPatch.build([(h, clean_rows, corrupted_rows) for h in heads], vlm.geometry,
                                         iv.projection_path(vlm), positions=pairs.positions(positions))] if len(heads) else []
-    values = logit_differences(vlm, encoding, corrupted_rows, pairs.metric_positions, pairs.clean_token,
-                               pairs.corrupted_token, templates=templates, remote=remote).numpy()
+    parts = measure(vlm, pairs, encoding, [1], templates=templates, remote=remote)[0]
+    values = parts.sum(-1)
     low, high = recovery_ci(values, base)
     return {"heads": len(heads), "recovery": recovery(values, base), "ci_low": low, "ci_high": high,
-            "n_pairs": pairs.n, "positions": positions}
+            **per_coordinate(parts, base), "n_pairs": pairs.n, "positions": positions, "metric": pairs.metric}
 
 
 def patched_answers(vlm: VLM, pairs: PairBatch, heads: HeadSet, *, positions: PatchPositions = "answer",
@@ -106,14 +115,14 @@ def patched_answers(vlm: VLM, pairs: PairBatch, heads: HeadSet, *, positions: Pa
     Clean and corrupted rows generate in lockstep in one batch; at every decode step the heads' outputs
     at the new token are copied from each clean row to its corrupted row, and in the prefill at the last
     prompt position (``answer``) or at every prompt position (``all``). So "answer" means every answer
-    position, as in the logit-difference metric. One row per pair: the clean row's answer in the same run, the patched corrupted answer, parse status, IoU of the
+    position, as in the teacher-forced metric. One row per pair: the clean row's answer in the same run, the patched corrupted answer, parse status, IoU of the
     patched box with the clean (ground-truth) box, with the model's own clean answer and with the
     corrupted referent's box.
     """
     heads = vlm.geometry.validate(heads)
     rows = [p.clean for p in pairs.pairs] + [p.corrupted for p in pairs.pairs]
     batch = vlm.encode_grounding([s.image for s in rows], [s.expression for s in rows])
-    pairs.require_aligned(batch.encoding, positions)
+    pairs.require_aligned(batch.encoding, positions, offset=pairs.n)
     n = pairs.n
     if len(heads):
         ids = _generate_with_row_patches(vlm, batch, [(h, list(range(n)), list(range(n, 2 * n))) for h in heads],

@@ -26,7 +26,7 @@ import torch
 from vrh_interp import interventions as iv
 from vrh_interp.heads import HeadSet
 from vrh_interp.model import VLM
-from vrh_interp.patching.batch import Baseline, PairBatch, baseline, logit_differences, recovery, recovery_ci
+from vrh_interp.patching.batch import Baseline, PairBatch, baseline, measure, recovery, recovery_ci
 from vrh_interp.patching.head_patching import patch_head_set
 from vrh_interp.templates import module_at, per_head_view
 from vrh_interp.templates.head_outputs import RowPairHeadPatch
@@ -113,7 +113,7 @@ def _corrupted_values(vlm: VLM, encoding: dict[str, Any], rows: list[int], posit
 
 def direct_and_total_effect(vlm: VLM, pairs: PairBatch, heads: HeadSet, *, base: Baseline | None = None,
                             remote: bool | str = False) -> dict[str, float]:
-    """Recovery of the logit difference: total, direct (downstream frozen) and indirect = total - direct."""
+    """Recovery of the pairs' metric: total, direct (downstream frozen) and indirect = total - direct."""
     g = vlm.geometry
     heads = g.validate(heads)
     if not len(heads):
@@ -134,15 +134,14 @@ def direct_and_total_effect(vlm: VLM, pairs: PairBatch, heads: HeadSet, *, base:
         heads_by_layer=frozen_heads, num_heads=g.num_heads, head_dim=g.head_dim,
         target_rows=tuple(corrupted_rows), positions=positions,
         head_values={layer: head_values[layer] for layer in frozen_heads}, mlp_values=mlp_values)
-    patch = RowPairHeadPatch.build([(h, list(range(pairs.n)), corrupted_rows) for h in heads], g,
+    patch = RowPairHeadPatch.build([(h, pairs.clean_rows(), corrupted_rows) for h in heads], g,
                                    iv.projection_path(vlm), positions=positions)
-    values = logit_differences(vlm, encoding, corrupted_rows, pairs.metric_positions, pairs.clean_token,
-                               pairs.corrupted_token, templates=[patch, freeze], remote=remote).numpy()
+    values = measure(vlm, pairs, encoding, [1], templates=[patch, freeze], remote=remote)[0].sum(-1)
     direct = recovery(values, base)
     low, high = recovery_ci(values, base)
     return {"heads": len(heads), "total": total["recovery"], "total_ci_low": total["ci_low"],
             "total_ci_high": total["ci_high"], "direct": direct, "direct_ci_low": low, "direct_ci_high": high,
-            "indirect": total["recovery"] - direct, "n_pairs": pairs.n}
+            "indirect": total["recovery"] - direct, "n_pairs": pairs.n, "metric": pairs.metric}
 
 
 def mediation_table(vlm: VLM, pairs: PairBatch, head_sets: Mapping[str, HeadSet], *,

@@ -2,13 +2,13 @@
 
 For one head, the keys and values at the positions of ONE region are copied from the clean run into the
 corrupted run, the head's output at the answer positions is recomputed (``HeadKeyValuePatch``), and the
-recovery of the logit difference is measured. Regions, per pair, in prompt positions:
+recovery of the metric (``vrh_interp.patching.batch``) is measured. Regions, per pair, in prompt positions:
 
 * ``clean_referent`` / ``corrupted_referent``: visual tokens whose patch overlaps the referent's box in
   the clean / corrupted image (the family's layout rule, the same one head scoring uses);
 * ``distractors``: visual tokens on the other objects (neither referent);
 * ``background``: visual tokens on no object;
-* ``text``: every non-visual position up to the metric position (template, expression, answer prefix).
+* ``text``: every non-visual position of the row (template, expression, the teacher-forced answer).
 
 What to expect by construction: in an ``expression_swap`` pair the image precedes the text, so under
 causal attention every visual key and value is identical in both runs and only ``text`` can recover
@@ -28,7 +28,7 @@ import pandas as pd
 from vrh_interp import interventions as iv
 from vrh_interp.heads import Head, HeadSet
 from vrh_interp.model import VLM, GroundingBatch
-from vrh_interp.patching.batch import Baseline, PairBatch, baseline, logit_differences, recovery, recovery_ci
+from vrh_interp.patching.batch import Baseline, PairBatch, baseline, measure, recovery, recovery_ci
 from vrh_interp.patching.head_patching import patch_head_set
 from vrh_interp.samples import as_box
 from vrh_interp.templates.position_patch import HeadKeyValuePatch, PatchedStates
@@ -39,7 +39,8 @@ REGIONS: tuple[str, ...] = ("clean_referent", "corrupted_referent", "distractors
 
 def region_positions(pairs: PairBatch, batch: GroundingBatch,
                      encoding: dict[str, Any]) -> dict[str, tuple[list[list[int]], list[list[int]]]]:
-    """Per region: (positions in each CLEAN row, the matching positions in its CORRUPTED row).
+    """Per region: (positions in each CLEAN row, the matching positions in its CORRUPTED row), one entry per row
+    of a side (``pairs.side``: a pair with two forced answers has two rows).
 
     Visual regions are computed on the visual-token grid and mapped into each row through its own layout,
     so a region names the same image patches in both rows even when the prompts are padded differently
@@ -48,10 +49,11 @@ def region_positions(pairs: PairBatch, batch: GroundingBatch,
     ``pairs.encode``.
     """
     regions: dict[str, tuple[list[list[int]], list[list[int]]]] = {name: ([], []) for name in REGIONS}
-    n = pairs.n
+    side = pairs.side
     mask = encoding["attention_mask"]
-    for i, pair in enumerate(pairs.pairs):
-        clean_layout, layout = batch.layouts[i], batch.layouts[n + i]
+    for r, i in enumerate(pairs.pair_of_row()):
+        pair = pairs.pairs[i]
+        clean_layout, layout = batch.layouts[r], batch.layouts[side + r]
         if len(clean_layout.visual_positions) != len(layout.visual_positions):
             raise ValueError(f"pair {pair.pair_id}: the clean and corrupted images have different visual token "
                              "layouts; position patching needs images of the same size")
@@ -76,8 +78,7 @@ def region_positions(pairs: PairBatch, batch: GroundingBatch,
             regions[name][0].append([clean_layout.visual_positions[j] for j in order])
             regions[name][1].append([layout.visual_positions[j] for j in order])
         visual = set(layout.visual_positions) | set(clean_layout.visual_positions)
-        text = [p for p in range(int(pairs.metric_positions[i]) + 1)
-                if p not in visual and mask[i, p] and mask[n + i, p]]
+        text = [p for p in range(mask.shape[1]) if p not in visual and mask[r, p] and mask[side + r, p]]
         regions["text"][0].append(text)
         regions["text"][1].append(text)
     return regions
@@ -97,7 +98,7 @@ def position_patching(vlm: VLM, pairs: PairBatch, heads: Sequence[Head] | HeadSe
     text_config = vlm.hf_model.config.get_text_config()
     num_kv = getattr(text_config, "num_key_value_heads", None) or vlm.geometry.num_heads
     n = pairs.n
-    clean_rows, corrupted_rows = list(range(n)), pairs.corrupted_rows()
+    clean_rows, corrupted_rows = pairs.clean_rows(), pairs.corrupted_rows()
     answer_rows = pairs.positions("answer")
     records = []
     for head in heads:
@@ -113,8 +114,7 @@ def position_patching(vlm: VLM, pairs: PairBatch, heads: Sequence[Head] | HeadSe
                 head, vlm.geometry, attention_path=attention_path, projection_path=iv.projection_path(vlm)(head.layer),
                 call_label=label, num_key_value_heads=num_kv, source_rows=clean_rows, target_rows=corrupted_rows,
                 key_positions=positions, source_key_positions=source_positions, rows=answer_rows, states=states)
-            values = logit_differences(vlm, encoding, corrupted_rows, pairs.metric_positions, pairs.clean_token,
-                                       pairs.corrupted_token, extra=template.apply, remote=remote).numpy()
+            values = measure(vlm, pairs, encoding, [1], extra=template.apply, remote=remote)[0].sum(-1)
             low, high = recovery_ci(values, base)
             records.append({"head": str(head), "region": region, "recovery": recovery(values, base),
                             "ci_low": low, "ci_high": high,

@@ -45,7 +45,9 @@ Methodological choices
   held-out accuracy against the chance of always predicting the train split's majority class.
   95% percentile-bootstrap CIs resample held-out samples (``evaluation.statistics``), seeded.
 * **Head sets.** The VRHs, ``random_control`` draws of as many heads outside them (the sweep's controls,
-  same seeds) and all heads of the captured layers, each probed on the same split.
+  same seeds; optionally ``layer_matched_control`` draws too) and all heads of the captured layers, each
+  probed on the same split. The controls are a distribution, not a handful: ``summarise_random`` reports
+  their spread and the VRHs' empirical p-value against them.
 """
 
 from __future__ import annotations
@@ -58,8 +60,9 @@ import pandas as pd
 import torch
 
 from vrh_interp import interventions as iv
-from vrh_interp.evaluation.statistics import bootstrap_ci, bootstrap_statistic_ci
-from vrh_interp.evaluation.sweep import random_control
+from vrh_interp.evaluation.statistics import (bootstrap_ci, bootstrap_statistic_ci, empirical_p_value,
+                                              random_set_distribution)
+from vrh_interp.evaluation.sweep import layer_matched_control, random_control
 from vrh_interp.heads import HeadGeometry, HeadSet
 from vrh_interp.model import VLM
 from vrh_interp.samples import GroundingSampleLike, as_box, check_samples
@@ -403,8 +406,10 @@ def probe_head_sets(features: HeadFeatures, targets: ProbeTargets, head_sets: Ma
 
 
 def comparison_head_sets(vrhs: HeadSet, geometry: HeadGeometry, *, random_seeds: Sequence[int] = (0, 1, 2),
-                         include_all: bool = True, exclude_first_layer: bool = False) -> dict[str, HeadSet]:
-    """``{"vrh": vrhs, "random:seed=S": ..., "all": every head}``; random sets are the sweep's controls."""
+                         include_all: bool = True, exclude_first_layer: bool = False,
+                         matched: bool = False) -> dict[str, HeadSet]:
+    """``{"vrh": vrhs, "random:seed=S": ..., ["matched:seed=S": ...,] "all": every head}``: the sweep's controls
+    (``matched``: also ``layer_matched_control`` sets, as many heads per layer as the VRHs)."""
     vrhs = geometry.validate(vrhs)
     if not len(vrhs):
         raise ValueError("vrhs is empty")
@@ -412,19 +417,22 @@ def comparison_head_sets(vrhs: HeadSet, geometry: HeadGeometry, *, random_seeds:
     for seed in random_seeds:
         sets[f"random:seed={seed}"] = random_control(geometry, vrhs, len(vrhs), seed,
                                                      exclude_first_layer=exclude_first_layer)
+    if matched:
+        sets.update({f"matched:seed={seed}": layer_matched_control(geometry, vrhs, vrhs, seed)
+                     for seed in random_seeds})
     if include_all:
         sets["all"] = geometry.all_heads()
     return sets
 
 
 def readout_probes(vlm: VLM, samples: Sequence[GroundingSampleLike], vrhs: HeadSet, *,
-                   random_seeds: Sequence[int] = (0, 1, 2), include_all: bool = True,
+                   random_seeds: Sequence[int] = (0, 1, 2), include_all: bool = True, matched: bool = False,
                    position: Position = "prompt_end", answer: AnswerSource = "greedy",
                    target_names: Sequence[str] | None = None, test_fraction: float = 0.3, seed: int = 0,
                    batch_size: int = 8, max_new_tokens: int = 24, remote: bool | str = False,
                    alphas: Sequence[float] = DEFAULT_ALPHAS, folds: int = 5, resamples: int = 2000) -> pd.DataFrame:
     """Capture features once, probe VRHs vs random heads vs all heads; see ``probe_head_sets``."""
-    sets = comparison_head_sets(vrhs, vlm.geometry, random_seeds=random_seeds, include_all=include_all)
+    sets = comparison_head_sets(vrhs, vlm.geometry, random_seeds=random_seeds, include_all=include_all, matched=matched)
     layers = sorted({h.layer for heads in sets.values() for h in heads})
     features = collect_head_features(vlm, samples, layers=layers, position=position, answer=answer,
                                      batch_size=batch_size, max_new_tokens=max_new_tokens, remote=remote)
@@ -433,16 +441,23 @@ def readout_probes(vlm: VLM, samples: Sequence[GroundingSampleLike], vrhs: HeadS
 
 
 def summarise_random(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per target: VRH metric, mean / min / max over the random sets, all-heads metric, chance."""
+    """Per target: VRH metric, all-heads metric, chance, and per control kind present (``random``,
+    ``matched``) the distribution of the sets' metric (``random_set_distribution``: sets, mean, sd, quantiles),
+    its max, and the VRHs' empirical p-value ``(1 + #sets scoring >= the VRHs) / (1 + #sets)``."""
     rows = []
     for target, part in frame.groupby("target", sort=False):
-        random = part[part["head_set"].str.startswith("random:")]["metric"]
         vrh = part[part["head_set"] == "vrh"]["metric"]
         every = part[part["head_set"] == "all"]["metric"]
-        rows.append({"target": target, "metric_name": part["metric_name"].iloc[0],
-                     "vrh": float(vrh.iloc[0]) if len(vrh) else float("nan"),
-                     "random_mean": float(random.mean()) if len(random) else float("nan"),
-                     "random_max": float(random.max()) if len(random) else float("nan"),
-                     "all": float(every.iloc[0]) if len(every) else float("nan"),
-                     "chance": float(part["chance"].iloc[0])})
+        vrh_value = float(vrh.iloc[0]) if len(vrh) else float("nan")
+        row = {"target": target, "metric_name": part["metric_name"].iloc[0], "vrh": vrh_value,
+               "all": float(every.iloc[0]) if len(every) else float("nan"), "chance": float(part["chance"].iloc[0])}
+        for kind in ("random", "matched"):
+            values = part[part["head_set"].str.startswith(kind + ":")]["metric"].to_numpy(dtype=float)
+            if kind == "matched" and not len(values):
+                continue
+            stats = random_set_distribution(values)
+            row.update({f"{kind}_{key}": value for key, value in stats.items()})
+            row[f"{kind}_max"] = float(values.max()) if len(values) else float("nan")
+            row[f"p_vs_{kind}"] = empirical_p_value(-vrh_value, -values) if len(values) else float("nan")
+        rows.append(row)
     return pd.DataFrame(rows)

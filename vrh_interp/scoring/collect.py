@@ -2,8 +2,10 @@
 
 For each sample the greedy answer is generated once (left-padded batch) with a ``RegionAttentionReadout``
 active at every step, so the attention statistics of the answer-token rows are captured DURING the
-generation that produces them: no second forward pass, no attention map kept. The prompt forward also
-yields the input-token rows and the last prompt row's map for the spatial-entropy score. With
+generation that produces them: no second forward pass, no attention map kept. The readout is layer-stacked
+(``stack_layers``): each step computes every layer's scores for the rows it needs and reduces them in one
+pass over all layers and heads, inside the nnsight trace (so a remote run executes the same code). The prompt
+forward also yields the input-token rows and the last prompt row's map for the spatial-entropy score. With
 ``output_source="teacher_forced"`` the ground-truth box in the family's native format is appended to the
 prompt and one forward pass gives the rows predicting its tokens.
 
@@ -43,15 +45,15 @@ class SampleStats:
 
 def _region_and_visual_masks(batch: GroundingBatch, boxes: Sequence[Box]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     b, s = batch.batch_size, batch.prompt_length
-    region = torch.zeros(b, s, dtype=torch.bool)
-    visual = torch.zeros(b, s, dtype=torch.bool)
+    region = np.zeros((b, s), dtype=bool)
+    visual = np.zeros((b, s), dtype=bool)
     counts = []
     for i, (layout, box) in enumerate(zip(batch.layouts, boxes)):
         positions = layout.positions_for_box(box)
         counts.append(len(positions))
         region[i, positions] = True
-        visual[i, list(layout.visual_positions)] = True
-    return region, visual, counts
+        visual[i, layout.visual_positions] = True
+    return torch.from_numpy(region), torch.from_numpy(visual), counts
 
 
 def _input_rows(batch: GroundingBatch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -107,45 +109,110 @@ def negative_spatial_entropy(grid: np.ndarray) -> float:
     return float((p * np.log(p)).sum())
 
 
+def negative_spatial_entropies(grids: np.ndarray) -> np.ndarray:
+    """``negative_spatial_entropy`` of every ``[rows, cols]`` grid of ``grids`` ``[..., rows, cols]`` at once.
+
+    Bit-identical to the per-grid loop, vectorised over all grids: the above-mean cells are cut into horizontal
+    runs, runs touching across adjacent rows (8-connectivity) are joined by parallel hooking and pointer jumping
+    (each component ends labelled by its first run in raster order, so components come in the order the loop
+    finds them), and the component sizes of each grid enter the same float64 expression as in the loop.
+    """
+    grids = np.asarray(grids)
+    lead, (rows, cols) = grids.shape[:-2], grids.shape[-2:]
+    count = int(np.prod(lead, dtype=np.int64))
+    out = np.full(count, float("-inf"))
+    if count == 0 or rows * cols == 0:
+        return out.reshape(lead)
+    flat = np.ascontiguousarray(grids.reshape(count, rows * cols))
+    mask = (flat > flat.mean(axis=1)[:, None]).reshape(count, rows, cols)
+    starts = mask.copy()
+    starts[:, :, 1:] &= ~mask[:, :, :-1]  # a run starts where the cell to the left is not above the mean
+    run_of = np.cumsum(starts.reshape(-1)).reshape(count, rows, cols) - 1  # run index of each masked cell
+    first_cell = np.flatnonzero(starts.reshape(-1))  # raster order: runs are numbered in raster order
+    parent = np.arange(len(first_cell))
+    pairs = []  # runs touching across rows r, r + 1 (columns c and c + d)
+    for d in (-1, 0, 1):
+        top = mask[:, :-1, max(0, -d): cols - max(0, d)]
+        bottom = mask[:, 1:, max(0, d): cols - max(0, -d)]
+        both = top & bottom
+        pairs.append((run_of[:, :-1, max(0, -d): cols - max(0, d)][both],
+                      run_of[:, 1:, max(0, d): cols - max(0, -d)][both]))
+    left = np.concatenate([p[0] for p in pairs])
+    right = np.concatenate([p[1] for p in pairs])
+    while True:
+        a, b = parent[left], parent[right]
+        differ = a != b
+        if not differ.any():
+            break
+        low, high = np.minimum(a[differ], b[differ]), np.maximum(a[differ], b[differ])
+        np.minimum.at(parent, high, low)  # hook the larger label under the smaller
+        while True:  # pointer jumping until every run points at its root
+            jumped = parent[parent]
+            if np.array_equal(jumped, parent):
+                break
+            parent = jumped
+        left, right = left[differ], right[differ]
+    run_cells = np.bincount(run_of[mask], minlength=len(first_cell))
+    roots = np.flatnonzero(parent == np.arange(len(first_cell)))  # ascending: components in raster order
+    sizes = np.bincount(parent, weights=run_cells, minlength=len(first_cell))[roots]  # exact integers
+    grid_of = first_cell[roots] // (rows * cols)
+    found = np.bincount(grid_of, minlength=count)  # components per grid
+    offsets = np.concatenate([[0], np.cumsum(found)])
+    for n in np.unique(found[found > 0]):  # grids with n components: one [grids, n] array, rows summed alike
+        which = np.flatnonzero(found == n)
+        part = sizes[offsets[which][:, None] + np.arange(n)]
+        p = part / part.sum(axis=1, keepdims=True)
+        out[which] = (p * np.log(p)).sum(axis=1)
+    return out.reshape(lead)
+
+
 def _entropies(last_rows: torch.Tensor, layouts: Sequence[VisualLayout]) -> list[np.ndarray]:
-    """last_rows [L, b, H, keys] -> per sample [L, H] negative spatial entropies."""
-    out = []
+    """last_rows [L, b, H, keys] -> per sample [L, H] negative spatial entropies (samples whose grids have one
+    shape in one gather and one vectorised call)."""
+    by_shape: dict[tuple[int, int], list[tuple[int, tuple[int, ...]]]] = {}
     for i, layout in enumerate(layouts):
         block = grid_block(layout)
-        pos = torch.tensor(block.positions)
-        maps = last_rows[:, i][:, :, pos].reshape(last_rows.shape[0], last_rows.shape[2], block.rows, block.cols)
-        arr = maps.numpy()
-        out.append(np.array([[negative_spatial_entropy(arr[l, h]) for h in range(arr.shape[1])]
-                             for l in range(arr.shape[0])]))
+        by_shape.setdefault((block.rows, block.cols), []).append((i, block.positions))
+    out: list[np.ndarray] = [np.empty(0)] * len(layouts)
+    for (rows, cols), items in by_shape.items():
+        which = torch.tensor([i for i, _ in items])
+        positions = torch.tensor([list(pos) for _, pos in items])  # [n, rows * cols]
+        chosen = last_rows[:, which]  # [L, n, H, keys]
+        index = positions[None, :, None, :].expand(chosen.shape[0], -1, chosen.shape[2], -1)
+        maps = torch.gather(chosen, 3, index).permute(1, 0, 2, 3)  # [n, L, H, rows * cols]
+        grids = maps.reshape(*maps.shape[:3], rows, cols).numpy()
+        for (i, _), value in zip(items, negative_spatial_entropies(grids)):
+            out[i] = value
     return out
 
 
 def collect_batch(vlm: VLM, samples: Sequence[GroundingSampleLike], *, max_new_tokens: int,
                   output_source: str = "greedy", ablation: HeadAblation | None = None,
-                  remote: bool | str = False) -> list[SampleStats]:
+                  remote: bool | str = False, batch: GroundingBatch | None = None) -> list[SampleStats]:
     """The statistics of one batch from ONE run of the model (a generation, or a forward when teacher-forced).
 
     ``remote`` is passed to ``run_generate`` / ``run_forward``: the whole batch is one request, and only the
-    reduced per-row statistics (not attention maps) come back.
+    reduced per-row statistics (not attention maps) come back. ``batch``: the samples already encoded
+    (``vlm.encode_grounding`` of their images and expressions, in order), else they are encoded here.
     """
     boxes = [as_box(s.box) for s in samples]
-    batch = vlm.encode_grounding([s.image for s in samples], [s.expression for s in samples])
+    if batch is None:
+        batch = vlm.encode_grounding([s.image for s in samples], [s.expression for s in samples])
+    elif batch.batch_size != len(samples):
+        raise ValueError(f"batch holds {batch.batch_size} rows for {len(samples)} samples")
     if output_source == "teacher_forced":
         return _collect_teacher_forced(vlm, samples, boxes, batch, remote=remote)
     region, visual, counts = _region_and_visual_masks(batch, boxes)
     in_index, in_valid = _input_rows(batch)
     prefill_rows = torch.cat([in_index, torch.full((batch.batch_size, 1), batch.prompt_length - 1)], dim=1)
     readout = iv.attention_readout(vlm, prefill_rows)
-    region_readout = RegionAttentionReadout(readout, region, visual, last_row_map=True)
+    region_readout = RegionAttentionReadout(readout, region, visual, last_row_map=True, stack_layers=True)
     templates: list[Any] = [region_readout] + ([ablation] if ablation is not None else [])
     result = iv.run_generate(vlm, batch.encoding, templates, max_new_tokens=max_new_tokens, remote=remote)
-    layers = sorted(result.steps[0][0])
-    # to the host before stacking: with a device_map the layers' values live on different devices
-    first = [result.steps[0][0][layer] for layer in layers]
-    prefill_stats = torch.stack([f[0].cpu() for f in first])  # [L, b, H, r+1, 3]
-    last_rows = torch.stack([f[1].cpu() for f in first])  # [L, b, H, keys]
-    decode_stats = [torch.stack([step[0][layer].cpu() for layer in layers])
-                    for step in result.steps[1:]]  # [L, b, H, 1, 3]
+    first = _layer_stacked(result.steps[0][0])
+    prefill_stats = torch.cat([chunk[0] for chunk in first])  # [L, b, H, r+1, 3]
+    last_rows = torch.cat([chunk[1] for chunk in first])  # [L, b, H, keys]
+    decode_stats = [torch.cat(_layer_stacked(step[0])) for step in result.steps[1:]]  # [L, b, H, 1, 3]
     answers = vlm.decode_answers(result.ids, batch.prompt_length)
     lengths = vlm.answer_lengths(result.ids, batch.prompt_length)
     entropies = _entropies(last_rows, batch.layouts)
@@ -158,6 +225,14 @@ def collect_batch(vlm: VLM, samples: Sequence[GroundingSampleLike], *, max_new_t
         stats.append(_sample_stats(vlm, sample, boxes[i], batch, i, answers[i], output_rows, input_rows,
                                    entropies[i], counts[i]))
     return stats
+
+
+def _layer_stacked(values: dict[int, Any]) -> list[Any]:
+    """A layer-stacked readout's chunks (each at the last layer it covers), in layer order, on the host:
+    with a device_map the chunks may live on different devices."""
+    def host(value: Any) -> Any:
+        return tuple(v.cpu() for v in value) if isinstance(value, (tuple, list)) else value.cpu()
+    return [host(values[layer]) for layer in sorted(values)]
 
 
 def _rows_array(rows: torch.Tensor) -> np.ndarray:

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load_file, save
 from tqdm.auto import tqdm
 
 from vrh_interp.model import VLM
 from vrh_interp.provenance import library_versions, model_provenance, now_utc, remote_provenance
-from vrh_interp.runs import RecordLog, RunFolder, whole_run_manifest
+from vrh_interp.runs import RecordLog, RunFolder, whole_run_manifest, write_atomic
 from vrh_interp.samples import GroundingSampleLike, check_samples
 from vrh_interp.scoring.aggregate import aggregate
 from vrh_interp.scoring.collect import SampleStats, collect_batch
@@ -35,11 +35,7 @@ def _save_batch(stats_dir: Path, name: str, batch: Sequence[SampleStats]) -> str
         tensors[f"{i}.input"] = np.ascontiguousarray(s.input_rows, dtype=np.float32)
         tensors[f"{i}.entropy"] = np.ascontiguousarray(s.neg_entropy, dtype=np.float64)
     stats_dir.mkdir(parents=True, exist_ok=True)
-    path = stats_dir / f"{name}.safetensors"
-    tmp = stats_dir / f"{name}.safetensors.tmp"
-    save_file(tensors, str(tmp))
-    os.replace(tmp, path)
-    return path.name
+    return write_atomic(stats_dir / f"{name}.safetensors", save(tensors)).name
 
 
 def load_stats(run_dir: str | Path) -> list[SampleStats]:

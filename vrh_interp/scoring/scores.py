@@ -5,13 +5,20 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import pandas as pd
 
-from vrh_interp.heads import Head, HeadSet
+from vrh_interp.heads import Head, HeadOutOfRangeError, HeadSet
+from vrh_interp.runs import write_atomic
 from vrh_interp.scoring.design import ScoringDesign
+
+MODEL_IDENTITY = ("model_id", "revision", "architecture", "geometry")  # what makes two models "the same model"
+
+
+class ScoresTransferWarning(UserWarning):
+    """Head scores of one model applied by index to another model."""
 
 
 @dataclass
@@ -82,17 +89,42 @@ class HeadScores:
             "provenance": self.provenance,
         }
 
+    def transfer_to(self, model: Mapping[str, Any]) -> dict[str, Any] | None:
+        """How these scores apply to the model ``model`` describes (``provenance.model_provenance``): None when
+        they were computed on it; the index transfer (recorded as the run's ``heads_source``) when they come from
+        another model whose heads all exist in this one (meaningful between models sharing a language backbone,
+        ``vrh_interp.transfer``); ``HeadOutOfRangeError`` when some do not."""
+        layers, heads = model["geometry"]["layers"], model["geometry"]["heads"]
+        source = self.provenance.get("model") or {}
+        name, target = source.get("model_id") or "a model the scores file does not name", model.get("model_id")
+        grid = f"{self.num_layers} layers x {self.num_heads} heads"
+        if self.num_layers > layers or self.num_heads > heads:
+            raise HeadOutOfRangeError(
+                f"the scores were computed on {name} ({grid}), but this model ({target}) has {layers} layers x "
+                f"{heads} heads: heads up to L{self.num_layers - 1}H{self.num_heads - 1} do not exist in it. Use "
+                "scores computed on this model (vrh detect), or on one whose head grid it contains")
+        same_grid = (self.num_layers, self.num_heads) == (layers, heads)
+        if same_grid and all(source.get(k) == model.get(k) for k in MODEL_IDENTITY if k in source):
+            return None
+        return {"kind": "scores-transfer", "scores_model": {k: source.get(k) for k in MODEL_IDENTITY},
+                "note": f"head scores of {name} ({grid}) applied by index to {target} ({layers} layers x {heads} "
+                        f"heads): an index transfer, meaningful only between models sharing a language backbone"
+                        + ("" if same_grid else f"; the scores rank {self.scores.size} of its {layers * heads} heads")}
+
     def save(self, path: str | Path) -> Path:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_json(), indent=1), encoding="utf-8")
-        return path
+        return write_atomic(path, json.dumps(self.to_json(), indent=1))
 
     @classmethod
     def load(cls, path: str | Path) -> "HeadScores":
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-        if data.get("format") != "vrh-interp/head-scores/1":
-            raise ValueError(f"{path} is not a vrh-interp head-scores file (format {data.get('format')!r})")
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as error:
+            raise ValueError(f"{path} is not a vrh-interp head-scores file (not JSON: {error})") from None
+        if not isinstance(data, dict) or data.get("format") != "vrh-interp/head-scores/1":
+            raise ValueError(f"{path} is not a vrh-interp head-scores file (format "
+                             f"{data.get('format') if isinstance(data, dict) else type(data).__name__!r})")
         return cls(
             scores=np.asarray(data["scores"], dtype=float),
             design=ScoringDesign(**data["design"]),

@@ -371,9 +371,9 @@ def summary_lines(measured: dict) -> list[str]:
     ceiling = measured["baseline_query_ignoring_ceiling"]
     return [
         f"level-1 accuracy {measured['accuracy']:.3f} (query-ignoring ceiling {ceiling:.3f}), n={measured['n']}",
-        f"planted heads' referent share: " + ", ".join(f"{h} {v:.2f}" for h, v in measured["planted_referent_share"].items())
+        "planted heads' referent share: " + ", ".join(f"{h} {v:.2f}" for h, v in measured["planted_referent_share"].items())
         + f"; best other head {measured['rest_max_referent_share']:.3f}",
-        f"decoys' distractor share: " + ", ".join(f"{h} {v:.2f}" for h, v in measured["decoy_distractor_share"].items()),
+        "decoys' distractor share: " + ", ".join(f"{h} {v:.2f}" for h, v in measured["decoy_distractor_share"].items()),
         f"largest text->visual attention mass of any other head: {measured['rest_max_text_visual_mass']:.3f} "
         f"(answer rows {measured['rest_max_answer_visual_mass']:.3f})",
         f"masked: planted {measured['masked_planted_accuracy']:.3f}, decoys {measured['masked_decoys_accuracy']:.3f}, "

@@ -33,6 +33,16 @@ TINY_FAMILIES: tuple[str, ...] = (
     "aya_vision",
 )
 
+# A family's fixture with the language backbone of one of the paper's models (Llama 3, Gemma 2 with soft-capping
+# and sliding windows, GLM-4.6V, Qwen3 in InternVL3.5): name -> "module:function" in this package. ``build_tiny``
+# and ``tiny:NAME`` accept them; tests/families/test_paper_models.py runs the reference checks on them.
+TINY_BACKBONE_VARIANTS: dict[str, str] = {
+    "internvl_qwen3": "internvl:build_qwen3",
+    "llava_next_llama3": "llava_next:build_llama3",
+    "paligemma2": "paligemma:build_gemma2",
+    "glm46v": "glm4v:build_glm46v",
+}
+
 
 # The tiny language backbone every fixture uses (head_dim 16 where the config takes one: TINY_HEAD_DIM).
 TINY_TEXT_CONFIG: dict[str, Any] = {
@@ -96,7 +106,12 @@ class TinyVLM:
 
 
 def build_tiny(family: str, seed: int = 0) -> TinyVLM:
+    """The tiny fixture of ``family`` (a ``TINY_FAMILIES`` key) or of a ``TINY_BACKBONE_VARIANTS`` name."""
+    if family in TINY_BACKBONE_VARIANTS:
+        module_name, function = TINY_BACKBONE_VARIANTS[family].split(":")
+        return getattr(importlib.import_module(f"vrh_interp.testing.tiny.{module_name}"), function)(seed=seed)
     if family not in TINY_FAMILIES:
-        raise ValueError(f"no tiny fixture for {family!r}; available: {', '.join(TINY_FAMILIES)}")
+        available = ", ".join((*TINY_FAMILIES, *TINY_BACKBONE_VARIANTS))
+        raise ValueError(f"no tiny fixture for {family!r}; available: {available}")
     module = importlib.import_module(f"vrh_interp.testing.tiny.{family}")
     return module.build(seed=seed)

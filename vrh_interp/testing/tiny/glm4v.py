@@ -8,12 +8,25 @@ pixels on a side are first upscaled). The text attention uses ``head_dim = hidde
 partial rotary embedding, so ``mrope_section`` sums to head_dim * partial_rotary_factor / 2. The vision
 tower adds bicubic-interpolated learned position embeddings ((image_size / patch)^2 of them). The chat
 template is GLM-4.1V's reduced to text and image turns (``[gMASK]<sop>``, ``<|user|>``, ``<|assistant|>``).
+
+``build_glm46v`` builds the same model through transformers' ``glm46v`` classes (``Glm46VForConditionalGeneration``,
+whose language model is ``AutoModel.from_config(text_config)``, a ``glm4v_text`` model) with GLM-4.6V-Flash's
+attention shape: one KV head for all query heads of a group (32 / 2 in the real model, 4 / 1 here) and
+rope_theta 500000. The hub checkpoint zai-org/GLM-4.6V-Flash itself declares ``model_type: glm4v``.
 """
 
 from __future__ import annotations
 
 import torch
-from transformers import Glm4vConfig, Glm4vForConditionalGeneration, Glm4vImageProcessorPil, Glm4vProcessor
+from transformers import (
+    Glm46VConfig,
+    Glm46VForConditionalGeneration,
+    Glm46VProcessor,
+    Glm4vConfig,
+    Glm4vForConditionalGeneration,
+    Glm4vImageProcessorPil,
+    Glm4vProcessor,
+)
 
 from vrh_interp.testing.tiny import TINY_TEXT_CONFIG, TinyVLM
 from vrh_interp.testing.tiny._image_only_processor import image_only_processor_class
@@ -61,7 +74,20 @@ TINY_MIN_PIXELS = 2 * 56 * 56
 TINY_MAX_PIXELS = 2 * 28 * 28 * 48
 
 
-def build(seed: int = 0) -> TinyVLM:
+# GLM-4.6V-Flash's text attention at tiny scale (real: 32 query heads, 2 KV heads, rope_theta 500000)
+TINY_GLM46V_TEXT = {"num_attention_heads": 4, "num_key_value_heads": 1, "model_type": "glm4v_text"}
+
+
+def build_glm46v(seed: int = 0) -> TinyVLM:
+    """GLM-4.6V(-Flash) through the ``glm46v`` classes."""
+    return build(seed, classes=(Glm46VConfig, Glm46VForConditionalGeneration, Glm46VProcessor),
+                 text_extra=TINY_GLM46V_TEXT, rope_theta=500000.0, family="glm46v")
+
+
+def build(seed: int = 0, *, classes: tuple[type, type, type] = (Glm4vConfig, Glm4vForConditionalGeneration,
+                                                                   Glm4vProcessor),
+          text_extra: dict | None = None, rope_theta: float | None = None, family: str = "glm4v") -> TinyVLM:
+    config_class, model_class, processor_class = classes
     torch.manual_seed(seed)
     tokenizer = build_byte_tokenizer(
         GLM4V_SPECIAL_TOKENS,
@@ -70,17 +96,19 @@ def build(seed: int = 0) -> TinyVLM:
         chat_template=GLM4V_CHAT_TEMPLATE,
     )
     image_processor = Glm4vImageProcessorPil(size={"shortest_edge": TINY_MIN_PIXELS, "longest_edge": TINY_MAX_PIXELS})
-    processor = image_only_processor_class(Glm4vProcessor)(
+    processor = image_only_processor_class(processor_class)(
         image_processor=image_processor, tokenizer=tokenizer, chat_template=GLM4V_CHAT_TEMPLATE
     )
     ids = tokenizer.convert_tokens_to_ids
-    config = Glm4vConfig(
+    config = config_class(
         text_config={
             **TINY_TEXT_CONFIG,
             "vocab_size": len(tokenizer),
             "eos_token_id": [ids("<|endoftext|>"), ids("<|user|>"), ids("<|observation|>")],
             "pad_token_id": tokenizer.pad_token_id,
-            "rope_parameters": mrope_parameters([2, 1, 1], partial_rotary_factor=0.5),
+            "rope_parameters": mrope_parameters([2, 1, 1], partial_rotary_factor=0.5,
+                                                **({} if rope_theta is None else {"rope_theta": rope_theta})),
+            **(text_extra or {}),
         },
         vision_config=merger_vision_config(image_processor, image_size=112),
         image_token_id=ids("<|image|>"),
@@ -90,6 +118,6 @@ def build(seed: int = 0) -> TinyVLM:
         video_start_token_id=ids("<|begin_of_video|>"),
         video_end_token_id=ids("<|end_of_video|>"),
     )
-    model = Glm4vForConditionalGeneration(config).eval()
-    return TinyVLM(family="glm4v", model=model, processor=processor,
+    model = model_class(config).eval()
+    return TinyVLM(family=family, model=model, processor=processor,
                    vision_attention_modules=vision_attention_modules)

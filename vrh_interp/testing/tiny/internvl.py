@@ -5,6 +5,9 @@ tiles plus the thumbnail, so non-square images exercise the real tiling policy w
 chat template follows the ChatML layout of the ``-hf`` InternVL3 checkpoints, with ``<IMG_CONTEXT>`` as
 the image placeholder that ``InternVLProcessor`` expands to ``<img>`` + tokens + ``</img>``. The processor
 is built without its (torchvision-based) video processor.
+
+``build_qwen3`` is the same fixture with InternVL3.5's language backbone, Qwen3 (per-head RMSNorm of queries and
+keys before rotary; ``head_dim`` from the config), as in OpenGVLab/InternVL3_5-8B-HF.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from transformers import (
     InternVLProcessor,
     InternVLVisionConfig,
     Qwen2Config,
+    Qwen3Config,
 )
 
 from vrh_interp.testing.tiny import (
@@ -76,11 +80,16 @@ def build_processor() -> InternVLProcessor:
     )
 
 
-def build(seed: int = 0) -> TinyVLM:
+def build_qwen3(seed: int = 0) -> TinyVLM:
+    """InternVL with a Qwen3 backbone (the language model of InternVL3.5)."""
+    return build(seed, text_config_class=Qwen3Config, family="internvl_qwen3")
+
+
+def build(seed: int = 0, *, text_config_class: type = Qwen2Config, family: str = "internvl") -> TinyVLM:
     torch.manual_seed(seed)
     processor = build_processor()
     tokenizer = processor.tokenizer
-    text_config = Qwen2Config(**TINY_TEXT_CONFIG, **text_token_ids(tokenizer), head_dim=TINY_HEAD_DIM)
+    text_config = text_config_class(**TINY_TEXT_CONFIG, **text_token_ids(tokenizer), head_dim=TINY_HEAD_DIM)
     vision_config = InternVLVisionConfig(
         **TINY_VISION_CONFIG, image_size=(TILE_SIZE, TILE_SIZE), patch_size=(PATCH_SIZE, PATCH_SIZE)
     )
@@ -92,7 +101,7 @@ def build(seed: int = 0) -> TinyVLM:
         downsample_ratio=DOWNSAMPLE_RATIO,
     )
     model = composite_model(InternVLForConditionalGeneration, config, tokenizer)
-    return TinyVLM(family="internvl", model=model, processor=processor,
+    return TinyVLM(family=family, model=model, processor=processor,
                    vision_attention_modules=vision_attention_modules)
 
 

@@ -12,7 +12,7 @@ positions only.
 ``image_processing_pixtral``), so ``PixtralProcessor`` cannot be imported in an environment without
 torchvision. ``PixtralProcessorPort`` below is a port of its ``__init__`` token attributes,
 ``_process_images`` and ``replace_image_token`` (nothing else differs; ``ProcessorMixin.__call__`` does the
-rest); ``tests/families/test_mistral3.py`` compares it with the real class when torchvision is installed.
+rest); ``tests/families/test_families.py -k mistral3`` compares it with the real class when torchvision is installed.
 
 Tiny sizes: patch 8, spatial merge 2 (16-pixel tokens), longest edge 64. NEAREST resampling for the layout
 experiment. The chat template follows mistralai/Mistral-Small-3.1-24B-Instruct-2503 (``[INST]...[/INST]``,

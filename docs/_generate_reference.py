@@ -1,0 +1,59 @@
+"""Writes docs/reference/*.md: one API reference page per top-level module or subpackage of ``vrh_interp``,
+rendered by mkdocstrings from the docstrings (run: python docs/_generate_reference.py; tests/test_docs.py
+checks the pages are current, so a new module cannot be left out of the reference)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "vrh_interp"
+OUT = Path(__file__).resolve().parent / "reference"
+SKIP = ("checkpoints",)
+
+
+def _is_package(path: Path) -> bool:
+    return path.is_dir() and path.name not in SKIP and any(path.glob("*.py"))
+
+
+def modules(path: Path) -> list[str]:
+    """Dotted names of the public modules at or under ``path`` (a module file or a package folder)."""
+    if path.is_file():
+        return [".".join(path.relative_to(ROOT).with_suffix("").parts)]
+    # a namespace package (no __init__.py) has no docstring of its own: only its modules are listed
+    names = [".".join(path.relative_to(ROOT).parts)] if (path / "__init__.py").exists() else []
+    for child in sorted(path.iterdir()):
+        if child.name.startswith("_") or child.name in SKIP or child.name == "__pycache__":
+            continue
+        if child.suffix == ".py" or _is_package(child):
+            names += modules(child)
+    return names
+
+
+def pages() -> dict[str, str]:
+    """File name -> Markdown, one page per top-level entry of the package (the package itself: index.md)."""
+    out = {"index.md": "# `vrh_interp`\n\nThe top-level exports (`import vrh_interp as vrh`); every module has its "
+                       "own page in this section.\n\n::: vrh_interp\n    options:\n      show_submodules: false\n"}
+    for child in sorted(PACKAGE.iterdir()):
+        if child.name.startswith("_") or child.name == "__pycache__":
+            continue
+        if not (child.suffix == ".py" or _is_package(child)):
+            continue
+        names = modules(child)
+        body = [f"# `vrh_interp.{child.stem}`", ""]
+        for name in names:
+            body += [f"::: {name}", ""]
+        out[f"{child.stem}.md"] = "\n".join(body)
+    return out
+
+
+def main() -> None:
+    OUT.mkdir(exist_ok=True)
+    for stale in OUT.glob("*.md"):
+        stale.unlink()
+    for name, text in pages().items():
+        (OUT / name).write_text(text, encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
