@@ -84,7 +84,8 @@ def generate(out: Path) -> Path:
     detected = ranking[:k]
     patch_rows = [{"set": "planted (= detected top-3)" if set(detected) == set(planted) else "planted",
                    "heads": ", ".join(map(str, planted)), **patch_head_set(vlm, pairs, planted, base=base)},
-                  {"set": "decoys", "heads": ", ".join(map(str, decoys)), **patch_head_set(vlm, pairs, decoys, base=base)}]
+                  {"set": "decoys", "heads": ", ".join(map(str, decoys)),
+                   **patch_head_set(vlm, pairs, decoys, base=base)}]
     exclude = ranking[:max(KS)]
     for seed in range(SETS):
         for kind, heads in (("random", random_control(vlm.geometry, exclude, k, seed)),
@@ -96,8 +97,10 @@ def generate(out: Path) -> Path:
 
     figures = HERE / "results" / "planted-figures"
     shutil.rmtree(figures, ignore_errors=True)
-    _save(plots.score_heatmap(scores.scores, "toy:planted: VRH scores (planted: L2H3, L3H2, L3H11)"), figures / "scores.png")
-    _save(plots.k_sweep_curve(summary, "toy:planted: masking the top-k vs random and layer-matched sets"), figures / "k_sweep.png")
+    _save(plots.score_heatmap(scores.scores, "toy:planted: VRH scores (planted: L2H3, L3H2, L3H11)"),
+          figures / "scores.png")
+    _save(plots.k_sweep_curve(summary, "toy:planted: masking the top-k vs random and layer-matched sets"),
+          figures / "k_sweep.png")
     _save(scan.scatter(title="toy:planted: score vs single-head damage"), figures / "scan.png")
     return _write_page(out, measured, grading, summary, judged, scan, scan_table, patching, planted, decoys)
 
@@ -122,7 +125,8 @@ def _write_page(out: Path, measured: dict, grading: pd.DataFrame, summary: pd.Da
     damage = scan_table.sort_values("damage_rank").head(8)
     planted_damage = scan_table[scan_table["head"].isin([str(h) for h in planted])]["damage_rank"].tolist()
     patched = patching.iloc[0]
-    random_recovery = patching[patching["set"].str.startswith(("random ", "matched "))]["recovery"].to_numpy(dtype=float)
+    random_recovery = (patching[patching["set"].str.startswith(("random ", "matched "))]["recovery"]
+                       .to_numpy(dtype=float))
     rank = int((random_recovery >= patched["recovery"]).sum())
     lines = [
         "# Positive control: the pipeline graded on `toy:planted`",
@@ -137,23 +141,29 @@ def _write_page(out: Path, measured: dict, grading: pd.DataFrame, summary: pd.Da
         "",
         "## Figures",
         "",
-        "![scores](planted-figures/scores.png) ![k-sweep](planted-figures/k_sweep.png) ![scan](planted-figures/scan.png)",
+        "![scores](planted-figures/scores.png) ![k-sweep](planted-figures/k_sweep.png) "
+        "![scan](planted-figures/scan.png)",
         "",
         "## The organism, measured on its shipped weights",
         "",
-        f"On {measured['n']} level-1 items (eval scenes {measured['scenes'][0]}-{measured['scenes'][1]}), through plain "
+        f"On {measured['n']} level-1 items (eval scenes {measured['scenes'][0]}-{measured['scenes'][1]}), "
+        "through plain "
         "PyTorch hooks (independent of the library's nnsight templates):",
         "",
-        f"- grounding accuracy {measured['accuracy']:.3f} (query-ignoring ceiling {measured['baseline_query_ignoring_ceiling']:.3f});",
+        f"- grounding accuracy {measured['accuracy']:.3f} (query-ignoring ceiling "
+        f"{measured['baseline_query_ignoring_ceiling']:.3f});",
         "- attention share of the answer rows inside the referent's box: "
         + ", ".join(f"{h} {v:.2f}" for h, v in measured["planted_referent_share"].items())
         + f"; the largest of any other head {measured['rest_max_referent_share']:.3f};",
-        "- decoys' share on the other objects: " + ", ".join(f"{h} {v:.2f}" for h, v in measured["decoy_distractor_share"].items())
+        "- decoys' share on the other objects: "
+        + ", ".join(f"{h} {v:.2f}" for h, v in measured["decoy_distractor_share"].items())
         + " (on the referent: " + ", ".join(f"{h} {v:.2f}" for h, v in measured["decoy_referent_share"].items()) + ");",
-        f"- the largest text -> visual attention mass of any other head: {measured['rest_max_text_visual_mass']:.3f} over all "
+        "- the largest text -> visual attention mass of any other head: "
+        f"{measured['rest_max_text_visual_mass']:.3f} over all "
         f"text rows after the image, {measured['rest_max_answer_visual_mass']:.3f} at the answer rows;",
         f"- masking P: {measured['masked_planted_accuracy']:.3f}; masking D: {measured['masked_decoys_accuracy']:.3f}; "
-        f"{len(measured['masked_random_accuracies'])} random sets of {k} other heads: mean {measured['masked_random_mean']:.3f}, "
+        f"{len(measured['masked_random_accuracies'])} random sets of {k} other heads: mean "
+        f"{measured['masked_random_mean']:.3f}, "
         f"min {measured['masked_random_min']:.3f}.",
         "",
         "## Detection graded against P (every design, one detection pass)",
@@ -165,7 +175,8 @@ def _write_page(out: Path, measured: dict, grading: pd.DataFrame, summary: pd.Da
         "",
         "## Causal sweep (set-level statistics)",
         "",
-        f"{int(top['n'])} evaluation items (every referent of eval scenes 0-{EVAL_SCENES - 1}, disjoint from detection); "
+        f"{int(top['n'])} evaluation items (every referent of eval scenes 0-{EVAL_SCENES - 1}, "
+        "disjoint from detection); "
         f"{SETS} random and {SETS} layer-matched sets per k, drawn outside the top-{max(KS)}. At k = {k}: "
         f"**{judged['verdict']}** ({judged['reason']}).",
         "",

@@ -172,7 +172,8 @@ def replaced_heads(model: Any, heads_by_layer: dict[int, list[int]], tables: dic
                             view[row, pos, head] = values[segment, head]
         return edit
 
-    with edited_o_proj_inputs(model, {layer: replacer(heads, tables[layer]) for layer, heads in heads_by_layer.items()}):
+    with edited_o_proj_inputs(model,
+                              {layer: replacer(heads, tables[layer]) for layer, heads in heads_by_layer.items()}):
         yield
 
 

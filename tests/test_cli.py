@@ -298,8 +298,10 @@ def test_grading_csv_reads_back_into_the_positive_control_table(tmp_path):
     from vrh_interp.scoring.grading import grade_ranking
 
     ranking = HeadSet.parse("L2H1,L3H0,L1H5,L0H0")
-    rows = [{"design": "a", "defined": True, **grade_ranking(ranking, HeadSet.parse("L2H1,L3H0"), HeadSet.parse("L1H5"))},
-            {"design": "b", "defined": True, **grade_ranking(ranking, HeadSet.parse("L0H0,L3H0"), HeadSet.parse("L7H7"))}]
+    rows = [{"design": "a", "defined": True,
+             **grade_ranking(ranking, HeadSet.parse("L2H1,L3H0"), HeadSet.parse("L1H5"))},
+            {"design": "b", "defined": True,
+             **grade_ranking(ranking, HeadSet.parse("L0H0,L3H0"), HeadSet.parse("L7H7"))}]
     frame = pd.DataFrame(rows)
     frame.to_csv(tmp_path / "grading.csv", index=False)
     shown = read_grading(tmp_path / "grading.csv")

@@ -70,7 +70,8 @@ def code_blocks(path: Path) -> list[Block]:
         index += 1
         while index < len(lines):
             closing = FENCE.match(lines[index])
-            if closing and closing.group("fence").startswith(fence[0] * len(fence)) and not closing.group("info").strip():
+            if (closing and closing.group("fence").startswith(fence[0] * len(fence))
+                    and not closing.group("info").strip()):
                 break
             line = lines[index]
             body.append(line[len(indent):] if line.startswith(indent) else line.lstrip())

@@ -40,7 +40,8 @@ def test_notebooks_are_generated_from_build_script():
     assert sorted(module.NOTEBOOKS) == [p.name for p in NOTEBOOKS]
     for path in NOTEBOOKS:
         cells = [c.source for c in nbformat.read(path, as_version=4).cells]
-        assert cells == [src for _, src in module.NOTEBOOKS[path.name]], f"{path.name} is stale: run notebooks/_build.py"
+        assert cells == [src for _, src in module.NOTEBOOKS[path.name]], (
+            f"{path.name} is stale: run notebooks/_build.py")
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])

@@ -222,7 +222,8 @@ def test_attribution_is_exact_when_the_metric_is_linear_in_the_head_outputs(meth
     exact = patch_each_head(vlm, pairs, heads=heads, progress=False)
     estimate = attribution_patching(vlm, pairs, method=method, steps=2)
     for head in heads:
-        np.testing.assert_allclose(estimate.per_pair[head.layer, head.head], exact.per_pair[head] - exact.baseline.corrupted,
+        np.testing.assert_allclose(estimate.per_pair[head.layer, head.head],
+                                   exact.per_pair[head] - exact.baseline.corrupted,
                                    rtol=1e-3, atol=1e-4)
 
 
@@ -392,7 +393,8 @@ def test_visual_positions_cannot_matter_in_expression_swaps():
     """The image precedes the text, so visual keys/values are identical in both runs: recovery 0."""
     vlm = tiny_vlm("llava")
     candidates = make_pairs("expression_swap", 12, same_expression_length=True)
-    lengths = {p.pair_id: [vlm.encode_grounding([s.image], [s.expression]).prompt_length for s in (p.clean, p.corrupted)]
+    lengths = {p.pair_id: [vlm.encode_grounding([s.image], [s.expression]).prompt_length
+                           for s in (p.clean, p.corrupted)]
                for p in candidates}
     same = [p for p in candidates if lengths[p.pair_id][0] == lengths[p.pair_id][1]]  # equal TOKEN counts
     pairs = prepare_pairs(vlm, same[:3], targets="ground_truth")

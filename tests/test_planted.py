@@ -36,7 +36,8 @@ def _batch(processor, n_scenes: int = 2):
     samples = trainer.held_out_samples(n_scenes, 1)
     inputs = trainer.encode_supervised(processor, [s.image for s in samples],
                                        trainer.grounding_prompts(processor, "planted", samples),
-                                       [format_box_answer("planted", s.expression, s.box, s.image.size) for s in samples])
+                                       [format_box_answer("planted", s.expression, s.box, s.image.size)
+                                        for s in samples])
     return samples, inputs
 
 
@@ -150,7 +151,8 @@ def test_grade_ranking_by_hand() -> None:
     assert graded["decoy_ranks"] == [6, 2]
     assert graded["best_decoy_rank"] == 2
     assert graded["decoy_above_a_planted_head"] is True
-    exact = grade_ranking(HeadSet(["L3H11", "L2H5", "L3H2", "L3H7"]), HeadSet(["L2H5", "L3H2", "L3H11"]), HeadSet(["L3H7"]))
+    exact = grade_ranking(HeadSet(["L3H11", "L2H5", "L3H2", "L3H7"]), HeadSet(["L2H5", "L3H2", "L3H11"]),
+                          HeadSet(["L3H7"]))
     assert exact["exact"] is True and exact["precision_at_p"] == 1.0 and exact["decoy_above_a_planted_head"] is False
     with pytest.raises(ValueError, match="at least one planted head"):
         grade_ranking(ranking, HeadSet(), HeadSet())

@@ -7,7 +7,7 @@ leads with the positive control (when run) and the figures, every figure decodes
 the PNG's size, the figure count, order and captions are the ones the folder's artifacts call for, every
 table sits in a collapsible block and every cell shows the value of its CSV. The browser pieces are Debian's ``chromium`` and ``chromium-driver`` (``.ci/run`` installs them when
 it runs as root) and the ``selenium`` package (``test`` extra); without them the test skips, saying which.
-"""
+"""  # noqa: E501
 
 from __future__ import annotations
 

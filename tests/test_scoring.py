@@ -38,7 +38,8 @@ def test_collected_statistics_equal_brute_force_from_eager_maps(family):
     full = dict(batch.encoding)
     new = ids.shape[1] - batch.prompt_length
     full["input_ids"] = ids
-    full["attention_mask"] = torch.cat([batch.encoding["attention_mask"], torch.ones(len(samples), new, dtype=torch.long)], 1)
+    full["attention_mask"] = torch.cat([batch.encoding["attention_mask"],
+                                        torch.ones(len(samples), new, dtype=torch.long)], 1)
     if "mm_token_type_ids" in full:
         full["mm_token_type_ids"] = torch.cat(
             [batch.encoding["mm_token_type_ids"], torch.zeros(len(samples), new, dtype=torch.long)], 1)

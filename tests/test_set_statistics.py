@@ -370,7 +370,8 @@ def test_demo_keeps_every_control_set_at_k_star_and_the_same_draws_elsewhere():
     assert [c.key for c in kept if c.kind in ("baseline", "top")] == ["baseline:k=0", "top:k=1", "top:k=2", "top:k=3"]
     items = list(range(502))
     subset = check_subset(items, 50)
-    assert len(set(subset)) == 50 and subset[0] == 0 and subset[-1] >= 490 and check_subset(items[:10], 50) == items[:10]
+    assert (len(set(subset)) == 50 and subset[0] == 0 and subset[-1] >= 490
+            and check_subset(items[:10], 50) == items[:10])
     # restricting a result to some samples and conditions keeps exactly their records, baseline included
     conditions = [Condition("baseline", 0, None, HeadSet()), Condition("top", 1, None, HeadSet()),
                   Condition("top", 2, None, HeadSet())]

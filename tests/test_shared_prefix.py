@@ -35,7 +35,8 @@ def _conditions(vlm) -> list[tuple[HeadSet, Ablation]]:
     g = vlm.geometry
     last = g.num_layers - 1
     return [(HeadSet(), Ablation()), (HeadSet([Head(0, 0), Head(last, g.num_heads - 1)]), Ablation()),
-            (HeadSet([Head(last // 2, h) for h in range(g.num_heads)]), Ablation()), (HeadSet([Head(1, 1)]), Ablation())]
+            (HeadSet([Head(last // 2, h) for h in range(g.num_heads)]), Ablation()),
+            (HeadSet([Head(1, 1)]), Ablation())]
 
 
 def _check_equal(vlm, samples, conditions) -> None:

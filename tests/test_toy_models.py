@@ -67,7 +67,8 @@ def _final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
         (2, 2, 5, 4),  # killed in stage 2 after a new best was exported at step 4
     ],
 )
-def test_resume_after_kill_reproduces_uninterrupted_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, vision_steps: int,
+def test_resume_after_kill_reproduces_uninterrupted_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        vision_steps: int,
                                                         eval_every: int, kill_at: int, checkpoint_step: int) -> None:
     config = trainer.TrainConfig(**{**trainer.TINY_TEST_CONFIG, "vision_steps": vision_steps, "grounding_steps": 4,
                                     "eval_every": eval_every})
@@ -86,7 +87,8 @@ def test_resume_after_kill_reproduces_uninterrupted_run(tmp_path: Path, monkeypa
     assert _metadata_step(tmp_path / "killed") == checkpoint_step  # the last checkpoint before the kill
     killed_at_checkpoint = _final_weights(tmp_path / "killed")
     uninterrupted = _final_weights(tmp_path / "uninterrupted")
-    assert any(not torch.equal(killed_at_checkpoint[k], uninterrupted[k]) for k in uninterrupted if k.startswith("model."))
+    assert any(not torch.equal(killed_at_checkpoint[k], uninterrupted[k])
+               for k in uninterrupted if k.startswith("model."))
     monkeypatch.setattr(trainer, "training_step", real_step)
     trainer.train(config, tmp_path / "killed", resume=True)
 
@@ -118,8 +120,10 @@ def test_vqa_rows_supervise_only_their_answer_words_and_leave_the_grounding_batc
     inputs = trainer.encode_supervised(
         processor, [s.image for s in samples] + [q.image for q in questions],
         trainer.grounding_prompts(processor, "a", samples) + trainer.vqa_prompts(processor, questions),
-        [format_box_answer("a", s.expression, s.box, s.image.size) for s in samples] + [answer_text(q) for q in questions])
-    targets = [format_box_answer("a", s.expression, s.box, s.image.size) for s in samples] + [answer_text(q) for q in questions]
+        [format_box_answer("a", s.expression, s.box, s.image.size) for s in samples]
+        + [answer_text(q) for q in questions])
+    targets = ([format_box_answer("a", s.expression, s.box, s.image.size) for s in samples]
+               + [answer_text(q) for q in questions])
     for row, target in enumerate(targets):
         supervised = inputs["input_ids"][row][inputs["labels"][row] != trainer.IGNORE_INDEX]
         assert supervised.tolist() == processor.tokenizer(target + IM_END, add_special_tokens=False)["input_ids"]
@@ -202,7 +206,8 @@ def test_final_export_holds_the_finished_runs_last_weights(tmp_path: Path) -> No
     weights = {k[len("model."):]: v for k, v in last.items() if k.startswith("model.")}
     assert all(torch.equal(v, weights[k].to(torch.float16).float()) for k, v in final.state_dict().items())
 
-    longer = trainer.TrainConfig(**{**trainer.TINY_TEST_CONFIG, "vision_steps": 2, "grounding_steps": 2, "eval_every": 1})
+    longer = trainer.TrainConfig(**{**trainer.TINY_TEST_CONFIG, "vision_steps": 2, "grounding_steps": 2,
+                                    "eval_every": 1})
     trainer.train(longer, tmp_path / "unfinished", resume=False)
     (tmp_path / "unfinished" / "train_config.json").write_text(json.dumps(
         {**json.loads((tmp_path / "unfinished" / "train_config.json").read_text()), "grounding_steps": 5}))
@@ -222,11 +227,13 @@ def test_binding_errors_name_the_attributes_the_boxed_object_gets_wrong() -> Non
     predictions: list = []
     expected: dict[str, int] = {}
     for i, sample in enumerate(samples):
-        boxes, attributes, target = sample.meta["object_boxes"], sample.meta["object_attributes"], sample.meta["target_index"]
+        boxes, attributes, target = (sample.meta["object_boxes"], sample.meta["object_attributes"],
+                                     sample.meta["target_index"])
         other = (target + 1) % len(boxes)
         if i % 3 == 0:  # the box of another object: an error keyed by the attributes that differ
             predictions.append(Box(*boxes[other]))
-            differs = [n for n, a, b in zip(("colour", "shape", "size"), attributes[target], attributes[other]) if a != b]
+            differs = [n for n, a, b in zip(("colour", "shape", "size"), attributes[target],
+                                            attributes[other]) if a != b]
             key = "+".join(differs) or "none"
             expected[key] = expected.get(key, 0) + 1
         elif i % 3 == 1:  # the referent, shifted by 2 px: right object, not an error
@@ -238,13 +245,15 @@ def test_binding_errors_name_the_attributes_the_boxed_object_gets_wrong() -> Non
     assert measured == pytest.approx({key: count / len(samples) for key, count in expected.items()})
     assert sum(measured.values()) == pytest.approx(1 / 3, abs=1 / len(samples))
     metrics = trainer.grounding_metrics(samples, predictions)
-    assert sum(measured.values()) == pytest.approx(1 - metrics["nearest_object_is_target_rate"] - metrics["parse_failure_rate"])
+    assert sum(measured.values()) == pytest.approx(1 - metrics["nearest_object_is_target_rate"]
+                                                   - metrics["parse_failure_rate"])
 
 
 def test_accuracy_interval_resamples_whole_scenes() -> None:
     samples = trainer.held_out_samples(40, difficulty=1)
     exact = [Box(*s.box) for s in samples]
-    assert (lambda m: (m["accuracy_ci_low"], m["accuracy_ci_high"]))(trainer.grounding_metrics(samples, exact)) == (1.0, 1.0)
+    assert (lambda m: (m["accuracy_ci_low"], m["accuracy_ci_high"]))(
+        trainer.grounding_metrics(samples, exact)) == (1.0, 1.0)
     # every referent of the even scenes right, of the odd scenes wrong: accuracy ~0.5, interval around it,
     # and wider than the interval that treats referents as independent (they share a scene)
     half = [box if s.meta["index"] % 2 == 0 else None for s, box in zip(samples, exact)]

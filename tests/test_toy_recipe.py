@@ -35,7 +35,8 @@ def test_b_recipe_starts_from_a_backbone_trained_in_the_same_folder(tmp_path: Pa
     a_first, b_first = recipe.RECIPES["a"][0], recipe.RECIPES["b"][0]
     assert recipe.stage_folder(tmp_path, 0, a_first) == recipe.stage_folder(tmp_path, 0, b_first)  # shared, run once
     config = recipe.stage_config(recipe.RECIPES["b"][1], tmp_path / "00-a-from-scratch" / "final")
-    assert (config.model, config.init_backbone, config.warm_start) == ("b", str(tmp_path / "00-a-from-scratch" / "final"), None)
+    assert (config.model, config.init_backbone, config.warm_start) == (
+        "b", str(tmp_path / "00-a-from-scratch" / "final"), None)
     with pytest.raises(ValueError, match="first stage"):
         recipe.stage_config(recipe.RECIPES["b"][1], None)
 
@@ -92,7 +93,8 @@ def test_every_recipe_stage_names_its_shipped_counterpart(name: str) -> None:
     assert recipe.RECIPES[name][-1].shipped_table == "held_out"  # the last stage is the shipped checkpoint
 
 
-def test_compare_measures_finished_stages_beside_the_shipped_lineage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_compare_measures_finished_stages_beside_the_shipped_lineage(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     # two finished stages whose final weights are the shipped checkpoints (a real, different accuracy each)
     stages = (recipe.RecipeStage("first", "a", "scratch", {}, shipped_table="held_out"),
               recipe.RecipeStage("second", "b", "warm", {}),
@@ -112,10 +114,12 @@ def test_compare_measures_finished_stages_beside_the_shipped_lineage(tmp_path: P
         assert row["level2_ordinal"] == direct["level2_ordinal"]["accuracy"]
         assert row["fresh_level1"] == trainer.fresh_level1(model, processor, stage.model, 3)["accuracy"]
         assert row["vqa_counting"] == trainer.evaluate_vqa(model, processor, 3)["counting"]["accuracy"]
-    assert table.loc["first", "level1"] != table.loc["second", "level1"] or table.loc["first", "level2"] != table.loc["second", "level2"]
+    assert (table.loc["first", "level1"] != table.loc["second", "level1"]
+            or table.loc["first", "level2"] != table.loc["second", "level2"])
     shipped = json.loads((checkpoint_dir("a") / "training_log.json").read_text())["held_out"]
     assert table.loc["first", "shipped_level1"] == shipped["level1"]["accuracy"]
-    assert table.loc["first", "level1_minus_shipped"] == pytest.approx(table.loc["first", "level1"] - shipped["level1"]["accuracy"])
+    assert table.loc["first", "level1_minus_shipped"] == pytest.approx(
+        table.loc["first", "level1"] - shipped["level1"]["accuracy"])
     assert pd.isna(table.loc["second", "shipped_level1"])  # no counterpart declared
 
     def not_again(*args, **kwargs):
@@ -128,13 +132,16 @@ def test_compare_measures_finished_stages_beside_the_shipped_lineage(tmp_path: P
     first_final = recipe.stage_folder(tmp_path, 0, stages[0]) / "final"
     weights = load_file(str(first_final / "model.safetensors"))
     first_key = sorted(weights)[0]
-    save_file({**weights, first_key: weights[first_key] + 1}, str(first_final / "model.safetensors"), metadata={"format": "pt"})
+    save_file({**weights, first_key: weights[first_key] + 1}, str(first_final / "model.safetensors"),
+              metadata={"format": "pt"})
     with pytest.raises(AssertionError, match="measured again"):  # other final weights are measured anew
         recipe.measure_stage(stages[0], first_final.parent, n_scenes=3)
 
 
-def test_compare_names_a_missing_recipe_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
-    monkeypatch.setattr("sys.argv", ["recipe", "--model", "a", "--out", str(tmp_path / "nowhere"), "--compare", "--threads", "1"])
+def test_compare_names_a_missing_recipe_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.setattr("sys.argv",
+                        ["recipe", "--model", "a", "--out", str(tmp_path / "nowhere"), "--compare", "--threads", "1"])
     with pytest.raises(SystemExit):
         recipe.main()
     assert "nowhere is not a folder" in capsys.readouterr().err

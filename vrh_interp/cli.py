@@ -583,7 +583,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def common(p: argparse.ArgumentParser, *, data: bool = True) -> None:
-        p.add_argument("--model", default="toy:a", help="hub id, local folder, toy:a / toy:b / toy:c / toy:d / toy:planted (shipped toy models) or tiny:FAMILY (random fixture)")
+        p.add_argument("--model", default="toy:a",
+                       help="hub id, local folder, toy:a / toy:b / toy:c / toy:d / toy:planted (shipped toy models) "
+                            "or tiny:FAMILY (random fixture)")
         if data:
             p.add_argument("--data", type=_data_spec, default="synthetic:detect:200",
                            help="synthetic:SPLIT:N, jsonl:PATH, refcoco:ROOT[:SPLIT], lmms-refcoco:DIR, "
@@ -673,7 +675,8 @@ def build_parser() -> argparse.ArgumentParser:
     common(p, data=False)
     p.set_defaults(out="runs/reproduce")
     p.add_argument("--data", type=_data_spec, required=True,
-                   help="grounding spec: refcoco:ROOT[:SPLIT], lmms-refcoco:DIR, toloka:CSV:IMAGES, refspatial:PATH, ...")
+                   help="grounding spec: refcoco:ROOT[:SPLIT], lmms-refcoco:DIR, toloka:CSV:IMAGES, "
+                        "refspatial:PATH, ...")
     p.add_argument("--vqa", type=_vqa_spec, action="append", default=[], metavar="NAME:PATH",
                    help="VQA benchmark spec, repeatable: cvbench, mmstar, countbench, mathvista, spatial457, "
                         "spatialrgpt, vaw")

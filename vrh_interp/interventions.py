@@ -238,7 +238,7 @@ def shared_image_prefix(vlm: VLM, encoding: Mapping[str, Any]) -> SharedPrefix |
     rotary positions, causal image attention), so every token sees the same keys at the same positions as in
     the left-padded batch. Only the order of floating-point sums differs (other matrix shapes); greedy answers
     are tested equal to the unshared path. Applies when the family allows it, every row has one image at the
-    same prefix length, each per-image tensor has one row per prompt, and some image repeats."""
+    same prefix length, each per-image tensor has one row per prompt, and some image repeats."""  # noqa: E501
     if not vlm.adapter.image_prefix_cache or "input_ids" not in encoding or "attention_mask" not in encoding:
         return None
     ids, mask = encoding["input_ids"], encoding["attention_mask"]

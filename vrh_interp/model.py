@@ -79,7 +79,8 @@ class GroundingBatch:
         enc["attention_mask"] = torch.cat([enc["attention_mask"], extra_mask], dim=1)
         for name, fill in (("mm_token_type_ids", 0), ("token_type_ids", answer_token_type_id)):
             if name in enc and enc[name].shape == ids.shape:
-                enc[name] = torch.cat([enc[name], torch.full((b, width), fill, dtype=enc[name].dtype, device=ids.device)],
+                enc[name] = torch.cat([enc[name],
+                                       torch.full((b, width), fill, dtype=enc[name].dtype, device=ids.device)],
                                       dim=1)
         return enc
 

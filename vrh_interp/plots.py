@@ -100,7 +100,8 @@ def failure_bars(summary: pd.DataFrame) -> Any:
     split = "other_object_rate" in rows and rows["other_object_rate"].notna().all()
     bottom = np.zeros(len(rows))
     parts = [("other_object_rate", "boxed another object", "tab:orange"),
-             ("no_object_rate", "boxed no object", "tab:brown")] if split else [("mislocation_rate", "mislocation", "tab:orange")]
+             ("no_object_rate", "boxed no object", "tab:brown")] if split else [
+                 ("mislocation_rate", "mislocation", "tab:orange")]
     for column, label, colour in parts + [("parse_failure_rate", "parse failure", "tab:grey")]:
         values = rows[column].to_numpy(dtype=float)
         ax.bar(x, values, bottom=bottom, label=label, color=colour)

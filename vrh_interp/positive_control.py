@@ -124,7 +124,8 @@ def describe(outcome: dict[str, Any]) -> str:
     return (f"positive control ({outcome['model']}, planted {', '.join(outcome['planted'])}): {outcome['verdict']}. "
             f"The default scorer's top-{len(outcome['planted'])} is {', '.join(outcome['detected_top'])} "
             f"(precision {outcome['precision_at_p']:.2f}); masking it: {outcome['baseline_accuracy']:.3f} -> "
-            f"{outcome['top_accuracy']:.3f} on {outcome['n']} items (McNemar p = {outcome['top_p_value_vs_baseline']:.2g}); "
+            f"{outcome['top_accuracy']:.3f} on {outcome['n']} items (McNemar p = "
+            f"{outcome['top_p_value_vs_baseline']:.2g}); "
             f"{controls}; causal claim: {outcome['causal_verdict']}. Masking the decoys "
             f"{', '.join(outcome['decoys'])}: {outcome['decoys_accuracy']:.3f}.")
 

@@ -69,7 +69,8 @@ def _figures(run: Path) -> list[tuple[str, bytes]]:
         first.append((f"{path.stem} heatmap", _png(plots.score_heatmap(scores.scores, path.stem))))
         rest.append((f"{path.stem} distribution", _png(plots.score_distribution(scores.scores))))
     if (run / "head_scan.csv").exists():
-        first.append(("score vs single-head damage", _png(plots.score_damage_scatter(pd.read_csv(run / "head_scan.csv")))))
+        first.append(("score vs single-head damage",
+                      _png(plots.score_damage_scatter(pd.read_csv(run / "head_scan.csv")))))
     for path in sorted((run / "overlays").glob("*.png")):
         first.append((f"attention overlay {path.stem}", path.read_bytes()))
     if (run / "design_space.csv").exists():

@@ -100,7 +100,8 @@ def compare_scores(a: HeadScores, b: HeadScores, ks: Sequence[int] = (5, 10, 20)
 
 
 def same_grid(a: HeadGeometry, b: HeadGeometry) -> bool:
-    return (a.num_layers, a.num_heads, a.head_dim, a.num_kv_heads) == (b.num_layers, b.num_heads, b.head_dim, b.num_kv_heads)
+    return (a.num_layers, a.num_heads, a.head_dim, a.num_kv_heads) == (b.num_layers, b.num_heads, b.head_dim,
+                                                                       b.num_kv_heads)
 
 
 def cross_conditions(own: HeadSet, transferred: HeadSet, geometry: HeadGeometry, ks: Sequence[int],

@@ -1,4 +1,4 @@
-"""The synthetic scenes' VQA items as benchmark samples: answers right by construction, prompts in the toy vocabulary."""
+"""The synthetic scenes' VQA items as benchmark samples: answers right by construction, prompts in the toy vocabulary."""  # noqa: E501
 
 from __future__ import annotations
 

@@ -209,7 +209,8 @@ class TransformerLensBackend:
             return self.bridge.run_with_hooks(input_ids, return_type="logits", fwd_hooks=hooks, **inputs)
 
 
-def _repad_after_eos(ids: torch.Tensor, prompt_length: int, eos: int | list[int] | None, pad: int | None) -> torch.Tensor:
+def _repad_after_eos(ids: torch.Tensor, prompt_length: int, eos: int | list[int] | None,
+                     pad: int | None) -> torch.Tensor:
     """Replace the padding HF wrote after each row's first generated EOS with ``pad``."""
     if eos is None or pad is None:
         return ids

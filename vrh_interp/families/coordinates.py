@@ -47,7 +47,8 @@ def quantised_relative(box: Box, image_size: tuple[int, int], scale: int | tuple
             for v, limit in zip((x1, y1, x2, y2), (scale_x, scale_y, scale_x, scale_y))]
 
 
-def from_relative(values: Sequence[float], image_size: tuple[int, int], scale: float, text: str) -> Box | BoxParseFailure:
+def from_relative(values: Sequence[float], image_size: tuple[int, int], scale: float,
+                  text: str) -> Box | BoxParseFailure:
     """xyxy relative values (image spans [0, scale]) -> Box in original pixels, or a parse failure."""
     if len(values) != 4:
         return BoxParseFailure(text, f"expected 4 coordinates, found {len(values)}")

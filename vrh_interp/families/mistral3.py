@@ -19,7 +19,7 @@ Facts (read in transformers 5.24: ``models/mistral3/modeling_mistral3.py`` (``Mi
 * Grounding format: Mistral documents none, so the instruction asks for the LLaVA-style
   ``[x1, y1, x2, y2]`` with 0-1 coordinates (two decimals) relative to the whole image, and ``parse_box``
   reads the first such box (``vrh_interp.families.prompts.RequestedRelativeBoxAdapter``).
-"""
+"""  # noqa: E501
 
 from __future__ import annotations
 

@@ -31,7 +31,8 @@ class Qwen3VLAdapter(Qwen2VLAdapter):
     name: ClassVar[str] = "qwen3_vl"
     display_name: ClassVar[str] = "Qwen3-VL"
     model_types: ClassVar[tuple[str, ...]] = ("qwen3_vl",)
-    box_format: ClassVar[str] = 'JSON [{"bbox_2d": [x1, y1, x2, y2], "label": ...}], integers 0-1000 relative to the image'
+    box_format: ClassVar[str] = ('JSON [{"bbox_2d": [x1, y1, x2, y2], "label": ...}], integers 0-1000 relative to '
+                                 'the image')
 
     def geometry(self) -> HeadGeometry:
         return FamilyAdapter.geometry(self)

@@ -191,7 +191,8 @@ class PairBatch:
         offset = self.side if offset is None else offset
         bad = [p.pair_id for i, p in enumerate(self.pairs) if lengths[i] != lengths[offset + i]]
         if bad:
-            raise ValueError(f"positions='all' needs clean and corrupted prompts of equal length; {len(bad)} pairs differ "
+            raise ValueError("positions='all' needs clean and corrupted prompts of equal length; "
+                             f"{len(bad)} pairs differ "
                              f"(e.g. {bad[:3]}): use positions='answer', or build pairs with "
                              "make_pairs(..., same_expression_length=True)")
 

@@ -100,7 +100,8 @@ def patch_head_set(vlm: VLM, pairs: PairBatch, heads: HeadSet, *, positions: Pat
     pairs.require_aligned(encoding, positions)
     clean_rows, corrupted_rows = pairs.clean_rows(), pairs.corrupted_rows()
     templates = [RowPairHeadPatch.build([(h, clean_rows, corrupted_rows) for h in heads], vlm.geometry,
-                                        iv.projection_path(vlm), positions=pairs.positions(positions))] if len(heads) else []
+                                        iv.projection_path(vlm),
+                                        positions=pairs.positions(positions))] if len(heads) else []
     parts = measure(vlm, pairs, encoding, [1], templates=templates, remote=remote)[0]
     values = parts.sum(-1)
     low, high = recovery_ci(values, base)
@@ -118,7 +119,7 @@ def patched_answers(vlm: VLM, pairs: PairBatch, heads: HeadSet, *, positions: Pa
     position, as in the teacher-forced metric. One row per pair: the clean row's answer in the same run, the patched corrupted answer, parse status, IoU of the
     patched box with the clean (ground-truth) box, with the model's own clean answer and with the
     corrupted referent's box.
-    """
+    """  # noqa: E501
     heads = vlm.geometry.validate(heads)
     rows = [p.clean for p in pairs.pairs] + [p.corrupted for p in pairs.pairs]
     batch = vlm.encode_grounding([s.image for s in rows], [s.expression for s in rows])

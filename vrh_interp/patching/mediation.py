@@ -74,7 +74,8 @@ class FreezeComponents:
         rows = torch.tensor(self.target_rows, device=per_head.device)
         pos = torch.tensor(self.positions, device=per_head.device)
         heads = torch.tensor(self.heads_by_layer[layer], device=per_head.device)
-        values = self.head_values[layer][:, :, list(self.heads_by_layer[layer])].to(device=per_head.device, dtype=per_head.dtype)
+        values = self.head_values[layer][:, :, list(self.heads_by_layer[layer])].to(device=per_head.device,
+                                                                                    dtype=per_head.dtype)
         per_head[rows[:, None, None], pos[None, :, None], heads[None, None, :]] = values
         return None
 
@@ -89,7 +90,8 @@ class FreezeComponents:
 
 
 def _corrupted_values(vlm: VLM, encoding: dict[str, Any], rows: list[int], positions: tuple[int, ...],
-                      layers: Sequence[int], remote: bool | str) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
+                      layers: Sequence[int], remote: bool | str) -> tuple[dict[int, torch.Tensor],
+                                                                          dict[int, torch.Tensor]]:
     """Head outputs and MLP outputs of the unpatched run at ``rows`` x ``positions`` (only those leave the trace)."""
     g = vlm.geometry
     model = vlm.nn

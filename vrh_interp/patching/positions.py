@@ -16,7 +16,7 @@ anything (exactly so for expressions of equal length; with unequal lengths the t
 different positions and the copied keys keep the clean row's rotary phase: near 0, not exactly 0); in ``referent_moved`` / ``referent_recoloured`` pairs the text is identical and only visual
 regions can. ``head_output`` (the whole head output patched at the answer positions) is the ceiling
 any single region is compared with.
-"""
+"""  # noqa: E501
 
 from __future__ import annotations
 

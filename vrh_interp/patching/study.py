@@ -108,7 +108,8 @@ def _kind_tables(vlm: VLM, kind: str, vrhs: HeadSet, *, pairs_per_kind: int, tar
                             "iou_clean_box": float(answers["iou_clean_box"].mean()),
                             "hit_clean_box": float((answers["iou_clean_box"] >= 0.5).mean()),
                             "iou_corrupted_box": float(answers["iou_corrupted_box"].mean()),
-                            "same_as_clean_answer": float((answers["patched_answer"] == answers["clean_answer"]).mean()),
+                            "same_as_clean_answer": float((answers["patched_answer"]
+                                                           == answers["clean_answer"]).mean()),
                             "parsed": float(answers["parsed"].mean()), "n_pairs": pairs.n})
     tables["patched_answers"] = pd.DataFrame(answer_rows)
     if kind in ("referent_moved", "expression_swap"):
@@ -287,7 +288,8 @@ def answers(study: PatchingStudy) -> list[str]:
                 reading = "the head's own effect is small"
             cells.append(f"{head}: whole output {whole:.3f}, " + ", ".join(f"{r} {v:.3f}" for r, v in regions.items())
                          + f" ({reading})")
-        lines.append(f"**Positions** ({kind}, keys+values of one head patched at one region): " + "; ".join(cells) + ".")
+        lines.append(f"**Positions** ({kind}, keys+values of one head patched at one region): "
+                     + "; ".join(cells) + ".")
     for kind in med["kind"].unique():
         part = med[med["kind"] == kind]
         vrh = part[part["head_set"] == "vrh"].iloc[0]

@@ -106,7 +106,8 @@ def aggregate(all_stats: Sequence[SampleStats], design: ScoringDesign) -> Aggreg
     return Aggregated(scores, per_position, position_counts, used, skipped)
 
 
-def _per_position(kept: Sequence[SampleStats], design: ScoringDesign, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+def _per_position(kept: Sequence[SampleStats], design: ScoringDesign,
+                  shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
     if design.key_aggregation == "entropy":
         return np.zeros((0, *shape)), np.zeros(0, dtype=int)
     longest = max((len(s.output_rows) for s in kept), default=0)

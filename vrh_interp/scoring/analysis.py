@@ -113,7 +113,8 @@ def design_space_table(plan: DesignSpacePlan, result: SweepResult) -> pd.DataFra
         rows.append({"variant": name, "k": plan.k, "top_heads": ",".join(heads.to_list()),
                      "accuracy_masked": float(masked["accuracy"]), "accuracy_ci_low": float(masked["accuracy_ci_low"]),
                      "accuracy_ci_high": float(masked["accuracy_ci_high"]), "baseline_accuracy": baseline,
-                     "drop": baseline - float(masked["accuracy"]), "parse_failure_rate": float(masked["parse_failure_rate"]),
+                     "drop": baseline - float(masked["accuracy"]),
+                     "parse_failure_rate": float(masked["parse_failure_rate"]),
                      "p_value_vs_baseline": float(masked["p_value_vs_baseline"]),
                      "random_mean_accuracy": random_mean, "random_sets": random_sets,
                      "p_vs_random": float(masked["p_vs_random"])})
@@ -199,7 +200,8 @@ def stability(stats: Sequence[SampleStats], design: ScoringDesign | str = "vrh",
     return pd.DataFrame(rows)
 
 
-def token_choice_stability(stats: Sequence[SampleStats], *, k: int = 20, seeds: Sequence[int] = (0, 1, 2)) -> pd.DataFrame:
+def token_choice_stability(stats: Sequence[SampleStats], *, k: int = 20,
+                           seeds: Sequence[int] = (0, 1, 2)) -> pd.DataFrame:
     """Top-k overlap of single-random-output-token scoring with all-output-token scoring (paper Fig. 8b)."""
     reference = scores_from_stats(stats, ScoringDesign("output", "sum", "mean")).ranking()
     rows = []

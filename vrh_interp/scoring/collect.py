@@ -43,7 +43,8 @@ class SampleStats:
     parsed: bool
 
 
-def _region_and_visual_masks(batch: GroundingBatch, boxes: Sequence[Box]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+def _region_and_visual_masks(batch: GroundingBatch,
+                             boxes: Sequence[Box]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     b, s = batch.batch_size, batch.prompt_length
     region = np.zeros((b, s), dtype=bool)
     visual = np.zeros((b, s), dtype=bool)
@@ -220,7 +221,8 @@ def collect_batch(vlm: VLM, samples: Sequence[GroundingSampleLike], *, max_new_t
     for i, sample in enumerate(samples):
         n_out = lengths[i]
         rows = [prefill_stats[:, i, :, -1]] + [d[:, i, :, 0] for d in decode_stats[: max(n_out - 1, 0)]]
-        output_rows = torch.stack(rows[:n_out]) if n_out else torch.zeros(0, *prefill_stats.shape[0:1], prefill_stats.shape[2], 3)
+        output_rows = torch.stack(rows[:n_out]) if n_out else torch.zeros(0, *prefill_stats.shape[0:1],
+                                                                          prefill_stats.shape[2], 3)
         input_rows = prefill_stats[:, i, :, : in_index.shape[1]][:, :, in_valid[i]].permute(2, 0, 1, 3)
         stats.append(_sample_stats(vlm, sample, boxes[i], batch, i, answers[i], output_rows, input_rows,
                                    entropies[i], counts[i]))

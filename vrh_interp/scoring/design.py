@@ -59,7 +59,8 @@ class ScoringDesign:
     seed: int = 0  # for random_output
 
     def __post_init__(self) -> None:
-        checks = ((self.query_set, QUERY_SETS, "query_set"), (self.key_aggregation, KEY_AGGREGATIONS, "key_aggregation"),
+        checks = ((self.query_set, QUERY_SETS, "query_set"),
+                  (self.key_aggregation, KEY_AGGREGATIONS, "key_aggregation"),
                   (self.sample_aggregation, SAMPLE_AGGREGATIONS, "sample_aggregation"),
                   (self.output_source, ("greedy", "teacher_forced"), "output_source"))
         for value, allowed, name in checks:

@@ -12,7 +12,7 @@ heads share one key/value head (the toy models: 2 per group), so editing the cac
 the whole group. Recomputing softmax(q_h K'^T * scaling + mask) V' for head h alone isolates the head.
 Value patching is linear (the attention weights stay the corrupted run's); key patching changes which
 positions the head attends to.
-"""
+"""  # noqa: E501
 
 from __future__ import annotations
 
@@ -66,7 +66,8 @@ class HeadKeyValuePatch:
             raise ValueError(f"states must be 'keys', 'values' or 'both', not {states!r}")
         positions = _position_matrix(key_positions)
         if positions.shape[0] != len(target_rows):
-            raise ValueError(f"key_positions has {positions.shape[0]} rows but there are {len(target_rows)} target rows")
+            raise ValueError(f"key_positions has {positions.shape[0]} rows but there are {len(target_rows)} "
+                             "target rows")
         source_positions = None
         if source_key_positions is not None:
             source_positions = _position_matrix(source_key_positions)

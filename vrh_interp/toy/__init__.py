@@ -14,7 +14,8 @@ import json
 from pathlib import Path
 
 import torch
-from transformers import InternVLForConditionalGeneration, LlavaForConditionalGeneration, LlavaProcessor, PreTrainedModel, ProcessorMixin
+from transformers import (InternVLForConditionalGeneration, LlavaForConditionalGeneration, LlavaProcessor,
+                          PreTrainedModel, ProcessorMixin)
 
 from vrh_interp.toy.configs import FAMILIES, InternVLImageOnlyProcessor, family
 
@@ -27,7 +28,8 @@ def checkpoint_dir(name: str) -> Path:
     return CHECKPOINT_ROOT / name
 
 
-def load(name: str = "a", device: str | torch.device = "cpu", folder: str | Path | None = None) -> tuple[PreTrainedModel, ProcessorMixin]:
+def load(name: str = "a", device: str | torch.device = "cpu",
+         folder: str | Path | None = None) -> tuple[PreTrainedModel, ProcessorMixin]:
     """Load shipped toy model ``name`` in fp32, eval mode, with its processor (no network access).
 
     ``folder``: a checkpoint folder of the same family written by the trainer (``RUN/final``, ``RUN/best``)
@@ -67,4 +69,5 @@ def grounding_status(name: str) -> str:
     measured = f"{report:.3f} on the report scenes" + (f", {fresh:.3f} on fresh scenes" if fresh is not None else "")
     reached = report >= GROUNDING_TARGET and fresh is not None and fresh >= GROUNDING_TARGET
     return (f"Model {name.upper()}'s level-1 grounding accuracy is {measured}: it "
-            f"{'reaches' if reached else 'is below'} the {GROUNDING_TARGET:.0%} target (see [toy models](../toy-models.md)).")
+            f"{'reaches' if reached else 'is below'} the {GROUNDING_TARGET:.0%} target "
+            "(see [toy models](../toy-models.md)).")

@@ -178,8 +178,10 @@ class InternVLImageOnlyProcessor(InternVLProcessor):
     ``video_processor`` argument here is enough; images are processed exactly as upstream.
     """
 
-    def __init__(self, image_processor=None, tokenizer=None, image_seq_length: int = GRID_SIDE * GRID_SIDE, chat_template=None, **kwargs):
-        super().__init__(image_processor, tokenizer, None, image_seq_length=image_seq_length, chat_template=chat_template, **kwargs)
+    def __init__(self, image_processor=None, tokenizer=None, image_seq_length: int = GRID_SIDE * GRID_SIDE,
+                 chat_template=None, **kwargs):
+        super().__init__(image_processor, tokenizer, None, image_seq_length=image_seq_length,
+                         chat_template=chat_template, **kwargs)
 
 
 def build_processor(name: ModelName) -> ProcessorMixin:
@@ -220,7 +222,8 @@ def build_processor(name: ModelName) -> ProcessorMixin:
 def grounding_messages(name: ModelName, expression: str) -> list[dict]:
     """Chat messages asking for the box of ``expression`` in the family's native phrasing."""
     query = expression if family(name) == "a" else f"<ref> {expression} </ref>"
-    return [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": f"{GROUNDING_INSTRUCTION} {query}"}]}]
+    return [{"role": "user",
+             "content": [{"type": "image"}, {"type": "text", "text": f"{GROUNDING_INSTRUCTION} {query}"}]}]
 
 
 def quantise_box(box: tuple[float, float, float, float], image_size: tuple[int, int]) -> tuple[int, ...]:

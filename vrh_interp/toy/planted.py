@@ -74,7 +74,8 @@ def box_cells(box: Sequence[float]) -> list[int]:
     return [r * GRID_SIDE + c for r in rows for c in cols]
 
 
-def attention_targets(input_ids: torch.Tensor, labels: torch.Tensor, samples: Sequence, image_token_id: int) -> AttentionTargets:
+def attention_targets(input_ids: torch.Tensor, labels: torch.Tensor, samples: Sequence,
+                      image_token_id: int) -> AttentionTargets:
     """Masks for grounding rows (left-padded batch: row ``i`` is ``samples[i]``; rows past ``len(samples)`` get
     no answer or text rows, so they take no part in the loss)."""
     batch, seq = input_ids.shape
@@ -145,7 +146,8 @@ def attention_loss(attentions: Sequence[torch.Tensor], targets: AttentionTargets
         planted_sum = planted_sum + (-torch.log(masses[..., 1] + eps) * planted_rows).sum()
         decoy_sum = decoy_sum + (-torch.log(masses[..., 2] + eps) * decoy_rows).sum()
         leak_sum = leak_sum + (masses[..., 0] * leak_rows).sum()
-        planted_n, decoy_n, leak_n = planted_n + planted_rows.sum(), decoy_n + decoy_rows.sum(), leak_n + leak_rows.sum()
+        planted_n, decoy_n, leak_n = (planted_n + planted_rows.sum(), decoy_n + decoy_rows.sum(),
+                                      leak_n + leak_rows.sum())
     planted_loss = planted_sum / torch.clamp(torch.as_tensor(planted_n), min=1.0)
     decoy_loss = decoy_sum / torch.clamp(torch.as_tensor(decoy_n), min=1.0)
     leak = leak_sum / torch.clamp(torch.as_tensor(leak_n), min=1.0)
@@ -264,7 +266,8 @@ def declared_heads(folder: Path) -> tuple[HeadSet, HeadSet]:
 
 
 @torch.no_grad()
-def attention_shares(model, processor, samples: Sequence, name: str = "planted", batch_size: int = 32) -> dict[str, np.ndarray]:
+def attention_shares(model, processor, samples: Sequence, name: str = "planted",
+                     batch_size: int = 32) -> dict[str, np.ndarray]:
     """Per head ([layers, heads]) on teacher-forced gold answers, with eager attention: the mean share of the
     answer rows' attention inside the referent's cells (``referent``), on the other objects' cells
     (``distractors``), on all visual tokens (``answer_visual``), and the mean visual mass over every text
@@ -348,7 +351,8 @@ def measure(model, processor, planted: HeadSet, decoys: HeadSet, *, name: str = 
 
     return {
         "scenes": [offset, offset + n_scenes - 1], "level": 1, "n": len(samples),
-        "accuracy": baseline["accuracy"], "baseline_query_ignoring_ceiling": baseline["baseline_query_ignoring_ceiling"],
+        "accuracy": baseline["accuracy"],
+        "baseline_query_ignoring_ceiling": baseline["baseline_query_ignoring_ceiling"],
         "masked_planted_accuracy": masked_accuracy(model, processor, samples, planted, name),
         "masked_decoys_accuracy": masked_accuracy(model, processor, samples, decoys, name),
         "random_sets": [s.to_list() for s in randoms],
@@ -371,18 +375,21 @@ def summary_lines(measured: dict) -> list[str]:
     ceiling = measured["baseline_query_ignoring_ceiling"]
     return [
         f"level-1 accuracy {measured['accuracy']:.3f} (query-ignoring ceiling {ceiling:.3f}), n={measured['n']}",
-        "planted heads' referent share: " + ", ".join(f"{h} {v:.2f}" for h, v in measured["planted_referent_share"].items())
+        "planted heads' referent share: "
+        + ", ".join(f"{h} {v:.2f}" for h, v in measured["planted_referent_share"].items())
         + f"; best other head {measured['rest_max_referent_share']:.3f}",
         "decoys' distractor share: " + ", ".join(f"{h} {v:.2f}" for h, v in measured["decoy_distractor_share"].items()),
         f"largest text->visual attention mass of any other head: {measured['rest_max_text_visual_mass']:.3f} "
         f"(answer rows {measured['rest_max_answer_visual_mass']:.3f})",
         f"masked: planted {measured['masked_planted_accuracy']:.3f}, decoys {measured['masked_decoys_accuracy']:.3f}, "
-        f"{len(measured['masked_random_accuracies'])} random sets of the rest mean {measured['masked_random_mean']:.3f} "
+        f"{len(measured['masked_random_accuracies'])} random sets of the rest mean "
+        f"{measured['masked_random_mean']:.3f} "
         f"(min {measured['masked_random_min']:.3f})",
     ]
 
 
-def write_declaration(folder: Path, planted: Sequence[str], decoys: Sequence[str], measured: dict | None = None) -> None:
+def write_declaration(folder: Path, planted: Sequence[str], decoys: Sequence[str],
+                      measured: dict | None = None) -> None:
     data = {"planted": list(planted), "decoys": list(decoys)}
     if measured is not None:
         data["measured"] = {k: v for k, v in measured.items() if k != "per_head"}

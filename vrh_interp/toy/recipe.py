@@ -74,7 +74,8 @@ def _warm(name: str, model: ModelName, steps: int, lr: float, seed: int, vqa_sce
 # from-scratch stages: the clean version of the iterated stage 1 (~6,000 grounding steps, as the shipped runs
 # had); their shipped counterpart is that iterated stage 1 (kept as ``previous_held_out``)
 _A_FROM_SCRATCH = RecipeStage("a-from-scratch", "a", "scratch", dict(grounding_steps=6000, seed=0), "previous_held_out")
-_B_FROM_SCRATCH = RecipeStage("b-from-scratch", "b", "backbone", dict(grounding_steps=6000, seed=0), "previous_held_out")
+_B_FROM_SCRATCH = RecipeStage("b-from-scratch", "b", "backbone", dict(grounding_steps=6000, seed=0),
+                              "previous_held_out")
 
 # text-only pre-training of the wide backbone (no image rows, no query probe; the vision stack is untouched)
 _CD_TEXT = RecipeStage("cd-text", "c", "scratch", dict(seed=0, grounding_steps=160, grounding_batch_scenes=0,
@@ -84,17 +85,24 @@ _CD_TEXT = RecipeStage("cd-text", "c", "scratch", dict(seed=0, grounding_steps=1
 RECIPES: dict[str, tuple[RecipeStage, ...]] = {
     "a": (
         _A_FROM_SCRATCH,
-        _warm("a-vqa-1", "a", steps=3600, lr=6e-4, seed=1, vqa_scenes=8, vqa_query_probe=True, shipped_table="stage2_held_out"),  # run a4
-        _warm("a-vqa-2", "a", steps=1600, lr=3e-4, seed=2, vqa_scenes=8, vqa_query_probe=True, shipped_table="stage3_held_out"),  # run a5
-        _warm("a-vqa-3", "a", steps=3200, lr=4e-4, seed=3, vqa_scenes=8, vqa_query_probe=True, shipped_table="stage4_held_out"),  # run a6
-        _warm("a-vqa-4", "a", steps=2000, lr=3e-4, seed=4, vqa_scenes=8, vqa_query_probe=True, shipped_table="held_out"),  # run a7
+        _warm("a-vqa-1", "a", steps=3600, lr=6e-4, seed=1, vqa_scenes=8, vqa_query_probe=True,
+              shipped_table="stage2_held_out"),  # run a4
+        _warm("a-vqa-2", "a", steps=1600, lr=3e-4, seed=2, vqa_scenes=8, vqa_query_probe=True,
+              shipped_table="stage3_held_out"),  # run a5
+        _warm("a-vqa-3", "a", steps=3200, lr=4e-4, seed=3, vqa_scenes=8, vqa_query_probe=True,
+              shipped_table="stage4_held_out"),  # run a6
+        _warm("a-vqa-4", "a", steps=2000, lr=3e-4, seed=4, vqa_scenes=8, vqa_query_probe=True,
+              shipped_table="held_out"),  # run a7
     ),
     "b": (
         _A_FROM_SCRATCH,
         _B_FROM_SCRATCH,
-        _warm("b-vqa-1", "b", steps=4000, lr=1.8e-4, seed=1, vqa_scenes=4, vqa_query_probe=False, shipped_table="stage2_held_out"),  # run b3
-        _warm("b-vqa-2", "b", steps=3600, lr=2.5e-4, seed=2, vqa_scenes=8, vqa_query_probe=True, shipped_table="stage3_held_out"),  # run b4
-        _warm("b-vqa-3", "b", steps=1600, lr=2e-4, seed=3, vqa_scenes=8, vqa_query_probe=True, shipped_table="held_out"),  # run b5
+        _warm("b-vqa-1", "b", steps=4000, lr=1.8e-4, seed=1, vqa_scenes=4, vqa_query_probe=False,
+              shipped_table="stage2_held_out"),  # run b3
+        _warm("b-vqa-2", "b", steps=3600, lr=2.5e-4, seed=2, vqa_scenes=8, vqa_query_probe=True,
+              shipped_table="stage3_held_out"),  # run b4
+        _warm("b-vqa-3", "b", steps=1600, lr=2e-4, seed=3, vqa_scenes=8, vqa_query_probe=True,
+              shipped_table="held_out"),  # run b5
     ),
     # the positive control: a first stage from the SHIPPED toy A's weights (MODEL_PRESETS["planted"].warm_start),
     # then warm restarts with each head paying for its own leak (planted.attention_loss's leak_weight): the
@@ -122,7 +130,8 @@ def stage_config(stage: RecipeStage, previous_final: Path | None, base_overrides
     if stage.start == "scratch":
         return TrainConfig(**overrides)
     if previous_final is None:
-        raise ValueError(f"recipe stage {stage.name!r} starts from the previous stage's weights, but it is the first stage")
+        raise ValueError(f"recipe stage {stage.name!r} starts from the previous stage's weights, "
+                         "but it is the first stage")
     if stage.start == "backbone":
         return TrainConfig(**{**overrides, "init_backbone": str(previous_final)})
     if stage.start == "warm":
@@ -166,7 +175,8 @@ def measure_stage(stage: RecipeStage, folder: Path, n_scenes: int = REPORT_SCENE
         if (cached.get("n_scenes"), cached.get("weights_sha256")) == (n_scenes, weights_sha256):
             return cached
     model, processor = load(stage.model, folder=folder / "final")
-    measured = {"n_scenes": n_scenes, "weights_sha256": weights_sha256, **measure_held_out(model, processor, stage.model, n_scenes)}
+    measured = {"n_scenes": n_scenes, "weights_sha256": weights_sha256,
+                **measure_held_out(model, processor, stage.model, n_scenes)}
     write_json_atomic(cache, measured)
     return measured
 
@@ -183,15 +193,18 @@ def compare_with_shipped(stages: Sequence[RecipeStage], out_dir: Path, n_scenes:
         if row["finished"]:
             measured = measure_stage(stage, folder, n_scenes)
             level1 = measured["level1"]
-            row.update(level1=level1["accuracy"], level1_ci_low=level1["accuracy_ci_low"], level1_ci_high=level1["accuracy_ci_high"],
+            row.update(level1=level1["accuracy"], level1_ci_low=level1["accuracy_ci_low"],
+                       level1_ci_high=level1["accuracy_ci_high"],
                        fresh_level1=measured["fresh_level1"]["accuracy"], level2=measured["level2"]["accuracy"],
-                       **{f"level2_{kind}": measured[f"level2_{kind}"]["accuracy"] for kind in ("attribute", "relational", "ordinal")},
+                       **{f"level2_{kind}": measured[f"level2_{kind}"]["accuracy"]
+                          for kind in ("attribute", "relational", "ordinal")},
                        **{f"vqa_{kind}": measured["vqa"][kind]["accuracy"] for kind in VQA_KINDS})
         if stage.shipped_table is not None and n_scenes == REPORT_SCENES:
             log = json.loads((checkpoint_dir(stage.model) / "training_log.json").read_text())
             shipped, shipped_vqa = log[stage.shipped_table], log.get(f"{stage.shipped_table}_vqa", {})
             row.update(shipped_level1=shipped["level1"]["accuracy"], shipped_level2=shipped["level2"]["accuracy"],
-                       **{f"shipped_vqa_{kind}": shipped_vqa[kind]["accuracy"] for kind in VQA_KINDS if kind in shipped_vqa})
+                       **{f"shipped_vqa_{kind}": shipped_vqa[kind]["accuracy"]
+                          for kind in VQA_KINDS if kind in shipped_vqa})
         rows.append(row)
     table = pd.DataFrame(rows)
     if "level1" in table and "shipped_level1" in table:
@@ -202,15 +215,18 @@ def compare_with_shipped(stages: Sequence[RecipeStage], out_dir: Path, n_scenes:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", choices=sorted(RECIPES), default="a")
-    parser.add_argument("--out", type=Path, required=True, help="recipe folder (one subfolder per stage; rerun to resume)")
+    parser.add_argument("--out", type=Path, required=True,
+                        help="recipe folder (one subfolder per stage; rerun to resume)")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (run with OMP_WAIT_POLICY=PASSIVE)")
     parser.add_argument("--compare", action="store_true",
-                        help="train nothing: measure every finished stage and print it beside the shipped lineage's same stage")
+                        help="train nothing: measure every finished stage and print it beside "
+                             "the shipped lineage's same stage")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.compare:
         if not args.out.is_dir():
-            parser.error(f"--out {args.out} is not a folder: pass the folder a recipe was trained into (--compare trains nothing)")
+            parser.error(f"--out {args.out} is not a folder: pass the folder a recipe was trained into "
+                         "(--compare trains nothing)")
         table = compare_with_shipped(RECIPES[args.model], args.out)
         table.to_csv(args.out / f"comparison-{args.model}.csv", index=False)
         print(table.drop(columns=["model"]).round(3).to_string(index=False))

@@ -106,7 +106,8 @@ def measure(model, processor, name: str, *, n_scenes: int = 50, offset: int = 20
     everyone = [Head(layer, head) for layer in range(layers) for head in range(heads)]
     set_size = max(1, round(REGIME_SET_FRACTION * total))
     rng = np.random.default_rng(seed)
-    randoms = [HeadSet(everyone[i] for i in sorted(rng.choice(total, set_size, replace=False))) for _ in range(random_sets)]
+    randoms = [HeadSet(everyone[i] for i in sorted(rng.choice(total, set_size, replace=False)))
+               for _ in range(random_sets)]
     masks = [HeadSet([])] + [HeadSet([h]) for h in everyone] + randoms
     accuracies = [float(_hits(damage_samples, boxes).mean())
                   for boxes in masked_boxes(model, processor, name, damage_samples, masks)]
@@ -137,15 +138,18 @@ def summary_lines(measured: dict) -> list[str]:
     """The model card's regime lines."""
     m = measured
     return [
-        f"{m['name']}: {m['heads']} heads ({m['layers']} x {m['heads_per_layer']}); level-1 grounding {m['accuracy']:.3f} "
+        f"{m['name']}: {m['heads']} heads ({m['layers']} x {m['heads_per_layer']}); level-1 grounding "
+        f"{m['accuracy']:.3f} "
         f"on {m['n']} fresh items (query-ignoring ceiling {m['query_ignoring_ceiling']:.3f})",
         f"query checks: expression 'the' {m['the_accuracy']:.3f}; another referent's expression moves the box to it "
         f"{m['swap_moves_box']:.3f} (still the original {m['swap_still_original']:.3f})",
-        f"single heads ({m['damage_n']} items, baseline {m['damage_baseline']:.3f}): max cost {m['single_head_damage_max']:.3f}, "
+        f"single heads ({m['damage_n']} items, baseline {m['damage_baseline']:.3f}): max cost "
+        f"{m['single_head_damage_max']:.3f}, "
         f"median {m['single_head_damage_median']:.3f}; >= 5 / 10 / 20 points: {m['single_heads_costing_5_points']} / "
         f"{m['single_heads_costing_10_points']} / {m['single_heads_costing_20_points']}",
         f"random sets of {m['random_set_size']} heads ({len(m['random_set_accuracies'])} sets): mean cost "
-        f"{m['random_set_cost_mean']:.3f}, worst {m['random_set_cost_max']:.3f}; in the paper's regime: {m['in_regime']}",
+        f"{m['random_set_cost_mean']:.3f}, worst {m['random_set_cost_max']:.3f}; in the paper's regime: "
+        f"{m['in_regime']}",
     ]
 
 

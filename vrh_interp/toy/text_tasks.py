@@ -24,7 +24,8 @@ from collections.abc import Sequence
 
 from vrh_interp.data.scenes import SHAPES, grounding_samples
 
-TEXT_LEVEL = 1  # attribute expressions (the relational/ordinal ones need the geometry a text list only encodes in numbers)
+# attribute expressions (the relational/ordinal ones need the geometry a text list only encodes in numbers)
+TEXT_LEVEL = 1
 
 
 def _box_text(box: Sequence[float], image_size: tuple[int, int]) -> str:

@@ -14,7 +14,7 @@ InternVL coordinates ``0``..``1000`` in steps of 10 (plus ``1``..``9`` for count
 Text is lower-cased (special tokens are not normalised); pre-tokenisation splits on whitespace and isolates every punctuation mark, number and word;
 decoding joins tokens with single spaces (e.g. ``[ 0.12, 0.34, 0.56, 0.78 ]`` after the WordPiece
 decoder's punctuation cleanup), so box parsers must accept optional spaces.
-"""
+"""  # noqa: E501
 
 from __future__ import annotations
 

@@ -50,7 +50,8 @@ from PIL import Image
 from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm import tqdm
-from transformers import AutoModelForImageTextToText, InternVLForConditionalGeneration, LlavaForConditionalGeneration, PreTrainedModel
+from transformers import (AutoModelForImageTextToText, InternVLForConditionalGeneration, LlavaForConditionalGeneration,
+                          PreTrainedModel)
 
 from vrh_interp.boxes import Box, iou
 from vrh_interp.heads import HeadSet
@@ -142,7 +143,8 @@ MODEL_PRESETS: dict[str, dict] = {
         vision_batch_scenes=32,
         grounding_lr=3e-4,
         level_schedule=((1.0, ((0, 0.1), (1, 0.5), (2, 0.4))),),
-        vision_shape=VisionTowerShape(hidden_size=64, intermediate_size=256, num_hidden_layers=4, num_attention_heads=2),
+        vision_shape=VisionTowerShape(hidden_size=64, intermediate_size=256, num_hidden_layers=4,
+                                      num_attention_heads=2),
     ),
     # the positive control (vrh_interp.toy.planted): the shipped toy A embedded exactly in a 64-head backbone
     # (planted.embed_donor), the auxiliary attention loss and head dropout; grounding only (no stage 1)
@@ -176,7 +178,8 @@ MODEL_PRESETS: dict[str, dict] = {
         vqa_batch_scenes=4,
         vqa_query_probe=True,
         text_batch_scenes=4,
-        query_probe_layer=4,  # output of layer 3: donor layer 1 (toy A's probed layer) sits at layer 2, layer 3 adds zero at the start
+        # output of layer 3: donor layer 1 (toy A's probed layer) sits at layer 2, layer 3 adds zero at the start
+        query_probe_layer=4,
         level_schedule=((1.0, ((1, 0.6), (2, 0.4))),),
         warm_start=str(checkpoint_dir("a")),
     ),
@@ -196,7 +199,8 @@ TINY_TEST_CONFIG = dict(
     eval_every=2,
     eval_scenes=2,
     query_probe_layer=1,
-    text_shape=TextBackboneShape(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=16),
+    text_shape=TextBackboneShape(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                 num_key_value_heads=1, head_dim=16),
     vision_shape=VisionTowerShape(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2),
 )
 
@@ -248,7 +252,8 @@ class QueryProbeHeads(nn.Module):
         self.shape = nn.Linear(hidden_size, len(SHAPES))
         self.size = nn.Linear(hidden_size, len(SIZES) + 1)
 
-    def loss(self, hidden: torch.Tensor, positions: torch.Tensor, labels: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(self, hidden: torch.Tensor, positions: torch.Tensor,
+             labels: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
         rows = positions.nonzero()[:, 0]
         selected = hidden[positions]
         total, accuracy = 0.0, {}
@@ -278,7 +283,8 @@ class TrainingHeads(nn.Module):
         self.query = QueryProbeHeads(hidden_size)
 
 
-def patch_labels(object_index_map: np.ndarray, attributes: Sequence[tuple[str, str, str]], boxes: Sequence, image_size: tuple[int, int]) -> dict[str, np.ndarray]:
+def patch_labels(object_index_map: np.ndarray, attributes: Sequence[tuple[str, str, str]], boxes: Sequence,
+                 image_size: tuple[int, int]) -> dict[str, np.ndarray]:
     """Per visual token (GRID_SIDE x GRID_SIDE, row-major) labels of the object covering the patch."""
     n_obj = len(attributes)
     grid = object_index_map.reshape(GRID_SIDE, PATCH_SIZE, GRID_SIDE, PATCH_SIZE).transpose(0, 2, 1, 3)
@@ -337,12 +343,14 @@ def text_batch(config: TrainConfig, step: int) -> list[tuple[str, str]]:
 
 
 def text_prompts(processor, items: Sequence[tuple[str, str]]) -> list[str]:
-    return [processor.apply_chat_template(text_messages(text), add_generation_prompt=True, tokenize=False) for text, _ in items]
+    return [processor.apply_chat_template(text_messages(text), add_generation_prompt=True, tokenize=False)
+            for text, _ in items]
 
 
 def grounding_prompts(processor, name: ModelName, samples: Sequence[GroundingSample]) -> list[str]:
     return [
-        processor.apply_chat_template(grounding_messages(name, s.expression), add_generation_prompt=True, tokenize=False)
+        processor.apply_chat_template(grounding_messages(name, s.expression), add_generation_prompt=True,
+                                      tokenize=False)
         for s in samples
     ]
 
@@ -351,10 +359,12 @@ def vqa_prompts(processor, samples: Sequence[VQASample]) -> list[str]:
     return [processor.apply_chat_template(vqa_messages(s), add_generation_prompt=True, tokenize=False) for s in samples]
 
 
-def encode_supervised(processor, images: Sequence[Image.Image], prompts: Sequence[str], answers: Sequence[str]) -> dict[str, torch.Tensor]:
+def encode_supervised(processor, images: Sequence[Image.Image], prompts: Sequence[str],
+                      answers: Sequence[str]) -> dict[str, torch.Tensor]:
     """Prompt + answer + end-of-turn per row; ``labels`` supervise only the answer and end-of-turn tokens."""
     answers = [a + IM_END for a in answers]
-    encoded = dict(processor(images=list(images) or None, text=[p + a for p, a in zip(prompts, answers)], return_tensors="pt", padding=True))
+    encoded = dict(processor(images=list(images) or None, text=[p + a for p, a in zip(prompts, answers)],
+                             return_tensors="pt", padding=True))
     answer_lengths = [len(processor.tokenizer(a, add_special_tokens=False)["input_ids"]) for a in answers]
     labels = torch.full_like(encoded["input_ids"], IGNORE_INDEX)
     for row, n in enumerate(answer_lengths):  # left padding: answers are the last n tokens
@@ -401,13 +411,15 @@ def max_new_tokens(name: ModelName) -> int:
 
 
 @torch.no_grad()
-def predict_boxes(model, processor, name: ModelName, samples: Sequence[GroundingSample], batch_size: int = 64) -> list[tuple[str, Box | None]]:
+def predict_boxes(model, processor, name: ModelName, samples: Sequence[GroundingSample],
+                  batch_size: int = 64) -> list[tuple[str, Box | None]]:
     """Greedy ``generate`` through the processor, parsed to original-pixel boxes (None if malformed)."""
     model.eval()
     out: list[tuple[str, Box | None]] = []
     for start in range(0, len(samples), batch_size):
         chunk = samples[start : start + batch_size]
-        inputs = dict(processor(images=[s.image for s in chunk], text=grounding_prompts(processor, name, chunk), return_tensors="pt", padding=True))
+        inputs = dict(processor(images=[s.image for s in chunk], text=grounding_prompts(processor, name, chunk),
+                                return_tensors="pt", padding=True))
         generated = model.generate(**inputs, max_new_tokens=max_new_tokens(name), do_sample=False)
         texts = processor.batch_decode(generated[:, inputs["input_ids"].shape[1] :], skip_special_tokens=False)
         for sample, text in zip(chunk, texts):
@@ -436,9 +448,11 @@ def grounding_metrics(samples: Sequence[GroundingSample], predictions: Sequence[
     """Accuracy (IoU >= 0.5) with a 95 % bootstrap interval over scenes, query-ignoring baselines and the
     swap test for one set of samples."""
     hits = [p is not None and iou(p, Box(*s.box)) >= 0.5 for s, p in zip(samples, predictions)]
-    nearest_is_target = [p is not None and nearest_object(s, p) == s.meta["target_index"] for s, p in zip(samples, predictions)]
+    nearest_is_target = [p is not None and nearest_object(s, p) == s.meta["target_index"]
+                         for s, p in zip(samples, predictions)]
     object_hits = [
-        p is not None and any(iou(p, Box(*b)) >= 0.5 for b in s.meta["object_boxes"]) for s, p in zip(samples, predictions)
+        p is not None and any(iou(p, Box(*b)) >= 0.5 for b in s.meta["object_boxes"])
+        for s, p in zip(samples, predictions)
     ]
     by_image: dict[str, list[int]] = {}
     for i, s in enumerate(samples):
@@ -497,7 +511,8 @@ def binding_errors(samples: Sequence[GroundingSample], predictions: Sequence[Box
     return {key: counts[key] / len(samples) for key in sorted(counts)}
 
 
-def evaluate(model, processor, name: ModelName, n_scenes: int, levels: Sequence[int] = (1, 2), offset: int = 0) -> dict[str, dict[str, float]]:
+def evaluate(model, processor, name: ModelName, n_scenes: int, levels: Sequence[int] = (1, 2),
+             offset: int = 0) -> dict[str, dict[str, float]]:
     """Held-out metrics per level, on eval-split scenes ``offset..offset+n_scenes-1``."""
     results = {}
     for level in levels:
@@ -509,7 +524,8 @@ def evaluate(model, processor, name: ModelName, n_scenes: int, levels: Sequence[
             for kind in ("attribute", "relational", "ordinal"):
                 keep = [i for i, s in enumerate(samples) if s.meta["kind"] == kind]
                 if keep:
-                    results[f"level2_{kind}"] = grounding_metrics([samples[i] for i in keep], [predictions[i] for i in keep])
+                    results[f"level2_{kind}"] = grounding_metrics([samples[i] for i in keep],
+                                                                  [predictions[i] for i in keep])
     return results
 
 
@@ -538,7 +554,8 @@ def evaluate_vqa(model, processor, n_scenes: int, batch_size: int = 64) -> dict[
     correct = []
     for start in range(0, len(items), batch_size):
         chunk = items[start : start + batch_size]
-        inputs = dict(processor(images=[q.image for q in chunk], text=vqa_prompts(processor, chunk), return_tensors="pt", padding=True))
+        inputs = dict(processor(images=[q.image for q in chunk], text=vqa_prompts(processor, chunk),
+                                return_tensors="pt", padding=True))
         generated = model.generate(**inputs, max_new_tokens=max(q.max_new_tokens for q in chunk), do_sample=False)
         texts = processor.batch_decode(generated[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
         correct.extend(score_response(q, text).correct for q, text in zip(chunk, texts))
@@ -610,7 +627,8 @@ def learning_rate(config: TrainConfig, step: int) -> float:
     return base * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
-def save_trainer_state(path: Path, step: int, model: PreTrainedModel, heads: TrainingHeads, optimizer: torch.optim.AdamW, history: list[dict]) -> None:
+def save_trainer_state(path: Path, step: int, model: PreTrainedModel, heads: TrainingHeads,
+                       optimizer: torch.optim.AdamW, history: list[dict]) -> None:
     """Atomically write weights, heads, AdamW state and RNG state to ONE safetensors file."""
     tensors = {f"model.{k}": v.detach().clone().contiguous() for k, v in model.state_dict().items()}
     tensors.update({f"heads.{k}": v.detach().clone().contiguous() for k, v in heads.state_dict().items()})
@@ -629,7 +647,8 @@ def save_trainer_state(path: Path, step: int, model: PreTrainedModel, heads: Tra
     os.replace(tmp, path)
 
 
-def load_trainer_state(path: Path, model: PreTrainedModel, heads: TrainingHeads, config: TrainConfig) -> tuple[int, torch.optim.AdamW, list[dict]]:
+def load_trainer_state(path: Path, model: PreTrainedModel, heads: TrainingHeads,
+                       config: TrainConfig) -> tuple[int, torch.optim.AdamW, list[dict]]:
     from safetensors import safe_open
 
     with safe_open(str(path), framework="pt") as handle:
@@ -676,7 +695,8 @@ def probe_targets(config: TrainConfig, labels: torch.Tensor, samples: Sequence[G
     attributes. Probed rows: every grounding row; with ``vqa_query_probe`` also the one-object VQA rows."""
     named = [s.meta["query_attributes"] for s in samples] + [q.meta.get("query_attributes") for q in questions]
     named += [None] * (labels.shape[0] - len(named))  # text-only rows: never probed
-    probed = torch.tensor([n is not None and (row < len(samples) or config.vqa_query_probe) for row, n in enumerate(named)])
+    probed = torch.tensor([n is not None and (row < len(samples) or config.vqa_query_probe)
+                           for row, n in enumerate(named)])
     positions = torch.zeros_like(labels, dtype=torch.bool)
     positions[:, :-1] = (labels[:, 1:] != IGNORE_INDEX) & probed[:, None]
     placeholder = {"colour": None, "shape": SHAPES[0], "size": None}  # rows that are not probed: never read
@@ -712,7 +732,8 @@ def training_step(config: TrainConfig, model, heads, processor, optimizer, step:
                 outputs = model(**inputs, output_hidden_states=probe, output_attentions=supervise_attention)
             loss, stats = outputs.loss, {"answer_loss": outputs.loss.item()}
             if supervise_attention:  # grounding rows only (VQA rows follow them and take no part)
-                targets = planted.attention_targets(inputs["input_ids"], inputs["labels"], samples, model.config.image_token_id)
+                targets = planted.attention_targets(inputs["input_ids"], inputs["labels"], samples,
+                                                    model.config.image_token_id)
                 attention_loss, attention_stats = planted.attention_loss(outputs.attentions, targets, roles,
                                                                          leak_weight=config.leak_loss_weight)
                 loss = loss + config.attention_loss_weight * attention_loss
@@ -756,7 +777,8 @@ def train(config: TrainConfig, out_dir: Path, resume: bool) -> list[dict]:
             elif config.init_backbone is not None:
                 load_language_backbone(model, config.init_backbone)
             configure_stage(model, "grounding")
-            optimizer = build_optimizer(config, stage_parameters(model, heads, "grounding"), learning_rate(config, step))
+            optimizer = build_optimizer(config, stage_parameters(model, heads, "grounding"),
+                                        learning_rate(config, step))
         stats = training_step(config, model, heads, processor, optimizer, step)
         running = {k: 0.95 * running.get(k, v) + 0.05 * v for k, v in stats.items()}
         progress.set_postfix({k: f"{v:.3f}" for k, v in running.items()}, refresh=False)
@@ -771,7 +793,8 @@ def train(config: TrainConfig, out_dir: Path, resume: bool) -> list[dict]:
                     record["eval"]["text"] = evaluate_text(model, processor, config.eval_scenes)
                 best = max((h["eval"]["level1"]["accuracy"] for h in history if "eval" in h), default=-1.0)
                 if record["eval"]["level1"]["accuracy"] > best:
-                    export_checkpoint(model, processor, out_dir / "best", {"config": dataclasses.asdict(config), **record})
+                    export_checkpoint(model, processor, out_dir / "best",
+                                      {"config": dataclasses.asdict(config), **record})
             history.append(record)
             tqdm.write(json.dumps(record))
             save_trainer_state(checkpoint, done, model, heads, optimizer, history)
@@ -881,17 +904,29 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--vision-steps", type=int, default=None, help="dense vision pretraining (stage-1) steps")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eval-every", type=int, default=None)
-    parser.add_argument("--init-backbone", default=None, help="trained toy checkpoint folder whose language backbone initialises this model")
-    parser.add_argument("--warm-start", default=None, help="trained toy checkpoint folder (same family) that a grounding-only run continues from: no stage 1, fresh optimiser and schedule")
+    parser.add_argument("--init-backbone", default=None,
+                        help="trained toy checkpoint folder whose language backbone initialises this model")
+    parser.add_argument("--warm-start", default=None,
+                        help="trained toy checkpoint folder (same family) that a grounding-only run continues from: "
+                             "no stage 1, fresh optimiser and schedule")
     parser.add_argument("--lr", type=float, default=None, help="peak grounding (stage-2) learning rate")
-    parser.add_argument("--vqa-scenes", type=int, default=None, help="scenes per grounding step whose synthetic VQA items join the batch")
-    parser.add_argument("--vqa-query-probe", action="store_true", help="apply the query-probe scaffold to one-object VQA rows too")
+    parser.add_argument("--vqa-scenes", type=int, default=None,
+                        help="scenes per grounding step whose synthetic VQA items join the batch")
+    parser.add_argument("--vqa-query-probe", action="store_true",
+                        help="apply the query-probe scaffold to one-object VQA rows too")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes and step counts (tests)")
-    parser.add_argument("--ship", type=Path, default=None, help="copy RUN/best into vrh_interp/toy/checkpoints/<model> and measure it")
-    parser.add_argument("--evaluate", action="store_true", help="print held-out metrics of the shipped checkpoint of --model (or of --folder)")
-    parser.add_argument("--folder", type=Path, default=None, help="with --evaluate: a checkpoint folder of --model's family (e.g. RUN/final) instead of the shipped one")
-    parser.add_argument("--lineage", default="", help="with --ship: how the run was produced (stored in training_log.json)")
-    parser.add_argument("--checkpoint", choices=("best", "final"), default="best", help="with --ship: the best checkpoint by level-1 accuracy on eval scenes 0-31, or the finished run's last weights")
+    parser.add_argument("--ship", type=Path, default=None,
+                        help="copy RUN/best into vrh_interp/toy/checkpoints/<model> and measure it")
+    parser.add_argument("--evaluate", action="store_true",
+                        help="print held-out metrics of the shipped checkpoint of --model (or of --folder)")
+    parser.add_argument("--folder", type=Path, default=None,
+                        help="with --evaluate: a checkpoint folder of --model's family (e.g. RUN/final) instead of the "
+                             "shipped one")
+    parser.add_argument("--lineage", default="",
+                        help="with --ship: how the run was produced (stored in training_log.json)")
+    parser.add_argument("--checkpoint", choices=("best", "final"), default="best",
+                        help="with --ship: the best checkpoint by level-1 accuracy on eval scenes 0-31, or the "
+                             "finished run's last weights")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (1 each when two runs share 2 cores)")
     return parser.parse_args()
 
@@ -906,7 +941,8 @@ def main() -> None:
         return
     if args.ship is not None:
         log = ship(args.ship, args.model, args.lineage, args.checkpoint)
-        print(json.dumps({key: log[key] for key in ("held_out", "held_out_vqa", "test_set_level1", "fresh_level1")}, indent=1))
+        print(json.dumps({key: log[key] for key in ("held_out", "held_out_vqa", "test_set_level1", "fresh_level1")},
+                         indent=1))
         return
     overrides: dict = dict(MODEL_PRESETS[args.model])
     if args.tiny:
