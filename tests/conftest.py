@@ -46,3 +46,22 @@ def one_torch_thread() -> Iterator[None]:
 @pytest.fixture(params=TINY_FAMILIES)
 def family(request: pytest.FixtureRequest) -> str:
     return request.param
+
+
+# Test tiers (markers in pyproject.toml), by file: `pytest -m unit` is the fast development loop, `pytest -m "not
+# e2e"` everything but whole programs; the README's `python -m pytest -q` runs all of them.
+E2E_FILES = {"test_cli.py", "test_cli_first_hour.py", "test_cli_hostile.py", "test_cli_parsing.py", "test_docs.py",
+             "test_ndif_server.py", "test_notebooks.py", "test_report_browser.py", "test_wheel.py", "test_lint.py",
+             "test_run_lock.py"}
+INTEGRATION_FILES = {"test_condition_batching.py", "test_cross_masking.py", "test_head_scan.py", "test_planted.py",
+                     "test_resume.py", "test_shared_prefix.py", "test_toy_cd.py", "test_toy_models.py",
+                     "test_toy_recipe.py", "test_set_statistics.py", "test_shards.py", "test_published.py",
+                     "test_patching.py", "test_patching_metric.py", "test_patching_remote.py", "test_probes.py",
+                     "test_reproduce.py"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        name = item.path.name
+        tier = "e2e" if name in E2E_FILES else "integration" if name in INTEGRATION_FILES else "unit"
+        item.add_marker(getattr(pytest.mark, tier))

@@ -155,7 +155,7 @@ def test_remote_flag_runs_detection_through_ndif_and_never_prints_the_key(tmp_pa
     listens, so the run fails with the clear error, and the key appears nowhere (output or run folder)."""
     import nnsight
 
-    from vrh_interp.testing.ndif_server import free_port
+    from tests.ndif_server import free_port
 
     secret = "ndif-test-key-4f1c9a"
     host = f"http://127.0.0.1:{free_port()}"

@@ -33,7 +33,7 @@ from vrh_interp.cli import main
 from vrh_interp.runs import LOCK_FILE
 from vrh_interp.scoring.design import resolve_design
 from vrh_interp.scoring.scores import HeadScores
-from vrh_interp.testing.ndif_server import client_host, free_port
+from tests.ndif_server import client_host, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--model", "tiny:qwen2_vl", "--batch-size", "2", "--max-new-tokens", "3"]
@@ -356,8 +356,7 @@ def test_an_unreachable_hub_falls_back_to_the_cached_copy_at_once(tmp_path: Path
 
 def test_every_module_the_library_imports_is_a_core_dependency() -> None:
     """The class behind `vrh demo` dying on a missing matplotlib after minutes of work: every third-party module
-    imported anywhere in vrh_interp comes with `pip install vrh-interp` (a core dependency or one of theirs).
-    ``testing/ndif_cpu_actor.py`` runs inside an NDIF server's own environment and is left out."""
+    imported anywhere in vrh_interp comes with `pip install vrh-interp` (a core dependency or one of theirs)."""
     import ast
     import importlib.metadata as md
 
@@ -380,8 +379,6 @@ def test_every_module_the_library_imports_is_a_core_dependency() -> None:
     providers = md.packages_distributions()
     missing: dict[str, set[str]] = {}
     for path in (ROOT / "vrh_interp").rglob("*.py"):
-        if path.name == "ndif_cpu_actor.py":
-            continue
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else []

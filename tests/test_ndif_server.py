@@ -5,7 +5,7 @@ vrh_interp is NOT importable (asserted), deploy the shipped toy VLM (model a) on
 VRH scoring (``score_heads(..., remote=True)``: one request per batch), an ablated greedy generation and the
 patching entry points run with ``remote=True`` give exactly the local results. They are skipped, with the
 precise reason, when the server environment or redis is missing (see
-``vrh_interp.testing.ndif_server``); a stack that is installed but fails is a failure.
+``tests.ndif_server``); a stack that is installed but fails is a failure.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from vrh_interp.patching.mediation import direct_and_total_effect
 from vrh_interp.patching.pairs import make_pairs
 from vrh_interp.patching.positions import position_patching
 from vrh_interp.scoring.detect import score_heads
-from vrh_interp.testing.ndif_server import LocalNDIF, NDIFUnavailable, check_prerequisites, client_host, free_port
+from tests.ndif_server import LocalNDIF, NDIFUnavailable, check_prerequisites, client_host, free_port
 from vrh_interp.toy import checkpoint_dir
 from vrh_interp.toy import load as load_toy
 

@@ -23,7 +23,7 @@ from vrh_interp import interventions as iv
 from vrh_interp.interventions import RemoteExecutionError
 from vrh_interp.model import VLM, wrap
 from vrh_interp.remote import remote_timeouts, set_remote_timeouts
-from vrh_interp.testing.ndif_server import client_host, free_port
+from tests.ndif_server import client_host, free_port
 from vrh_interp.testing.tiny import build_tiny
 
 WS_MAGIC = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"

@@ -1,6 +1,6 @@
 """Server-side half of the local NDIF harness: a CPU model actor and a deploy entry point.
 
-NOT part of the importable library. ``vrh_interp.testing.ndif_server`` copies this file, as the top-level
+NOT part of the importable library. ``tests.ndif_server`` copies this file, as the top-level
 module ``vrh_ndif_cpu_actor``, into a temporary folder that is the only entry on the server processes'
 ``PYTHONPATH``; Ray workers import it from there (``NDIF_MODEL_IMPORT_PATH=vrh_ndif_cpu_actor.CPUModelActor``).
 It runs in the SERVER's Python environment (ndif, ray, nnsight, transformers, torch) and must never import

@@ -138,7 +138,7 @@ def server_python() -> Path:
 def create_server_venv(path: str | os.PathLike[str] | None = None, *, python: str = sys.executable) -> Path:
     """Create the server environment (a venv WITHOUT vrh_interp) and return its interpreter.
 
-    ~1 min with local wheels. ``python -m vrh_interp.testing.ndif_server create-venv [PATH]`` does the same.
+    ~1 min with local wheels. ``python -m tests.ndif_server create-venv [PATH]`` does the same.
     """
     venv = Path(path) if path is not None else default_server_venv()
     subprocess.run([python, "-m", "venv", str(venv)], check=True)
@@ -152,7 +152,7 @@ def create_server_venv(path: str | os.PathLike[str] | None = None, *, python: st
 def check_prerequisites(python: Path | None = None) -> Path:
     """Return the server interpreter, or raise ``NDIFUnavailable`` naming exactly what is missing."""
     python = python or server_python()
-    how = (f"create it with `python -m vrh_interp.testing.ndif_server create-venv` "
+    how = (f"create it with `python -m tests.ndif_server create-venv` "
            f"(or point ${SERVER_PYTHON_ENV} at a Python with ndif[api,ray]==0.1.2, moto[server], nnsight==0.8.1)")
     if not python.exists():
         raise NDIFUnavailable(f"no NDIF server environment: {python} does not exist; {how}")
@@ -521,7 +521,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"unavailable: {err}")
             return 1
         return 0
-    print("usage: python -m vrh_interp.testing.ndif_server {create-venv [PATH] | check}", file=sys.stderr)
+    print("usage: python -m tests.ndif_server {create-venv [PATH] | check}", file=sys.stderr)
     return 2
 
 
