@@ -28,7 +28,7 @@ from vrh_interp.heads import HeadSet
 from vrh_interp.model import VLM
 from vrh_interp.patching.batch import Baseline, PairBatch, baseline, measure, recovery, recovery_ci
 from vrh_interp.patching.head_patching import patch_head_set
-from vrh_interp.templates import module_at, per_head_view
+from vrh_interp.templates import ProjectionTemplate, module_at
 from vrh_interp.templates.head_outputs import RowPairHeadPatch
 
 
@@ -44,7 +44,7 @@ def mlp_path(vlm: VLM, layer: int) -> str:
 
 
 @dataclass(frozen=True)
-class FreezeComponents:
+class FreezeComponents(ProjectionTemplate):
     """Overwrite chosen heads' outputs and MLP outputs at ``positions`` of ``target_rows`` with given values.
 
     ``head_values[layer]``: ``[len(target_rows), len(positions), heads, head_dim]``; ``mlp_values[layer]``:
@@ -64,13 +64,10 @@ class FreezeComponents:
     def layers(self) -> Sequence[int]:
         return tuple(sorted(set(self.heads_by_layer) | set(self.mlp_paths)))
 
-    def at_attention_call(self, model: Any, layer: int) -> None:
-        return None
-
     def at_output_projection(self, model: Any, layer: int) -> None:
         if layer not in self.heads_by_layer:
             return None
-        per_head = per_head_view(model, self.projection_paths[layer], self.num_heads, self.head_dim)
+        per_head = self.per_head(model, layer)
         rows = torch.tensor(self.target_rows, device=per_head.device)
         pos = torch.tensor(self.positions, device=per_head.device)
         heads = torch.tensor(self.heads_by_layer[layer], device=per_head.device)

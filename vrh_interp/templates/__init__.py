@@ -13,7 +13,7 @@ for any mix of templates.
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 
 class LayerTemplate(Protocol):
@@ -42,6 +42,25 @@ def per_head_view(model: Any, projection_path: str, num_heads: int, head_dim: in
     x = module_at(model, projection_path).input
     batch, seq, _ = x.shape
     return x.view(batch, seq, num_heads, head_dim)
+
+
+class ProjectionTemplate:
+    """Base of the templates that act at the output projection's input only (ablation, capture, patching): the
+    layers are those of ``projection_paths``, nothing happens at the attention call, and ``per_head`` is the
+    ``[batch, seq, heads, head_dim]`` view there. Subclasses are frozen dataclasses with these three fields."""
+
+    projection_paths: Mapping[int, str]
+    num_heads: int
+    head_dim: int
+
+    def layers(self) -> Sequence[int]:
+        return tuple(self.projection_paths)
+
+    def at_attention_call(self, model: Any, layer: int) -> None:
+        return None
+
+    def per_head(self, model: Any, layer: int) -> Any:
+        return per_head_view(model, self.projection_paths[layer], self.num_heads, self.head_dim)
 
 
 def apply_in_order(model: Any, templates: Sequence[LayerTemplate]) -> list[dict[int, Any]]:

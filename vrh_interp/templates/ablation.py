@@ -45,7 +45,7 @@ from typing import Any, Literal, Mapping, Sequence
 import torch
 
 from vrh_interp.heads import HeadGeometry, HeadSet
-from vrh_interp.templates import per_head_view
+from vrh_interp.templates import ProjectionTemplate
 from vrh_interp.templates.head_outputs import HeadOutputCapture
 
 AblationKind = Literal["zero", "mean", "resample"]
@@ -203,7 +203,7 @@ ZERO_ABLATION = Ablation()
 
 
 @dataclass(frozen=True)
-class HeadAblation:
+class HeadAblation(ProjectionTemplate):
     """Ablate ``heads`` (zero, or replace by per-segment values); use inside a trace via ``apply_in_order`` or
     ``apply``. ``tables[layer]`` is ``[rows (1 or batch), segments, heads of that layer, head_dim]``."""
 
@@ -239,14 +239,8 @@ class HeadAblation:
         return cls(paths, by_layer, geometry.num_heads, geometry.head_dim, ablation.kind, tables,
                    segments.detach().cpu().long())
 
-    def layers(self) -> Sequence[int]:
-        return tuple(self.heads_by_layer)
-
-    def at_attention_call(self, model: Any, layer: int) -> None:
-        return None
-
     def at_output_projection(self, model: Any, layer: int) -> None:
-        per_head = per_head_view(model, self.projection_paths[layer], self.num_heads, self.head_dim)
+        per_head = self.per_head(model, layer)
         heads = list(self.heads_by_layer[layer])
         if self.kind == "zero":
             per_head[:, :, heads] = 0
@@ -280,7 +274,7 @@ def forward_segments(segments: torch.Tensor, batch: int, seq: int, device: Any, 
 
 
 @dataclass(frozen=True)
-class RowHeadAblation:
+class RowHeadAblation(ProjectionTemplate):
     """Ablation that differs per batch ROW: row r ablates its own heads with its own kind (condition batching).
 
     One batched generation then evaluates many conditions (head sets, ablation kinds) over the same samples: the
@@ -366,14 +360,8 @@ class RowHeadAblation:
     def rows(self) -> int:
         return int(next(iter(self.masks.values())).shape[0]) if self.masks else 0
 
-    def layers(self) -> Sequence[int]:
-        return tuple(self.heads_by_layer)
-
-    def at_attention_call(self, model: Any, layer: int) -> None:
-        return None
-
     def at_output_projection(self, model: Any, layer: int) -> None:
-        per_head = per_head_view(model, self.projection_paths[layer], self.num_heads, self.head_dim)
+        per_head = self.per_head(model, layer)
         heads = list(self.heads_by_layer[layer])
         batch, seq = per_head.shape[:2]
         device = per_head.device

@@ -15,11 +15,11 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from vrh_interp.heads import Head, HeadGeometry, HeadSet
-from vrh_interp.templates import per_head_view
+from vrh_interp.templates import ProjectionTemplate
 
 
 @dataclass(frozen=True)
-class HeadOutputCapture:
+class HeadOutputCapture(ProjectionTemplate):
     """Capture every head's output at ``layers``: ``[batch, seq, heads, head_dim]`` per layer."""
 
     projection_paths: Mapping[int, str]
@@ -33,18 +33,12 @@ class HeadOutputCapture:
             raise ValueError(f"layers {bad} out of range for a model with {geometry.num_layers} layers")
         return cls({layer: projection_path(layer) for layer in sorted(layers)}, geometry.num_heads, geometry.head_dim)
 
-    def layers(self) -> Sequence[int]:
-        return tuple(self.projection_paths)
-
-    def at_attention_call(self, model: Any, layer: int) -> None:
-        return None
-
     def at_output_projection(self, model: Any, layer: int) -> torch.Tensor:
-        return per_head_view(model, self.projection_paths[layer], self.num_heads, self.head_dim).clone()
+        return self.per_head(model, layer).clone()
 
 
 @dataclass(frozen=True)
-class HeadOutputPatch:
+class HeadOutputPatch(ProjectionTemplate):
     """Overwrite chosen heads' outputs, at all positions or at ``positions``.
 
     Exactly one source: ``source`` (layer -> ``[batch or 1, seq, heads, head_dim]`` from another run) or
@@ -83,14 +77,8 @@ class HeadOutputPatch:
             positions=tuple(positions) if positions is not None else None,
         )
 
-    def layers(self) -> Sequence[int]:
-        return tuple(self.heads_by_layer)
-
-    def at_attention_call(self, model: Any, layer: int) -> None:
-        return None
-
     def at_output_projection(self, model: Any, layer: int) -> None:
-        per_head = per_head_view(model, self.projection_paths[layer], self.num_heads, self.head_dim)
+        per_head = self.per_head(model, layer)
         batch, seq = per_head.shape[:2]
         heads = list(self.heads_by_layer[layer])
         positions = list(self.positions) if self.positions is not None else list(range(seq))
@@ -110,7 +98,7 @@ class HeadOutputPatch:
 
 
 @dataclass(frozen=True)
-class RowPairHeadPatch:
+class RowPairHeadPatch(ProjectionTemplate):
     """Many head patches in ONE forward: for each entry, copy one head's output from source rows to target rows.
 
     ``patches`` holds ``(layer, head, source_rows, target_rows)``. With a batch laid out as
@@ -145,14 +133,8 @@ class RowPairHeadPatch:
         return cls({layer: projection_path(layer) for layer in layers}, geometry.num_heads, geometry.head_dim,
                    tuple(entries), tuple(positions) if positions is not None else None)
 
-    def layers(self) -> Sequence[int]:
-        return tuple(self.projection_paths)
-
-    def at_attention_call(self, model: Any, layer: int) -> None:
-        return None
-
     def at_output_projection(self, model: Any, layer: int) -> None:
-        per_head = per_head_view(model, self.projection_paths[layer], self.num_heads, self.head_dim)
+        per_head = self.per_head(model, layer)
         batch, seq = per_head.shape[:2]
         positions = list(self.positions) if self.positions is not None else list(range(seq))
         pos = torch.tensor(positions, device=per_head.device)
