@@ -25,7 +25,7 @@ background load drifting during the run weighs on all paths alike; ``--clock cpu
 
 ``random:qwen2-0.5b`` builds offline a random-weight ``LlavaForConditionalGeneration`` whose language backbone
 has Qwen2-0.5B's dimensions (24 layers, hidden 896, 14 query / 2 KV heads of dim 64, MLP 4864: 358M parameters
-outside the embedding), with the toy models' builders (``vrh_interp.toy.configs``: their word-level tokenizer,
+outside the embedding), with the toy models' builders (``toy_training.configs``: their word-level tokenizer,
 so a 301-token vocabulary, and a small CLIP tower) and 128 px images in patches of 8: 256 visual tokens.
 """
 
@@ -33,10 +33,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # toy_training (the toy models' builders) is dev tooling at the root, not installed
+    sys.path.insert(0, str(ROOT))
 
 GOALS = {"masked": ">= 0.95", "conditions": "> 5", "scoring": "<= 1.15"}
 SWEEP_CONDITIONS = 20
@@ -61,7 +67,7 @@ def build_random_vlm(name: str, *, image_size: int = REALISTIC_IMAGE_SIZE, seed:
     from transformers import LlavaForConditionalGeneration
 
     from vrh_interp.model import wrap
-    from vrh_interp.toy import configs
+    from toy_training import configs
 
     if name not in REALISTIC_SHAPES:
         raise SystemExit(f"unknown realistic shape {name!r}; available: {', '.join(REALISTIC_SHAPES)}")

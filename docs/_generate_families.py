@@ -4,11 +4,12 @@
     python docs/_generate_families.py --check  # exit 1 if docs/families.md is stale
 
 The paper's eleven models are listed from ``vrh_interp.families.paper_models`` (how each is verified: ``TINY_CHECK``).
-Facts come from the adapter classes themselves: ClassVars (names, config model types, module paths, box
-format, non-causal flag), the grounding instruction the adapter really builds, the head_dim rule its
-``geometry()`` really applies, and the module docstring (the sources read and the full rules), quoted
-verbatim. Only the one-line layout summary and the caveats below are written by hand; a family without them
-fails ``tests/test_docs.py``, so a new adapter cannot be added without documenting it.
+Facts come from the family registry (``vrh_interp.families.registry``: names, config model types, model
+classes, TransformerLens support, and the hand-written one-line layout summary and caveats of each row) and
+from the adapter classes themselves: ClassVars (module paths, box format, non-causal flag), the grounding
+instruction the adapter really builds, the head_dim rule its ``geometry()`` really applies, and the module
+docstring (the sources read and the full rules), quoted verbatim. A row without a layout summary or caveats
+fails ``tests/families/test_registry.py``, so a new family cannot be added without documenting it.
 """
 
 from __future__ import annotations
@@ -22,77 +23,18 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from vrh_interp.families import FamilyAdapter, builtin_adapter_classes  # noqa: E402
+from vrh_interp.families import FamilyAdapter, adapter_class  # noqa: E402
 from vrh_interp.families.paper_models import PAPER_MODELS  # noqa: E402
+from vrh_interp.families.registry import FAMILIES  # noqa: E402
 
 OUTPUT = ROOT / "docs" / "families.md"
 
-LAYOUT: dict[str, str] = {
-    "qwen2_vl": "whole image stretched (`smart_resize`, axes independent, no crop or pad) to multiples of 28 "
-                "(patch 14 x merge 2); one row-major grid of merged tokens, shape read from `image_grid_thw`",
-    "qwen2_5_vl": "as Qwen2-VL",
-    "qwen3_vl": "as Qwen2-VL with factor 32 (patch 16 x merge 2)",
-    "internvl": "closest-aspect cols x rows tiles (within `min_patches`..`max_patches`), image stretched to "
-                "(cols T, rows T), tiles row-major, whole-image thumbnail LAST when there is more than one tile; "
-                "G x G pixel-shuffled tokens per tile (448 px -> 16 x 16)",
-    "llava": "one row-major (S/14)^2 grid over the processed view: pad-to-square (pad mode) or shortest-edge "
-             "resize + centre crop (crop mode, the llava-hf processors), read from the processor's settings",
-    "llava_next": "base view (whole image stretched to the tile size) FIRST, then best-resolution tiles "
-                  "(aspect-fit, centred pad) reassembled into one grid, padded rows/cols removed on the token "
-                  "grid, one newline token after each row; one block per tile",
-    "llava_onevision": "LLaVA-NeXT's rule, plus bilinear downsampling of large grids (a downsampled token "
-                       "covers its source tokens' pixels)",
-    "paligemma": "image stretched to S x S, (S/14)^2 tokens row-major, FIRST in the sequence",
-    "gemma3": "image stretched to S x S, patches average-pooled to a 16 x 16 row-major grid; with pan & scan "
-              "(opt-in) one more block per crop",
-    "idefics3": "longest edge resized to L, each side stretched up to a multiple of M, M x M tiles row-major, "
-                "global image LAST; g x g pixel-shuffled tokens per frame",
-    "glm4v": "as Qwen2-VL (GLM's `smart_resize` to multiples of 28, 2 x 2 downsampling, row-major)",
-    "mistral3": "downscaled to fit `longest_edge`, each side rounded up to a multiple of 28, rows x cols "
-                "row-major; `[IMG_BREAK]` / `[IMG_END]` are visual positions in no block",
-    "aya_vision": "InternVL's tiling rule (GOT-OCR2 processor), 364 px tiles, 13 x 13 tokens per tile, "
-                  "thumbnail LAST",
-}
-
-CAVEATS: dict[str, list[str]] = {
-    "qwen2_vl": ["The attention module uses `hidden_size // num_attention_heads` whatever the config says; the "
-                 "geometry follows the module."],
-    "qwen2_5_vl": ["Boxes are absolute pixels of the RESIZED input, not 0-1000: `box_frame` needs the encoding "
-                   "(`image_grid_thw`). Tools that guess the frame from value ranges misread them."],
-    "qwen3_vl": ["DeepStack adds vision features to the image positions after the first LM layers, outside the "
-                 "layer modules.", "The attention module reads `config.head_dim` (unlike Qwen2/2.5-VL)."],
-    "internvl": ["HF-native `-hf` checkpoints only (`trust_remote_code` stays off).",
-                 "Only `<IMG_CONTEXT>` positions are visual; `<img>`/`</img>` are text.",
-                 "A call-time override of `min_patches`/`max_patches` raises instead of giving wrong tokens."],
-    "llava": ["Crop mode: parts of a non-square image outside the central square reach no token, so a box "
-              "there selects nothing (the sample is skipped by scoring).",
-              "LLaVA issue threads (#606, #623, #822) report mixed box frames in the training data (padded "
-              "square for Visual Genome, unpadded image for RefCOCO)."],
-    "llava_next": ["Newline tokens are visual positions but cover no pixels."],
-    "llava_onevision": ["SigLIP 384 / 14 leaves 6-pixel gaps per tile; downsampled tokens' rectangles overlap."],
-    "paligemma": ["No chat template: the prompt is `<image>detect EXPR` (the model card's detection prefix).",
-                  "Attention is non-causal over the whole prefix (image, `<bos>`, prompt).",
-                  "PaliGemma 2 (Gemma 2) interleaves sliding-window layers and soft-caps logits (the readout applies "
-                  "both; Gemma 2 runs eager attention, sdpa cannot soft-cap): during generation a readout of a "
-                  "sliding layer raises `ReadoutUnavailableError` once prompt + answer fill the window.",
-                  "The processor's `labels` output is dropped by `encode`."],
-    "gemma3": ["No documented grounding format: the Gemini convention is requested (not a trained format).",
-               "Sliding-window layers (5:1 in released checkpoints): the region readout during generation "
-               "raises `ReadoutUnavailableError` for prompts longer than the window; the window also bounds the "
-               "bidirectional image block.",
-               "Scores are scaled by `query_pre_attn_scalar**-0.5` (handled: the readout reads the real scaling)."],
-    "idefics3": ["Released checkpoints were not trained to ground: the requested format is not a trained one.",
-                 "The backbone lives at `model.text_model`, not `model.language_model`."],
-    "glm4v": ["Thinking checkpoints: the box is read after the last `</think>`; the bracket style may vary."],
-    "mistral3": ["Mistral documents no grounding format: the LLaVA-style format is requested."],
-    "aya_vision": ["No documented grounding format: the requested one is not trained.",
-                   "Cohere2 interleaves sliding-window layers (RoPE) with full-attention layers (no position "
-                   "encoding): generation-time region readout is limited by the window."],
-}
-
-
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
 
 
 def _code(text: str) -> str:
@@ -177,51 +119,53 @@ def _paper_models() -> list[str]:
 
 
 def render() -> str:
-    classes = builtin_adapter_classes()
-    missing = [c.name for c in classes if c.name not in LAYOUT or c.name not in CAVEATS]
-    if missing:
-        raise KeyError(f"docs/_generate_families.py has no layout summary / caveats for {missing}")
     lines = [
         "# Supported families",
         "",
-        "<!-- Generated by docs/_generate_families.py from the adapter classes; do not edit by hand. -->",
+        "<!-- Generated by docs/_generate_families.py from the family registry and the adapter classes; "
+        "do not edit by hand. -->",
         "",
         "One adapter per family (`vrh_interp/families/<family>.py`), picked from `config.model_type` by",
-        "`vrh.wrap` / `vrh.load`; `vrh families` prints the same list. To add one, see",
+        "`vrh.wrap` / `vrh.load`; `vrh families` prints the same list. The list is the family registry",
+        "(`vrh_interp/families/registry.py`, one row per family); to add one, see",
         "[the new-family recipe](recipes/new-family.md). Every family has a tiny random-weight fixture",
-        "(`vrh_interp.testing.tiny.build_tiny(family)`) on which ablation, readout and capture are checked against",
-        "plain-PyTorch references, and its layout rule is checked by experiment",
+        "(`vrh_interp.testing.tiny.build_tiny(family)`, built from its row) on which ablation, readout and capture",
+        "are checked against plain-PyTorch references, and its layout rule is checked by experiment",
         "(`vrh_interp.testing.layout_probe`).",
         "",
         "Boxes cross the API in ORIGINAL image pixels (xyxy); each adapter converts from its native frame.",
         "",
-        "| key | family | `model_type` | native box format | non-causal image attention |",
-        "|---|---|---|---|---|",
+        "| key | family | `model_type` | native box format | non-causal image attention | TransformerLens |",
+        "|---|---|---|---|---|---|",
     ]
-    for cls in classes:
-        lines.append(f"| [`{cls.name}`](#{cls.name}) | {_cell(cls.display_name)} | "
-                     f"{', '.join(f'`{t}`' for t in cls.model_types)} | {_cell(_code(cls.box_format))} | "
-                     f"{'yes' if cls.non_causal_image_attention else 'no'} |")
+    for row in FAMILIES:
+        cls = adapter_class(row)
+        lines.append(f"| [`{row.name}`](#{row.name}) | {_cell(row.display_name)} | "
+                     f"{', '.join(f'`{t}`' for t in row.model_types)} | {_cell(_code(cls.box_format))} | "
+                     f"{_yes(cls.non_causal_image_attention)} | {_yes(row.transformer_lens)} |")
     lines += ["", *_paper_models()]
-    for cls in classes:
+    for row in FAMILIES:
+        cls = adapter_class(row)
         adapter = cls(None)
         intro, facts = _intro_and_facts(cls)
         attention = adapter.attention_path(0).replace(".0.", "[i].")
-        rows = [
-            ("registry key", f"`{cls.name}`"),
-            ("config `model_type`", ", ".join(f"`{t}`" for t in cls.model_types)),
+        table = [
+            ("registry key", f"`{row.name}`"),
+            ("config `model_type`", ", ".join(f"`{t}`" for t in row.model_types)),
+            ("model class", ", ".join(f"`{name}`" for name in row.model_classes)),
             ("attention module", f"`{attention}`, output projection `{cls.output_projection_attr}`"),
             ("head_dim", _head_dim_rule(cls)),
-            ("non-causal image attention", "yes" if cls.non_causal_image_attention else "no"),
+            ("non-causal image attention", _yes(cls.non_causal_image_attention)),
             ("native box format", _code(cls.box_format)),
             ("grounding prompt", _prompt(cls)),
-            ("layout rule", LAYOUT[cls.name]),
-            ("caveats", "<br>".join(CAVEATS[cls.name])),
+            ("layout rule", row.layout),
+            ("caveats", "<br>".join(row.caveats)),
+            ("TransformerLens backend", _yes(row.transformer_lens)),
             ("adapter", f"`{cls.__module__}.{cls.__name__}`"),
         ]
-        lines += ["", f"<a id=\"{cls.name}\"></a>", "", f"## {cls.display_name}", "", intro, "",
+        lines += ["", f"<a id=\"{row.name}\"></a>", "", f"## {row.display_name}", "", intro, "",
                   "| | |", "|---|---|"]
-        lines += [f"| {name} | {_cell(value)} |" for name, value in rows]
+        lines += [f"| {name} | {_cell(value)} |" for name, value in table]
         lines += ["", "<details><summary>Facts and sources (the adapter module's docstring)</summary>", "",
                   facts, "", "</details>"]
     return "\n".join(lines) + "\n"

@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # directories, so ruff also finds the stored notebooks (.ipynb) beside notebooks/_build.py
-CHECKED = ("vrh_interp", "tests", "benchmarks", "docs", "notebooks")
+CHECKED = ("vrh_interp", "toy_training", "tests", "benchmarks", "docs", "notebooks")
 
 
 def _ruff() -> list[str] | None:

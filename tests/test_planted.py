@@ -13,9 +13,12 @@ import torch
 from vrh_interp.families.base import image_token_positions
 from vrh_interp.heads import HeadSet
 from vrh_interp.model import wrap
-from vrh_interp.toy import checkpoint_dir, load, planted
-from vrh_interp.toy import train as trainer
-from vrh_interp.toy.configs import GRID_SIDE, TextBackboneShape, VisionTowerShape, format_box_answer
+from toy_training import planted
+from toy_training import train as trainer
+from toy_training.configs import TextBackboneShape, VisionTowerShape, format_box_answer
+from vrh_interp.toy import checkpoint_dir, load
+from vrh_interp.toy.configs import GRID_SIDE
+from vrh_interp.toy.planted import DECOY_HEADS, PLANTED_FILE, PLANTED_HEADS, declared_heads
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 SHIPPED = (checkpoint_dir("planted") / "model.safetensors").exists()
@@ -119,13 +122,13 @@ def test_masking_hook_equals_the_library_zero_ablation() -> None:
 
 
 def test_head_dropout_never_drops_planted_heads_and_is_seeded() -> None:
-    roles = planted.head_roles(4, 16, planted.PLANTED_HEADS, planted.DECOY_HEADS)
+    roles = planted.head_roles(4, 16, PLANTED_HEADS, DECOY_HEADS)
     torch.manual_seed(0)
     first = planted.dropout_multipliers(64, roles, 0.5)
     torch.manual_seed(0)
     again = planted.dropout_multipliers(64, roles, 0.5)
     assert torch.equal(first, again)
-    for head in HeadSet(planted.PLANTED_HEADS):
+    for head in HeadSet(PLANTED_HEADS):
         assert bool((first[head.layer, :, head.head] == 1).all())
     rest = first[(roles == 0)[:, None, :].expand_as(first)]
     assert 0.4 < float(rest.mean()) < 0.6
@@ -133,8 +136,8 @@ def test_head_dropout_never_drops_planted_heads_and_is_seeded() -> None:
 
 
 def test_declared_heads_lie_in_middle_and_late_layers() -> None:
-    heads = list(HeadSet(planted.PLANTED_HEADS)) + list(HeadSet(planted.DECOY_HEADS))
-    assert not set(HeadSet(planted.PLANTED_HEADS)) & set(HeadSet(planted.DECOY_HEADS))
+    heads = list(HeadSet(PLANTED_HEADS)) + list(HeadSet(DECOY_HEADS))
+    assert not set(HeadSet(PLANTED_HEADS)) & set(HeadSet(DECOY_HEADS))
     assert all(1 <= h.layer < planted.PLANTED_SHAPE.num_hidden_layers for h in heads)
     assert planted.PLANTED_SHAPE.num_hidden_layers * planted.PLANTED_SHAPE.num_attention_heads >= 64
 
@@ -166,8 +169,8 @@ def test_shipped_organism_properties_hold_on_a_small_sample() -> None:
     """The model card's properties, re-measured on 12 scenes with the trainer's plain hooks (not the library)."""
     folder = checkpoint_dir("planted")
     assert sum(f.stat().st_size for f in folder.iterdir()) <= 10 * 1024 * 1024
-    declared, decoys = planted.declared_heads(folder)
-    stated = json.loads((folder / planted.PLANTED_FILE).read_text())["measured"]
+    declared, decoys = declared_heads(folder)
+    stated = json.loads((folder / PLANTED_FILE).read_text())["measured"]
     model, processor = load("planted")
     config = model.config.get_text_config()
     assert config.num_hidden_layers * config.num_attention_heads >= 64
@@ -226,7 +229,7 @@ def test_the_organism_starts_as_an_exact_copy_of_toy_a() -> None:
         assert torch.allclose(model(**inputs).logits[real], donor(**inputs).logits[real], atol=1e-4)
     new_slots = [s for s in range(16) if s not in {planted.donor_slot(a) for a in range(8)}]
     assert len(new_slots) == 8
-    for head in list(HeadSet(planted.PLANTED_HEADS)) + list(HeadSet(planted.DECOY_HEADS)):
+    for head in list(HeadSet(PLANTED_HEADS)) + list(HeadSet(DECOY_HEADS)):
         assert head.head in new_slots  # every planted/decoy head is made by the planting, not inherited
     o_proj = model.model.language_model.layers[2].self_attn.o_proj.weight.detach()
     assert float(o_proj.unflatten(1, (16, 16))[:, new_slots].abs().max()) == 0.0

@@ -260,28 +260,21 @@ def test_docs_page_embeds_the_current_tables():
 def _tiny_qwen25_vl_with_7b_grid():
     """Tiny Qwen2.5-VL whose language model has Qwen2.5-7B's head grid: 28 layers x 28 heads (4 KV heads), with
     head_dim 8 (hidden 224) instead of 128, so the model stays a few MB."""
-    from transformers import (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLProcessor,
-                              Qwen2VLImageProcessorPil)
+    from dataclasses import replace
 
-    from vrh_interp.testing.tiny import TINY_TEXT_CONFIG
-    from vrh_interp.testing.tiny.qwen2_vl import (QWEN2_VL_CHAT_TEMPLATE, TINY_MAX_PIXELS, TINY_MIN_PIXELS,
-                                                  build_qwen_processor, build_qwen_tokenizer, merger_vision_config,
-                                                  mrope_parameters, qwen_config_token_ids, qwen_text_token_ids)
+    from vrh_interp.families.registry import TINY_TEXT_CONFIG, family_row, merger_vision_config, mrope_parameters
+    from vrh_interp.testing.tiny import build_recipe
 
-    torch.manual_seed(0)
-    tokenizer = build_qwen_tokenizer(QWEN2_VL_CHAT_TEMPLATE)
-    image_processor = Qwen2VLImageProcessorPil(min_pixels=TINY_MIN_PIXELS, max_pixels=TINY_MAX_PIXELS)
-    processor = build_qwen_processor(Qwen2_5_VLProcessor, image_processor, tokenizer)
     hidden = 28 * 8
-    config = Qwen2_5_VLConfig(
+    recipe = replace(
+        family_row("qwen2_5_vl").tiny,
         text_config={**TINY_TEXT_CONFIG, "hidden_size": hidden, "intermediate_size": 64, "num_hidden_layers": 28,
-                     "num_attention_heads": 28, "num_key_value_heads": 4, **qwen_text_token_ids(tokenizer),
+                     "num_attention_heads": 28, "num_key_value_heads": 4,
                      "rope_parameters": mrope_parameters([2, 1, 1])},
-        vision_config=merger_vision_config(image_processor, window_size=56, fullatt_block_indexes=[1],
-                                           out_hidden_size=hidden),
-        **qwen_config_token_ids(tokenizer),
+        vision_config=merger_vision_config(14, window_size=56, fullatt_block_indexes=[1], out_hidden_size=hidden),
     )
-    return Qwen2_5_VLForConditionalGeneration(config).eval(), processor
+    tiny = build_recipe(recipe, seed=0)
+    return tiny.model, tiny.processor
 
 
 @pytest.fixture(scope="module")

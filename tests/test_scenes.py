@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+import vrh_interp
+from vrh_interp.boxes import Box
 from vrh_interp.data import scenes
+from vrh_interp.datasets.samples import GroundingSample, VQASample
+from vrh_interp.datasets.synthetic_vqa import answer_text
+from vrh_interp.sources import synthetic_samples
 from vrh_interp.data.scenes import (
     COLOURS,
     SPLIT_SEED_RANGES,
@@ -117,14 +125,43 @@ def test_vqa_answers_match_the_scene() -> None:
         scene = make_scene("eval", index, 1)
         for item in vqa_samples("eval", index, 1):
             kinds.add(item.meta["kind"])
+            evidence = [tuple(b) for b in item.meta["evidence_boxes"]]
+            assert isinstance(item, VQASample) and item.benchmark == f"synthetic-{item.meta['kind']}"
             if item.meta["kind"] == "counting":
                 shape = item.question.split()[2][:-1]
-                assert int(item.answer) == sum(o.shape == shape for o in scene.objects)
-                assert len(item.evidence_boxes) == int(item.answer)
+                assert item.scorer == "count" and int(item.answer) == sum(o.shape == shape for o in scene.objects)
+                assert len(evidence) == int(item.answer)
             elif item.meta["kind"] == "attribute":
-                assert item.answer in item.choices and len(set(item.choices)) == 4
-                (box,) = item.evidence_boxes
-                assert COLOURS[item.answer] == next(COLOURS[o.colour] for o in scene.objects if o.box == box)
+                colour = answer_text(item)
+                assert item.scorer == "letter" and item.answer in item.letters and len(set(item.choices)) == 4
+                (box,) = evidence
+                assert COLOURS[colour] == next(COLOURS[o.colour] for o in scene.objects if o.box == box)
             else:
-                assert item.answer in ("yes", "no") and len(item.evidence_boxes) == 2
+                assert answer_text(item) in ("yes", "no") and len(evidence) == 2
     assert kinds == {"attribute", "counting", "spatial"}
+
+
+def test_one_data_model_each_sample_class_is_defined_once_in_the_package() -> None:
+    package = Path(vrh_interp.__file__).parent
+    defined: dict[str, list[str]] = {}
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef) and node.name in ("GroundingSample", "VQASample"):
+                defined.setdefault(node.name, []).append(str(path.relative_to(package)))
+    assert defined == {"GroundingSample": ["datasets/samples.py"], "VQASample": ["datasets/samples.py"]}
+
+
+def test_scene_samples_are_the_loaders_samples_with_the_scene_in_meta() -> None:
+    scene = make_scene("eval", 2, 1)
+    samples = grounding_samples("eval", 2, 1)
+    assert len(samples) >= 2 and all(isinstance(s, GroundingSample) for s in samples)
+    for sample in samples:
+        target = sample.meta["target_index"]
+        assert sample.box == Box(*scene.objects[target].box) and sample.image_size == scene.image.size
+        assert sample.meta["object_boxes"] == [o.box for o in scene.objects]
+        assert np.array_equal(np.asarray(sample.image), np.asarray(scene.image))
+    # one image object per scene: what interventions.shared_image_prefix groups a scene's referents by
+    assert all(s.image is samples[0].image for s in samples)
+    assert [s.sample_id for s in samples] == [f"eval-2-L1-o{s.meta['target_index']}" for s in samples]
+    loaded = synthetic_samples("eval", 3)  # the loader behind --data synthetic:eval:3
+    assert all(isinstance(s, GroundingSample) for s in loaded) and loaded[2] == samples[2 % 4]

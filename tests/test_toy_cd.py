@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from vrh_interp.heads import HeadSet
-from vrh_interp.toy import checkpoint_dir, load, planted, regime
-from vrh_interp.toy import train as trainer
-from vrh_interp.toy.configs import WIDE_SHAPE, format_box_answer
-from vrh_interp.toy.text_tasks import scene_text_items
+from toy_training import planted, regime
+from toy_training import train as trainer
+from toy_training.configs import WIDE_SHAPE, format_box_answer
+from toy_training.text_tasks import scene_text_items
+from vrh_interp.toy import checkpoint_dir, load
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 SHIPPED = [name for name in ("c", "d") if (checkpoint_dir(name) / "model.safetensors").exists()]

@@ -10,8 +10,8 @@ import torch
 from safetensors.torch import load_file
 
 from vrh_interp.boxes import Box
+from toy_training import train as trainer
 from vrh_interp.toy import checkpoint_dir, load
-from vrh_interp.toy import train as trainer
 
 SHIPPED = [name for name in ("a", "b", "c", "d") if (checkpoint_dir(name) / "model.safetensors").exists()]
 ACCURACY_MARGIN = 0.03
@@ -107,8 +107,8 @@ def _metadata_step(run_dir: Path) -> int:
 
 def test_vqa_rows_supervise_only_their_answer_words_and_leave_the_grounding_batch_unchanged() -> None:
     from vrh_interp.datasets.synthetic_vqa import answer_text
-    from vrh_interp.toy.configs import build_processor, format_box_answer
-    from vrh_interp.toy.tokenizer import IM_END
+    from toy_training.configs import build_processor, format_box_answer
+    from toy_training.tokenizer import IM_END
 
     plain = trainer.TrainConfig(**{**trainer.TINY_TEST_CONFIG, "vision_steps": 0})
     with_vqa = trainer.TrainConfig(**{**trainer.TINY_TEST_CONFIG, "vision_steps": 0, "vqa_batch_scenes": 2})
@@ -289,3 +289,26 @@ def test_load_reads_a_trainer_folder_instead_of_the_shipped_checkpoint(tmp_path:
         load("a", folder=checkpoint_dir("b"))
     with pytest.raises(ValueError, match="not a toy checkpoint folder"):
         load("a", folder=tmp_path / "missing")
+
+
+def test_ship_writes_into_the_given_folder_and_never_into_the_package(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    package = {f: f.stat().st_mtime_ns for f in checkpoint_dir("a").iterdir()}
+    config = trainer.TrainConfig(**{**trainer.TINY_TEST_CONFIG, "vision_steps": 0, "grounding_steps": 2})
+    trainer.train(config, tmp_path / "run", resume=False)
+    monkeypatch.setattr(trainer, "REPORT_SCENES", 1)  # measure on one scene: the test is about where it writes
+    monkeypatch.setattr(trainer, "TEST_SET_SCENES", 1)
+    log = trainer.ship(tmp_path / "run", "a", tmp_path / "dest", lineage="test", checkpoint="best")
+    shipped = tmp_path / "dest" / "a"
+    assert sorted(f.name for f in shipped.iterdir()) == sorted(f.name for f in (tmp_path / "run" / "best").iterdir())
+    assert load_file(str(shipped / "model.safetensors")).keys() == load_file(
+        str(tmp_path / "run" / "best" / "model.safetensors")).keys()
+    assert json.loads((shipped / "training_log.json").read_text())["held_out_eval_scenes"] == 1 == \
+        log["held_out_eval_scenes"]
+    assert {f: f.stat().st_mtime_ns for f in checkpoint_dir("a").iterdir()} == package
+
+
+def test_ship_cli_needs_a_destination(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("sys.argv", ["train", "--model", "a", "--ship", str(tmp_path)])
+    with pytest.raises(SystemExit, match="--ship needs --dest"):
+        trainer.main()

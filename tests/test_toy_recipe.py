@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -11,9 +13,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from toy_training import recipe
+from toy_training import train as trainer
 from vrh_interp.toy import checkpoint_dir, load
-from vrh_interp.toy import recipe
-from vrh_interp.toy import train as trainer
 
 TINY_STAGES = (
     recipe.RecipeStage("first", "a", "scratch", dict(vision_steps=2, grounding_steps=2, eval_every=2)),
@@ -145,3 +147,12 @@ def test_compare_names_a_missing_recipe_folder(tmp_path: Path, monkeypatch: pyte
     with pytest.raises(SystemExit):
         recipe.main()
     assert "nowhere is not a folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("module", ["train", "recipe", "regime"])
+def test_trainer_commands_run_from_the_checkout(module: str) -> None:
+    """``python -m toy_training.<module>`` from the repository root (the trainer is not installed with the wheel)."""
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-m", f"toy_training.{module}", "--help"], cwd=root, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and "--model" in done.stdout, done.stderr

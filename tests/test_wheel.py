@@ -1,10 +1,12 @@
-"""The wheel ships the library, not its test harness: the NDIF server harness and its CPU actor (redis, Ray, a
-server venv) live under tests/, nothing under tests/ is packaged, the shipped toy checkpoints are, and no
-shipped module imports the test suite or the server stack."""
+"""The wheel ships the library, not its dev tooling: the NDIF server harness and its CPU actor (redis, Ray, a
+server venv) live under tests/, the toy trainer under toy_training/; neither is packaged, the shipped toy
+checkpoints and ``vrh_interp.toy.load`` are, and no shipped module imports the test suite, the trainer or the
+server stack."""
 
 from __future__ import annotations
 
 import ast
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -18,7 +20,14 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def wheel_names(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     out = tmp_path_factory.mktemp("wheel")
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation",
+    # built from a copy of the sources (the trainer included): setuptools packs its build/lib folder, where a
+    # module removed from the tree can linger from an earlier build of the checkout
+    source = tmp_path_factory.mktemp("source")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, source / name)
+    for package in ("vrh_interp", "toy_training"):
+        shutil.copytree(ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__"))
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "--no-build-isolation",
                             "-q", "-w", str(out)], capture_output=True, text=True, timeout=300)
     if built.returncode != 0 and "No module named" in built.stderr:
         pytest.skip(f"cannot build a wheel offline here: {built.stderr.strip().splitlines()[-1]}")
@@ -31,10 +40,18 @@ def test_wheel_has_no_test_harness(wheel_names: list[str]) -> None:
     assert not [n for n in wheel_names if n.startswith("tests/") or "ndif_server" in n or "ndif_cpu_actor" in n]
     assert "vrh_interp/cli.py" in wheel_names
     assert any(n.startswith("vrh_interp/toy/checkpoints/c/") for n in wheel_names)  # shipped models stay
+    assert "vrh_interp/published_heads.json" in wheel_names  # the paper's lists, read by vrh_interp.published
 
 
-def test_shipped_modules_do_not_import_the_tests_or_the_server_stack(wheel_names: list[str]) -> None:
-    forbidden = {"tests", "ray", "redis", "ndif", "pytest", "hypothesis"}
+def test_wheel_has_no_toy_trainer(wheel_names: list[str]) -> None:
+    assert not [n for n in wheel_names if n.startswith("toy_training/")]
+    assert not [n for n in wheel_names if n.startswith("vrh_interp/toy/") and
+                n.rsplit("/", 1)[-1] in ("train.py", "recipe.py", "regime.py", "text_tasks.py", "tokenizer.py")]
+    assert {"vrh_interp/toy/__init__.py", "vrh_interp/toy/configs.py", "vrh_interp/toy/planted.py"} <= set(wheel_names)
+
+
+def test_shipped_modules_do_not_import_the_tests_the_trainer_or_the_server_stack(wheel_names: list[str]) -> None:
+    forbidden = {"tests", "toy_training", "ray", "redis", "ndif", "pytest", "hypothesis"}
     offenders = []
     for name in wheel_names:
         if name.endswith(".py"):

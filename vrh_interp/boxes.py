@@ -10,6 +10,7 @@ count parse failures separately from mislocations (the paper's functional-specif
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 
@@ -104,6 +105,10 @@ class Box:
 
     def as_tuple(self) -> tuple[float, float, float, float]:
         return (self.x1, self.y1, self.x2, self.y2)
+
+    def __iter__(self) -> Iterator[float]:
+        """``x1, y1, x2, y2 = box`` (and ``tuple(box)``, ``Box(*box)``): a box reads as its xyxy sequence."""
+        return iter(self.as_tuple())
 
     def intersection_area(self, other: "Box") -> float:
         w = min(self.x2, other.x2) - max(self.x1, other.x1)

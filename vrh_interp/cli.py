@@ -19,7 +19,7 @@ import shlex
 import sys
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from vrh_interp.runs import write_atomic
 
@@ -164,27 +164,23 @@ def _preset(text: str) -> str:
     return text
 
 
-def _data_spec(text: str) -> str:
-    """argparse type: a ``--data`` spec whose kind and synthetic arguments are valid (checked before any model
-    loads; files are read later), kept as text."""
-    from vrh_interp.sources import DataSpecError, check_spec
+def _source_spec(vqa: bool) -> Callable[[str], str]:
+    """argparse type: a ``--data`` (``vqa``: ``--vqa``) spec whose kind and synthetic arguments are valid (checked
+    before any model loads; files are read later), kept as text."""
 
-    try:
-        check_spec(text)
-    except DataSpecError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-    return text
+    def parse(text: str) -> str:
+        from vrh_interp.sources import DataSpecError, check_spec
+
+        try:
+            check_spec(text, vqa=vqa)
+        except DataSpecError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+        return text
+
+    return parse
 
 
-def _vqa_spec(text: str) -> str:
-    """argparse type: a ``--vqa`` spec, checked like ``_data_spec``."""
-    from vrh_interp.sources import DataSpecError, check_spec
-
-    try:
-        check_spec(text, vqa=True)
-    except DataSpecError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-    return text
+_data_spec, _vqa_spec = _source_spec(vqa=False), _source_spec(vqa=True)
 
 
 def _shard_done(args: argparse.Namespace, done: int) -> int:
@@ -267,10 +263,11 @@ def cmd_detect(args: argparse.Namespace) -> int:
     if args.shard is not None:
         stats = collect_detection_stats(vlm, samples, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
                                         output_source=resolve_design(args.preset).output_source, run_dir=out,
-                                        dataset=args.data, shard=args.shard, remote=args.remote)
+                                        dataset=args.data, shard=args.shard, remote=args.remote,
+                                        backend=args.backend)
         return _shard_done(args, len(stats))
     scores = score_heads(vlm, samples, args.preset, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
-                         run_dir=out, dataset=args.data, remote=args.remote)
+                         run_dir=out, dataset=args.data, remote=args.remote, backend=args.backend)
     _print_scores(scores, scores.save(out / f"scores-{args.preset}.json"), args.preset, args.top, args.json)
     return 0
 
@@ -329,7 +326,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     result = sweep(vlm, samples, ranking, ks=ks, random_seeds=_control_seeds(args), matched=not args.no_matched,
                    exclude_first_layer=args.exclude_first_layer, iou_threshold=args.iou, batch_size=args.batch_size,
                    max_new_tokens=args.max_new_tokens, run_dir=args.out, shard=args.shard, remote=args.remote,
-                   ablation=args.ablation, ablation_values=values)
+                   ablation=args.ablation, ablation_values=values, backend=args.backend)
     if args.shard is not None:
         return _shard_done(args, len(result.records))
     summary = result.summary()
@@ -519,7 +516,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                     random_sets=args.random_sets, curve_sets=args.curve_sets, check_items=args.check_items,
                     vqa_scenes=args.vqa_scenes, control_scenes=args.control_scenes, batch_size=args.batch_size,
                     positive_control=not args.no_positive_control, budget_seconds=args.budget_seconds,
-                    plan_only=args.plan_only)
+                    plan_only=args.plan_only, backend=args.backend)
 
 
 def cmd_patch(args: argparse.Namespace) -> int:
@@ -533,7 +530,7 @@ def cmd_patch(args: argparse.Namespace) -> int:
     study = detect_and_study(vlm, Path(args.out), detect_scenes=args.detect, top=top, vrhs=vrhs,
                              pairs_per_kind=args.pairs, probe_scenes=args.probe_scenes,
                              random_seeds=[int(s) for s in args.seeds.split(",")], targets=args.targets,
-                             metric=args.metric)
+                             metric=args.metric, backend=args.backend)
     if args.json:
         print(json.dumps({"out": args.out, "facts": study.facts,
                           "tables": {k: v.to_dict(orient="records") for k, v in study.tables.items()}}, default=str))
@@ -551,6 +548,19 @@ def ablation_options(p: argparse.ArgumentParser, *, detect_data: bool = True) ->
         p.add_argument("--detect-data", type=_data_spec, default="synthetic:detect:200",
                        help="mean/resample ablation: the --data of the `vrh detect` run that wrote --scores (its "
                             "samples are the reference)")
+
+
+def iou_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--iou", type=_unit_interval, default=0.5,
+                   help="an answer is correct when its box overlaps the referent's at IoU >= this")
+
+
+def backend_option(p: argparse.ArgumentParser) -> None:
+    from vrh_interp.backends import BACKENDS  # no torch: `vrh --help` stays fast
+
+    p.add_argument("--backend", choices=BACKENDS, default="nnsight",
+                   help="what runs the model: nnsight, or a TransformerLens bridge (LLaVA-type families, zero "
+                        "ablation; docs/recipes/transformer-lens.md)")
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -612,6 +622,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", type=_preset, default="vrh", help="scoring preset (vrh, retrieval_heads, qrhead, ...)")
     p.add_argument("--top", type=_positive_int, default=20,
                    help="how many of the best-scored heads to print (all are saved)")
+    backend_option(p)
     p.set_defaults(func=cmd_detect)
 
     p = sub.add_parser("sweep", help="mask top-k vs random heads and measure grounding")
@@ -632,10 +643,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="explicit control seeds, e.g. 0,1,2 (overrides --random-sets)")
     p.add_argument("--no-matched", action="store_true",
                    help="leave out the layer-matched control (only the uniform random sets)")
-    p.add_argument("--iou", type=_unit_interval, default=0.5,
-                   help="an answer is correct when its box overlaps the referent's at IoU >= this")
+    iou_option(p)
     p.add_argument("--exclude-first-layer", action="store_true", help="random controls avoid layer 0")
     ablation_options(p)
+    backend_option(p)
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("scan", help="single-head causal scan: each head masked alone; does its score predict damage?")
@@ -645,8 +656,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=_positive_int, default=100,
                    help="scan on the first N evaluation samples (a fixed subset; cost: (1 + heads) x N answers)")
     p.add_argument("--heads", type=_head_spec, default=None, help="heads to scan, e.g. L0H1,L3H5 (default: every head)")
-    p.add_argument("--iou", type=_unit_interval, default=0.5,
-                   help="an answer is correct when its box overlaps the referent's at IoU >= this")
+    iou_option(p)
     ablation_options(p)
     p.set_defaults(func=cmd_scan)
 
@@ -731,6 +741,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="device or device_map, e.g. cpu, cuda, auto")
     p.add_argument("--dtype", default=None, help="torch dtype name, e.g. bfloat16")
     p.add_argument("--json", action="store_true", help="print the verdicts as JSON")
+    backend_option(p)
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("patch", help="activation patching: what the VRHs read out and write (synthetic pairs)")
@@ -755,6 +766,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="device or device_map, e.g. cpu, cuda, auto")
     p.add_argument("--dtype", default=None, help="torch dtype name, e.g. bfloat16")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    backend_option(p)
     p.set_defaults(func=cmd_patch)
     return parser
 

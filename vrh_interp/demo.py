@@ -73,6 +73,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import pandas as pd
 
+from vrh_interp.backends.base import Backend, get_backend
 from vrh_interp.evaluation.sweep import (CONTROL_KINDS, Condition, SweepResult, head_signature, parse_ks,
                                          run_conditions, summary_verdict, sweep_conditions)
 from vrh_interp.provenance import library_versions, model_provenance, now_utc
@@ -673,7 +674,7 @@ def format_plan(steps: Sequence[StepPlan], sizes: Sizes, facts: PlanFacts, rates
 
 
 def calibrate(vlm: Any, *, batch_size: int, positive_control: bool, device: str | None, load_seconds: float,
-              start_seconds: float = 0.0) -> tuple[Rates, dict[str, Any]]:
+              start_seconds: float = 0.0, backend: str | Backend = "nnsight") -> tuple[Rates, dict[str, Any]]:
     """Step 0: time the pieces the steps are made of, on the actual models, as the steps run them (the answers
     are thrown away): ``CALIBRATION_SETS`` head-mask conditions (the baseline and random k* sets) over
     ``CALIBRATION_ITEMS`` items through ``run_conditions`` (so a batched run of many conditions is measured at
@@ -681,7 +682,8 @@ def calibrate(vlm: Any, *, batch_size: int, positive_control: bool, device: str 
     (a summary costs per condition and per control group: ``Rates.summary``, ``Rates.group``),
     ``CALIBRATION_SCORED`` detection samples, a VQA sweep on ``CALIBRATION_VQA_SCENES`` scenes, and the same
     grounding call on the positive control's model. A one-item call first pays the one-off costs of the first
-    generation, which the run pays anyway but the rates must not include."""
+    generation, which the run pays anyway but the rates must not include. Grounding and scoring are timed on
+    ``backend`` (the steps that run on it), VQA on nnsight (``BACKEND_STEPS``)."""
     from vrh_interp.datasets.synthetic_vqa import synthetic_vqa
     from vrh_interp.datasets.vqa_sweep import vqa_sweep
     from vrh_interp.evaluation.statistics import two_level_bootstrap_ci
@@ -691,6 +693,7 @@ def calibrate(vlm: Any, *, batch_size: int, positive_control: bool, device: str 
     def grounding_rate(model: Any, k: int, sets: int, scenes: bool = True) -> tuple[float, int, float]:
         """Seconds per answer on items as the steps have them: a scene's referents (``scenes``: the main model's
         steps) or one item per scene (the positive control)."""
+        runner = get_backend(backend if model is vlm else getattr(backend, "name", backend), model)  # planted: own
         geometry = model.geometry
         detected = _stand_in_ranking(geometry)[:k]
         conditions = [Condition("baseline", 0, None, HeadSet())]
@@ -699,11 +702,11 @@ def calibrate(vlm: Any, *, batch_size: int, positive_control: bool, device: str 
         items = evaluation_items(math.ceil(CALIBRATION_ITEMS / ITEMS_PER_SCENE) + 1)[:CALIBRATION_ITEMS] if scenes \
             else synthetic_samples("eval", CALIBRATION_ITEMS)
         run_conditions(model, items[:1], conditions[:1], batch_size=batch_size, max_new_tokens=ANSWER_TOKENS,
-                       progress=False)
+                       progress=False, backend=runner)
         answers = planned_answers(conditions, len(items))
         clock = time.perf_counter()
         result = run_conditions(model, items, conditions, batch_size=batch_size, max_new_tokens=ANSWER_TOKENS,
-                                progress=False)
+                                progress=False, backend=runner)
         rate = (time.perf_counter() - clock) / answers
         clock = time.perf_counter()
         result.summary()  # its conditions and one control group (the random sets)
@@ -721,10 +724,13 @@ def calibrate(vlm: Any, *, batch_size: int, positive_control: bool, device: str 
     summary = max(summarised - group, 0.0) / CALIBRATION_SETS
     detect = synthetic_samples("detect", CALIBRATION_SCORED)
     clock = time.perf_counter()
-    collect_detection_stats(vlm, detect, batch_size=batch_size, max_new_tokens=ANSWER_TOKENS, progress=False)
+    collect_detection_stats(vlm, detect, batch_size=batch_size, max_new_tokens=ANSWER_TOKENS, progress=False,
+                            backend=backend)
     scoring = (time.perf_counter() - clock) / len(detect)
     parts["scoring_s"] = scoring * len(detect)
-    if answer > RETIME_RATIO * scoring:  # a greedy answer costs less than a scored sample: the timing was disturbed
+    # a greedy answer costs less than a scored sample on nnsight: the timing was disturbed (on the uncached
+    # transformer-lens bridge a batched masked answer costs more by design: not retimed)
+    if answer > RETIME_RATIO * scoring and getattr(backend, "name", backend) == "nnsight":
         clock = time.perf_counter()  # (another process took the CPU): time it again, keep the faster
         again, _, summarised_again = grounding_rate(vlm, k_star, CALIBRATION_SETS)
         answer = min(answer, again)
@@ -903,9 +909,10 @@ def _load(spec: str, device: str | None, dtype: str | None) -> Any:
     return load_spec(spec, device, dtype)
 
 
-def _detect(vlm: Any, samples: list[Any], out: Path, batch_size: int) -> tuple[list[Any], Any]:
+def _detect(vlm: Any, samples: list[Any], out: Path, batch_size: int,
+            backend: str | Backend = "nnsight") -> tuple[list[Any], Any]:
     stats = collect_detection_stats(vlm, samples, batch_size=batch_size, max_new_tokens=ANSWER_TOKENS,
-                                    run_dir=out, dataset=f"synthetic:detect:{len(samples)}")
+                                    run_dir=out, dataset=f"synthetic:detect:{len(samples)}", backend=backend)
     provenance = {"model": model_provenance(vlm), "dataset": f"synthetic:detect:{len(samples)}",
                   "libraries": library_versions(), "created": now_utc(),
                   "sample_ids": [s.sample_id for s in samples]}
@@ -913,7 +920,7 @@ def _detect(vlm: Any, samples: list[Any], out: Path, batch_size: int) -> tuple[l
 
 
 def positive_control_step(out: Path, device: str | None, batch_size: int,
-                          eval_scenes: int = 30) -> dict[str, Any] | None:
+                          eval_scenes: int = 30, backend: str = "nnsight") -> dict[str, Any] | None:
     """Step 1: the positive control on ``toy:planted`` into ``out/positive_control`` (None, with the reason
     printed, where its checkpoint is not shipped)."""
     from vrh_interp import positive_control as pc
@@ -924,7 +931,7 @@ def positive_control_step(out: Path, device: str | None, batch_size: int,
         return None
     outcome = pc.run_positive_control(out / "positive_control", device=device, batch_size=batch_size,
                                       detect_scenes=CONTROL_DETECT_SCENES, eval_scenes=eval_scenes,
-                                      random_sets=CONTROL_RANDOM_SETS)
+                                      random_sets=CONTROL_RANDOM_SETS, backend=backend)
     print("      " + pc.describe(outcome))
     with pd.option_context("display.width", 200, "display.max_colwidth", 60):
         print(read_grading(out / "positive_control" / "grading.csv").to_string(index=False))
@@ -933,6 +940,14 @@ def positive_control_step(out: Path, device: str | None, batch_size: int,
 
 STEPS = 10
 PLAN_FILE = "plan.json"
+# with --backend transformer-lens: what runs on it, and what stays on nnsight and why (printed, and in demo.json)
+BACKEND_STEPS = {
+    "transformer-lens": "calibration, 1 positive control, 2 detection, 3 k-sweep, 4 zero ablation, 5 single-head scan, "
+                        "6 design space",
+    "nnsight": "4 mean / resample ablation (the transformer-lens backend masks by zero ablation only), 8 transfer "
+               "(TransformerLens 4.3 has no InternVL adapter, toy:b / toy:d's family), 9 VQA and 10 overlays (not "
+               "routed through the backend seam yet)",
+}
 
 
 def _stored_plan(out: Path, request: dict[str, Any]) -> dict[str, Any] | None:
@@ -961,10 +976,12 @@ def run_demo(*, model_spec: str | None = None, out: Path = Path("runs/demo"), de
              random_sets: int | None = None, curve_sets: int | None = None, check_items: int | None = None,
              vqa_scenes: int | None = None, control_scenes: int | None = None, overlay_items: int = 3,
              positive_control: bool = True, budget_seconds: float | None = DEFAULT_BUDGET_SECONDS,
-             plan_only: bool = False) -> int:
+             plan_only: bool = False, backend: str = "nnsight") -> int:
     """The whole demo into ``out`` (module doc: steps, sizes, rules). Sizes left None are planned from
     ``budget_seconds`` (None or 0: the full sizes); ``model_spec`` None: ``resolve_models``; ``plan_only``:
-    calibrate, print the plan and stop (nothing is written). Returns the exit status."""
+    calibrate, print the plan and stop (nothing is written). ``backend``: "nnsight" or "transformer-lens"
+    (``BACKEND_STEPS``: the steps that run on it; the others on nnsight, said in the output). Returns the exit
+    status."""
     started = time.perf_counter()
     model_spec, transfer_model, why = resolve_models(model_spec, transfer_model)
     print(f"main model {model_spec}: {why}", flush=True)
@@ -980,6 +997,8 @@ def run_demo(*, model_spec: str | None = None, out: Path = Path("runs/demo"), de
     request = {"model": model_spec, "transfer_model": transfer_model if transfer_ready else None,
                "positive_control": run_control, "budget_seconds": budget, "explicit": explicit,
                "overlay_items": overlay_items}
+    if backend != "nnsight":  # folders of nnsight demos keep their plans
+        request["backend"] = backend
     stored = _stored_plan(out, request)
     if not plan_only:
         out.mkdir(parents=True, exist_ok=True)
@@ -990,6 +1009,10 @@ def run_demo(*, model_spec: str | None = None, out: Path = Path("runs/demo"), de
     clock = time.perf_counter()
     vlm = _load(model_spec, device, dtype)
     load_seconds = time.perf_counter() - clock
+    runner = get_backend(backend, vlm)
+    if backend != "nnsight":
+        where = f"backend {backend}: {BACKEND_STEPS[backend]}; on nnsight: {BACKEND_STEPS['nnsight']}"
+        print(textwrap.fill(where, TERMINAL_WIDTH, initial_indent="      ", subsequent_indent="      "), flush=True)
     geometry = vlm.geometry
     fixed_sets = {"random_sets": explicit.get("random_sets", FULL_SIZES.random_sets),
                   "curve_sets": explicit.get("curve_sets", FULL_SIZES.curve_sets)}
@@ -1001,7 +1024,8 @@ def run_demo(*, model_spec: str | None = None, out: Path = Path("runs/demo"), de
                        shared_prefix=vlm.adapter.image_prefix_cache)
     if stored is None:
         rates, calibration = calibrate(vlm, batch_size=batch_size, positive_control=run_control, device=device,
-                                       load_seconds=load_seconds, start_seconds=time.perf_counter() - started)
+                                       load_seconds=load_seconds, start_seconds=time.perf_counter() - started,
+                                       backend=runner)
         calibration_seconds = time.perf_counter() - started
         left = None if budget is None else PLAN_MARGIN * budget - calibration_seconds
         sizes, fits = choose_sizes(left if left is None else max(left, 0.0), facts, rates, explicit)
@@ -1024,7 +1048,7 @@ def run_demo(*, model_spec: str | None = None, out: Path = Path("runs/demo"), de
 
     if run_control:
         timer.begin(1, "positive control: the same pipeline on toy:planted, whose retrieval heads are known")
-        outcome = positive_control_step(out, device, batch_size, sizes.control_scenes)
+        outcome = positive_control_step(out, device, batch_size, sizes.control_scenes, backend=backend)
     else:
         timer.begin(1, "positive control skipped" + (" (--no-positive-control)" if not positive_control else ""))
         if positive_control:
@@ -1033,7 +1057,7 @@ def run_demo(*, model_spec: str | None = None, out: Path = Path("runs/demo"), de
     detect = synthetic_samples("detect", sizes.detect_scenes)
     evals = evaluation_items(sizes.eval_scenes)
     timer.begin(2, f"detecting heads of {model_spec} on {len(detect)} held-out scenes")
-    stats, scores = _detect(vlm, detect, out / "detect", batch_size)
+    stats, scores = _detect(vlm, detect, out / "detect", batch_size, backend=runner)
     scores.save(out / "scores-vrh.json")
     overlap = sorted({s.sample_id for s in detect} & {s.sample_id for s in evals})
     if overlap:
@@ -1047,7 +1071,7 @@ def run_demo(*, model_spec: str | None = None, out: Path = Path("runs/demo"), de
                    f"(k*={k_star}): {random_sets} random and {random_sets} layer-matched sets at k*, {curve_sets} of "
                    f"each at the other k: {planned_answers(conditions, len(evals)):,} answers")
     result = run_conditions(vlm, evals, conditions, batch_size=batch_size, max_new_tokens=ANSWER_TOKENS,
-                            run_dir=out / "sweep")
+                            run_dir=out / "sweep", backend=runner)
     summary = result.summary()
     summary.to_csv(out / "sweep_summary.csv", index=False)
     widths = interval_widths(summary, k_star)
@@ -1094,13 +1118,13 @@ def run_demo(*, model_spec: str | None = None, out: Path = Path("runs/demo"), de
     from vrh_interp.evaluation.head_scan import head_scan
 
     scan = write_head_scan(head_scan(vlm, checks, scores, heads=scanned, batch_size=batch_size,
-                                     max_new_tokens=ANSWER_TOKENS, run_dir=out / "scan"), out)
+                                     max_new_tokens=ANSWER_TOKENS, run_dir=out / "scan", backend=runner), out)
     scan["total_heads"], scan["sampled"] = geometry.total_heads, sampled.strip(" ()")
 
     timer.begin(6, f"design space at k={k_star} on the {len(checks)} fixed items")
     seeds = range(random_sets)
     design = design_space(vlm, stats, checks, k=k_star, random_seeds=seeds, batch_size=batch_size,
-                          max_new_tokens=ANSWER_TOKENS, run_dir=out)
+                          max_new_tokens=ANSWER_TOKENS, run_dir=out, backend=runner)
     design.to_csv(out / "design_space.csv", index=False)
     timer.begin(7, "sparsity and stability")
     scores.sparsity().to_csv(out / "sparsity.csv", index=False)
@@ -1145,6 +1169,7 @@ def run_demo(*, model_spec: str | None = None, out: Path = Path("runs/demo"), de
     timing = timer.table()
     (out / "demo.json").write_text(json.dumps({
         "model": model_spec, "transfer_model": transfer_model if transfer_ready else None, "model_choice": why,
+        "backend": backend, "backend_steps": dict(BACKEND_STEPS) if backend != "nnsight" else None,
         "seconds": elapsed, "budget_seconds": budget, "k_star": k_star, "ks": ks, "random_sets": random_sets,
         "curve_sets": curve_sets, "detect_scenes": len(detect), "evaluation_scenes": sizes.eval_scenes,
         "evaluation_items": len(evals), "check_items": check_items, "vqa_scenes": vqa_scenes,

@@ -23,6 +23,7 @@ from typing import Any
 
 import pandas as pd
 
+from vrh_interp.backends.base import get_backend
 from vrh_interp.evaluation.sweep import Condition, run_conditions, summary_verdict, sweep_conditions
 from vrh_interp.heads import HeadSet
 from vrh_interp.provenance import library_versions, model_provenance, now_utc
@@ -57,18 +58,21 @@ def load_planted(device: str | None = None) -> Any:
 
 
 def run_positive_control(out: Path, *, detect_scenes: int = 20, eval_scenes: int = 30, random_sets: int = 20,
-                         batch_size: int = 60, device: str | None = None, progress: bool = True) -> dict[str, Any]:
+                         batch_size: int = 60, device: str | None = None, progress: bool = True,
+                         backend: str = "nnsight") -> dict[str, Any]:
     """Detect, grade and sweep on ``toy:planted``; writes ``out/{grading.csv, sweep_summary.csv,
-    positive_control.json}`` (resumable through ``out/detect`` and ``out/sweep``) and returns the summary."""
+    positive_control.json}`` (resumable through ``out/detect`` and ``out/sweep``) and returns the summary.
+    ``backend``: the backend name both run on (``vrh_interp.backends.base.get_backend``)."""
     started = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     vlm = load_planted(device)
+    runner = get_backend(backend, vlm)
     planted, decoys = declared()
     detect = synthetic_samples("detect", detect_scenes)
     evals = synthetic_samples("eval", eval_scenes)
     stats = collect_detection_stats(vlm, detect, batch_size=batch_size, max_new_tokens=ANSWER_TOKENS,
                                     run_dir=out / "detect", dataset=f"synthetic:detect:{detect_scenes}",
-                                    progress=progress)
+                                    progress=progress, backend=runner)
     grading = grade_detection(stats, planted, decoys)
     grading.to_csv(out / "grading.csv", index=False)
     scores = scores_from_stats(stats, "vrh", {"model": model_provenance(vlm), "libraries": library_versions(),
@@ -79,7 +83,7 @@ def run_positive_control(out: Path, *, detect_scenes: int = 20, eval_scenes: int
     conditions = sweep_conditions(ranking, vlm.geometry, [0, k], list(range(random_sets)))
     conditions.append(Condition("decoys", len(decoys), None, decoys))
     result = run_conditions(vlm, evals, conditions, batch_size=batch_size, max_new_tokens=ANSWER_TOKENS,
-                            run_dir=out / "sweep", progress=progress)
+                            run_dir=out / "sweep", progress=progress, backend=runner)
     summary = result.summary()
     summary.to_csv(out / "sweep_summary.csv", index=False)
     default = grading[grading["design"] == "Q=output, Phi=sum, Omega=mean"].iloc[0]

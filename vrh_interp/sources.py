@@ -43,7 +43,7 @@ from vrh_interp.datasets.mathvista import load_mathvista
 from vrh_interp.datasets.mmstar import load_mmstar
 from vrh_interp.datasets.refer import load_refer
 from vrh_interp.datasets.refspatial import load_refspatial
-from vrh_interp.datasets.samples import SampleSet, VQASample
+from vrh_interp.datasets.samples import GroundingSample, SampleSet, VQASample
 from vrh_interp.datasets.spatial457 import load_spatial457
 from vrh_interp.datasets.spatialrgpt import load_spatialrgpt
 from vrh_interp.datasets.synthetic_vqa import synthetic_vqa
@@ -117,7 +117,9 @@ def check_synthetic(split: object, count: object, difficulty: object) -> None:
         raise DataSpecError(f"synthetic difficulty level {difficulty!r} does not exist: use 0, 1 or 2")
 
 
-def synthetic_samples(split: str, count: int, difficulty: int = 1) -> list[Any]:
+def synthetic_samples(split: str, count: int, difficulty: int = 1) -> list[GroundingSample]:
+    """The synthetic grounding loader: one referent of each of scenes ``0..count-1`` (scene ``i``'s referent
+    ``i mod n``; scenes without a referable object are skipped), the loaders' ``GroundingSample``s as a list."""
     from vrh_interp.data import grounding_samples
 
     check_synthetic(split, count, difficulty)
@@ -145,7 +147,7 @@ def _synthetic_args(spec: ParsedSpec) -> tuple[Any, int, int]:
     return split, count, level
 
 
-def _synthetic(spec: ParsedSpec) -> list[Any]:
+def _synthetic(spec: ParsedSpec) -> list[GroundingSample]:
     return synthetic_samples(*_synthetic_args(spec))
 
 

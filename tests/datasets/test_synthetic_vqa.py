@@ -9,7 +9,7 @@ from vrh_interp.datasets.synthetic_vqa import answer_text, synthetic_vqa
 from vrh_interp.datasets.vqa import score_response
 from vrh_interp.datasets.vqa_prompt import vqa_user_text
 from vrh_interp.sources import DataSpecError, load_vqa
-from vrh_interp.toy.tokenizer import build_tokenizer
+from toy_training.tokenizer import build_tokenizer
 
 
 def test_answers_follow_from_the_drawn_scene() -> None:

@@ -1,9 +1,9 @@
 """One row per built-in family: the facts the parametrised tests in ``test_families.py`` check about it.
 
 A row's values are written down from the family's sources (the processor's resize rule, the chat template,
-documented model answers), never read back from the adapter under test. The row's name is the adapter's
-registry key and the name of its tiny builder (``vrh_interp.testing.tiny.build_tiny``). A ``None`` field means
-the family has no such check; checks that only one family has are family-specific tests in ``test_families.py``.
+documented model answers), never read back from the adapter under test. The row's name is the family's
+registry key (``vrh_interp.families.registry``) and the name of its tiny fixture (``build_tiny``). A ``None`` field
+means the family has no such check; checks that only one family has are family-specific tests in ``test_families.py``.
 """
 
 from __future__ import annotations
@@ -56,7 +56,25 @@ from vrh_interp.families.qwen2_5_vl import Qwen25VLAdapter
 from vrh_interp.families.qwen2_vl import Qwen2VLAdapter
 from vrh_interp.families.qwen3_vl import Qwen3VLAdapter
 from vrh_interp.heads import HeadGeometry
-from vrh_interp.testing.tiny import TinyVLM, glm4v, idefics3, llava_next, llava_onevision, qwen2_vl, qwen3_vl
+from vrh_interp.families.registry import (
+    FAMILIES,
+    GLM4V_MAX_PIXELS,
+    GLM4V_MIN_PIXELS,
+    LLAVA_NEXT_PINPOINTS,
+    ONEVISION_PINPOINTS,
+    QWEN2_VL_MAX_PIXELS,
+    QWEN3_VL_MAX_PIXELS,
+    QWEN_MIN_PIXELS,
+)
+from vrh_interp.testing.tiny import TinyVLM
+
+# Sizes of the tiny fixtures, written from their recipes (vrh_interp/families/registry.py).
+INTERNVL_TILE, INTERNVL_TOKENS_PER_TILE = 64, 16  # patch 8, pixel shuffle 0.5: 4 x 4 tokens
+LLAVA_NEXT_TILE, ONEVISION_TILE = 32, 36
+PALIGEMMA_IMAGE, PALIGEMMA_PATCH = 56, 7
+GEMMA3_IMAGE, GEMMA3_TOKENS_PER_IMAGE = 64, 16
+IDEFICS3_FRAME, IDEFICS3_LONGEST_EDGE, IDEFICS3_TOKENS_PER_FRAME = 32, 96, 16  # patch 4, scale 2: 4 x 4 tokens
+MISTRAL3_PATCH, MISTRAL3_MERGE, MISTRAL3_LONGEST_EDGE = 8, 2, 64
 
 Size = tuple[int, int]
 FrameFor = Callable[[FamilyAdapter, Size], BoxFrame]  # (adapter, image size) -> the frame answers are read in
@@ -235,7 +253,7 @@ QWEN2_VL = FamilySpec(
     layout_cases=SMART_RESIZE_LAYOUT_CASES,
     smart_resize=SmartResize(
         sizes=((300, 170), (97, 203), (50, 40), (1000, 30)), token_pixels=28,
-        resize=lambda h, w: smart_resize(h, w, 28, qwen2_vl.TINY_MIN_PIXELS, qwen2_vl.TINY_MAX_PIXELS)),
+        resize=lambda h, w: smart_resize(h, w, 28, QWEN_MIN_PIXELS, QWEN2_VL_MAX_PIXELS)),
     outside=Outside((300, 170), layout_box=Box(200, 100, 310, 170), format_box=Box(0, 0, 10, 200)),
     prompt=Prompt("the red cube", (300, 170), contains=(
         QWEN_USER_IMAGE, "Find <|object_ref_start|>the red cube<|object_ref_end|><|im_end|>"),
@@ -298,7 +316,7 @@ QWEN3_VL = FamilySpec(
     layout_cases=SMART_RESIZE_LAYOUT_CASES,
     smart_resize=SmartResize(
         sizes=((300, 170), (97, 203), (50, 40)), token_pixels=32,
-        resize=lambda h, w: smart_resize(h, w, 32, qwen2_vl.TINY_MIN_PIXELS, qwen3_vl.TINY_MAX_PIXELS)),
+        resize=lambda h, w: smart_resize(h, w, 32, QWEN_MIN_PIXELS, QWEN3_VL_MAX_PIXELS)),
     outside=Outside((300, 170), layout_box=None, format_box=Box(-5, 0, 10, 10)),
     prompt=Prompt("the red cube", (300, 170), equals=(
         QWEN_USER_IMAGE + "Locate the red cube, output its bbox coordinates using JSON format.<|im_end|>\n"
@@ -418,7 +436,7 @@ LLAVA_NEXT = FamilySpec(
         ((32, 32), Box(14, 0, 18, 32)),
     ),
     sampling=Sampling(sizes=((50, 37), (90, 25), (25, 90), (77, 60)), boxes=3,  # 2x2, 1x3, 3x1, 2x2 tiles
-                      spacing=anyres_spacing(llava_next.GRID_PINPOINTS, llava_next.TILE_SIZE)),
+                      spacing=anyres_spacing(LLAVA_NEXT_PINPOINTS, LLAVA_NEXT_TILE)),
     outside=Outside((50, 37), layout_box=Box(40, 30, 60, 37), format_box=Box(-5, 0, 10, 10), frame=view_frame),
     prompt=Prompt("the red circle", (50, 37), equals=f"[INST] <image>\n{LLAVA_INSTRUCTION}the red circle [/INST]"),
     round_trip=RoundTrip(steps=100, small_boxes=True, frames=(view_frame, image_frame)),
@@ -449,7 +467,7 @@ LLAVA_ONEVISION = FamilySpec(
     ),
     tokenless=(((72, 36), Box(68, 32, 72, 36)),),
     sampling=Sampling(sizes=((40, 100), (150, 200)), boxes=2,  # 3x2 tiles; 6x5 tiles, downsampled
-                      spacing=anyres_spacing(llava_onevision.GRID_PINPOINTS, llava_onevision.TILE_SIZE)),
+                      spacing=anyres_spacing(ONEVISION_PINPOINTS, ONEVISION_TILE)),
     outside=Outside((72, 36), layout_box=Box(60, 0, 80, 10), format_box=Box(0, 0, 10, 40), frame=view_frame),
     prompt=Prompt("the red circle", (72, 36), equals=(
         f"<|im_start|>user <image>\n{LLAVA_INSTRUCTION}the red circle<|im_end|>\n<|im_start|>assistant\n")),
@@ -543,7 +561,7 @@ IDEFICS3 = FamilySpec(
     outside=Outside((100, 60), layout_box=Box(50, 30, 120, 60), format_box=Box(0, 0, 10, 61)),
     prompt=Prompt("the red cube", (100, 60), starts="<|begin_of_text|>User:<image>Locate the red cube in the image.",
                   contains=("[x1, y1, x2, y2]",), ends="<end_of_utterance>\nAssistant:",
-                  image_tokens=7 * idefics3.TOKENS_PER_FRAME),  # 2x3 tiles + global
+                  image_tokens=7 * IDEFICS3_TOKENS_PER_FRAME),  # 2x3 tiles + global
     round_trip=RoundTrip(steps=100, tolerance=0.5, text=r"\[[01]\.\d\d, [01]\.\d\d, [01]\.\d\d, [01]\.\d\d\]"),
     fuzz=Fuzz(pieces=RELATIVE_LIST_PIECES),
     answers=Answers((1000, 500), (
@@ -570,8 +588,8 @@ GLM4V = FamilySpec(
     ),
     smart_resize=SmartResize(
         sizes=((300, 170), (97, 203), (20, 90)), token_pixels=28,
-        resize=lambda h, w: glm_smart_resize(2, h, w, temporal_factor=2, factor=28, min_pixels=glm4v.TINY_MIN_PIXELS,
-                                             max_pixels=glm4v.TINY_MAX_PIXELS)),
+        resize=lambda h, w: glm_smart_resize(2, h, w, temporal_factor=2, factor=28, min_pixels=GLM4V_MIN_PIXELS,
+                                             max_pixels=GLM4V_MAX_PIXELS)),
     outside=Outside((300, 170), layout_box=None, format_box=Box(0, 0, 10, 171)),
     prompt=Prompt("the red cube", (300, 170), image_tokens=merged_grid_tokens, equals=(
         "[gMASK]<sop><|user|>\n<|begin_of_image|><|image|><|end_of_image|>"
@@ -655,8 +673,9 @@ AYA_VISION = FamilySpec(
     )),
 )
 
-# In BUILTIN_ADAPTERS order (vrh_interp/families/__init__.py).
-SPECS: dict[str, FamilySpec] = {spec.name: spec for spec in (
+# One row per registry row, in the registry's order (tests/families/test_registry.py checks the names agree).
+_ROWS: dict[str, FamilySpec] = {spec.name: spec for spec in (
     QWEN2_VL, QWEN2_5_VL, QWEN3_VL, INTERNVL, LLAVA, LLAVA_NEXT, LLAVA_ONEVISION, PALIGEMMA, GEMMA3, IDEFICS3, GLM4V,
     MISTRAL3, AYA_VISION,
 )}
+SPECS: dict[str, FamilySpec] = {row.name: _ROWS[row.name] for row in FAMILIES if row.name in _ROWS}

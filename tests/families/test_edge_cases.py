@@ -23,15 +23,15 @@ from vrh_interp.families import adapter_for_config
 from vrh_interp.families.base import FamilyAdapter, VisualLayout
 from vrh_interp.families.idefics3 import frame_blocks, split_canvas_size
 from vrh_interp.testing.layout_probe import check_layout_by_painting, nearest_resampling
-from vrh_interp.testing.tiny import TinyVLM, idefics3, llava_next, llava_onevision
+from vrh_interp.testing.tiny import TinyVLM, build_tiny
 
 EXTREME_SIZES = [(2000, 40), (40, 2000), (1, 40), (8, 200)]
-BUILDERS = {"llava_next": llava_next.build, "llava_onevision": llava_onevision.build}
+ANYRES_FAMILIES = ("llava_next", "llava_onevision")
 
 
-@pytest.fixture(scope="module", params=sorted(BUILDERS))
+@pytest.fixture(scope="module", params=ANYRES_FAMILIES)
 def anyres(request: pytest.FixtureRequest) -> tuple[TinyVLM, FamilyAdapter]:
-    tiny = BUILDERS[request.param](seed=0)
+    tiny = build_tiny(request.param)
     return tiny, adapter_for_config(tiny.model.config)
 
 
@@ -144,13 +144,13 @@ def test_boxes_on_token_edges_take_no_neighbouring_row_or_column(anyres: tuple[T
     ((32, 16), Box(16, 4, 24, 12)),
 ])
 def test_llava_next_boxes_on_token_edges_agree_with_painting(image_size: tuple[int, int], box: Box) -> None:
-    tiny = llava_next.build(seed=0)
+    tiny = build_tiny("llava_next")
     positions = check_layout_by_painting(tiny, adapter_for_config(tiny.model.config), noise_image(*image_size), box)
     assert positions  # the model's own tokens under the box, and none beside it
 
 
 def test_idefics3_tiny_model_boxes_on_token_edges() -> None:
-    tiny = nearest_resampling(idefics3.build(seed=0))
+    tiny = nearest_resampling(build_tiny("idefics3"))
     adapter = adapter_for_config(tiny.model.config)
     for image_size in [(50, 37), (99, 17), (33, 99)]:
         layout = adapter.visual_layout(encode_noise_image(tiny, adapter, image_size), image_size, tiny.processor)

@@ -12,6 +12,7 @@ import functools
 import math
 import operator
 import re
+from dataclasses import replace
 from typing import Any, Callable
 
 import pytest
@@ -36,18 +37,36 @@ from tests.families.checks import (
     small_boxes_in_images,
     text_config_geometry,
 )
-from tests.families.specs import SPECS, FamilySpec, llava_view_spacing
+from tests.families.specs import (
+    GEMMA3_IMAGE,
+    GEMMA3_TOKENS_PER_IMAGE,
+    IDEFICS3_FRAME,
+    IDEFICS3_LONGEST_EDGE,
+    IDEFICS3_TOKENS_PER_FRAME,
+    INTERNVL_TILE,
+    INTERNVL_TOKENS_PER_TILE,
+    LLAVA_NEXT_TILE,
+    MISTRAL3_LONGEST_EDGE,
+    MISTRAL3_MERGE,
+    MISTRAL3_PATCH,
+    ONEVISION_TILE,
+    PALIGEMMA_IMAGE,
+    PALIGEMMA_PATCH,
+    SPECS,
+    FamilySpec,
+    llava_view_spacing,
+)
 from tests.reference import decoder_layers
 from vrh_interp.boxes import Box, BoxParseFailure, InvalidBoxError
-from vrh_interp.families import FamilyAdapter, adapter_for_config, builtin_adapter_classes
+from vrh_interp.families import FamilyAdapter, adapter_for_config
 from vrh_interp.families.base import BoxFrame, VisualLayout
 from vrh_interp.families.gemma3 import Gemma3Adapter
 from vrh_interp.families.idefics3 import Idefics3Adapter, split_canvas_size
 from vrh_interp.families.llava import LlavaAdapter, llava_processed_view
 from vrh_interp.families.llava_onevision import bilinear_sources
+from vrh_interp.families.registry import call, family_row
 from vrh_interp.testing.layout_probe import check_layout_by_painting, nearest_resampling
-from vrh_interp.testing.tiny import TINY_FAMILIES, TinyVLM, build_tiny
-from vrh_interp.testing.tiny import gemma3, idefics3, internvl, llava, llava_next, llava_onevision, mistral3, paligemma
+from vrh_interp.testing.tiny import TinyVLM, build_processor, build_recipe, build_tiny
 
 
 @functools.cache
@@ -71,11 +90,6 @@ def cases(field: Callable[[FamilySpec], Any]) -> list[Any]:
     """One ``pytest.param(spec, *case)`` per case in each family's ``field`` (a sequence of tuples)."""
     return [pytest.param(spec, *case, id=f"{spec.name}-{index}")
             for spec in SPECS.values() for index, case in enumerate(field(spec) or ())]
-
-
-def test_every_builtin_family_has_a_spec_row_and_a_tiny_fixture() -> None:
-    assert {cls.name for cls in builtin_adapter_classes()} == set(SPECS) == set(TINY_FAMILIES)
-    assert all(spec.adapter.name == name for name, spec in SPECS.items())
 
 
 def test_zero_area_boxes_are_refused() -> None:
@@ -294,19 +308,19 @@ def test_internvl_tiles_are_row_major_with_the_thumbnail_last(image_size: tuple[
     layout = adapter.visual_layout(encoding, image_size, tiny.processor)
     context_id = adapter.image_token_id(tiny.processor)
     assert list(layout.visual_positions) == (encoding["input_ids"][0] == context_id).nonzero().flatten().tolist()
-    assert len(layout.visual_positions) == (cols * rows_ + 1) * internvl.TOKENS_PER_TILE
+    assert len(layout.visual_positions) == (cols * rows_ + 1) * INTERNVL_TOKENS_PER_TILE
     expected_regions = [(c * width / cols, r * height / rows_, (c + 1) * width / cols, (r + 1) * height / rows_)
                         for r in range(rows_) for c in range(cols)] + [(0.0, 0.0, float(width), float(height))]
     assert [block.region for block in layout.blocks] == expected_regions
     assert layout.blocks[-1].name == "thumbnail"
-    assert [block.positions[0] for block in layout.blocks] == list(layout.visual_positions[::internvl.TOKENS_PER_TILE])
+    assert [block.positions[0] for block in layout.blocks] == list(layout.visual_positions[::INTERNVL_TOKENS_PER_TILE])
 
 
 def test_internvl_square_image_is_one_stretched_tile_without_thumbnail() -> None:
     tiny, adapter = tiny_for("internvl"), adapter_for("internvl")
     encoding = internvl_encoding((40, 40))
     layout = adapter.visual_layout(encoding, (40, 40), tiny.processor)
-    assert encoding["pixel_values"].shape[-2:] == (internvl.TILE_SIZE, internvl.TILE_SIZE)
+    assert encoding["pixel_values"].shape[-2:] == (INTERNVL_TILE, INTERNVL_TILE)
     assert [(b.name, b.rows, b.cols, b.region) for b in layout.blocks] == [("image", 4, 4, (0.0, 0.0, 40.0, 40.0))]
 
 
@@ -324,7 +338,7 @@ def test_internvl_image_tokens_sit_between_the_image_markers() -> None:
     ids = encoding["input_ids"][0].tolist()
     first, last = ids.index(tokenizer.start_image_token_id), ids.index(tokenizer.end_image_token_id)
     assert set(ids[first + 1:last]) == {adapter.image_token_id(tiny.processor)}
-    assert last - first - 1 == 3 * internvl.TOKENS_PER_TILE
+    assert last - first - 1 == 3 * INTERNVL_TOKENS_PER_TILE
 
 
 # --- LLaVA-1.5: crop and pad modes ---------------------------------------------------------------------------------
@@ -332,8 +346,10 @@ def test_internvl_image_tokens_sit_between_the_image_markers() -> None:
 @functools.cache
 def llava_pad_tiny() -> TinyVLM:
     """The LLaVA fixture's model behind a pad-to-square processor (the fixture's own processor crops)."""
-    crop = tiny_for("llava")
-    return TinyVLM(family="llava", model=crop.model, processor=llava.build_processor(pad_to_square=True),
+    crop, recipe = tiny_for("llava"), family_row("llava").tiny
+    pad_mode = replace(recipe, image_processor=call(recipe.image_processor.target,
+                                                    **{**recipe.image_processor.kwargs, "do_pad": True}))
+    return TinyVLM(family="llava", model=crop.model, processor=build_processor(pad_mode),
                    vision_attention_modules=crop.vision_attention_modules)
 
 
@@ -430,7 +446,7 @@ def anyres_layout(name: str, image_size: tuple[int, int], tile_size: int) -> tup
 @pytest.mark.parametrize("image_size", [(50, 37), (90, 25), (25, 90), (77, 60), (30, 20), (16, 16)])
 def test_llava_next_token_count_base_first_and_newlines(image_size: tuple[int, int]) -> None:
     width, height = image_size
-    encoding, layout, features = anyres_layout("llava_next", image_size, llava_next.TILE_SIZE)
+    encoding, layout, features = anyres_layout("llava_next", image_size, LLAVA_NEXT_TILE)
     assert len(layout.visual_positions) == features - 1  # the processor counts the CLS token the model drops
     base = layout.blocks[0]
     assert base.name == "base" and base.positions == layout.visual_positions[:16]
@@ -465,7 +481,7 @@ def test_llava_next_unpadding_keeps_the_extra_row_of_an_odd_remainder() -> None:
 
 @pytest.mark.parametrize("image_size", [(72, 36), (40, 100), (200, 150), (150, 200), (30, 20)])
 def test_llava_onevision_token_count_and_newlines(image_size: tuple[int, int]) -> None:
-    encoding, layout, features = anyres_layout("llava_onevision", image_size, llava_onevision.TILE_SIZE)
+    encoding, layout, features = anyres_layout("llava_onevision", image_size, ONEVISION_TILE)
     assert len(layout.visual_positions) == features
     assert layout.blocks[0].positions == layout.visual_positions[:16]
     assert_separators_are_image_newlines(tiny_for("llava_onevision"), adapter_for("llava_onevision"), encoding, layout)
@@ -504,7 +520,7 @@ def test_llava_onevision_bilinear_sources_match_torch_interpolate(index: int, so
 
 # --- PaliGemma: one stretched grid first, a prefix prompt, <loc> tokens ---------------------------------------------
 
-PALIGEMMA_GRID = paligemma.IMAGE_SIZE // paligemma.PATCH_SIZE  # 56 px / patch 7 = 8
+PALIGEMMA_GRID = PALIGEMMA_IMAGE // PALIGEMMA_PATCH  # 56 px / patch 7 = 8
 
 
 def test_paligemma_vocabulary_has_the_location_tokens_and_attention_is_bidirectional() -> None:
@@ -520,7 +536,7 @@ def test_paligemma_image_tokens_come_first_as_one_stretched_grid() -> None:
     assert layout.visual_positions == tuple(range(grid * grid))
     (block,) = layout.blocks
     assert (block.rows, block.cols, block.region) == (grid, grid, (0.0, 0.0, 150.0, 70.0))
-    assert layout.input_size == (paligemma.IMAGE_SIZE, paligemma.IMAGE_SIZE)
+    assert layout.input_size == (PALIGEMMA_IMAGE, PALIGEMMA_IMAGE)
     assert block.token_rect(1, 2) == (2 * 150 / grid, 70 / grid, 3 * 150 / grid, 2 * 70 / grid)
 
 
@@ -588,11 +604,11 @@ def test_gemma3_pan_and_scan_crops_split_the_long_side() -> None:
     layout = noise_image_layout(tiny_for("gemma3"), gemma3_pan_and_scan_adapter(), (300, 1000))
     assert [block.region for block in layout.blocks] == [
         (0.0, 0.0, 300.0, 1000.0), (0.0, 0.0, 300.0, 334.0), (0.0, 334.0, 300.0, 668.0), (0.0, 668.0, 300.0, 1000.0)]
-    assert len(layout.visual_positions) == 4 * gemma3.TOKENS_PER_IMAGE
+    assert len(layout.visual_positions) == 4 * GEMMA3_TOKENS_PER_IMAGE
 
 
 def test_gemma3_one_pooled_block_between_boi_and_eoi() -> None:
-    tiny, adapter, tokens = tiny_for("gemma3"), adapter_for("gemma3"), gemma3.TOKENS_PER_IMAGE
+    tiny, adapter, tokens = tiny_for("gemma3"), adapter_for("gemma3"), GEMMA3_TOKENS_PER_IMAGE
     encoding = encode_noise_image(tiny, adapter, (150, 70))
     layout = adapter.visual_layout(encoding, (150, 70), tiny.processor)
     ids = encoding["input_ids"][0].tolist()
@@ -604,7 +620,7 @@ def test_gemma3_one_pooled_block_between_boi_and_eoi() -> None:
     assert encoding["token_type_ids"][0].nonzero().flatten().tolist() == list(layout.visual_positions)
     (block,) = layout.blocks
     assert (block.rows, block.cols, block.region) == (4, 4, (0.0, 0.0, 150.0, 70.0))
-    assert layout.input_size == (gemma3.IMAGE_SIZE, gemma3.IMAGE_SIZE)
+    assert layout.input_size == (GEMMA3_IMAGE, GEMMA3_IMAGE)
 
 
 def test_gemma3_batch_encodes_one_image_per_prompt() -> None:
@@ -623,7 +639,7 @@ def test_gemma3_batch_encodes_one_image_per_prompt() -> None:
 
 def test_idefics3_tokens_per_frame() -> None:
     tiny = tiny_for("idefics3")
-    assert adapter_for("idefics3").tokens_per_side() ** 2 == idefics3.TOKENS_PER_FRAME == tiny.processor.image_seq_len
+    assert adapter_for("idefics3").tokens_per_side() ** 2 == IDEFICS3_TOKENS_PER_FRAME == tiny.processor.image_seq_len
 
 
 @pytest.mark.parametrize(("image_size", "grid"),
@@ -631,10 +647,10 @@ def test_idefics3_tokens_per_frame() -> None:
                           ((150, 70), (2, 3))])
 def test_idefics3_tiles_are_row_major_with_the_global_image_last(image_size: tuple[int, int],
                                                                  grid: tuple[int, int]) -> None:
-    tiny, adapter, frame = tiny_for("idefics3"), adapter_for("idefics3"), idefics3.FRAME_SIZE
+    tiny, adapter, frame = tiny_for("idefics3"), adapter_for("idefics3"), IDEFICS3_FRAME
     width, height = image_size
     rows_, cols = grid
-    assert split_canvas_size(image_size, idefics3.LONGEST_EDGE, frame) == (cols * frame, rows_ * frame)
+    assert split_canvas_size(image_size, IDEFICS3_LONGEST_EDGE, frame) == (cols * frame, rows_ * frame)
     encoding = encode_noise_image(tiny, adapter, image_size)
     assert encoding["pixel_values"].shape[1] == rows_ * cols + 1
     layout = adapter.visual_layout(encoding, image_size, tiny.processor)
@@ -657,7 +673,7 @@ def test_idefics3_frame_markers_sit_between_blocks_and_are_not_visual() -> None:
     before = [tokenizer.decode(ids[block.positions[0] - 2:block.positions[0]]) for block in layout.blocks]
     assert before == [f"<fake_token_around_image><row_{r}_col_{c}>" for r in (1, 2) for c in (1, 2, 3)] + [
         "<fake_token_around_image><global-img>"]
-    assert all(len(block.positions) == idefics3.TOKENS_PER_FRAME for block in layout.blocks)
+    assert all(len(block.positions) == IDEFICS3_TOKENS_PER_FRAME for block in layout.blocks)
 
 
 def test_idefics3_without_splitting_the_image_is_one_global_frame() -> None:
@@ -670,7 +686,13 @@ def test_idefics3_without_splitting_the_image_is_one_global_frame() -> None:
 
 
 def test_idefics3_smolvlm_variant_uses_the_same_adapter_and_layout() -> None:
-    smolvlm = nearest_resampling(idefics3.build_smolvlm(seed=0))
+    idefics3 = family_row("idefics3").tiny  # SmolVLM's classes behind Idefics3Processor (SmolVLMProcessor needs
+    # the optional num2words package), whose image prompt is SmolVLM's (processing_smolvlm._prompt_split_image)
+    recipe = replace(idefics3, model="SmolVLMForConditionalGeneration",
+                     config=call("SmolVLMConfig", **idefics3.config.kwargs),
+                     vision_config=call("SmolVLMVisionConfig", **idefics3.vision_config.kwargs),
+                     image_processor=call("SmolVLMImageProcessorPil", **idefics3.image_processor.kwargs))
+    smolvlm = nearest_resampling(build_recipe(recipe, seed=0, family="idefics3"))
     adapter = assert_fixture_is_registered(smolvlm, SmolVLMForConditionalGeneration, SmolVLMImageProcessorPil,
                                            Idefics3Adapter)
     assert smolvlm.model.config.model_type == "smolvlm"
@@ -681,7 +703,7 @@ def test_idefics3_smolvlm_variant_uses_the_same_adapter_and_layout() -> None:
 
 # --- Mistral3: the Pixtral processor, [IMG_BREAK] / [IMG_END] -------------------------------------------------------
 
-MISTRAL3_TOKEN_PIXELS = mistral3.PATCH_SIZE * mistral3.SPATIAL_MERGE_SIZE
+MISTRAL3_TOKEN_PIXELS = MISTRAL3_PATCH * MISTRAL3_MERGE
 
 
 def test_mistral3_port_matches_the_real_pixtral_processor() -> None:
@@ -689,7 +711,7 @@ def test_mistral3_port_matches_the_real_pixtral_processor() -> None:
     tiny = tiny_for("mistral3")
     real = processing_pixtral.PixtralProcessor(
         image_processor=tiny.processor.image_processor, tokenizer=tiny.processor.tokenizer,
-        patch_size=mistral3.PATCH_SIZE, spatial_merge_size=mistral3.SPATIAL_MERGE_SIZE,
+        patch_size=MISTRAL3_PATCH, spatial_merge_size=MISTRAL3_MERGE,
         chat_template=tiny.processor.chat_template,
     )
     for image_size in [(50, 37), (200, 150), (16, 64)]:
@@ -705,7 +727,7 @@ def test_mistral3_grid_breaks_and_end_follow_the_processor(image_size: tuple[int
     encoding = encode_noise_image(tiny, adapter, image_size)
     layout = adapter.visual_layout(encoding, image_size, tiny.processor)
     resized_h, resized_w = get_resize_output_image_size(
-        noise_image(*image_size), size=(mistral3.LONGEST_EDGE, mistral3.LONGEST_EDGE),
+        noise_image(*image_size), size=(MISTRAL3_LONGEST_EDGE, MISTRAL3_LONGEST_EDGE),
         patch_size=(token_pixels, token_pixels))
     rows_, cols = resized_h // token_pixels, resized_w // token_pixels
     (block,) = layout.blocks

@@ -1,5 +1,8 @@
 """Head ablation, readout, capture and patching through a TransformerLens ``TransformerBridge``.
 
+``TransformerLensBackend`` implements ``backends.base.Backend`` (``get_backend("transformer-lens", vlm)``), so
+every pipeline that takes ``backend=`` runs on it; masking is zero ablation only.
+
 ``TransformerLensBackend.from_vlm(vlm)`` wraps a DEEP COPY of ``vlm.hf_model`` with
 ``transformer_lens.model_bridge.sources.build_bridge_from_module``: the bridge replaces the model's
 submodules in place and switches the whole model (vision tower included) to eager attention, so wrapping
@@ -45,22 +48,24 @@ from __future__ import annotations
 import copy
 import importlib.util
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import torch
 
+from vrh_interp import interventions as iv
+from vrh_interp.backends.base import BackendError, Condition, RowReduction, check_ablation_kinds
+from vrh_interp.families.registry import FAMILIES
 from vrh_interp.heads import HeadSet
 from vrh_interp.model import VLM
+from vrh_interp.templates.ablation import ZERO_ABLATION
 
 # Registry keys (``FamilyAdapter.name``) of the families whose HF class has a TransformerLens 4.3 adapter.
-SUPPORTED_FAMILIES: tuple[str, ...] = (
-    "llava", "llava_next", "llava_onevision", "qwen2_5_vl", "qwen3_vl", "gemma3", "idefics3", "glm4v", "mistral3",
-)
+SUPPORTED_FAMILIES: tuple[str, ...] = tuple(row.name for row in FAMILIES if row.transformer_lens)
 
 HookFunction = Callable[[torch.Tensor, Any], torch.Tensor | None]
 
 
-class UnsupportedFamilyError(ValueError):
+class UnsupportedFamilyError(BackendError):
     """The model's family has no TransformerLens bridge adapter we support."""
 
 
@@ -99,14 +104,21 @@ class TransformerLensBackend:
 
     vlm: VLM
     bridge: Any  # transformer_lens.model_bridge.TransformerBridge
+    name: ClassVar[str] = "transformer-lens"
+    ablation_kinds: ClassVar[tuple[str, ...]] = ("zero",)
 
     @classmethod
     def from_vlm(cls, vlm: VLM) -> "TransformerLensBackend":
         family = vlm.adapter.name
         if family not in SUPPORTED_FAMILIES:
             raise UnsupportedFamilyError(
-                f"no TransformerLens backend for family {family!r}; supported: {', '.join(SUPPORTED_FAMILIES)}"
+                f"the transformer-lens backend cannot run family {family!r} (TransformerLens 4.3 has no bridge "
+                f"adapter for it); supported: {', '.join(SUPPORTED_FAMILIES)}. Use --backend nnsight "
+                "(backend='nnsight'), which runs every family"
             )
+        if importlib.util.find_spec("transformer_lens") is None:
+            raise BackendError("the transformer-lens backend needs the transformer-lens package: pip install "
+                               "'transformer-lens>=4.3', or use --backend nnsight")
         bridge = _build_bridge(copy.deepcopy(vlm.hf_model))
         bridge.tokenizer = copy.deepcopy(vlm.tokenizer)  # see the module docstring
         return cls(vlm=vlm, bridge=bridge)
@@ -119,31 +131,48 @@ class TransformerLensBackend:
 
     def ablated_generate(self, encoding: Mapping[str, Any], heads: HeadSet, max_new_tokens: int) -> torch.Tensor:
         """Greedy ids ``[batch, prompt + new]`` with ``heads`` ablated at every step (prefill and decode)."""
-        inputs = dict(encoding)
-        input_ids = inputs.pop("input_ids")
-        generation_config = self.bridge.original_model.generation_config
-        eos = generation_config.eos_token_id
-        with torch.no_grad(), self.bridge.hooks(fwd_hooks=self._ablation_hooks(heads)):
-            ids = self.bridge.hf_generate(
-                input_ids, max_new_tokens=max_new_tokens, do_sample=False, stop_at_eos=eos is not None,
-                eos_token_id=eos, return_type="tokens", use_past_kv_cache=False, use_cache=False, **inputs,
-            )
-        return _repad_after_eos(ids, input_ids.shape[1], eos, generation_config.pad_token_id)
+        return self.generate_conditions(encoding, [(heads, ZERO_ABLATION)], max_new_tokens=max_new_tokens)[0]
+
+    def generate_conditions(self, encoding: Mapping[str, Any], conditions: Sequence[Condition], *,
+                            max_new_tokens: int, segments: torch.Tensor | None = None,
+                            sample_ids: Sequence[str] | None = None,
+                            shared_prefix: bool = True) -> list[torch.Tensor]:
+        """``interventions.generate_conditions`` on the bridge: the batch replicated per condition
+        (``replicate_encoding``), each block's heads zeroed at ``hook_z`` at every step, one uncached
+        ``hf_generate`` for all. Zero ablation only (mean / resample: the nnsight backend); ``segments``,
+        ``sample_ids`` and ``shared_prefix`` (an nnsight KV-cache optimisation) are accepted and unused."""
+        if not conditions:
+            raise ValueError("generate_conditions needs at least one condition")
+        check_ablation_kinds(self, [a.kind for h, a in conditions if h is not None and len(h)])
+        rows = int(encoding["input_ids"].shape[0])
+        heads_per_row = [heads for heads, _ in conditions for _ in range(rows)]
+        ids = self._generate(iv.replicate_encoding(encoding, len(conditions)), self._row_ablation_hooks(heads_per_row),
+                             max_new_tokens)
+        return list(ids.split(rows, dim=0))
 
     def attention_rows(self, encoding: Mapping[str, Any], rows: Sequence[int] | torch.Tensor,
-                       layers: Sequence[int] | None = None) -> dict[int, torch.Tensor]:
-        """Attention of the query ``rows`` (negative: from the end) to all keys, ``{layer: [b, H, r, k]}``.
+                       layers: Sequence[int] | None = None,
+                       reduce: RowReduction | None = None) -> dict[int, Any]:
+        """Attention of the query ``rows`` to all keys, ``{layer: [b, H, r, k]}`` (or ``reduce(layer, it)``).
 
-        Read from ``hook_pattern`` (eager softmax), float32. Rows that are left padding hold whatever eager
-        attention computes for a fully masked query (the nnsight readout returns 0 there): ignore them.
+        ``rows``: one list for every batch row (negative: from the end) or ``[batch, r]`` per batch row. Read
+        from ``hook_pattern`` (eager softmax), float32; with ``reduce`` only its value is kept per layer. Rows
+        that are left padding hold whatever eager attention computes for a fully masked query (the nnsight
+        readout returns 0 there): ignore them.
         """
         chosen = self._layers(layers)
         index = torch.as_tensor(rows, dtype=torch.long)
-        readout: dict[int, torch.Tensor] = {}
+        readout: dict[int, Any] = {}
 
         def keep_rows(pattern: torch.Tensor, hook: Any) -> None:
             layer = int(hook.name.split(".")[1])
-            readout[layer] = pattern[:, :, index.to(pattern.device)].float().clone()
+            at = index.to(pattern.device)
+            if at.dim() == 2:  # per batch row: [b, r, H, k] -> [b, H, r, k]
+                probs = pattern[torch.arange(pattern.shape[0], device=at.device)[:, None], :, at].transpose(1, 2)
+            else:
+                probs = pattern[:, :, at]
+            probs = probs.float()
+            readout[layer] = probs.clone() if reduce is None else reduce(layer, probs)
 
         self._logits(encoding, [(_pattern_hook(layer), keep_rows) for layer in chosen])
         return readout
@@ -193,6 +222,38 @@ class TransformerLensBackend:
 
         by_layer = self.vlm.geometry.validate(heads).by_layer()
         return [(_z_hook(layer), zero(idx)) for layer, idx in by_layer.items()]
+
+    def _row_ablation_hooks(self, heads_per_row: Sequence[HeadSet | None]) -> list[tuple[str, HookFunction]]:
+        """Row r zeroes ``heads_per_row[r]`` (None or empty: nothing) at ``hook_z``."""
+        geometry = self.vlm.geometry
+        keep: dict[int, torch.Tensor] = {}
+        for row, heads in enumerate(heads_per_row):
+            if heads is None:
+                continue
+            for layer, head_index in geometry.validate(heads).by_layer().items():
+                keep.setdefault(layer, torch.ones(len(heads_per_row), geometry.num_heads, dtype=torch.bool))
+                keep[layer][row, head_index] = False
+
+        def zero(mask: torch.Tensor) -> HookFunction:
+            def zero_row_heads(z: torch.Tensor, hook: Any) -> torch.Tensor:
+                return torch.where(mask.to(z.device)[:, None, :, None], z, torch.zeros((), dtype=z.dtype))
+            return zero_row_heads
+
+        return [(_z_hook(layer), zero(mask)) for layer, mask in sorted(keep.items())]
+
+    def _generate(self, encoding: Mapping[str, Any], hooks: list[tuple[str, HookFunction]],
+                  max_new_tokens: int) -> torch.Tensor:
+        """Greedy ids ``[batch, prompt + new]`` with ``hooks`` at every step (the module doc's workarounds)."""
+        inputs = dict(encoding)
+        input_ids = inputs.pop("input_ids")
+        generation_config = self.bridge.original_model.generation_config
+        eos = generation_config.eos_token_id
+        with torch.no_grad(), self.bridge.hooks(fwd_hooks=hooks):
+            ids = self.bridge.hf_generate(
+                input_ids, max_new_tokens=max_new_tokens, do_sample=False, stop_at_eos=eos is not None,
+                eos_token_id=eos, return_type="tokens", use_past_kv_cache=False, use_cache=False, **inputs,
+            )
+        return _repad_after_eos(ids, input_ids.shape[1], eos, generation_config.pad_token_id)
 
     def _layers(self, layers: Sequence[int] | None) -> list[int]:
         num_layers = self.vlm.geometry.num_layers

@@ -32,6 +32,10 @@ Methodological choices
   relational ("the square left of the blue circle") and ordinal ("the second triangle from the
   left") expressions.
 
+* Samples are the library's one data model (``vrh_interp.datasets.samples``): ``GroundingSample`` (the box
+  a ``Box``, the scene's image held in memory) and ``VQASample``; what only a scene knows (its seed, level,
+  every object's box and attributes, the referent's index, the attributes the query names) is in ``meta``.
+
 This module is free of torch on purpose: it only needs Pillow and numpy.
 """
 
@@ -44,6 +48,10 @@ from typing import Literal
 
 import numpy as np
 from PIL import Image, ImageDraw
+
+from vrh_interp.boxes import Box
+from vrh_interp.datasets.images import LoadedImage
+from vrh_interp.datasets.samples import GroundingSample, VQASample
 
 IMAGE_SIZE = 96
 BACKGROUND_RGB = (48, 48, 48)
@@ -72,7 +80,7 @@ SPLIT_SEED_RANGES: dict[str, tuple[int, int]] = {
     "eval": (1_100_000_000, 1_200_000_000),
 }
 
-Box = tuple[int, int, int, int]
+PixelBox = tuple[int, int, int, int]  # xyxy integer pixels, exclusive right/bottom edge
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,7 +90,7 @@ class SceneObject:
     colour: str
     shape: str
     size: str
-    box: Box
+    box: PixelBox
 
     @property
     def centre(self) -> tuple[float, float]:
@@ -140,34 +148,6 @@ class ExpressionSpec:
         if self.kind == "ordinal":
             return f"the {self.ordinal} {self.target.text()} from the {self.direction}"
         raise ValueError(f"unknown expression kind {self.kind!r}")
-
-
-@dataclasses.dataclass(frozen=True)
-class GroundingSample:
-    """Referring-expression grounding item. ``box`` is xyxy pixels, exclusive right/bottom edge."""
-
-    sample_id: str
-    image: Image.Image
-    expression: str
-    box: Box
-    meta: dict
-
-
-@dataclasses.dataclass(frozen=True)
-class VQASample:
-    """Question about a scene. ``choices`` is empty for open answers (counts are digit strings).
-
-    ``evidence_boxes`` are the boxes of the objects the question refers to (the region a visual
-    retrieval head should attend to); for counting questions, all counted objects.
-    """
-
-    sample_id: str
-    image: Image.Image
-    question: str
-    choices: tuple[str, ...]
-    answer: str
-    evidence_boxes: tuple[Box, ...]
-    meta: dict
 
 
 def scene_seed(split: Split, index: int) -> int:
@@ -340,6 +320,13 @@ def _candidate_specs(objects: Sequence[SceneObject], target: int, kinds: Sequenc
     return specs
 
 
+def scene_sample(scene: Scene, sample_id: str, expression: str, box: PixelBox, meta: dict) -> GroundingSample:
+    """A ``GroundingSample`` on ``scene``'s image. The image is held, not regenerated: every referent of a scene
+    shows the same image object, which is how ``interventions.shared_image_prefix`` finds rows to share."""
+    return GroundingSample(sample_id=sample_id, expression=expression, box=Box(*box), image_size=scene.image.size,
+                           image_source=LoadedImage(scene.image, f"synthetic scene seed {scene.seed}"), meta=meta)
+
+
 def kinds_for_level(difficulty: int) -> tuple[str, ...]:
     return EXPRESSION_KINDS if difficulty >= 2 else ("attribute",)
 
@@ -368,9 +355,9 @@ def grounding_samples(
         if resolve(spec, scene.objects) != [target]:
             raise AssertionError(f"expression {spec.text()!r} is not unique")
         samples.append(
-            GroundingSample(
+            scene_sample(
+                scene,
                 sample_id=f"{split}-{index}-L{difficulty}-o{target}",
-                image=scene.image,
                 expression=spec.text(),
                 box=scene.objects[target].box,
                 meta={
@@ -391,14 +378,59 @@ def grounding_samples(
     return samples
 
 
+# the VQA items' answer-format lines and generation budget (one word or one number)
+WORD_INSTRUCTION = "answer with a word ."
+NUMBER_INSTRUCTION = "answer with a number ."
+VQA_MAX_NEW_TOKENS = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class SceneImage:
+    """The image of synthetic scene ``index`` of ``split`` at ``difficulty`` (regenerated on every open, so a
+    set of thousands of VQA items holds no pixels)."""
+
+    split: Split
+    index: int
+    difficulty: int
+
+    @property
+    def where(self) -> str:
+        return f"synthetic:{self.split}:{self.index}:L{self.difficulty}"
+
+    def open(self) -> Image.Image:
+        return make_scene(self.split, self.index, self.difficulty).image
+
+    def size(self, *, full_decode: bool = False) -> tuple[int, int]:
+        return self.open().size
+
+
+def _vqa_item(sample_id: str, image: SceneImage, question: str, choices: tuple[str, ...], answer: str,
+              evidence: Sequence[PixelBox], meta: dict) -> VQASample:
+    """One scene question as a benchmark item (``synthetic-<kind>``). The options are written into the question
+    (the word-level toy tokenizer has no option letters) and answered with the option's word, which
+    ``score_letter`` maps to its letter; spatial yes/no options stay implicit; counts are open (``score_count``)."""
+    kind = meta["kind"]
+    common = dict(sample_id=sample_id, benchmark=f"synthetic-{kind}", image_source=image,
+                  max_new_tokens=VQA_MAX_NEW_TOKENS, meta={**meta, "evidence_boxes": [list(b) for b in evidence]})
+    if not choices:
+        return VQASample(question=question, answer=answer, scorer="count", instruction=NUMBER_INSTRUCTION, **common)
+    letters = tuple(chr(ord("A") + i) for i in range(len(choices)))
+    return VQASample(question=question if kind == "spatial" else f"{question} {' / '.join(choices)}",
+                     answer=letters[choices.index(answer)], scorer="letter", choices=choices,
+                     choices_in_question=True, instruction=WORD_INSTRUCTION, **common)
+
+
 def vqa_samples(split: Split, index: int, difficulty: int = 1) -> list[VQASample]:
     """Attribute MCQ, counting and spatial yes/no questions on scene ``index`` (same scenes as grounding).
 
-    One-object questions (attribute, counting) carry ``meta["query_attributes"]``: the colour / shape / size
-    their noun phrase names (None = not named), as grounding samples do.
+    ``meta["evidence_boxes"]``: the boxes of the objects the question refers to (the region a visual retrieval
+    head should attend to; for counting questions, all counted objects). One-object questions (attribute,
+    counting) carry ``meta["query_attributes"]``: the colour / shape / size their noun phrase names (None = not
+    named), as grounding samples do.
     """
     scene = make_scene(split, index, difficulty)
     objs = scene.objects
+    image = SceneImage(split, index, difficulty)
     rng = random.Random(scene.seed * 8 + difficulty + 5)
     out: list[VQASample] = []
     meta = {"split": split, "index": index, "seed": scene.seed, "difficulty": difficulty}
@@ -412,34 +444,19 @@ def vqa_samples(split: Split, index: int, difficulty: int = 1) -> list[VQASample
             continue
         wrong = rng.sample([c for c in COLOURS if c != obj.colour], 3)
         choices = tuple(rng.sample([obj.colour, *wrong], 4))
-        out.append(
-            VQASample(
-                sample_id=f"{split}-{index}-L{difficulty}-colour{i}",
-                image=scene.image,
-                question=f"what colour is the {phrase.text()} ?",
-                choices=choices,
-                answer=obj.colour,
-                evidence_boxes=(obj.box,),
-                meta={**meta, "kind": "attribute",
-                      "query_attributes": {"colour": None, "shape": phrase.shape, "size": phrase.size}},
-            )
-        )
+        out.append(_vqa_item(f"{split}-{index}-L{difficulty}-colour{i}", image, f"what colour is the {phrase.text()} ?",
+                             choices, obj.colour, (obj.box,),
+                             {**meta, "kind": "attribute",
+                              "query_attributes": {"colour": None, "shape": phrase.shape, "size": phrase.size}}))
         break
 
     # counting
     shape = rng.choice(sorted({o.shape for o in objs}))
     counted = tuple(o.box for o in objs if o.shape == shape)
-    out.append(
-        VQASample(
-            sample_id=f"{split}-{index}-L{difficulty}-count-{shape}",
-            image=scene.image,
-            question=f"how many {shape}s are there ?",
-            choices=(),
-            answer=str(len(counted)),
-            evidence_boxes=counted,
-            meta={**meta, "kind": "counting", "query_attributes": {"colour": None, "shape": shape, "size": None}},
-        )
-    )
+    out.append(_vqa_item(f"{split}-{index}-L{difficulty}-count-{shape}", image, f"how many {shape}s are there ?",
+                         (), str(len(counted)), counted,
+                         {**meta, "kind": "counting",
+                          "query_attributes": {"colour": None, "shape": shape, "size": None}}))
 
     # spatial yes/no between two uniquely named objects
     unique = []
@@ -453,17 +470,9 @@ def vqa_samples(split: Split, index: int, difficulty: int = 1) -> list[VQASample
         holds = _relation_holds(relation, objs[i], objs[j])
         opposite = {"left of": "right of", "right of": "left of", "above": "below", "below": "above"}[relation]
         if holds or _relation_holds(opposite, objs[i], objs[j]):
-            out.append(
-                VQASample(
-                    sample_id=f"{split}-{index}-L{difficulty}-spatial{i}-{j}",
-                    image=scene.image,
-                    question=f"is the {p_i.text()} {relation} the {p_j.text()} ?",
-                    choices=("yes", "no"),
-                    answer="yes" if holds else "no",
-                    evidence_boxes=(objs[i].box, objs[j].box),
-                    meta={**meta, "kind": "spatial"},
-                )
-            )
+            out.append(_vqa_item(f"{split}-{index}-L{difficulty}-spatial{i}-{j}", image,
+                                 f"is the {p_i.text()} {relation} the {p_j.text()} ?", ("yes", "no"),
+                                 "yes" if holds else "no", (objs[i].box, objs[j].box), {**meta, "kind": "spatial"}))
     return out
 
 

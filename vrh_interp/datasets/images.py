@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import io
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Protocol, Sequence
 
@@ -112,6 +112,20 @@ class ImageFile:
 
     def size(self, *, full_decode: bool = False) -> tuple[int, int]:
         return probe_size(self.path, self.where, full_decode=full_decode)
+
+
+@dataclass(frozen=True)
+class LoadedImage:
+    """An image already in memory (a synthetic scene's): ``open()`` returns that same object every time."""
+
+    image: Image.Image = field(repr=False)
+    where: str
+
+    def open(self) -> Image.Image:
+        return self.image
+
+    def size(self, *, full_decode: bool = False) -> tuple[int, int]:
+        return self.image.size
 
 
 @dataclass(frozen=True)

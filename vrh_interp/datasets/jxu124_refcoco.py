@@ -20,7 +20,7 @@ from vrh_interp.boxes import Box
 from vrh_interp.datasets.errors import DatasetError, OnError, RowErrors
 from vrh_interp.datasets.images import ImageFile, probe_size
 from vrh_interp.datasets.parquet import open_tables, split_files
-from vrh_interp.datasets.refer import Unit
+from vrh_interp.datasets.refer import Unit, check_unit
 from vrh_interp.datasets.samples import GroundingSample, SampleSet, finish
 
 JXU124_COLUMNS: tuple[str, ...] = ("ref_id", "image_path", "bbox", "sentences", "raw_image_info")
@@ -34,8 +34,7 @@ def resolve_image(image_root: Path, image_path: str) -> Path:
 
 def load_jxu124_refcoco(path: str | Path, split: str = "val", *, image_root: str | Path, per: Unit = "object",
                         on_error: OnError = "raise", verify_images: bool = False) -> SampleSet[GroundingSample]:
-    if per not in ("object", "expression"):
-        raise ValueError(f"per must be 'object' or 'expression', got {per!r}")
+    check_unit(per)
     image_root = Path(image_root)
     if not image_root.is_dir():
         raise DatasetError(str(image_root), "image folder does not exist (jxu124 parquet holds no pixels)")

@@ -20,7 +20,7 @@ from pathlib import Path
 from vrh_interp.boxes import Box
 from vrh_interp.datasets.errors import DatasetError, OnError, RowErrors
 from vrh_interp.datasets.parquet import open_tables, split_files
-from vrh_interp.datasets.refer import Unit
+from vrh_interp.datasets.refer import Unit, check_unit
 from vrh_interp.datasets.samples import GroundingSample, SampleSet, finish
 
 LMMS_COLUMNS: tuple[str, ...] = ("question_id", "image", "answer", "bbox")
@@ -29,8 +29,7 @@ TEXT_COLUMNS: tuple[str, ...] = ("question_id", "answer", "bbox")
 
 def load_lmms_refcoco(path: str | Path, split: str = "val", *, per: Unit = "object", on_error: OnError = "raise",
                       verify_images: bool = False) -> SampleSet[GroundingSample]:
-    if per not in ("object", "expression"):
-        raise ValueError(f"per must be 'object' or 'expression', got {per!r}")
+    check_unit(per)
     errors = RowErrors(on_error)
     samples: list[GroundingSample] = []
     for table in open_tables(split_files(path, split, what="lmms-lab RefCOCO parquet"), LMMS_COLUMNS,

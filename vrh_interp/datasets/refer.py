@@ -33,6 +33,14 @@ from vrh_interp.datasets.samples import GroundingSample, SampleSet, finish
 
 ReferDataset = Literal["refcoco", "refcoco+", "refcocog"]
 Unit = Literal["object", "expression"]
+
+
+def check_unit(per: str) -> None:
+    """A grounding loader's ``per``: one sample per object (its first expression) or per expression."""
+    if per not in ("object", "expression"):
+        raise ValueError(f"per must be 'object' or 'expression', got {per!r}")
+
+
 DEFAULT_SPLIT_BY: dict[str, str] = {"refcoco": "unc", "refcoco+": "unc", "refcocog": "umd"}
 COCO_IMAGE_NAME = "COCO_train2014_{:012d}.jpg"
 
@@ -87,8 +95,7 @@ def load_refer(root: str | Path, dataset: ReferDataset = "refcoco", split: str =
                on_error: OnError = "raise", verify_images: bool = False) -> SampleSet[GroundingSample]:
     if dataset not in DEFAULT_SPLIT_BY:
         raise ValueError(f"dataset must be one of {sorted(DEFAULT_SPLIT_BY)}, got {dataset!r}")
-    if per not in ("object", "expression"):
-        raise ValueError(f"per must be 'object' or 'expression', got {per!r}")
+    check_unit(per)
     root = Path(root)
     folder = dataset_folder(root, dataset)
     split_by = split_by or DEFAULT_SPLIT_BY[dataset]

@@ -2,9 +2,9 @@
 
 ``vrh_interp.data.scenes.vqa_samples`` asks three kinds of question about every scene: the colour of an
 object named by its shape (and size), how many objects of a shape there are, and whether one uniquely named
-object is left of / right of / above / below another. This module turns them into ``VQASample`` so that the
-VQA sweep (the paper's cross-task claim) runs on them like on any benchmark, and so that the toy models are
-trained on exactly the prompt the sweep will show them.
+object is left of / right of / above / below another, as ``VQASample`` items; this module loads them as a
+``SampleSet`` so that the VQA sweep (the paper's cross-task claim) runs on them like on any benchmark, and so
+that the toy models are trained on exactly the prompt the sweep will show them.
 
 Choices. The toy tokenizer is word level and has no option letters beyond "a", so the options are written
 into the question ("what colour is the big circle ? red / blue / green / yellow") and the model answers with
@@ -16,42 +16,16 @@ vocabulary (checked by the tests), so no prompt token is ``<unk>``.
 Each kind is its own benchmark (``synthetic-attribute``, ``synthetic-counting``, ``synthetic-spatial``), so
 the VQA sweep reports them as separate columns, like the paper's per-task benchmarks.
 
-Images are regenerated from ``(split, index, level)`` on every read (``SceneImage``), so a set of thousands of
-items holds no pixels.
+Images are regenerated from ``(split, index, level)`` on every read (``data.scenes.SceneImage``), so a set of
+thousands of items holds no pixels.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from PIL import Image
-
-from vrh_interp.data.scenes import Split, make_scene, vqa_samples
+from vrh_interp.data.scenes import Split, vqa_samples
 from vrh_interp.datasets.samples import SampleSet, VQASample
-
-WORD_INSTRUCTION = "answer with a word ."
-NUMBER_INSTRUCTION = "answer with a number ."
-MAX_NEW_TOKENS = 4
-
-
-@dataclass(frozen=True)
-class SceneImage:
-    """The image of synthetic scene ``index`` of ``split`` at ``difficulty`` (regenerated on every open)."""
-
-    split: Split
-    index: int
-    difficulty: int
-
-    @property
-    def where(self) -> str:
-        return f"synthetic:{self.split}:{self.index}:L{self.difficulty}"
-
-    def open(self) -> Image.Image:
-        return make_scene(self.split, self.index, self.difficulty).image
-
-    def size(self, *, full_decode: bool = False) -> tuple[int, int]:
-        return self.open().size
 
 
 def answer_text(sample: VQASample) -> str:
@@ -68,31 +42,10 @@ def majority_answer_rate(samples: Sequence[VQASample]) -> float:
     return max(answers.count(a) for a in set(answers)) / len(answers)
 
 
-def scene_vqa_items(split: Split, index: int, difficulty: int = 1) -> list[VQASample]:
-    """All VQA items of one scene (attribute, counting, spatial; some scenes lack an attribute/spatial item)."""
-    image = SceneImage(split, index, difficulty)
-    out = []
-    for item in vqa_samples(split, index, difficulty):
-        kind = item.meta["kind"]
-        meta = {**item.meta, "evidence_boxes": [list(b) for b in item.evidence_boxes]}
-        if kind == "counting":
-            out.append(VQASample(sample_id=item.sample_id, benchmark=f"synthetic-{kind}", question=item.question,
-                                 answer=item.answer, scorer="count", image_source=image,
-                                 instruction=NUMBER_INSTRUCTION, max_new_tokens=MAX_NEW_TOKENS, meta=meta))
-            continue
-        letters = tuple(chr(ord("A") + i) for i in range(len(item.choices)))
-        question = item.question if kind == "spatial" else f"{item.question} {' / '.join(item.choices)}"
-        out.append(VQASample(sample_id=item.sample_id, benchmark=f"synthetic-{kind}", question=question,
-                             answer=letters[item.choices.index(item.answer)], scorer="letter", image_source=image,
-                             choices=item.choices, choices_in_question=True, instruction=WORD_INSTRUCTION,
-                             max_new_tokens=MAX_NEW_TOKENS, meta=meta))
-    return out
-
-
 def synthetic_vqa(split: Split, n_scenes: int, difficulty: int = 1) -> SampleSet[VQASample]:
     """Every VQA item of scenes ``0..n_scenes-1`` of ``split``."""
     if n_scenes < 1:
         raise ValueError(f"synthetic VQA needs a positive scene count, got {n_scenes}")
-    samples = tuple(s for index in range(n_scenes) for s in scene_vqa_items(split, index, difficulty))
+    samples = tuple(s for index in range(n_scenes) for s in vqa_samples(split, index, difficulty))
     return SampleSet(samples, source=f"synthetic:{split}:{n_scenes}:{difficulty}",
                      selection={"split": split, "scenes": n_scenes, "difficulty": difficulty})

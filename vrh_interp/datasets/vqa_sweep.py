@@ -38,9 +38,8 @@ from vrh_interp import interventions as iv
 from vrh_interp.datasets.samples import VQASample
 from vrh_interp.datasets.vqa import score_response
 from vrh_interp.datasets.vqa_prompt import vqa_prompt
-from vrh_interp.evaluation.statistics import bootstrap_ci, mcnemar_exact
-from vrh_interp.evaluation.sweep import (CONTROL_KINDS, DEFAULT_RANDOM_SEEDS, QUANTILE_COLUMNS, Condition,
-                                         ablation_for, canonical_log_order, condition_order, condition_passes,
+from vrh_interp.evaluation.sweep import (CONTROL_KINDS, DEFAULT_RANDOM_SEEDS, Condition, ablation_for,
+                                         canonical_log_order, condition_order, condition_passes, condition_rows,
                                          conditions_per_pass, control_conditions, head_signature, set_level_rows,
                                          total_heads_of)
 from vrh_interp.heads import HeadGeometry, HeadSet
@@ -144,22 +143,10 @@ class VQASweepResult:
                 correct=lambda frame: frame["correct"].astype(bool))
             base = part[part["kind"] == "baseline"].set_index("sample_id")["correct"]
             parts = {c.key: part[part["condition"] == c.key] for c in self.conditions}
-            own = []
-            for c in self.conditions:
-                group = parts[c.key]
-                if group.empty:
-                    continue
-                correct = group["correct"].to_numpy(dtype=bool)
-                low, high = bootstrap_ci(correct.astype(float), seed=bootstrap_seed, resamples=resamples)
-                paired = mcnemar_exact(base.loc[group["sample_id"]].to_numpy(dtype=bool), correct) \
-                    if c.kind != "baseline" else {"p_value": 1.0}
-                own.append({"benchmark": benchmark, "key": c.key, "condition": c.kind, "k": c.k,
-                            "k_fraction": c.k / self.total_heads if self.total_heads else float("nan"),
-                            "seed": c.seed, "ablation": c.ablation, "n": len(group), "sets": float("nan"),
-                            "accuracy": float(correct.mean()), "accuracy_ci_low": low, "accuracy_ci_high": high,
-                            "accuracy_sd": float("nan"), **{q: float("nan") for q in QUANTILE_COLUMNS},
-                            "delta_vs_baseline": float(correct.mean() - base.mean()),
-                            "p_value_vs_baseline": paired["p_value"]})
+            own = [{"benchmark": benchmark, **row, "delta_vs_baseline": row["accuracy"] - float(base.mean()),
+                    "p_value_vs_baseline": paired["p_value"]}
+                   for _, row, paired in condition_rows(parts, self.conditions, base, self.total_heads,
+                                                        bootstrap_seed=bootstrap_seed, resamples=resamples)]
             rows += set_level_rows(own, parts, self.conditions, bootstrap_seed=bootstrap_seed, resamples=resamples,
                                    pooled=lambda records, base=base: {
                                        "n": len(records),

@@ -19,6 +19,7 @@ import torch
 from tqdm.auto import tqdm
 
 from vrh_interp import interventions as iv
+from vrh_interp.backends.base import Backend, get_backend
 from vrh_interp.boxes import BoxParseFailure
 from vrh_interp.heads import HeadSet
 from vrh_interp.model import VLM, GroundingBatch
@@ -48,17 +49,19 @@ def ground_batch(vlm: VLM, samples: Sequence[GroundingSampleLike], *, heads: Hea
 def ground_conditions(vlm: VLM, samples: Sequence[GroundingSampleLike],
                       conditions: Sequence[tuple[HeadSet | None, Ablation]], *, max_new_tokens: int = 24,
                       remote: bool | str = False, batch: GroundingBatch | None = None,
-                      shared_prefix: bool = True) -> list[list[GroundingOutcome]]:
+                      shared_prefix: bool = True, backend: str | Backend = "nnsight") -> list[list[GroundingOutcome]]:
     """Greedy answers for one batch under each condition ``(heads, ablation)``, all in ONE generation (condition
     batching, ``interventions.generate_conditions``): per condition, the outcomes ``ground_batch`` gives with
     those heads and that ablation (equal exactly). ``batch`` is the samples' encoding when already made;
-    ``shared_prefix``: a scene's referents share their image prefix (``interventions.shared_image_prefix``)."""
+    ``shared_prefix``: a scene's referents share their image prefix (``interventions.shared_image_prefix``).
+    ``backend``: a name or ``Backend`` (``vrh_interp.backends.base``) that generates."""
+    runner = get_backend(backend, vlm, remote=remote)
     if batch is None:
         batch = encode_samples(vlm, samples)
     needs_segments = any(h is not None and len(h) and a.kind != "zero" for h, a in conditions)
-    ids = iv.generate_conditions(vlm, batch.encoding, conditions, max_new_tokens=max_new_tokens, remote=remote,
-                                 segments=iv.batch_segments(batch) if needs_segments else None,
-                                 sample_ids=[s.sample_id for s in samples], shared_prefix=shared_prefix)
+    ids = runner.generate_conditions(batch.encoding, conditions, max_new_tokens=max_new_tokens,
+                                     segments=iv.batch_segments(batch) if needs_segments else None,
+                                     sample_ids=[s.sample_id for s in samples], shared_prefix=shared_prefix)
     return [_outcomes(vlm, samples, batch, block) for block in ids]
 
 

@@ -46,6 +46,7 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
+from vrh_interp.backends.base import Backend, backend_config, check_ablation_kinds, get_backend
 from vrh_interp.boxes import Box
 from vrh_interp.evaluation.grounding import encode_samples, ground_batch, ground_conditions  # noqa: F401
 from vrh_interp.evaluation.statistics import (QUANTILES, bootstrap_ci, empirical_p_value, mcnemar_exact,
@@ -256,6 +257,29 @@ def _set_outcomes(parts: Sequence[pd.DataFrame], column: str = "correct") -> np.
     return np.array([s.loc[shared].to_numpy(dtype=float) for s in series]).reshape(len(series), len(shared))
 
 
+def condition_rows(parts: Mapping[str, pd.DataFrame], conditions: Sequence[Condition], base: pd.Series,
+                   total_heads: int | None, *, bootstrap_seed: int,
+                   resamples: int) -> Iterator[tuple[Condition, dict[str, Any], dict[str, Any]]]:
+    """Per condition with records (``parts[key]``, a boolean ``correct`` column): the columns every sweep
+    summary's row starts with (the condition, ``k_fraction`` NaN when the model's head count is unknown, ``n``,
+    the accuracy with its bootstrap interval over samples; the set-level columns ``sets``, ``accuracy_sd`` and
+    the quantiles NaN, ``set_level_rows`` fills them) and the exact McNemar test of the same samples against
+    ``base`` (baseline correctness by sample id; nothing lost or gained for the baseline itself)."""
+    for cond in conditions:
+        part = parts[cond.key]
+        if part.empty:
+            continue
+        correct = part["correct"].to_numpy(dtype=bool)
+        paired = mcnemar_exact(base.loc[part["sample_id"]].to_numpy(dtype=bool), correct) \
+            if cond.kind != "baseline" else {"lost": 0, "gained": 0, "p_value": 1.0}
+        low, high = bootstrap_ci(correct.astype(float), seed=bootstrap_seed, resamples=resamples)
+        yield cond, {"key": cond.key, "condition": cond.kind, "k": cond.k,
+                     "k_fraction": cond.k / total_heads if total_heads else float("nan"), "seed": cond.seed,
+                     "ablation": cond.ablation, "n": len(correct), "sets": float("nan"),
+                     "accuracy": float(correct.mean()), "accuracy_ci_low": low, "accuracy_ci_high": high,
+                     "accuracy_sd": float("nan"), **{c: float("nan") for c in QUANTILE_COLUMNS}}, paired
+
+
 def set_level_rows(rows: list[dict[str, Any]], parts: Mapping[str, pd.DataFrame], conditions: Sequence[Condition], *,
                    pooled: Callable[[pd.DataFrame], dict[str, Any]], bootstrap_seed: int = 0,
                    resamples: int = 2000) -> list[dict[str, Any]]:
@@ -341,27 +365,13 @@ class SweepResult:
         df["correct"] = df["iou"] >= self.iou_threshold
         base = df[df["condition"] == "baseline:k=0"].set_index("sample_id")["correct"]
         parts = {cond.key: df[df["condition"] == cond.key] for cond in self.conditions}
-        rows = []
-        for cond in self.conditions:
-            part = parts[cond.key]
-            if part.empty:
-                continue
-            correct = part["correct"].to_numpy()
-            paired = mcnemar_exact(base.loc[part["sample_id"]].to_numpy(), correct) if cond.kind != "baseline" \
-                else {"lost": 0, "gained": 0, "p_value": 1.0}
-            low, high = bootstrap_ci(correct.astype(float), seed=bootstrap_seed, resamples=resamples)
-            rows.append({"key": cond.key, "condition": cond.kind, "k": cond.k, "k_fraction": self._fraction(cond.k),
-                         "seed": cond.seed, "ablation": cond.ablation, "n": len(part), "sets": float("nan"),
-                         "accuracy": float(correct.mean()), "accuracy_ci_low": low, "accuracy_ci_high": high,
-                         "accuracy_sd": float("nan"), **{c: float("nan") for c in QUANTILE_COLUMNS},
-                         **self._rates(part), "lost_vs_baseline": paired["lost"],
-                         "gained_vs_baseline": paired["gained"], "p_value_vs_baseline": paired["p_value"]})
+        rows = [{**row, **self._rates(parts[cond.key]), "lost_vs_baseline": paired["lost"],
+                 "gained_vs_baseline": paired["gained"], "p_value_vs_baseline": paired["p_value"]}
+                for cond, row, paired in condition_rows(parts, self.conditions, base, self.total_heads,
+                                                        bootstrap_seed=bootstrap_seed, resamples=resamples)]
         rows = set_level_rows(rows, parts, self.conditions, pooled=self._rates, bootstrap_seed=bootstrap_seed,
                               resamples=resamples)
         return pd.DataFrame(rows)
-
-    def _fraction(self, k: int) -> float:
-        return k / self.total_heads if self.total_heads else float("nan")
 
     def _rates(self, part: pd.DataFrame) -> dict[str, Any]:
         counts = failure_counts(part, self.iou_threshold)
@@ -398,14 +408,15 @@ def sweep(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], ranking: HeadSc
           iou_threshold: float = 0.5, batch_size: int = 8, max_new_tokens: int = 24,
           run_dir: str | Path | None = None, progress: bool = True, remote: bool | str = False,
           shard: Shard | None = None, ablation: str = "zero",
-          ablation_values: AblationValues | None = None, max_batch_rows: int | None = None) -> SweepResult:
+          ablation_values: AblationValues | None = None, max_batch_rows: int | None = None,
+          backend: str | Backend = "nnsight") -> SweepResult:
     """Mask the top-k heads of ``ranking``, ``len(random_seeds)`` random sets and (``matched``) as many
     layer-matched sets per k; ``ks`` are counts or percentages of all heads (``parse_ks``); ``shard`` runs one
     shard (``run_conditions``). ``ablation``: "zero" (the paper's), "mean" or "resample", the latter two with
     ``ablation_values`` (``evaluation.grounding.ablation_values`` on the detection samples). Conditions are
     batched ``max_batch_rows`` rows per generation (``run_conditions``). A published ranking
     (``vrh_interp.published``) is checked against the model's grid (``published.check_geometry``) and its
-    source is recorded as ``heads_source`` in the run folder's manifest."""
+    source is recorded as ``heads_source`` in the run folder's manifest. ``backend``: ``run_conditions``."""
     if isinstance(ranking, HeadScores):
         detection_ids = list(detection_ids or []) + list(ranking.sample_ids)
         head_ranking = ranking.ranking()
@@ -430,7 +441,7 @@ def sweep(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], ranking: HeadSc
     return run_conditions(vlm, eval_samples, conditions, iou_threshold=iou_threshold, batch_size=batch_size,
                           max_new_tokens=max_new_tokens, run_dir=run_dir, progress=progress, remote=remote,
                           shard=shard, ablation_values=ablation_values, max_batch_rows=max_batch_rows,
-                          heads_source=heads_source)
+                          heads_source=heads_source, backend=backend)
 
 
 def ablation_for(kind: str, values: AblationValues | None, geometry: HeadGeometry | None = None) -> Ablation:
@@ -549,9 +560,9 @@ class _GroundingPasses:
     per condition of a pass (``ground_conditions``)."""
 
     def __init__(self, vlm: VLM, ablations: Mapping[str, Ablation], *, max_new_tokens: int, remote: bool | str,
-                 max_batch_rows: int | None) -> None:
+                 max_batch_rows: int | None, backend: Backend) -> None:
         self.vlm, self.ablations, self.max_new_tokens = vlm, ablations, max_new_tokens
-        self.remote, self.max_batch_rows = remote, max_batch_rows
+        self.remote, self.max_batch_rows, self.backend = remote, max_batch_rows, backend
         self._key: tuple[str, ...] | None = None
         self._batch: GroundingBatch | None = None
 
@@ -569,7 +580,7 @@ class _GroundingPasses:
                conditions: Sequence[Condition]) -> list[list[dict[str, Any]]]:
         outcomes = ground_conditions(self.vlm, samples, [(c.heads, self.ablations[c.ablation]) for c in conditions],
                                      max_new_tokens=self.max_new_tokens, remote=self.remote,
-                                     batch=self._encode(samples))
+                                     batch=self._encode(samples), backend=self.backend)
         return [[{**o.as_dict(), "other_object_iou": other_object_iou(s, o.box)} for s, o in zip(samples, block)]
                 for block in outcomes]
 
@@ -596,7 +607,8 @@ def run_conditions(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], condit
                    run_dir: str | Path | None = None, progress: bool = True,
                    remote: bool | str = False, shard: Shard | None = None,
                    ablation_values: AblationValues | None = None,
-                   max_batch_rows: int | None = None, heads_source: Mapping[str, Any] | None = None) -> SweepResult:
+                   max_batch_rows: int | None = None, heads_source: Mapping[str, Any] | None = None,
+                   backend: str | Backend = "nnsight") -> SweepResult:
     """Greedy grounding of every sample under every condition, resumable through ``run_dir``.
 
     Each condition masks its heads with its ``ablation`` kind; "mean" and "resample" need ``ablation_values``
@@ -619,6 +631,9 @@ def run_conditions(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], condit
     records only; merge the shard folders with ``vrh_interp.merge.merge_runs`` and read the merged folder
     with ``sweep_from_run`` for the full result. ``heads_source`` (where the masked heads come from, e.g. a
     published list: ``PublishedSource.to_dict``) is recorded in the manifest when given.
+
+    ``backend`` (a name or ``Backend``: ``vrh_interp.backends.base``) generates the answers; one other than
+    nnsight is recorded in the manifest, so a run folder never mixes backends.
     """
     check_samples(eval_samples, minimum=1, what="evaluation samples")
     if not 0 < iou_threshold <= 1:
@@ -632,6 +647,8 @@ def run_conditions(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], condit
         raise ValueError(f"duplicate conditions: {keys}")
     if "baseline:k=0" not in keys:
         raise ValueError("conditions must include the unmasked baseline (Condition('baseline', 0, None, HeadSet()))")
+    runner = get_backend(backend, vlm, remote=remote)
+    check_ablation_kinds(runner, [c.ablation for c in conditions if len(c.heads)])
     ablations = {kind: ablation_for(kind, ablation_values, vlm.geometry)
                  for kind in sorted({c.ablation for c in conditions})}
     config = {"kind": "sweep", "model": model_provenance(vlm), "sample_ids": [s.sample_id for s in eval_samples],
@@ -641,6 +658,7 @@ def run_conditions(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], condit
         config["ablation_values"] = ablation_values.fingerprint()
     if heads_source is not None:
         config["heads_source"] = dict(heads_source)
+    config.update(backend_config(runner))
     folder = RunFolder(run_dir, shard_config(config, shard, batch_size)) if run_dir is not None else None
     mine = shard.select(eval_samples, batch_size) if shard is not None else list(eval_samples)
     log = folder.log("sweep_records") if folder else None
@@ -659,11 +677,11 @@ def run_conditions(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], condit
         return {**{f: known.get(f) for f in outcome_fields}, "condition": cond.key, "kind": cond.kind, "k": cond.k,
                 "seed": cond.seed}
 
-    runner = _GroundingPasses(vlm, ablations, max_new_tokens=max_new_tokens, remote=remote,
-                              max_batch_rows=max_batch_rows)
+    passes = _GroundingPasses(vlm, ablations, max_new_tokens=max_new_tokens, remote=remote,
+                              max_batch_rows=max_batch_rows, backend=runner)
     chunks = [mine[start: start + batch_size] for start in range(0, len(mine), batch_size)]
     for new in condition_passes(chunks, conditions, unit=lambda s: s.sample_id, done=done, known=answered,
-                                answer=runner.answer, per_pass=runner.per_pass, record=make_record):
+                                answer=passes.answer, per_pass=passes.per_pass, record=make_record):
         if log is not None:
             log.append(new)
         records.extend(new)

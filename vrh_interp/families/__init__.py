@@ -1,8 +1,8 @@
 """Family adapters: one module per VLM family, selected from the model config's ``model_type``.
 
-The map below is declarative (``model_type`` values live on each adapter class). To support a new
-family, subclass ``FamilyAdapter`` (see docs/recipes/new-family.md) and pass an instance as
-``adapter=`` to ``vrh_interp.wrap`` / ``vrh_interp.load``; nothing global is mutated.
+The built-in families are the rows of ``vrh_interp.families.registry`` (adapter, model types, tiny model, docs
+facts). To support a new family outside the library, subclass ``FamilyAdapter`` (see docs/recipes/new-family.md)
+and pass an instance as ``adapter=`` to ``vrh_interp.wrap`` / ``vrh_interp.load``; nothing global is mutated.
 """
 
 from __future__ import annotations
@@ -17,45 +17,34 @@ from vrh_interp.families.base import (
     VisualBlock,
     VisualLayout,
 )
+from vrh_interp.families.registry import FAMILIES, FamilyRow, row_for_model_type
 
-# "module:Class" of every built-in adapter, in the order `vrh families` lists them.
-BUILTIN_ADAPTERS: tuple[str, ...] = (
-    "vrh_interp.families.qwen2_vl:Qwen2VLAdapter",
-    "vrh_interp.families.qwen2_5_vl:Qwen25VLAdapter",
-    "vrh_interp.families.qwen3_vl:Qwen3VLAdapter",
-    "vrh_interp.families.internvl:InternVLAdapter",
-    "vrh_interp.families.llava:LlavaAdapter",
-    "vrh_interp.families.llava_next:LlavaNextAdapter",
-    "vrh_interp.families.llava_onevision:LlavaOnevisionAdapter",
-    "vrh_interp.families.paligemma:PaliGemmaAdapter",
-    "vrh_interp.families.gemma3:Gemma3Adapter",
-    "vrh_interp.families.idefics3:Idefics3Adapter",
-    "vrh_interp.families.glm4v:Glm4vAdapter",
-    "vrh_interp.families.mistral3:Mistral3Adapter",
-    "vrh_interp.families.aya_vision:AyaVisionAdapter",
-)
+# "module:Class" of every built-in adapter (its row's adapter in the module named after the key), in the order
+# `vrh families` lists them.
+BUILTIN_ADAPTERS: tuple[str, ...] = tuple(f"{__name__}.{row.name}:{row.adapter}" for row in FAMILIES)
+
+
+def adapter_class(row: FamilyRow) -> type[FamilyAdapter]:
+    """The adapter class a registry row names (its module imported on first use)."""
+    return getattr(importlib.import_module(f"{__name__}.{row.name}"), row.adapter)
 
 
 def builtin_adapter_classes() -> list[type[FamilyAdapter]]:
-    classes = []
-    for spec in BUILTIN_ADAPTERS:
-        module_name, class_name = spec.split(":")
-        classes.append(getattr(importlib.import_module(module_name), class_name))
-    return classes
+    return [adapter_class(row) for row in FAMILIES]
 
 
 def supported_families() -> dict[str, str]:
     """Registry key -> display name, for every built-in adapter."""
-    return {cls.name: cls.display_name for cls in builtin_adapter_classes()}
+    return {row.name: row.display_name for row in FAMILIES}
 
 
 def adapter_for_config(config: Any) -> FamilyAdapter:
     """The built-in adapter for a model config, or UnsupportedModelError listing what is supported."""
     model_type = getattr(config, "model_type", None)
-    for cls in builtin_adapter_classes():
-        if model_type in cls.model_types:
-            return cls(config)
-    listing = ", ".join(f"{cls.display_name} ({'/'.join(cls.model_types)})" for cls in builtin_adapter_classes())
+    row = row_for_model_type(model_type)
+    if row is not None:
+        return adapter_class(row)(config)
+    listing = ", ".join(f"{row.display_name} ({'/'.join(row.model_types)})" for row in FAMILIES)
     raise UnsupportedModelError(
         f"no vrh_interp adapter for model_type {model_type!r} ({type(config).__name__}). "
         f"Supported families: {listing}. To add one, subclass vrh_interp.families.FamilyAdapter and pass "
@@ -70,6 +59,7 @@ __all__ = [
     "UnsupportedModelError",
     "VisualBlock",
     "VisualLayout",
+    "adapter_class",
     "adapter_for_config",
     "builtin_adapter_classes",
     "supported_families",

@@ -31,10 +31,7 @@ from vrh_interp.families.internvl import tiled_visual_layout
 from vrh_interp.families.prompts import RequestedRelativeBoxAdapter
 
 
-class AyaVisionAdapter(RequestedRelativeBoxAdapter):
-    name: ClassVar[str] = "aya_vision"
-    display_name: ClassVar[str] = "Aya Vision"
-    model_types: ClassVar[tuple[str, ...]] = ("aya_vision",)
+class AyaVisionAdapter(RequestedRelativeBoxAdapter, family="aya_vision"):
     box_format: ClassVar[str] = ("[x1, y1, x2, y2], floats 0-1 (2 decimals) relative to the image "
                                  "(requested, not trained)")
 
@@ -48,5 +45,4 @@ class AyaVisionAdapter(RequestedRelativeBoxAdapter):
 
     def visual_layout(self, encoding: Mapping[str, Any], image_size: tuple[int, int], processor: Any,
                       batch_index: int = 0) -> VisualLayout:
-        return tiled_visual_layout(encoding, image_size, processor, self.image_token_id(processor),
-                                   self.tokens_per_tile(), batch_index)
+        return tiled_visual_layout(self, encoding, image_size, processor, batch_index)

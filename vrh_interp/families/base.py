@@ -31,6 +31,7 @@ import torch
 from PIL import Image
 
 from vrh_interp.boxes import Box, BoxParseFailure, InvalidBoxError
+from vrh_interp.families.registry import family_row
 from vrh_interp.heads import HeadGeometry
 
 
@@ -59,12 +60,13 @@ class VisualBlock:
     """
 
     name: str
-    positions: tuple[int, ...]
+    positions: Sequence[int]  # stored as a tuple of ints
     rows: int
     cols: int
     region: tuple[float, float, float, float]
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "positions", tuple(int(p) for p in self.positions))  # tensors' items, lists
         if len(self.positions) != self.rows * self.cols:
             raise ValueError(
                 f"block {self.name!r}: {len(self.positions)} positions for a {self.rows}x{self.cols} grid"
@@ -130,12 +132,6 @@ def image_token_positions(input_ids: torch.Tensor, token_id: int) -> list[int]:
     return (input_ids == token_id).nonzero().flatten().tolist()
 
 
-def row_major_block(
-    name: str, positions: Sequence[int], rows: int, cols: int, region: tuple[float, float, float, float]
-) -> VisualBlock:
-    return VisualBlock(name=name, positions=tuple(int(p) for p in positions), rows=rows, cols=cols, region=region)
-
-
 @dataclass
 class FamilyAdapter(ABC):
     """Base class for one VLM family. Subclasses set the ClassVars and implement the abstract methods."""
@@ -156,6 +152,14 @@ class FamilyAdapter(ABC):
     image_prefix_cache: ClassVar[bool] = False
     # ``token_type_ids`` value of answer tokens appended for teacher forcing (PaliGemma: 1 = causal suffix)
     answer_token_type_id: ClassVar[int] = 0
+
+    def __init_subclass__(cls, family: str | None = None, **kwargs: Any) -> None:
+        """``class MyAdapter(FamilyAdapter, family=KEY)``: a built-in adapter takes ``name``, ``display_name`` and
+        ``model_types`` from its row of ``vrh_interp.families.registry``; other adapters set them as ClassVars."""
+        super().__init_subclass__(**kwargs)
+        if family is not None:
+            row = family_row(family)
+            cls.name, cls.display_name, cls.model_types = row.name, row.display_name, row.model_types
 
     # ------------------------------------------------------------------ architecture
     def text_config(self) -> Any:
@@ -182,12 +186,16 @@ class FamilyAdapter(ABC):
         return getattr(self.attention_module(model, layer), self.output_projection_attr)
 
     # ------------------------------------------------------------------ prompts and images
-    @abstractmethod
     def image_token(self, processor: Any) -> str:
-        """The placeholder token that stands for visual tokens in ``input_ids``."""
+        """The placeholder token that stands for visual tokens in ``input_ids`` (default: the processor's)."""
+        return processor.image_token
 
     def image_token_id(self, processor: Any) -> int:
         return int(processor.tokenizer.convert_tokens_to_ids(self.image_token(processor)))
+
+    def image_positions(self, encoding: Mapping[str, Any], processor: Any, batch_index: int) -> list[int]:
+        """Positions of the image placeholder in row ``batch_index`` of ``encoding``."""
+        return image_token_positions(encoding["input_ids"][batch_index], self.image_token_id(processor))
 
     def grounding_instruction(self, expression: str) -> str:
         """The user turn asking for a box; families override to match their grounding training."""
@@ -225,6 +233,15 @@ class FamilyAdapter(ABC):
     @abstractmethod
     def parse_box(self, text: str, frame: BoxFrame) -> Box | BoxParseFailure:
         """Read the first box in ``text`` (the decoded answer) into original pixels."""
+
+
+def block_count(positions: Sequence[int], rows: int, cols: int, blocks: str) -> int:
+    """How many ``rows`` x ``cols`` token blocks (tiles, frames, crops: named by ``blocks``) ``positions`` fill;
+    ValueError unless a whole, positive number."""
+    per_block = rows * cols
+    if not positions or len(positions) % per_block:
+        raise ValueError(f"{len(positions)} image tokens are not a whole number of {rows}x{cols}-token {blocks}")
+    return len(positions) // per_block
 
 
 def check_image_box(box: Box, image_size: tuple[int, int]) -> Box:

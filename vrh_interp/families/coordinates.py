@@ -14,6 +14,7 @@ import re
 from typing import Sequence
 
 from vrh_interp.boxes import Box, BoxParseFailure, InvalidBoxError
+from vrh_interp.families.base import check_image_box
 
 Region = tuple[float, float, float, float]  # (x0, y0, x1, y1) in original-image pixels
 
@@ -47,6 +48,12 @@ def quantised_relative(box: Box, image_size: tuple[int, int], scale: int | tuple
             for v, limit in zip((x1, y1, x2, y2), (scale_x, scale_y, scale_x, scale_y))]
 
 
+def checked_relative(box: Box, image_size: tuple[int, int], scale: int | tuple[int, int]) -> list[int]:
+    """``quantised_relative`` of a ground-truth box, checked against its image first (InvalidBoxError)."""
+    check_image_box(box, image_size)
+    return quantised_relative(box, image_size, scale)
+
+
 def from_relative(values: Sequence[float], image_size: tuple[int, int], scale: float,
                   text: str) -> Box | BoxParseFailure:
     """xyxy relative values (image spans [0, scale]) -> Box in original pixels, or a parse failure."""
@@ -68,6 +75,19 @@ def first_four_numbers(text: str, pattern: re.Pattern[str] = FOUR_NUMBERS) -> li
     if match is None:
         return None
     return [float(g) for g in match.groups()[:4]]
+
+
+def parse_four_numbers(text: str, pattern: re.Pattern[str], image_size: tuple[int, int], scale: float,
+                       missing: str, y_first: bool = False, within: str | None = None) -> Box | BoxParseFailure:
+    """The first four numbers ``pattern`` matches in ``within`` (default: ``text``; ``y_first``: y1, x1, y2, x2),
+    relative to [0, ``scale``], as a Box in original pixels; ``BoxParseFailure(text, missing)`` when none match."""
+    values = first_four_numbers(text if within is None else within, pattern)
+    if values is None:
+        return BoxParseFailure(text, missing)
+    if y_first:
+        y1, x1, y2, x2 = values
+        values = [x1, y1, x2, y2]
+    return from_relative(values, image_size, scale, text)
 
 
 def format_relative_box(box: Box, region: Region) -> str:

@@ -42,23 +42,8 @@ from typing import Any, ClassVar, Mapping, Sequence
 from PIL import Image
 
 from vrh_interp.boxes import Box, BoxParseFailure
-from vrh_interp.families.base import (
-    BoxFrame,
-    FamilyAdapter,
-    VisualBlock,
-    VisualLayout,
-    check_image_box,
-    image_token_positions,
-    row_major_block,
-)
-from vrh_interp.families.coordinates import (
-    FOUR_NUMBERS,
-    Region,
-    first_four_numbers,
-    from_relative,
-    quantised_relative,
-    whole_image,
-)
+from vrh_interp.families.base import BoxFrame, FamilyAdapter, VisualBlock, VisualLayout, block_count
+from vrh_interp.families.coordinates import FOUR_NUMBERS, Region, checked_relative, parse_four_numbers, whole_image
 
 BOX_2D_SCALE = 1000
 BOX_2D = re.compile(rf"\"?box_2d\"?\s*:\s*\[\s*{FOUR_NUMBERS.pattern}\s*\]")
@@ -77,10 +62,7 @@ def pan_and_scan_crops(image_size: tuple[int, int], num_crops: int) -> list[Regi
 
 
 @dataclass
-class Gemma3Adapter(FamilyAdapter):
-    name: ClassVar[str] = "gemma3"
-    display_name: ClassVar[str] = "Gemma 3"
-    model_types: ClassVar[tuple[str, ...]] = ("gemma3",)
+class Gemma3Adapter(FamilyAdapter, family="gemma3"):
     box_format: ClassVar[str] = ('{"box_2d": [y_min, x_min, y_max, x_max]}, integers 0-1000 of the original image '
                                  "(Gemini convention, not a trained Gemma 3 format)")
     non_causal_image_attention: ClassVar[bool] = True
@@ -107,18 +89,16 @@ class Gemma3Adapter(FamilyAdapter):
 
     def visual_layout(self, encoding: Mapping[str, Any], image_size: tuple[int, int], processor: Any,
                       batch_index: int = 0) -> VisualLayout:
-        positions = image_token_positions(encoding["input_ids"][batch_index], self.image_token_id(processor))
+        positions = self.image_positions(encoding, processor, batch_index)
         side = self.tokens_per_side()
         per_block = side * side
-        if not positions or len(positions) % per_block:
-            raise ValueError(f"{len(positions)} image tokens are not a whole number of {side}x{side} image blocks")
-        num_crops = len(positions) // per_block - 1
+        num_crops = block_count(positions, side, side, "image blocks") - 1
         regions = [whole_image(image_size)]
         if num_crops:
             regions += pan_and_scan_crops(image_size, num_crops)
         blocks: list[VisualBlock] = [
-            row_major_block("image" if index == 0 else f"crop_{index - 1}",
-                            positions[index * per_block:(index + 1) * per_block], side, side, region)
+            VisualBlock("image" if index == 0 else f"crop_{index - 1}",
+                        positions[index * per_block:(index + 1) * per_block], side, side, region)
             for index, region in enumerate(regions)
         ]
         vision = self.config.vision_config
@@ -126,13 +106,9 @@ class Gemma3Adapter(FamilyAdapter):
                             input_size=(vision.image_size, vision.image_size))
 
     def format_box(self, box: Box, frame: BoxFrame) -> str:
-        check_image_box(box, frame.image_size)
-        x1, y1, x2, y2 = quantised_relative(box, frame.image_size, BOX_2D_SCALE)
+        x1, y1, x2, y2 = checked_relative(box, frame.image_size, BOX_2D_SCALE)
         return f'{{"box_2d": [{y1}, {x1}, {y2}, {x2}]}}'
 
     def parse_box(self, text: str, frame: BoxFrame) -> Box | BoxParseFailure:
-        values = first_four_numbers(text, BOX_2D)
-        if values is None:
-            return BoxParseFailure(text, 'no "box_2d": [y_min, x_min, y_max, x_max] found')
-        y1, x1, y2, x2 = values
-        return from_relative([x1, y1, x2, y2], frame.image_size, BOX_2D_SCALE, text)
+        return parse_four_numbers(text, BOX_2D, frame.image_size, BOX_2D_SCALE,
+                                  'no "box_2d": [y_min, x_min, y_max, x_max] found', y_first=True)

@@ -27,8 +27,8 @@ import re
 from typing import Any, ClassVar
 
 from vrh_interp.boxes import Box, BoxParseFailure
-from vrh_interp.families.base import BoxFrame, UnsupportedModelError, check_image_box
-from vrh_interp.families.coordinates import NUMBER, first_four_numbers, from_relative, quantised_relative
+from vrh_interp.families.base import BoxFrame, UnsupportedModelError
+from vrh_interp.families.coordinates import NUMBER, checked_relative, parse_four_numbers
 from vrh_interp.families.qwen2_vl import RELATIVE_SCALE, Qwen2VLAdapter
 
 BEGIN_OF_BOX = "<|begin_of_box|>"
@@ -47,11 +47,7 @@ def answer_part(text: str) -> str:
     return text[thinking_end + len(END_OF_THINKING):] if thinking_end >= 0 else text
 
 
-class Glm4vAdapter(Qwen2VLAdapter):
-    name: ClassVar[str] = "glm4v"
-    display_name: ClassVar[str] = "GLM-4V (GLM-4.1V)"
-    # glm46v: transformers' GLM-4.6V classes (a Glm4v subclass with the same processor, layout and text attention)
-    model_types: ClassVar[tuple[str, ...]] = ("glm4v", "glm46v")
+class Glm4vAdapter(Qwen2VLAdapter, family="glm4v"):
     box_format: ClassVar[str] = "<|begin_of_box|>[x1,y1,x2,y2]<|end_of_box|>, integers 0-1000 relative to the image"
 
     def __init__(self, config: Any) -> None:
@@ -71,12 +67,9 @@ class Glm4vAdapter(Qwen2VLAdapter):
         return f"Help me to locate {expression} in the image and give me its bounding boxes."
 
     def format_box(self, box: Box, frame: BoxFrame) -> str:
-        check_image_box(box, frame.image_size)
-        x1, y1, x2, y2 = quantised_relative(box, frame.image_size, RELATIVE_SCALE)
+        x1, y1, x2, y2 = checked_relative(box, frame.image_size, RELATIVE_SCALE)
         return f"{BEGIN_OF_BOX}[{x1},{y1},{x2},{y2}]{END_OF_BOX}"
 
     def parse_box(self, text: str, frame: BoxFrame) -> Box | BoxParseFailure:
-        values = first_four_numbers(answer_part(text), GLM_BOX)
-        if values is None:
-            return BoxParseFailure(text, "no [x1,y1,x2,y2] box found")
-        return from_relative(values, frame.image_size, RELATIVE_SCALE, text)
+        return parse_four_numbers(text, GLM_BOX, frame.image_size, RELATIVE_SCALE, "no [x1,y1,x2,y2] box found",
+                                  within=answer_part(text))

@@ -37,7 +37,7 @@ from typing import Any, ClassVar, Mapping
 import numpy as np
 from transformers.models.idefics3.image_processing_pil_idefics3 import get_resize_output_image_size
 
-from vrh_interp.families.base import VisualBlock, VisualLayout, image_token_positions, row_major_block
+from vrh_interp.families.base import VisualBlock, VisualLayout, block_count
 from vrh_interp.families.coordinates import whole_image
 from vrh_interp.families.prompts import RequestedRelativeBoxAdapter
 
@@ -71,7 +71,7 @@ def frame_blocks(positions: list[int], image_size: tuple[int, int], num_frames: 
     width, height = image_size
     per_frame = side * side
     if num_frames == 1:
-        return (row_major_block("global", positions, side, side, whole_image(image_size)),)
+        return (VisualBlock("global", positions, side, side, whole_image(image_size)),)
     frame_size = image_processor.max_image_size["longest_edge"]
     canvas_width, canvas_height = split_canvas_size(image_size, image_processor.size["longest_edge"], frame_size)
     rows, cols = canvas_height // frame_size, canvas_width // frame_size
@@ -87,22 +87,16 @@ def frame_blocks(positions: list[int], image_size: tuple[int, int], num_frames: 
         row, col = divmod(index, cols)
         region = (col * frame_size * x_scale, row * frame_size * y_scale,
                   (col + 1) * frame_size * x_scale, (row + 1) * frame_size * y_scale)
-        blocks.append(row_major_block(f"tile_r{row}_c{col}", positions[index * per_frame:(index + 1) * per_frame],
-                                      side, side, region))
-    blocks.append(row_major_block("global", positions[-per_frame:], side, side, whole_image(image_size)))
+        blocks.append(VisualBlock(f"tile_r{row}_c{col}", positions[index * per_frame:(index + 1) * per_frame],
+                                  side, side, region))
+    blocks.append(VisualBlock("global", positions[-per_frame:], side, side, whole_image(image_size)))
     return tuple(blocks)
 
 
-class Idefics3Adapter(RequestedRelativeBoxAdapter):
-    name: ClassVar[str] = "idefics3"
-    display_name: ClassVar[str] = "Idefics3 / SmolVLM"
-    model_types: ClassVar[tuple[str, ...]] = ("idefics3", "smolvlm")
+class Idefics3Adapter(RequestedRelativeBoxAdapter, family="idefics3"):
     box_format: ClassVar[str] = ("[x1, y1, x2, y2], floats 0-1 (2 decimals) relative to the image "
                                  "(requested, not trained)")
     layers_path: ClassVar[str] = "model.text_model.layers"
-
-    def image_token(self, processor: Any) -> str:
-        return processor.image_token
 
     def tokens_per_side(self) -> int:
         vision = self.config.vision_config
@@ -110,10 +104,8 @@ class Idefics3Adapter(RequestedRelativeBoxAdapter):
 
     def visual_layout(self, encoding: Mapping[str, Any], image_size: tuple[int, int], processor: Any,
                       batch_index: int = 0) -> VisualLayout:
-        positions = image_token_positions(encoding["input_ids"][batch_index], self.image_token_id(processor))
+        positions = self.image_positions(encoding, processor, batch_index)
         side = self.tokens_per_side()
-        per_frame = side * side
-        if not positions or len(positions) % per_frame:
-            raise ValueError(f"{len(positions)} <image> tokens are not a whole number of {side}x{side}-token frames")
-        blocks = frame_blocks(positions, image_size, len(positions) // per_frame, side, processor.image_processor)
+        num_frames = block_count(positions, side, side, "frames")
+        blocks = frame_blocks(positions, image_size, num_frames, side, processor.image_processor)
         return VisualLayout(image_size=image_size, visual_positions=tuple(positions), blocks=blocks)

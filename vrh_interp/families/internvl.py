@@ -36,16 +36,8 @@ from typing import Any, ClassVar, Mapping, Sequence
 from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import get_optimal_tiled_canvas
 
 from vrh_interp.boxes import Box, BoxParseFailure
-from vrh_interp.families.base import (
-    BoxFrame,
-    FamilyAdapter,
-    VisualBlock,
-    VisualLayout,
-    check_image_box,
-    image_token_positions,
-    row_major_block,
-)
-from vrh_interp.families.coordinates import NUMBER, first_four_numbers, from_relative, quantised_relative, whole_image
+from vrh_interp.families.base import BoxFrame, FamilyAdapter, VisualBlock, VisualLayout, block_count
+from vrh_interp.families.coordinates import NUMBER, checked_relative, parse_four_numbers, whole_image
 from vrh_interp.families.prompts import REFERRING_INSTRUCTION
 
 INTERNVL_SCALE = 1000
@@ -70,14 +62,10 @@ def tiled_image_blocks(
     """
     grid_rows, grid_cols = tokens_per_tile
     per_tile = grid_rows * grid_cols
-    if not positions or len(positions) % per_tile:
-        raise ValueError(
-            f"{len(positions)} visual tokens are not a whole number of {grid_rows}x{grid_cols}-token tiles"
-        )
-    num_tiles = len(positions) // per_tile
+    num_tiles = block_count(positions, grid_rows, grid_cols, "tiles")
     width, height = image_size
     if num_tiles == 1:
-        return (row_major_block("image", positions, grid_rows, grid_cols, whole_image(image_size)),)
+        return (VisualBlock("image", positions, grid_rows, grid_cols, whole_image(image_size)),)
     cols, rows = get_optimal_tiled_canvas((height, width), tile_size, min_tiles, max_tiles)
     if cols * rows + 1 != num_tiles:
         raise ValueError(
@@ -90,8 +78,8 @@ def tiled_image_blocks(
         row, col = divmod(index, cols)
         region = (col * width / cols, row * height / rows, (col + 1) * width / cols, (row + 1) * height / rows)
         tile_positions = positions[index * per_tile:(index + 1) * per_tile]
-        blocks.append(row_major_block(f"tile_r{row}_c{col}", tile_positions, grid_rows, grid_cols, region))
-    blocks.append(row_major_block("thumbnail", positions[-per_tile:], grid_rows, grid_cols, whole_image(image_size)))
+        blocks.append(VisualBlock(f"tile_r{row}_c{col}", tile_positions, grid_rows, grid_cols, region))
+    blocks.append(VisualBlock("thumbnail", positions[-per_tile:], grid_rows, grid_cols, whole_image(image_size)))
     return tuple(blocks)
 
 
@@ -104,29 +92,24 @@ def tile_size_of(encoding: Mapping[str, Any]) -> tuple[int, int]:
     return int(height), int(width)
 
 
-def tiled_visual_layout(encoding: Mapping[str, Any], image_size: tuple[int, int], processor: Any, image_token_id: int,
-                        tokens_per_tile: tuple[int, int], batch_index: int = 0) -> VisualLayout:
+def tiled_visual_layout(adapter: Any, encoding: Mapping[str, Any], image_size: tuple[int, int], processor: Any,
+                        batch_index: int = 0) -> VisualLayout:
     """Layout of row ``batch_index``'s image for GOT-OCR2-tiling processors (InternVL, Aya Vision).
 
-    The tile size comes from ``pixel_values`` and the tile-count bounds from the processor's image processor
-    (``min_patches``/``max_patches``); see ``tiled_image_blocks``.
+    The token grid per tile comes from ``adapter.tokens_per_tile()``, the tile size from ``pixel_values`` and the
+    tile-count bounds from the processor's image processor (``min_patches``/``max_patches``); see
+    ``tiled_image_blocks``.
     """
-    positions = image_token_positions(encoding["input_ids"][batch_index], image_token_id)
+    positions = adapter.image_positions(encoding, processor, batch_index)
     image_processor = processor.image_processor
-    blocks = tiled_image_blocks(positions, image_size, tile_size_of(encoding), tokens_per_tile,
+    blocks = tiled_image_blocks(positions, image_size, tile_size_of(encoding), adapter.tokens_per_tile(),
                                 image_processor.min_patches, image_processor.max_patches)
     return VisualLayout(image_size=image_size, visual_positions=tuple(positions), blocks=blocks)
 
 
-class InternVLAdapter(FamilyAdapter):
-    name: ClassVar[str] = "internvl"
+class InternVLAdapter(FamilyAdapter, family="internvl"):
     image_prefix_cache: ClassVar[bool] = True
-    display_name: ClassVar[str] = "InternVL (HF-native)"
-    model_types: ClassVar[tuple[str, ...]] = ("internvl",)
     box_format: ClassVar[str] = "<ref>EXPR</ref><box>[[x1, y1, x2, y2]]</box>, integers 0-1000 of the original image"
-
-    def image_token(self, processor: Any) -> str:
-        return processor.image_token
 
     def grounding_instruction(self, expression: str) -> str:
         return REFERRING_INSTRUCTION.format(f"<ref>{expression}</ref>")
@@ -139,16 +122,12 @@ class InternVLAdapter(FamilyAdapter):
 
     def visual_layout(self, encoding: Mapping[str, Any], image_size: tuple[int, int], processor: Any,
                       batch_index: int = 0) -> VisualLayout:
-        return tiled_visual_layout(encoding, image_size, processor, self.image_token_id(processor),
-                                   self.tokens_per_tile(), batch_index)
+        return tiled_visual_layout(self, encoding, image_size, processor, batch_index)
 
     def format_box(self, box: Box, frame: BoxFrame) -> str:
-        check_image_box(box, frame.image_size)
-        values = quantised_relative(box, frame.image_size, INTERNVL_SCALE)
+        values = checked_relative(box, frame.image_size, INTERNVL_SCALE)
         return "<box>[[" + ", ".join(str(v) for v in values) + "]]</box>"
 
     def parse_box(self, text: str, frame: BoxFrame) -> Box | BoxParseFailure:
-        values = first_four_numbers(text, INTERNVL_BOX)
-        if values is None:
-            return BoxParseFailure(text, "no [[x1, y1, x2, y2]] box found")
-        return from_relative(values, frame.image_size, INTERNVL_SCALE, text)
+        return parse_four_numbers(text, INTERNVL_BOX, frame.image_size, INTERNVL_SCALE,
+                                  "no [[x1, y1, x2, y2]] box found")

@@ -40,14 +40,7 @@ from transformers.image_transforms import get_resize_output_image_size
 from transformers.image_utils import ChannelDimension
 
 from vrh_interp.boxes import Box, BoxParseFailure
-from vrh_interp.families.base import (
-    BoxFrame,
-    FamilyAdapter,
-    VisualLayout,
-    check_image_box,
-    image_token_positions,
-    row_major_block,
-)
+from vrh_interp.families.base import BoxFrame, FamilyAdapter, VisualBlock, VisualLayout, check_image_box
 from vrh_interp.families.coordinates import Region, format_relative_box, parse_relative_box, whole_image
 from vrh_interp.families.prompts import REFERRING_INSTRUCTION
 
@@ -132,15 +125,9 @@ def split_class_token(positions: list[int], grid_tokens: int, strategy: str) -> 
     )
 
 
-class LlavaAdapter(FamilyAdapter):
-    name: ClassVar[str] = "llava"
+class LlavaAdapter(FamilyAdapter, family="llava"):
     image_prefix_cache: ClassVar[bool] = True
-    display_name: ClassVar[str] = "LLaVA-1.5"
-    model_types: ClassVar[tuple[str, ...]] = ("llava",)
     box_format: ClassVar[str] = "[x1, y1, x2, y2], floats 0-1 (2 decimals) relative to the square the model sees"
-
-    def image_token(self, processor: Any) -> str:
-        return processor.image_token
 
     def grounding_instruction(self, expression: str) -> str:
         return REFERRING_INSTRUCTION.format(expression)
@@ -160,9 +147,9 @@ class LlavaAdapter(FamilyAdapter):
             )
         patch = self.patch_size()
         rows, cols = view.height // patch, view.width // patch
-        positions = image_token_positions(encoding["input_ids"][batch_index], self.image_token_id(processor))
+        positions = self.image_positions(encoding, processor, batch_index)
         grid = split_class_token(positions, rows * cols, self.config.vision_feature_select_strategy)
-        block = row_major_block("image", grid, rows, cols, view.region(0, 0, cols * patch, rows * patch))
+        block = VisualBlock("image", grid, rows, cols, view.region(0, 0, cols * patch, rows * patch))
         return VisualLayout(image_size=image_size, visual_positions=tuple(positions), blocks=(block,),
                             input_size=(view.width, view.height))
 

@@ -38,7 +38,7 @@ from transformers.image_processing_utils import get_patch_output_size, select_be
 from transformers.image_utils import ChannelDimension
 from transformers.models.llava_next.modeling_llava_next import get_anyres_image_grid_shape, unpad_image
 
-from vrh_interp.families.base import BoxFrame, VisualBlock, VisualLayout, image_token_positions, row_major_block
+from vrh_interp.families.base import BoxFrame, VisualBlock, VisualLayout
 from vrh_interp.families.coordinates import Region, whole_image
 from vrh_interp.families.llava import LlavaAdapter, split_class_token
 
@@ -102,14 +102,11 @@ def tile_blocks(grid_positions: list[list[int]], kept: KeptGrid, canvas: TiledCa
             u0 = tile_col * tile_size + (cols.start - tile_col * tile_tokens) * patch
             v0 = tile_row * tile_size + (rows.start - tile_row * tile_tokens) * patch
             region = canvas.region(u0, v0, u0 + len(cols) * patch, v0 + len(rows) * patch)
-            blocks.append(row_major_block(f"tile {tile_row},{tile_col}", positions, len(rows), len(cols), region))
+            blocks.append(VisualBlock(f"tile {tile_row},{tile_col}", positions, len(rows), len(cols), region))
     return blocks
 
 
-class LlavaNextAdapter(LlavaAdapter):
-    name: ClassVar[str] = "llava_next"
-    display_name: ClassVar[str] = "LLaVA-NeXT"
-    model_types: ClassVar[tuple[str, ...]] = ("llava_next",)
+class LlavaNextAdapter(LlavaAdapter, family="llava_next"):
     box_format: ClassVar[str] = "[x1, y1, x2, y2], floats 0-1 (2 decimals) relative to the image"
 
     def packed_grid_shape(self, rows: int, cols: int, tile_tokens: int) -> tuple[int, int]:
@@ -133,7 +130,7 @@ class LlavaNextAdapter(LlavaAdapter):
         kept = kept_token_grid(tiles_down * tile_tokens, tiles_across * tile_tokens, image_hw)
         packed_rows, packed_cols = self.packed_grid_shape(kept.rows, kept.cols, tile_tokens)
 
-        positions = image_token_positions(encoding["input_ids"][batch_index], self.image_token_id(processor))
+        positions = self.image_positions(encoding, processor, batch_index)
         row_stride = packed_cols + 1  # one image_newline after each row
         grid_start = len(positions) - packed_rows * row_stride
         base = split_class_token(positions[:grid_start], tile_tokens * tile_tokens,
@@ -141,8 +138,8 @@ class LlavaNextAdapter(LlavaAdapter):
         row_starts = [grid_start + r * row_stride for r in range(packed_rows)]
         grid_rows = [positions[start:start + packed_cols] for start in row_starts]
         base_extent = tile_tokens * patch / tile_size  # share of the stretched base view the tokens cover
-        blocks = [row_major_block("base", base, tile_tokens, tile_tokens,
-                                  (0.0, 0.0, width * base_extent, height * base_extent))]
+        blocks = [VisualBlock("base", base, tile_tokens, tile_tokens,
+                              (0.0, 0.0, width * base_extent, height * base_extent))]
         canvas = tiled_canvas(image_hw, select_best_resolution(image_hw, self.config.image_grid_pinpoints))
         blocks += self.grid_blocks(grid_rows, kept, canvas, tile_size, tile_tokens, patch)
         return VisualLayout(image_size=image_size, visual_positions=tuple(positions), blocks=tuple(blocks))

@@ -25,9 +25,8 @@ the layout experiment in ``tests/families/test_families.py -k llava_onevision``)
 from __future__ import annotations
 
 import math
-from typing import ClassVar
 
-from vrh_interp.families.base import VisualBlock, row_major_block
+from vrh_interp.families.base import VisualBlock
 from vrh_interp.families.llava_next import KeptGrid, LlavaNextAdapter, TiledCanvas
 
 
@@ -45,10 +44,7 @@ def token_span(index: int, tile_size: int, tile_tokens: int, patch: int) -> tupl
     return start, start + patch
 
 
-class LlavaOnevisionAdapter(LlavaNextAdapter):
-    name: ClassVar[str] = "llava_onevision"
-    display_name: ClassVar[str] = "LLaVA-OneVision"
-    model_types: ClassVar[tuple[str, ...]] = ("llava_onevision",)
+class LlavaOnevisionAdapter(LlavaNextAdapter, family="llava_onevision"):
 
     def packed_grid_shape(self, rows: int, cols: int, tile_tokens: int) -> tuple[int, int]:
         """``pack_image_features``: bilinear downsampling of grids above ``anyres_max_K`` tiles."""
@@ -78,7 +74,7 @@ class LlavaOnevisionAdapter(LlavaNextAdapter):
         row_spans = [source_spans(r, kept.row0, kept.rows, out_rows) for r in range(out_rows)]
         col_spans = [source_spans(c, kept.col0, kept.cols, out_cols) for c in range(out_cols)]
         return [
-            row_major_block(f"downsampled {r},{c}", [grid_rows[r][c]], 1, 1, canvas.region(u0, v0, u1, v1))
+            VisualBlock(f"downsampled {r},{c}", [grid_rows[r][c]], 1, 1, canvas.region(u0, v0, u1, v1))
             for r in range(out_rows)
             for c in range(out_cols)
             for v0, v1 in row_spans[r]

@@ -25,19 +25,13 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Mapping
 
-from vrh_interp.families.base import VisualLayout, image_token_positions, row_major_block
+from vrh_interp.families.base import VisualBlock, VisualLayout, image_token_positions
 from vrh_interp.families.coordinates import whole_image
 from vrh_interp.families.prompts import RequestedRelativeBoxAdapter
 
 
-class Mistral3Adapter(RequestedRelativeBoxAdapter):
-    name: ClassVar[str] = "mistral3"
-    display_name: ClassVar[str] = "Mistral3 (Mistral-Small-3.1)"
-    model_types: ClassVar[tuple[str, ...]] = ("mistral3",)
+class Mistral3Adapter(RequestedRelativeBoxAdapter, family="mistral3"):
     box_format: ClassVar[str] = "[x1, y1, x2, y2], floats 0-1 (2 decimals) relative to the image (requested)"
-
-    def image_token(self, processor: Any) -> str:
-        return processor.image_token
 
     def token_pixels(self) -> int:
         """Side of one merged token in resized-input pixels (vision patch x spatial merge)."""
@@ -61,6 +55,6 @@ class Mistral3Adapter(RequestedRelativeBoxAdapter):
                 f"but image_sizes {[resized_h, resized_w]} describes {rows} x {cols} tokens; expected one image "
                 "per prompt"
             )
-        block = row_major_block("image", image, rows, cols, whole_image(image_size))
+        block = VisualBlock("image", image, rows, cols, whole_image(image_size))
         return VisualLayout(image_size=image_size, visual_positions=tuple(sorted(image + breaks + ends)),
                             blocks=(block,), input_size=(resized_w, resized_h))

@@ -33,31 +33,18 @@ from typing import Any, ClassVar, Mapping, Sequence
 from PIL import Image
 
 from vrh_interp.boxes import Box, BoxParseFailure
-from vrh_interp.families.base import (
-    BoxFrame,
-    FamilyAdapter,
-    VisualLayout,
-    check_image_box,
-    image_token_positions,
-    row_major_block,
-)
-from vrh_interp.families.coordinates import from_relative, quantised_relative, whole_image
+from vrh_interp.families.base import BoxFrame, FamilyAdapter, VisualBlock, VisualLayout
+from vrh_interp.families.coordinates import checked_relative, parse_four_numbers, whole_image
 
 LOCATION_BINS = 1024
 LOCATION_SCALE = LOCATION_BINS - 1
 LOCATION_BOX = re.compile(r"<loc(\d{4})>\s*<loc(\d{4})>\s*<loc(\d{4})>\s*<loc(\d{4})>")
 
 
-class PaliGemmaAdapter(FamilyAdapter):
-    name: ClassVar[str] = "paligemma"
-    display_name: ClassVar[str] = "PaliGemma"
-    model_types: ClassVar[tuple[str, ...]] = ("paligemma",)
+class PaliGemmaAdapter(FamilyAdapter, family="paligemma"):
     box_format: ClassVar[str] = "<locY1><locX1><locY2><locX2> label, 1024 bins (0-1023) of the original image, y first"
     non_causal_image_attention: ClassVar[bool] = True
     answer_token_type_id: ClassVar[int] = 1  # type 0 is the bidirectional prefix: appended answers must be 1
-
-    def image_token(self, processor: Any) -> str:
-        return processor.image_token
 
     def grounding_instruction(self, expression: str) -> str:
         return f"detect {expression}"
@@ -74,23 +61,19 @@ class PaliGemmaAdapter(FamilyAdapter):
 
     def visual_layout(self, encoding: Mapping[str, Any], image_size: tuple[int, int], processor: Any,
                       batch_index: int = 0) -> VisualLayout:
-        positions = image_token_positions(encoding["input_ids"][batch_index], self.image_token_id(processor))
+        positions = self.image_positions(encoding, processor, batch_index)
         vision = self.config.vision_config
         side = vision.image_size // vision.patch_size
         if len(positions) != side * side:
             raise ValueError(f"expected {side * side} <image> tokens for one image, found {len(positions)}")
-        block = row_major_block("image", positions, side, side, whole_image(image_size))
+        block = VisualBlock("image", positions, side, side, whole_image(image_size))
         return VisualLayout(image_size=image_size, visual_positions=tuple(positions), blocks=(block,),
                             input_size=(vision.image_size, vision.image_size))
 
     def format_box(self, box: Box, frame: BoxFrame) -> str:
-        check_image_box(box, frame.image_size)
-        x1, y1, x2, y2 = quantised_relative(box, frame.image_size, LOCATION_SCALE)
+        x1, y1, x2, y2 = checked_relative(box, frame.image_size, LOCATION_SCALE)
         return "".join(f"<loc{v:04d}>" for v in (y1, x1, y2, x2))
 
     def parse_box(self, text: str, frame: BoxFrame) -> Box | BoxParseFailure:
-        match = LOCATION_BOX.search(text)
-        if match is None:
-            return BoxParseFailure(text, "no run of four <locNNNN> tokens found")
-        y1, x1, y2, x2 = (float(g) for g in match.groups())
-        return from_relative([x1, y1, x2, y2], frame.image_size, LOCATION_SCALE, text)
+        return parse_four_numbers(text, LOCATION_BOX, frame.image_size, LOCATION_SCALE,
+                                  "no run of four <locNNNN> tokens found", y_first=True)

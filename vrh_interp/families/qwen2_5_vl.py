@@ -26,16 +26,13 @@ from __future__ import annotations
 from typing import Any, ClassVar, Mapping
 
 from vrh_interp.boxes import Box, BoxParseFailure
-from vrh_interp.families.base import BoxFrame, check_image_box
-from vrh_interp.families.coordinates import from_relative, json_bbox_answer, json_bbox_values, quantised_relative
+from vrh_interp.families.base import BoxFrame
+from vrh_interp.families.coordinates import checked_relative, from_relative, json_bbox_answer, json_bbox_values
 from vrh_interp.families.prompts import JSON_GROUNDING_INSTRUCTION
 from vrh_interp.families.qwen2_vl import Qwen2VLAdapter
 
 
-class Qwen25VLAdapter(Qwen2VLAdapter):
-    name: ClassVar[str] = "qwen2_5_vl"
-    display_name: ClassVar[str] = "Qwen2.5-VL"
-    model_types: ClassVar[tuple[str, ...]] = ("qwen2_5_vl",)
+class Qwen25VLAdapter(Qwen2VLAdapter, family="qwen2_5_vl"):
     box_format: ClassVar[str] = (
         'JSON [{"bbox_2d": [x1, y1, x2, y2], "label": ...}], integer pixels of the RESIZED input '
         "(image_grid_thw[1:] * patch)"
@@ -56,8 +53,7 @@ class Qwen25VLAdapter(Qwen2VLAdapter):
         return BoxFrame(image_size=image_size, input_size=(grid_w * patch_size, grid_h * patch_size))
 
     def format_box(self, box: Box, frame: BoxFrame) -> str:
-        check_image_box(box, frame.image_size)
-        return json_bbox_answer(quantised_relative(box, frame.image_size, resized_input_size(frame)))
+        return json_bbox_answer(checked_relative(box, frame.image_size, resized_input_size(frame)))
 
     def parse_box(self, text: str, frame: BoxFrame) -> Box | BoxParseFailure:
         input_width, input_height = resized_input_size(frame)

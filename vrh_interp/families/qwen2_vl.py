@@ -30,15 +30,8 @@ from dataclasses import replace
 from typing import Any, ClassVar, Mapping
 
 from vrh_interp.boxes import Box, BoxParseFailure
-from vrh_interp.families.base import (
-    BoxFrame,
-    FamilyAdapter,
-    VisualLayout,
-    check_image_box,
-    image_token_positions,
-    row_major_block,
-)
-from vrh_interp.families.coordinates import NUMBER, first_four_numbers, from_relative, quantised_relative, whole_image
+from vrh_interp.families.base import BoxFrame, FamilyAdapter, VisualBlock, VisualLayout, image_token_positions
+from vrh_interp.families.coordinates import NUMBER, checked_relative, parse_four_numbers, whole_image
 from vrh_interp.heads import HeadGeometry
 
 RELATIVE_SCALE = 1000
@@ -66,7 +59,7 @@ def merged_grid_layout(encoding: Mapping[str, Any], image_size: tuple[int, int],
             f"row {batch_index} has {len(positions)} image tokens but image_grid_thw {[frames, grid_h, grid_w]} "
             f"with merge size {merge_size} describes {frames} x {rows} x {cols}; expected one image per row"
         )
-    block = row_major_block("image", positions, rows, cols, whole_image(image_size))
+    block = VisualBlock("image", positions, rows, cols, whole_image(image_size))
     return VisualLayout(
         image_size=image_size,
         visual_positions=tuple(positions),
@@ -75,18 +68,12 @@ def merged_grid_layout(encoding: Mapping[str, Any], image_size: tuple[int, int],
     )
 
 
-class Qwen2VLAdapter(FamilyAdapter):
-    name: ClassVar[str] = "qwen2_vl"
-    display_name: ClassVar[str] = "Qwen2-VL"
-    model_types: ClassVar[tuple[str, ...]] = ("qwen2_vl",)
+class Qwen2VLAdapter(FamilyAdapter, family="qwen2_vl"):
     box_format: ClassVar[str] = "<|box_start|>(x1,y1),(x2,y2)<|box_end|>, integers 0-1000 relative to the image"
 
     def geometry(self) -> HeadGeometry:
         text_config = self.text_config()
         return replace(super().geometry(), head_dim=text_config.hidden_size // text_config.num_attention_heads)
-
-    def image_token(self, processor: Any) -> str:
-        return processor.image_token
 
     def grounding_instruction(self, expression: str) -> str:
         return f"Find <|object_ref_start|>{expression}<|object_ref_end|>"
@@ -98,12 +85,8 @@ class Qwen2VLAdapter(FamilyAdapter):
                                   image_processor.patch_size, image_processor.merge_size, batch_index)
 
     def format_box(self, box: Box, frame: BoxFrame) -> str:
-        check_image_box(box, frame.image_size)
-        x1, y1, x2, y2 = quantised_relative(box, frame.image_size, RELATIVE_SCALE)
+        x1, y1, x2, y2 = checked_relative(box, frame.image_size, RELATIVE_SCALE)
         return f"<|box_start|>({x1},{y1}),({x2},{y2})<|box_end|>"
 
     def parse_box(self, text: str, frame: BoxFrame) -> Box | BoxParseFailure:
-        values = first_four_numbers(text, QWEN2_VL_BOX)
-        if values is None:
-            return BoxParseFailure(text, "no (x1,y1),(x2,y2) box found")
-        return from_relative(values, frame.image_size, RELATIVE_SCALE, text)
+        return parse_four_numbers(text, QWEN2_VL_BOX, frame.image_size, RELATIVE_SCALE, "no (x1,y1),(x2,y2) box found")

@@ -20,17 +20,14 @@ from __future__ import annotations
 from typing import ClassVar
 
 from vrh_interp.boxes import Box, BoxParseFailure
-from vrh_interp.families.base import BoxFrame, FamilyAdapter, check_image_box
-from vrh_interp.families.coordinates import from_relative, json_bbox_answer, json_bbox_values, quantised_relative
+from vrh_interp.families.base import BoxFrame, FamilyAdapter
+from vrh_interp.families.coordinates import checked_relative, from_relative, json_bbox_answer, json_bbox_values
 from vrh_interp.families.prompts import JSON_GROUNDING_INSTRUCTION
 from vrh_interp.families.qwen2_vl import RELATIVE_SCALE, Qwen2VLAdapter
 from vrh_interp.heads import HeadGeometry
 
 
-class Qwen3VLAdapter(Qwen2VLAdapter):
-    name: ClassVar[str] = "qwen3_vl"
-    display_name: ClassVar[str] = "Qwen3-VL"
-    model_types: ClassVar[tuple[str, ...]] = ("qwen3_vl",)
+class Qwen3VLAdapter(Qwen2VLAdapter, family="qwen3_vl"):
     box_format: ClassVar[str] = ('JSON [{"bbox_2d": [x1, y1, x2, y2], "label": ...}], integers 0-1000 relative to '
                                  'the image')
 
@@ -41,8 +38,7 @@ class Qwen3VLAdapter(Qwen2VLAdapter):
         return JSON_GROUNDING_INSTRUCTION.format(expression=expression)
 
     def format_box(self, box: Box, frame: BoxFrame) -> str:
-        check_image_box(box, frame.image_size)
-        return json_bbox_answer(quantised_relative(box, frame.image_size, RELATIVE_SCALE))
+        return json_bbox_answer(checked_relative(box, frame.image_size, RELATIVE_SCALE))
 
     def parse_box(self, text: str, frame: BoxFrame) -> Box | BoxParseFailure:
         values = json_bbox_values(text)

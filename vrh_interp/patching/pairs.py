@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Iterable, Iterator, Literal
 
 from vrh_interp.data.scenes import (
     ExpressionSpec,
-    GroundingSample,
     NounPhrase,
     Scene,
     Split,
@@ -31,7 +30,9 @@ from vrh_interp.data.scenes import (
     move_object,
     recolour_object,
     resolve,
+    scene_sample,
 )
+from vrh_interp.datasets.samples import GroundingSample
 
 PairKind = Literal["expression_swap", "referent_moved", "referent_recoloured", "different_image"]
 PAIR_KINDS: tuple[PairKind, ...] = ("expression_swap", "referent_moved", "referent_recoloured", "different_image")
@@ -60,13 +61,48 @@ def _attribute_spec(sample: GroundingSample) -> ExpressionSpec:
 def _with_scene(sample: GroundingSample, scene: Scene, box: Box, suffix: str) -> GroundingSample:
     meta = dict(sample.meta, object_boxes=[o.box for o in scene.objects],
                 object_attributes=[(o.colour, o.shape, o.size) for o in scene.objects])
-    return GroundingSample(sample_id=f"{sample.sample_id}-{suffix}", image=scene.image,
-                           expression=sample.expression, box=box, meta=meta)
+    return scene_sample(scene, f"{sample.sample_id}-{suffix}", sample.expression, box, meta)
 
 
 def _distractors(sample: GroundingSample) -> tuple[Box, ...]:
     target = sample.meta["target_index"]
     return tuple(tuple(b) for i, b in enumerate(sample.meta["object_boxes"]) if i != target)
+
+
+def _first_edited_pair(sample: GroundingSample, kind: PairKind,
+                       edits: Iterable[tuple[Scene, int]]) -> PatchingPair | None:
+    """``sample`` and its expression on the first edited scene where the expression picks exactly the edit's
+    object (id suffix: the kind's last word); ``None`` if no edit qualifies. ``edits`` is consumed lazily."""
+    suffix = kind.split("_")[-1]
+    for edited, referent in edits:
+        if resolve(_attribute_spec(sample), edited.objects) == [referent]:
+            box = edited.objects[referent].box
+            return PatchingPair(f"{sample.sample_id}-{suffix}", kind, sample, _with_scene(sample, edited, box, suffix),
+                                box, _distractors(sample))
+    return None
+
+
+def _moves(scene: Scene, target: int) -> Iterator[tuple[Scene, int]]:
+    """Up to 200 seeded random shifts of object ``target`` by >= ``MIN_MOVE_PX`` to a free spot."""
+    rng = random.Random(scene.seed * 16 + target)
+    for _ in range(200):
+        dx, dy = rng.randint(-60, 60), rng.randint(-60, 60)
+        if abs(dx) + abs(dy) < MIN_MOVE_PX:
+            continue
+        try:
+            moved = move_object(scene, target, dx, dy)
+        except ValueError:
+            continue
+        yield moved, target
+
+
+def _colour_swaps(scene: Scene, target: int) -> Iterator[tuple[Scene, int]]:
+    """Object ``target``'s colour swapped with each same-shape object's of another colour (that object is then
+    the one the original expression names)."""
+    referent = scene.objects[target]
+    for other, obj in enumerate(scene.objects):
+        if other != target and obj.shape == referent.shape and obj.colour != referent.colour:
+            yield recolour_object(recolour_object(scene, target, obj.colour), other, referent.colour), other
 
 
 def expression_swap_pairs(split: Split, index: int, difficulty: int = 1) -> list[PatchingPair]:
@@ -85,48 +121,18 @@ def expression_swap_pairs(split: Split, index: int, difficulty: int = 1) -> list
 def referent_moved_pairs(split: Split, index: int, difficulty: int = 1) -> list[PatchingPair]:
     """Attribute samples of the scene with the referent moved >= ``MIN_MOVE_PX`` to a free spot."""
     scene = make_scene(split, index, difficulty)
-    pairs = []
-    for sample in grounding_samples(split, index, difficulty, kinds=("attribute",)):
-        target = sample.meta["target_index"]
-        rng = random.Random(scene.seed * 16 + target)
-        for _ in range(200):
-            dx, dy = rng.randint(-60, 60), rng.randint(-60, 60)
-            if abs(dx) + abs(dy) < MIN_MOVE_PX:
-                continue
-            try:
-                moved = move_object(scene, target, dx, dy)
-            except ValueError:
-                continue
-            if resolve(_attribute_spec(sample), moved.objects) != [target]:
-                continue
-            box = moved.objects[target].box
-            pairs.append(PatchingPair(f"{sample.sample_id}-moved", "referent_moved", sample,
-                                      _with_scene(sample, moved, box, "moved"), box, _distractors(sample)))
-            break
-    return pairs
+    candidates = (_first_edited_pair(s, "referent_moved", _moves(scene, s.meta["target_index"]))
+                  for s in grounding_samples(split, index, difficulty, kinds=("attribute",)))
+    return [pair for pair in candidates if pair is not None]
 
 
 def referent_recoloured_pairs(split: Split, index: int, difficulty: int = 1) -> list[PatchingPair]:
     """Colour-naming attribute samples whose referent swaps colour with a same-shape distractor."""
     scene = make_scene(split, index, difficulty)
-    pairs = []
-    for sample in grounding_samples(split, index, difficulty, kinds=("attribute",)):
-        spec = _attribute_spec(sample)
-        target = sample.meta["target_index"]
-        if spec.target.colour is None:
-            continue
-        referent = scene.objects[target]
-        for other, obj in enumerate(scene.objects):
-            if other == target or obj.shape != referent.shape or obj.colour == referent.colour:
-                continue
-            swapped = recolour_object(recolour_object(scene, target, obj.colour), other, referent.colour)
-            if resolve(spec, swapped.objects) != [other]:
-                continue
-            box = swapped.objects[other].box
-            pairs.append(PatchingPair(f"{sample.sample_id}-recoloured", "referent_recoloured", sample,
-                                      _with_scene(sample, swapped, box, "recoloured"), box, _distractors(sample)))
-            break
-    return pairs
+    candidates = (_first_edited_pair(s, "referent_recoloured", _colour_swaps(scene, s.meta["target_index"]))
+                  for s in grounding_samples(split, index, difficulty, kinds=("attribute",))
+                  if s.meta["query_attributes"]["colour"] is not None)
+    return [pair for pair in candidates if pair is not None]
 
 
 def different_image_pairs(split: Split, index: int, difficulty: int = 1) -> list[PatchingPair]:

@@ -18,6 +18,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from vrh_interp.backends.base import Backend
 from vrh_interp.evaluation.sweep import (DEFAULT_RANDOM_SEEDS, Condition, SweepResult, control_conditions,
                                          run_conditions)
 from vrh_interp.heads import HeadGeometry, HeadSet
@@ -145,7 +146,7 @@ def design_space(vlm: VLM, stats: Sequence[SampleStats], eval_samples: Sequence[
                  random_seeds: Sequence[int] = DEFAULT_RANDOM_SEEDS, batch_size: int = 8, max_new_tokens: int = 24,
                  run_dir: str | Path | None = None, progress: bool = True,
                  remote: bool | str = False, ablation: str = "zero",
-                 ablation_values: AblationValues | None = None) -> pd.DataFrame:
+                 ablation_values: AblationValues | None = None, backend: str | Backend = "nnsight") -> pd.DataFrame:
     """Mask each variant's top-k heads on ``eval_samples``; rank variants by the accuracy drop they cause.
 
     One unmasked baseline is shared by all variants; variants whose top-k sets coincide are evaluated once;
@@ -156,12 +157,13 @@ def design_space(vlm: VLM, stats: Sequence[SampleStats], eval_samples: Sequence[
     passed to ``run_conditions`` (one request per batch per condition). Only this function runs the model: the
     plan, the table and the stability analyses work on stored statistics. ``ablation`` "mean" / "resample"
     masks with ``ablation_values`` (``evaluation.grounding.ablation_values`` on the detection samples).
+    ``backend`` (a name or ``Backend``) is passed to ``run_conditions``.
     """
     check_disjoint(stats, eval_samples)
     plan = design_space_plan(stats, k=k, variants=variants, random_seeds=random_seeds, ablation=ablation)
     result = run_conditions(vlm, eval_samples, plan.conditions, batch_size=batch_size, max_new_tokens=max_new_tokens,
                             run_dir=None if run_dir is None else Path(run_dir) / "design_space", progress=progress,
-                            remote=remote, ablation_values=ablation_values)
+                            remote=remote, ablation_values=ablation_values, backend=backend)
     return design_space_table(plan, result)
 
 

@@ -17,6 +17,7 @@ import numpy as np
 from safetensors.numpy import load_file, save
 from tqdm.auto import tqdm
 
+from vrh_interp.backends.base import Backend, backend_config, get_backend
 from vrh_interp.model import VLM
 from vrh_interp.provenance import library_versions, model_provenance, now_utc, remote_provenance
 from vrh_interp.runs import RecordLog, RunFolder, whole_run_manifest, write_atomic
@@ -79,7 +80,7 @@ def collect_detection_stats(vlm: VLM, samples: Sequence[GroundingSampleLike], *,
                             max_new_tokens: int = 24, output_source: str = "greedy",
                             run_dir: str | Path | None = None, dataset: str | None = None,
                             progress: bool = True, shard: Shard | None = None,
-                            remote: bool | str = False) -> list[SampleStats]:
+                            remote: bool | str = False, backend: str | Backend = "nnsight") -> list[SampleStats]:
     """Collect (or resume collecting) the per-sample statistics every scoring design needs.
 
     ``remote`` (``True``: NDIF at nnsight's configured host; ``"local"``: serialised as for NDIF, run here)
@@ -88,12 +89,16 @@ def collect_detection_stats(vlm: VLM, samples: Sequence[GroundingSampleLike], *,
 
     With ``shard``, only that shard's samples (``Shard.select``) are processed and returned; ``samples`` is
     still the full list (the run folder records it, so ``merge_runs`` can check the shards fit together).
+
+    ``backend`` (a name or ``Backend``: ``vrh_interp.backends.base``) IS part of the configuration when it is not
+    nnsight: a run folder never mixes backends.
     """
     check_samples(samples, minimum=1, what="detection samples")
     if batch_size < 1:
         raise ValueError("batch_size must be >= 1")
-    config = shard_config(detection_config(vlm, samples, output_source=output_source, max_new_tokens=max_new_tokens,
-                                           dataset=dataset), shard, batch_size)
+    runner = get_backend(backend, vlm, remote=remote)
+    config = shard_config({**detection_config(vlm, samples, output_source=output_source, max_new_tokens=max_new_tokens,
+                                              dataset=dataset), **backend_config(runner)}, shard, batch_size)
     mine = shard.select(samples, batch_size) if shard is not None else list(samples)
     position = {s.sample_id: p for p, s in enumerate(samples)}
     folder = RunFolder(run_dir, config) if run_dir is not None else None
@@ -106,7 +111,7 @@ def collect_detection_stats(vlm: VLM, samples: Sequence[GroundingSampleLike], *,
     for start in range(0, len(todo), batch_size):
         chunk = todo[start: start + batch_size]
         batch_stats = collect_batch(vlm, chunk, max_new_tokens=max_new_tokens, output_source=output_source,
-                                    remote=remote)
+                                    remote=remote, backend=runner)
         if folder is not None and log is not None:
             # named by the batch's position in the FULL list: a shard writes the files an unsharded run writes
             name = f"batch-{position[chunk[0].sample_id]:06d}-{chunk[0].sample_id}".replace(os.sep, "_")
@@ -124,22 +129,28 @@ def collect_detection_stats(vlm: VLM, samples: Sequence[GroundingSampleLike], *,
 
 def score_heads(vlm: VLM, samples: Sequence[GroundingSampleLike], design: ScoringDesign | str = "vrh", *,
                 batch_size: int = 8, max_new_tokens: int = 24, run_dir: str | Path | None = None,
-                dataset: str | None = None, progress: bool = True, remote: bool | str = False) -> HeadScores:
+                dataset: str | None = None, progress: bool = True, remote: bool | str = False,
+                backend: str | Backend = "nnsight") -> HeadScores:
     """Score every head of ``vlm`` on ``samples`` with ``design`` (a preset name or a ScoringDesign).
 
     ``remote``: run the model on NDIF (``True``, nnsight's configured host and API key) or serialise as for
     NDIF and run in-process (``"local"``), one request per batch; the scores equal a local run's. The
     provenance records only whether the run was remote (``remote_provenance``), never the host or key.
 
+    ``backend``: "nnsight" (default), "transformer-lens" or a ``Backend`` (``vrh_interp.backends.base``); a
+    backend other than nnsight is recorded in the provenance and the run folder. The scores equal nnsight's
+    within the tolerance docs/recipes/transformer-lens.md states.
+
     To split the work across machines, shard ``collect_detection_stats`` instead, merge the shard folders
     (``vrh_interp.merge.merge_runs``) and score the merged folder with ``scores_from_run``.
     """
     design = resolve_design(design)
+    runner = get_backend(backend, vlm, remote=remote)
     stats = collect_detection_stats(vlm, samples, batch_size=batch_size, max_new_tokens=max_new_tokens,
                                     output_source=design.output_source, run_dir=run_dir, dataset=dataset,
-                                    progress=progress, remote=remote)
-    config = detection_config(vlm, samples, output_source=design.output_source, max_new_tokens=max_new_tokens,
-                              dataset=dataset)
+                                    progress=progress, remote=remote, backend=runner)
+    config = {**detection_config(vlm, samples, output_source=design.output_source, max_new_tokens=max_new_tokens,
+                                 dataset=dataset), **backend_config(runner)}
     return scores_from_stats(stats, design, {**_provenance(config, design, stats),
                                              "remote": remote_provenance(remote)})
 

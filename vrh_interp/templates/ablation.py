@@ -98,19 +98,13 @@ class AblationValues:
         if tuple(self.counts.shape) != (n, len(SEGMENTS)):
             raise ValueError(f"counts must be [{n}, {len(SEGMENTS)}], got {tuple(self.counts.shape)}")
 
-    @property
-    def num_layers(self) -> int:
-        return int(self.sums.shape[1])
-
-    @property
-    def width(self) -> int:
-        return int(self.sums.shape[3])
-
     def check(self, geometry: HeadGeometry) -> None:
-        """Refuse values collected on a model with another head grid."""
-        if (self.num_layers, self.width) != (geometry.num_layers, geometry.num_heads * geometry.head_dim):
+        """Refuse values collected on a model with another head grid (``sums`` is [samples, layers, segments,
+        width])."""
+        layers, width = int(self.sums.shape[1]), int(self.sums.shape[3])
+        if (layers, width) != (geometry.num_layers, geometry.num_heads * geometry.head_dim):
             raise ValueError(
-                f"ablation values are for {self.num_layers} layers x width {self.width}, the model has "
+                f"ablation values are for {layers} layers x width {width}, the model has "
                 f"{geometry.num_layers} x {geometry.num_heads * geometry.head_dim}: compute them on this model "
                 "(evaluation.grounding.ablation_values)")
 

@@ -3,9 +3,10 @@
 ``load("a")`` -> LLaVA-1.5-class model (CLIP tower + MLP projector, tiny Qwen2 backbone);
 ``load("b")`` -> InternVL-class model (InternViT tower + pixel-shuffle projector, same backbone
 architecture, initialised from model a's backbone); ``load("c")`` / ``load("d")`` -> the same two classes with a
-128-head backbone in the paper's regime (spare capacity: ``vrh_interp.toy.regime``); ``load("planted")`` -> the
+128-head backbone in the paper's regime (spare capacity: ``toy_training.regime``); ``load("planted")`` -> the
 positive control with known heads. Checkpoints ship in ``checkpoints/<name>/``
-(fp16 safetensors, loaded back to fp32) and load fully offline from that folder.
+(fp16 safetensors, loaded back to fp32) and load fully offline from that folder. The trainer that made them
+is ``toy_training`` at the repository root (dev tooling, not in the wheel).
 """
 
 from __future__ import annotations

@@ -1,98 +1,34 @@
-"""Tiny random-weight VLM fixtures, one module per family, built offline in seconds on CPU.
+"""Tiny random-weight VLM fixtures, built offline in seconds on CPU from the recipes of the family registry.
 
-Each module ``vrh_interp/testing/tiny/<family>.py`` exposes ``build(seed: int = 0) -> TinyVLM``. The
-model is a real transformers ``*ForConditionalGeneration`` class with a tiny config (LM: hidden 64,
-2 layers, 4 heads, 2 KV heads, head_dim 16 unless the family needs otherwise), its real processor, and a
-tokenizer built locally (``vrh_interp.testing.tokenizer``). The sizes, special-token roles and helpers the
-fixtures share live here (``TINY_TEXT_CONFIG``, ``TINY_VISION_CONFIG``, ``*_NAMED_TOKENS``, ``text_token_ids``,
-``composite_model``, ``vision_encoder_attention_modules``).
+Each built-in family's row (``vrh_interp.families.registry``) carries a ``TinyRecipe``: the real transformers
+``*ForConditionalGeneration`` class with a tiny config (LM: hidden 64, 2 layers, 4 heads, 2 KV heads, head_dim
+16 unless the family needs otherwise), its real processor, and a tokenizer built locally
+(``vrh_interp.testing.tokenizer``). ``build_recipe`` turns any recipe into a ``TinyVLM``; ``build_tiny(name)``
+builds a family's own recipe or one of its ``tiny_variants`` (the language backbones of the paper's models:
+``internvl_qwen3``, ``llava_next_llama3``, ``paligemma2``, ``glm46v``).
 """
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
+import transformers
 
-# Registry key of each family adapter -> fixture module (same name).
-TINY_FAMILIES: tuple[str, ...] = (
-    "qwen2_vl",
-    "qwen2_5_vl",
-    "qwen3_vl",
-    "internvl",
-    "llava",
-    "llava_next",
-    "llava_onevision",
-    "paligemma",
-    "gemma3",
-    "idefics3",
-    "glm4v",
-    "mistral3",
-    "aya_vision",
-)
+from vrh_interp.families.registry import FAMILIES, TINY_RECIPES, Call, TinyRecipe
+from vrh_interp.testing.tiny._image_only_processor import image_only_processor_class
+from vrh_interp.testing.tokenizer import build_byte_tokenizer
 
-# A family's fixture with the language backbone of one of the paper's models (Llama 3, Gemma 2 with soft-capping
-# and sliding windows, GLM-4.6V, Qwen3 in InternVL3.5): name -> "module:function" in this package. ``build_tiny``
-# and ``tiny:NAME`` accept them; tests/families/test_paper_models.py runs the reference checks on them.
-TINY_BACKBONE_VARIANTS: dict[str, str] = {
-    "internvl_qwen3": "internvl:build_qwen3",
-    "llava_next_llama3": "llava_next:build_llama3",
-    "paligemma2": "paligemma:build_gemma2",
-    "glm46v": "glm4v:build_glm46v",
-}
+# Registry key of every built-in family, each with its tiny fixture.
+TINY_FAMILIES: tuple[str, ...] = tuple(row.name for row in FAMILIES)
+# The paper models' language backbones in a family's tiny model (name -> family): tests/families/test_paper_models.py
+# runs the reference checks on them.
+TINY_BACKBONE_VARIANTS: dict[str, str] = {name: row.name for row in FAMILIES for name in row.tiny_variants}
 
-
-# The tiny language backbone every fixture uses (head_dim 16 where the config takes one: TINY_HEAD_DIM).
-TINY_TEXT_CONFIG: dict[str, Any] = {
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 2048,
-}
-TINY_HEAD_DIM = 16
-
-# The tiny ViT encoder (CLIP, SigLIP, Pixtral, InternViT, Idefics3); image and patch sizes are per family.
-TINY_VISION_CONFIG: dict[str, Any] = {
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 2,
-}
-
-
-# Standard special-token roles of the tokenizer families the fixtures mimic (``build_byte_tokenizer``).
-LLAMA_NAMED_TOKENS = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}  # + Mistral
-GEMMA_NAMED_TOKENS = {"pad_token": "<pad>", "eos_token": "<eos>", "bos_token": "<bos>"}
-QWEN2_NAMED_TOKENS = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}  # Qwen-VL, OneVision, InternVL3
-
-
-def text_token_ids(tokenizer: Any) -> dict[str, Any]:
-    """Vocabulary size and bos/eos/pad ids of a text config, read from the tokenizer."""
-    return {
-        "vocab_size": len(tokenizer),
-        "bos_token_id": tokenizer.bos_token_id,
-        "eos_token_id": tokenizer.eos_token_id,
-        "pad_token_id": tokenizer.pad_token_id,
-    }
-
-
-def composite_model(model_class: type, config: Any, tokenizer: Any) -> Any:
-    """``model_class(config)`` in eval mode, its top-level ``config.vocab_size`` set to the tokenizer's size.
-
-    Composite configs (vision + text) do not carry the text config's vocabulary size at the top level.
-    """
-    model = model_class(config).eval()
-    model.config.vocab_size = len(tokenizer)
-    return model
-
-
-def vision_encoder_attention_modules(model: Any) -> list[torch.nn.Module]:
-    """Attention of every CLIP or SigLIP encoder layer (``model.model.vision_tower.encoder.layers[i].self_attn``)."""
-    return [layer.self_attn for layer in model.model.vision_tower.encoder.layers]
+__all__ = ["TINY_BACKBONE_VARIANTS", "TINY_FAMILIES", "TinyVLM", "build_processor", "build_recipe", "build_tiny",
+           "modules_at", "resolve"]
 
 
 @dataclass
@@ -105,13 +41,78 @@ class TinyVLM:
     vision_attention_modules: Callable[[Any], list[torch.nn.Module]]  # model -> vision-tower attention modules
 
 
-def build_tiny(family: str, seed: int = 0) -> TinyVLM:
-    """The tiny fixture of ``family`` (a ``TINY_FAMILIES`` key) or of a ``TINY_BACKBONE_VARIANTS`` name."""
-    if family in TINY_BACKBONE_VARIANTS:
-        module_name, function = TINY_BACKBONE_VARIANTS[family].split(":")
-        return getattr(importlib.import_module(f"vrh_interp.testing.tiny.{module_name}"), function)(seed=seed)
-    if family not in TINY_FAMILIES:
-        available = ", ".join((*TINY_FAMILIES, *TINY_BACKBONE_VARIANTS))
-        raise ValueError(f"no tiny fixture for {family!r}; available: {available}")
-    module = importlib.import_module(f"vrh_interp.testing.tiny.{family}")
-    return module.build(seed=seed)
+def resolve(target: str) -> Any:
+    """A transformers attribute by name, or ``".module:attribute"`` of a module in this package."""
+    if ":" in target:
+        module_name, attribute = target.split(":")
+        return getattr(importlib.import_module(module_name, package=__name__), attribute)
+    return getattr(transformers, target)
+
+
+def _instantiate(part: Call | Mapping[str, Any], **extra: Any) -> Any:
+    """A ``Call`` built as ``target(**kwargs, **extra)``; a mapping returned as a dict with ``extra`` merged."""
+    if isinstance(part, Call):
+        return resolve(part.target)(**part.kwargs, **extra)
+    return {**part, **extra}
+
+
+def modules_at(path: str) -> Callable[[Any], list[torch.nn.Module]]:
+    """``model -> modules`` at a dotted ``path`` in which ``*`` stands for every item of a module list."""
+
+    def modules(model: Any) -> list[torch.nn.Module]:
+        found = [model]
+        for part in path.split("."):
+            found = [item for obj in found for item in obj] if part == "*" else [getattr(obj, part) for obj in found]
+        return found
+
+    return modules
+
+
+def build_processor(recipe: TinyRecipe) -> Any:
+    """The recipe's processor: its image processor and a fresh byte tokenizer, with the tokenizer's chat template."""
+    spec = recipe.tokenizer
+    tokenizer = build_byte_tokenizer(spec.special_tokens, named_special_tokens=spec.named,
+                                     extra_special_tokens=spec.extra or None, chat_template=spec.chat_template)
+    processor_class = resolve(recipe.processor.target)
+    if recipe.image_only_processor:
+        processor_class = image_only_processor_class(processor_class)
+    return processor_class(image_processor=_instantiate(recipe.image_processor), tokenizer=tokenizer,
+                           chat_template=tokenizer.chat_template, **recipe.processor.kwargs)
+
+
+def _token_ids(tokenizer: Any, fields: Mapping[str, str | tuple[str, ...]]) -> dict[str, Any]:
+    ids = tokenizer.convert_tokens_to_ids
+    return {key: [ids(t) for t in token] if isinstance(token, tuple) else ids(token) for key, token in fields.items()}
+
+
+def build_recipe(recipe: TinyRecipe, seed: int = 0, family: str = "") -> TinyVLM:
+    """The tiny model of ``recipe`` with weights drawn after ``torch.manual_seed(seed)``."""
+    torch.manual_seed(seed)
+    processor = build_processor(recipe)
+    tokenizer = processor.tokenizer  # PaliGemma's processor adds tokens: sizes are read after it is built
+    if recipe.text_token_ids is None:
+        text_ids = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
+                    "pad_token_id": tokenizer.pad_token_id}
+    else:
+        text_ids = _token_ids(tokenizer, recipe.text_token_ids)
+    config = _instantiate(
+        recipe.config,
+        text_config=_instantiate(recipe.text_config, vocab_size=len(tokenizer), **text_ids),
+        vision_config=_instantiate(recipe.vision_config),
+        **_token_ids(tokenizer, recipe.token_ids),
+    )
+    model = resolve(recipe.model)(config).eval()
+    if recipe.set_vocab_size:  # composite configs do not carry the text config's vocabulary size at the top level
+        model.config.vocab_size = len(tokenizer)
+    with torch.no_grad():
+        for path, std in recipe.reinit.items():
+            torch.nn.init.normal_(model.get_parameter(path), std=std)
+    return TinyVLM(family=family, model=model, processor=processor,
+                   vision_attention_modules=modules_at(recipe.vision_attention))
+
+
+def build_tiny(name: str, seed: int = 0) -> TinyVLM:
+    """The tiny fixture of a family (``TINY_FAMILIES``) or of one of its variants (``TINY_BACKBONE_VARIANTS``)."""
+    if name not in TINY_RECIPES:
+        raise ValueError(f"no tiny fixture for {name!r}; available: {', '.join(TINY_RECIPES)}")
+    return build_recipe(TINY_RECIPES[name], seed, name)

@@ -1,11 +1,12 @@
 """Each shipped toy model's training lineage as ONE resumable command.
 
-Run: ``python -m vrh_interp.toy.recipe --model a|b --out DIR [--threads N]``, then
-``python -m vrh_interp.toy.train --model a|b --ship DIR/<last stage> --checkpoint final``.
+Run: ``python -m toy_training.recipe --model a|b --out DIR [--threads N]``, then
+``python -m toy_training.train --model a|b --ship DIR/<last stage> --checkpoint final
+--dest vrh_interp/toy/checkpoints`` (the shipped toys; any other folder to keep them unchanged).
 
 Why a recipe: the shipped checkpoints were made in stages (a from-scratch run, then warm restarts that
 continue the whole model with the synthetic VQA items in the batch), each stage one recorded
-``vrh_interp.toy.train`` command. A recipe declares those stages as data and runs them in order, each
+``toy_training.train`` command. A recipe declares those stages as data and runs them in order, each
 in its own folder ``DIR/NN-<stage>``; stage ``k`` starts from stage ``k-1``'s FINAL weights (never a
 checkpoint chosen on an evaluation set), so the recipe's only selection is the fixed step counts.
 
@@ -13,7 +14,7 @@ Resume: a stage whose ``final/`` folder exists is done and skipped; an unfinishe
 its trainer state (``train(..., resume=True)``: bit-exact, at most one evaluation interval lost), so a
 killed recipe rerun with the same command loses at most one interval of one stage.
 
-Measure: ``python -m vrh_interp.toy.recipe --model a|b --out DIR --compare`` trains nothing; it measures
+Measure: ``python -m toy_training.recipe --model a|b --out DIR --compare`` trains nothing; it measures
 every finished stage's final weights on the shipped checkpoint's held-out scenes (level 1/2 on the 200
 report scenes, level 1 on the 200 fresh scenes, the VQA items) and prints them beside the SAME stage of
 the shipped lineage (``RecipeStage.shipped_table``: the key of that stage's table in the shipped
@@ -42,7 +43,7 @@ import torch
 from vrh_interp.runs import write_json_atomic
 from vrh_interp.toy import checkpoint_dir, load
 from vrh_interp.toy.configs import ModelName
-from vrh_interp.toy.train import (MODEL_PRESETS, REPORT_SCENES, WARM_START_LEVELS, TrainConfig, export_final,
+from toy_training.train import (MODEL_PRESETS, REPORT_SCENES, WARM_START_LEVELS, TrainConfig, export_final,
                                   measure_held_out, train)
 
 
@@ -64,11 +65,14 @@ class RecipeStage:
     shipped_table: str | None = None
 
 
-def _warm(name: str, model: ModelName, steps: int, lr: float, seed: int, vqa_scenes: int, vqa_query_probe: bool,
-          shipped_table: str) -> RecipeStage:
-    return RecipeStage(name, model, "warm", dict(grounding_steps=steps, grounding_lr=lr, seed=seed, eval_every=400,
-                                                  vqa_batch_scenes=vqa_scenes, vqa_query_probe=vqa_query_probe),
-                       shipped_table)
+def _warm_stages(model: ModelName, rows: Sequence[tuple[int, float, int, bool, str]]) -> tuple[RecipeStage, ...]:
+    """Warm restarts ``<model>-vqa-1..n`` (seed = the stage's number, evaluated every 400 steps), one row each:
+    (grounding steps, peak learning rate, scenes per step whose VQA items join the batch, query probe on the
+    one-object VQA rows, the shipped lineage's table of the same stage)."""
+    return tuple(RecipeStage(f"{model}-vqa-{seed}", model, "warm",
+                             dict(grounding_steps=steps, grounding_lr=lr, seed=seed, eval_every=400,
+                                  vqa_batch_scenes=scenes, vqa_query_probe=probe), table)
+                 for seed, (steps, lr, scenes, probe, table) in enumerate(rows, 1))
 
 
 # from-scratch stages: the clean version of the iterated stage 1 (~6,000 grounding steps, as the shipped runs
@@ -83,27 +87,14 @@ _CD_TEXT = RecipeStage("cd-text", "c", "scratch", dict(seed=0, grounding_steps=1
                                                        query_probe_weight=0.0, eval_every=80))
 
 RECIPES: dict[str, tuple[RecipeStage, ...]] = {
-    "a": (
-        _A_FROM_SCRATCH,
-        _warm("a-vqa-1", "a", steps=3600, lr=6e-4, seed=1, vqa_scenes=8, vqa_query_probe=True,
-              shipped_table="stage2_held_out"),  # run a4
-        _warm("a-vqa-2", "a", steps=1600, lr=3e-4, seed=2, vqa_scenes=8, vqa_query_probe=True,
-              shipped_table="stage3_held_out"),  # run a5
-        _warm("a-vqa-3", "a", steps=3200, lr=4e-4, seed=3, vqa_scenes=8, vqa_query_probe=True,
-              shipped_table="stage4_held_out"),  # run a6
-        _warm("a-vqa-4", "a", steps=2000, lr=3e-4, seed=4, vqa_scenes=8, vqa_query_probe=True,
-              shipped_table="held_out"),  # run a7
-    ),
-    "b": (
-        _A_FROM_SCRATCH,
-        _B_FROM_SCRATCH,
-        _warm("b-vqa-1", "b", steps=4000, lr=1.8e-4, seed=1, vqa_scenes=4, vqa_query_probe=False,
-              shipped_table="stage2_held_out"),  # run b3
-        _warm("b-vqa-2", "b", steps=3600, lr=2.5e-4, seed=2, vqa_scenes=8, vqa_query_probe=True,
-              shipped_table="stage3_held_out"),  # run b4
-        _warm("b-vqa-3", "b", steps=1600, lr=2e-4, seed=3, vqa_scenes=8, vqa_query_probe=True,
-              shipped_table="held_out"),  # run b5
-    ),
+    "a": (_A_FROM_SCRATCH, *_warm_stages("a", ((3600, 6e-4, 8, True, "stage2_held_out"),  # runs a4, a5, a6, a7
+                                               (1600, 3e-4, 8, True, "stage3_held_out"),
+                                               (3200, 4e-4, 8, True, "stage4_held_out"),
+                                               (2000, 3e-4, 8, True, "held_out")))),
+    "b": (_A_FROM_SCRATCH, _B_FROM_SCRATCH,
+          *_warm_stages("b", ((4000, 1.8e-4, 4, False, "stage2_held_out"),  # runs b3, b4, b5
+                              (3600, 2.5e-4, 8, True, "stage3_held_out"),
+                              (1600, 2e-4, 8, True, "held_out")))),
     # the positive control: a first stage from the SHIPPED toy A's weights (MODEL_PRESETS["planted"].warm_start),
     # then warm restarts with each head paying for its own leak (planted.attention_loss's leak_weight): the
     # second cuts every other head off the image (grounding falls to ~0.3 while the answer learns to read P
@@ -232,7 +223,8 @@ def main() -> None:
         print(table.drop(columns=["model"]).round(3).to_string(index=False))
         return
     last = run_recipe(RECIPES[args.model], args.out)
-    print(f"done: ship with  python -m vrh_interp.toy.train --model {args.model} --ship {last} --checkpoint final")
+    print(f"done: ship with  python -m toy_training.train --model {args.model} --ship {last} --checkpoint final "
+          "--dest vrh_interp/toy/checkpoints")
 
 
 if __name__ == "__main__":

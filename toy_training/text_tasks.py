@@ -29,7 +29,7 @@ TEXT_LEVEL = 1
 
 
 def _box_text(box: Sequence[float], image_size: tuple[int, int]) -> str:
-    from vrh_interp.toy.configs import quantise_box  # configs imports the tokenizer; keep this module import-light
+    from toy_training.configs import quantise_box  # configs imports the tokenizer; keep this module import-light
 
     return "[" + ", ".join(f"{b / 100:.2f}" for b in quantise_box(tuple(box), image_size)) + "]"
 

@@ -1,6 +1,6 @@
 """Train a toy grounding VLM on CPU: dense vision pretraining, then grounding fine-tuning.
 
-Run: ``python -m vrh_interp.toy.train --model a --out DIR [--resume] [--steps N] [--seed S]``.
+Run: ``python -m toy_training.train --model a --out DIR [--resume] [--steps N] [--seed S]``.
 
 Methodological choices
 ----------------------
@@ -55,31 +55,30 @@ from transformers import (AutoModelForImageTextToText, InternVLForConditionalGen
 
 from vrh_interp.boxes import Box, iou
 from vrh_interp.heads import HeadSet
-from vrh_interp.data.scenes import COLOURS, SHAPES, SIZES, GroundingSample, grounding_samples, make_scene
-from vrh_interp.datasets.samples import VQASample
-from vrh_interp.datasets.synthetic_vqa import answer_text, majority_answer_rate, scene_vqa_items, synthetic_vqa
+from vrh_interp.data.scenes import COLOURS, SHAPES, SIZES, grounding_samples, make_scene, vqa_samples
+from vrh_interp.datasets.samples import GroundingSample, VQASample
+from vrh_interp.datasets.synthetic_vqa import answer_text, majority_answer_rate, synthetic_vqa
 from vrh_interp.datasets.vqa import score_response
 from vrh_interp.datasets.vqa_prompt import vqa_messages
 from vrh_interp.evaluation.statistics import bootstrap_statistic_ci
-from vrh_interp.toy.configs import (
+from vrh_interp.toy.configs import GRID_SIDE, PATCH_SIZE, ModelName, family
+from toy_training.configs import (
     COORDINATE_BINS,
-    GRID_SIDE,
-    PATCH_SIZE,
-    ModelName,
     WIDE_SHAPE,
     TextBackboneShape,
     VisionTowerShape,
     build_processor,
-    family,
     format_box_answer,
     grounding_messages,
     model_config,
     parse_box,
     quantise_box,
 )
-from vrh_interp.toy import checkpoint_dir, load, planted
-from vrh_interp.toy.text_tasks import scene_text_items, text_messages
-from vrh_interp.toy.tokenizer import IM_END
+from vrh_interp.toy import checkpoint_dir, load
+from vrh_interp.toy.planted import DECOY_HEADS, PLANTED_HEADS
+from toy_training import planted
+from toy_training.text_tasks import scene_text_items, text_messages
+from toy_training.tokenizer import IM_END
 
 MODEL_CLASSES: dict[str, type[PreTrainedModel]] = {
     "a": LlavaForConditionalGeneration,
@@ -109,7 +108,7 @@ class TrainConfig:
     query_probe_layer: int = 2  # hidden_states index probed: output of decoder layer 1 (0-based) of 4
     vqa_batch_scenes: int = 0  # scenes per grounding step whose synthetic VQA items join the batch
     vqa_query_probe: bool = False  # the query probe also reads the answer positions of one-object VQA rows
-    text_batch_scenes: int = 0  # scenes per grounding step whose text-only items (toy.text_tasks) join the batch
+    text_batch_scenes: int = 0  # scenes per grounding step whose text-only items (text_tasks) join the batch
     # level mix per grounding phase: (fraction of grounding steps, {level: probability})
     level_schedule: tuple[tuple[float, tuple[tuple[int, float], ...]], ...] = (
         (0.4, ((0, 0.8), (1, 0.2))),
@@ -118,7 +117,7 @@ class TrainConfig:
     )
     text_shape: TextBackboneShape = TextBackboneShape()
     vision_shape: VisionTowerShape = VisionTowerShape()
-    # positive control (vrh_interp.toy.planted): declared planted / decoy heads, the auxiliary attention loss's
+    # positive control (toy_training.planted): declared planted / decoy heads, the auxiliary attention loss's
     # weight and the per-row head-dropout probability of every non-planted head (all off by default)
     planted: tuple[str, ...] = ()
     decoys: tuple[str, ...] = ()
@@ -146,7 +145,7 @@ MODEL_PRESETS: dict[str, dict] = {
         vision_shape=VisionTowerShape(hidden_size=64, intermediate_size=256, num_hidden_layers=4,
                                       num_attention_heads=2),
     ),
-    # the positive control (vrh_interp.toy.planted): the shipped toy A embedded exactly in a 64-head backbone
+    # the positive control (toy_training.planted): the shipped toy A embedded exactly in a 64-head backbone
     # (planted.embed_donor), the auxiliary attention loss and head dropout; grounding only (no stage 1)
     "planted": dict(
         vision_steps=0,
@@ -154,16 +153,16 @@ MODEL_PRESETS: dict[str, dict] = {
         grounding_lr=1e-3,
         eval_every=250,
         text_shape=planted.PLANTED_SHAPE,
-        planted=planted.PLANTED_HEADS,
-        decoys=planted.DECOY_HEADS,
+        planted=PLANTED_HEADS,
+        decoys=DECOY_HEADS,
         attention_loss_weight=1.0,
         head_dropout=0.1,
         warm_start=str(checkpoint_dir("a")),
     ),
     # the paper's regime (docs/toy-models.md, toys C and D): a 128-head backbone (8 layers x 16 heads) that
     # starts as toy A's / B's exactly (planted.embed_donor: donor layer i at layer 2i, donor heads in half the
-    # slots, every new head and layer adding zero), text-only items in every batch (toy.text_tasks), grounding
-    # + VQA, head dropout on every head. The recipe (toy.recipe) pre-trains C's wide backbone on text alone
+    # slots, every new head and layer adding zero), text-only items in every batch (toy_training.text_tasks), grounding
+    # + VQA, head dropout on every head. The recipe (toy_training.recipe) pre-trains C's wide backbone on text alone
     # first (stage "cd-text"); D embeds toy B the same way (its backbone shares A's first stage as ancestor, as
     # B's does)
     "c": dict(
@@ -332,7 +331,7 @@ def grounding_batch(config: TrainConfig, step: int) -> tuple[list[GroundingSampl
         level = rng.choices(levels, probs)[0]
         samples.extend(grounding_samples("train", index, level))
         if position < config.vqa_batch_scenes:
-            questions.extend(scene_vqa_items("train", index, level))
+            questions.extend(vqa_samples("train", index, level))
     return samples, questions
 
 
@@ -847,18 +846,21 @@ def export_final(run_dir: Path) -> Path:
     return run_dir / "final"
 
 
-def ship(run_dir: Path, name: ModelName, lineage: str = "", checkpoint: str = "best") -> dict:
-    """Copy RUN_DIR/best (or the run's final weights) into ``checkpoints/<name>``, re-measure it through
-    ``load(name)`` (grounding on 200 held-out scenes, the test set, VQA items), write its log."""
+def ship(run_dir: Path, name: ModelName, dest: Path, lineage: str = "", checkpoint: str = "best") -> dict:
+    """Copy RUN_DIR/best (or the run's final weights) into ``dest/<name>``, re-measure it through
+    ``load(name, folder=dest/<name>)`` (grounding on 200 held-out scenes, the test set, VQA items), write its log.
+
+    ``dest`` is a checkpoints folder laid out like the package's: the trainer never writes into the installed
+    package unless told to (``--dest vrh_interp/toy/checkpoints`` updates the shipped toys of a source tree)."""
     source = run_dir / "best" if checkpoint == "best" else export_final(run_dir)
-    target = checkpoint_dir(name)
+    target = Path(dest) / name
     target.mkdir(parents=True, exist_ok=True)
     for item in source.iterdir():
         if item.name != "training_log.json":
             shutil.copy2(item, target / item.name)
     history = json.loads((run_dir / "history.json").read_text())
     selected = json.loads((source / "training_log.json").read_text())
-    model, processor = load(name)
+    model, processor = load(name, folder=target)
     started = time.time()
     report = evaluate(model, processor, name, REPORT_SCENES)
     test_set = evaluate(model, processor, name, TEST_SET_SCENES, levels=(1,))["level1"]
@@ -876,13 +878,13 @@ def ship(run_dir: Path, name: ModelName, lineage: str = "", checkpoint: str = "b
         "test_set_level1": test_set,
         "test_set_vqa": evaluate_vqa(model, processor, TEST_SET_SCENES),
         "fresh_scenes": [FRESH_SCENES_OFFSET, FRESH_SCENES_OFFSET + REPORT_SCENES - 1],
-        "fresh_level1": fresh_level1(model, processor, name),
+        "fresh_level1": fresh_level1(model, processor, name, REPORT_SCENES),
         "eval_seconds": time.time() - started,
         "history": history,
     }
     (target / "training_log.json").write_text(json.dumps(log, indent=1))
     if config_from_json(selected["config"]).text_shape == WIDE_SHAPE:  # the paper-regime toys: measure the regime
-        from vrh_interp.toy import regime
+        from toy_training import regime
 
         measured = regime.measure(model, processor, name)
         (target / regime.REGIME_FILE).write_text(json.dumps(measured, indent=1))
@@ -916,7 +918,10 @@ def _parse_args() -> argparse.Namespace:
                         help="apply the query-probe scaffold to one-object VQA rows too")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes and step counts (tests)")
     parser.add_argument("--ship", type=Path, default=None,
-                        help="copy RUN/best into vrh_interp/toy/checkpoints/<model> and measure it")
+                        help="copy RUN/best into DEST/<model> (--dest) and measure it")
+    parser.add_argument("--dest", type=Path, default=None,
+                        help="with --ship: the checkpoints folder to write into; vrh_interp/toy/checkpoints updates "
+                             "the shipped toy models")
     parser.add_argument("--evaluate", action="store_true",
                         help="print held-out metrics of the shipped checkpoint of --model (or of --folder)")
     parser.add_argument("--folder", type=Path, default=None,
@@ -940,7 +945,10 @@ def main() -> None:
         print(json.dumps(measure_held_out(model, processor, args.model), indent=1))
         return
     if args.ship is not None:
-        log = ship(args.ship, args.model, args.lineage, args.checkpoint)
+        if args.dest is None:
+            raise SystemExit("--ship needs --dest: the checkpoints folder to write into (vrh_interp/toy/checkpoints "
+                             "updates the shipped toy models)")
+        log = ship(args.ship, args.model, args.dest, args.lineage, args.checkpoint)
         print(json.dumps({key: log[key] for key in ("held_out", "held_out_vqa", "test_set_level1", "fresh_level1")},
                          indent=1))
         return

@@ -1,0 +1,223 @@
+"""The backend seam (``vrh_interp.backends.base``): the pipelines on TransformerLens equal them on nnsight.
+
+Tolerances (stated in docs/recipes/transformer-lens.md): the bridge runs eager attention without a KV cache and
+the scoring readout in one forward over prompt + answer, where nnsight reads it inside the cached sdpa generation:
+the same numbers up to floating-point order, so per-row statistics and head scores agree to ``STATS_ATOL`` (1e-5;
+measured ~1e-6 on toy:a) and spatial entropies for >= 99 % of the heads (measured: all). Greedy answers, boxes and
+every accuracy are compared EXACTLY. The per-row masked
+generation of the TransformerLens backend is also checked against plain HF generation with forward pre-hooks
+(``tests/reference.py``), so the two backends are not only compared with each other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import noise_image, tiny_vlm
+from tests.reference import zeroed_heads
+from vrh_interp import interventions as iv
+from vrh_interp.backends.base import Backend, BackendError, NnsightBackend, backend_config, get_backend
+from vrh_interp.heads import Head, HeadSet
+from vrh_interp.runs import RunMismatchError
+from vrh_interp.scoring.design import resolve_design
+from vrh_interp.scoring.detect import collect_detection_stats, score_heads
+from vrh_interp.sources import synthetic_samples
+from vrh_interp.templates.ablation import ZERO_ABLATION, Ablation
+
+pytest.importorskip("transformer_lens")
+
+STATS_ATOL = 1e-5
+NEW_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def toy() -> Any:
+    from vrh_interp.model import load_spec
+
+    return load_spec("toy:a", None, None)
+
+
+@pytest.fixture(scope="module")
+def lens(toy: Any) -> Any:
+    return get_backend("transformer-lens", toy)
+
+
+def test_both_backends_conform_and_names_are_checked(toy, lens):
+    nnsight = get_backend("nnsight", toy)
+    assert isinstance(nnsight, NnsightBackend) and isinstance(nnsight, Backend) and isinstance(lens, Backend)
+    assert get_backend(lens, toy) is lens and backend_config(nnsight) == {}
+    assert backend_config(lens) == {"backend": "transformer-lens"}
+    with pytest.raises(BackendError, match="unknown backend 'jax': use one of nnsight, transformer-lens"):
+        get_backend("jax", toy)
+    with pytest.raises(BackendError, match="remote runs .* go through nnsight"):
+        get_backend("transformer-lens", toy, remote=True)
+    with pytest.raises(BackendError, match="wraps another model"):
+        get_backend(lens, tiny_vlm("llava"))
+
+
+def test_an_unbridged_family_is_refused_naming_the_supported_ones():
+    internvl = tiny_vlm("internvl")
+    with pytest.raises(BackendError, match="cannot run family 'internvl'.*supported: .*llava.*--backend nnsight"):
+        get_backend("transformer-lens", internvl)
+
+
+def test_per_row_masked_generation_equals_plain_hf_generation(toy, lens):
+    """Each condition's block of one batched TransformerLens generation equals HF's own ``generate`` with that
+    condition's heads zeroed by a forward pre-hook on o_proj (the independent reference)."""
+    samples = synthetic_samples("eval", 3)
+    batch = toy.encode_grounding([s.image for s in samples], [s.expression for s in samples])
+    heads = HeadSet([Head(1, 2), Head(2, 0), Head(3, 5)])
+    conditions = [(None, ZERO_ABLATION), (heads, ZERO_ABLATION), (HeadSet(), ZERO_ABLATION)]
+    got = lens.generate_conditions(batch.encoding, conditions, max_new_tokens=NEW_TOKENS)
+    prompt = batch.prompt_length
+    for (masked, _), ids in zip(conditions, got):
+        by_layer = {layer: list(index) for layer, index in (masked or HeadSet()).by_layer().items()}
+        with torch.no_grad(), zeroed_heads(toy.hf_model, by_layer):
+            want = toy.hf_model.generate(**batch.encoding, max_new_tokens=NEW_TOKENS, do_sample=False)
+        assert toy.decode_answers(ids, prompt) == toy.decode_answers(want, prompt)
+    assert toy.decode_answers(got[0], prompt) != toy.decode_answers(got[1], prompt), "masking changed nothing"
+    from vrh_interp.evaluation.grounding import ablation_values
+
+    mean = Ablation("mean", ablation_values(toy, synthetic_samples("detect", 2)))
+    with pytest.raises(BackendError, match="zero ablation only, not mean"):
+        lens.generate_conditions(batch.encoding, [(heads, mean)], max_new_tokens=2)
+
+
+def test_head_scores_equal_nnsight_within_tolerance(toy, lens, tmp_path):
+    samples = synthetic_samples("detect", 6)
+    want = collect_detection_stats(toy, samples, batch_size=6, max_new_tokens=NEW_TOKENS, progress=False)
+    got = collect_detection_stats(toy, samples, batch_size=6, max_new_tokens=NEW_TOKENS, progress=False, backend=lens)
+    for a, b in zip(want, got):
+        assert (a.answer, a.iou, a.parsed, a.region_tokens) == (b.answer, b.iou, b.parsed, b.region_tokens)
+        for field in ("output_rows", "input_rows"):
+            x, y = getattr(a, field), getattr(b, field)
+            assert x.shape == y.shape and np.abs(x - y).max() <= STATS_ATOL, field
+        # entropies are discrete in the above-mean cells: equal here, but a cell within float noise of its map's
+        # mean may flip on another BLAS, so 1 % of the heads may differ
+        assert np.mean(a.neg_entropy == b.neg_entropy) >= 0.99
+    nnsight_scores = score_heads(toy, samples, batch_size=6, max_new_tokens=NEW_TOKENS, progress=False)
+    lens_scores = score_heads(toy, samples, batch_size=6, max_new_tokens=NEW_TOKENS, progress=False, backend=lens,
+                              run_dir=tmp_path / "detect")
+    assert np.abs(nnsight_scores.scores - lens_scores.scores).max() <= STATS_ATOL
+    assert np.abs(nnsight_scores.scores).max() > 100 * STATS_ATOL, "scores too small for the tolerance to mean much"
+    assert lens_scores.provenance["backend"] == "transformer-lens" and "backend" not in nnsight_scores.provenance
+    # a run folder never mixes backends: the nnsight run cannot resume the transformer-lens folder
+    with pytest.raises(RunMismatchError, match="backend"):
+        score_heads(toy, samples, batch_size=6, max_new_tokens=NEW_TOKENS, progress=False, run_dir=tmp_path / "detect")
+
+
+def test_teacher_forced_scores_equal_nnsight(toy, lens):
+    design = dataclasses.replace(resolve_design("vrh"), output_source="teacher_forced")
+    samples = synthetic_samples("detect", 4)
+    want = score_heads(toy, samples, design, batch_size=4, progress=False)
+    got = score_heads(toy, samples, design, batch_size=4, progress=False, backend=lens)
+    assert np.abs(want.scores - got.scores).max() <= STATS_ATOL and np.abs(want.scores).max() > 100 * STATS_ATOL
+
+
+def test_sweep_answers_boxes_and_accuracies_equal_nnsight(toy, lens, tmp_path):
+    from vrh_interp.evaluation.sweep import sweep
+
+    ranking = HeadSet([Head(2, 0), Head(3, 5), Head(2, 6), Head(3, 3)])
+    samples = synthetic_samples("eval", 4)
+    kwargs = dict(ks=[0, 1, 4], random_seeds=[0], matched=False, batch_size=4, max_new_tokens=NEW_TOKENS,
+                  progress=False)
+    want = sweep(toy, samples, ranking, **kwargs)
+    got = sweep(toy, samples, ranking, backend=lens, run_dir=tmp_path / "sweep", **kwargs)
+    columns = ["condition", "sample_id", "answer", "parsed", "box", "iou"]
+    assert want.records[columns].astype(str).equals(got.records[columns].astype(str))
+    accuracy = ["condition", "k", "accuracy"]
+    assert want.summary()[accuracy].equals(got.summary()[accuracy])
+    records = want.records
+    assert (records[records["condition"] == "top:k=4"]["answer"].tolist()
+            != records[records["condition"] == "baseline:k=0"]["answer"].tolist()), "masking changed no answer"
+    manifest = json.loads((tmp_path / "sweep" / "manifest.json").read_text())
+    assert manifest["backend"] == "transformer-lens"
+    from vrh_interp.evaluation.grounding import ablation_values
+
+    values = ablation_values(toy, synthetic_samples("detect", 2))
+    with pytest.raises(BackendError, match="zero ablation only, not resample: use the nnsight backend"):
+        sweep(toy, samples, ranking, ablation="resample", ablation_values=values, backend=lens, **kwargs)
+
+
+def test_attention_rows_and_head_patching_equal_across_backends():
+    """The seam's other calls on a tiny fixture: per-row attention rows (real query rows) and patched logits (real
+    tokens) agree to 1e-5 between the nnsight templates and the bridge."""
+    vlm = tiny_vlm("llava")
+    nnsight, lens = get_backend("nnsight", vlm), get_backend("transformer-lens", vlm)
+    batch = vlm.encode_grounding([noise_image(83, 61, seed=1), noise_image(64, 96, seed=2)],
+                                 ["the red circle", "the cat left of the dog"])
+    s = batch.prompt_length
+    rows = torch.tensor([[s - 3, s - 1], [s - 2, s - 1]])
+    a, b = nnsight.attention_rows(batch.encoding, rows), lens.attention_rows(batch.encoding, rows)
+    assert sorted(a) == sorted(b) == list(range(vlm.geometry.num_layers))
+    assert max((a[layer] - b[layer]).abs().max().item() for layer in a) <= 1e-5
+    assert b[0].shape == (2, vlm.geometry.num_heads, 2, s)
+    reduced = lens.attention_rows(batch.encoding, rows, layers=[1], reduce=lambda layer, probs: probs.sum(-1))
+    assert list(reduced) == [1] and torch.allclose(reduced[1], torch.ones_like(reduced[1]))
+    heads = HeadSet([Head(0, 1), Head(1, 0)])
+    other = vlm.encode_grounding([noise_image(83, 61, seed=3), noise_image(64, 96, seed=4)],
+                                 ["the red circle", "the cat left of the dog"])
+    source = nnsight.capture_head_outputs(other.encoding)
+    lens_source = lens.capture_head_outputs(other.encoding)
+    real = batch.encoding["attention_mask"].bool()
+    assert max((source[layer] - lens_source[layer]).abs()[real].max().item() for layer in source) <= 1e-5
+    want = nnsight.patch_head_outputs(batch.encoding, heads, source, positions=[s - 1])
+    got = lens.patch_head_outputs(batch.encoding, heads, source, positions=[s - 1])
+    plain = iv.run_forward(vlm, batch.encoding).logits
+    assert (want - got).abs()[real].max().item() <= 1e-5
+    assert (want - plain).abs()[real].max().item() > 1e-4, "the patch had no effect"
+
+
+def _demo(out: Any, *extra: str) -> dict[str, Any]:
+    from vrh_interp.cli import main
+
+    assert main(["demo", "--model", "tiny:llava", "--transfer-model", "", "--no-positive-control", "--detect", "4",
+                 "--eval", "2", "--random-sets", "2", "--curve-sets", "0", "--check-items", "3", "--vqa-scenes", "1",
+                 "--out", str(out), "--json", *extra]) == 0
+    return json.loads((out / "demo.json").read_text())
+
+
+@pytest.mark.e2e
+def test_demo_on_transformer_lens_equals_the_nnsight_demo(tmp_path, capsys):
+    """``vrh demo --backend transformer-lens`` end to end at explicit small sizes on the tiny LLaVA fixture (the
+    CLI's smallest sizes on toy:a take minutes on the bridge; the pipelines are compared on toy:a above): it
+    says what runs where, and its head scores and masked accuracies equal the nnsight demo's."""
+    import pandas as pd
+
+    want = _demo(tmp_path / "nnsight")
+    capsys.readouterr()
+    got = _demo(tmp_path / "lens", "--backend", "transformer-lens")
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "backend transformer-lens: calibration" in printed and "on nnsight: 4 mean / resample" in printed
+    assert got["backend"] == "transformer-lens" and want["backend"] == "nnsight" and got["backend_steps"]
+    scores = [json.loads((tmp_path / run / "scores-vrh.json").read_text())["scores"] for run in ("nnsight", "lens")]
+    assert np.abs(np.array(scores[0]) - np.array(scores[1])).max() <= STATS_ATOL
+    assert np.abs(np.array(scores[0])).max() > 100 * STATS_ATOL
+    assert want["top_heads"] == got["top_heads"]
+    for table, columns in (("sweep_summary.csv", ["condition", "k", "seed", "accuracy"]),
+                           ("head_scan.csv", ["head", "accuracy"]), ("design_space.csv", None)):
+        a, b = (pd.read_csv(tmp_path / run / table) for run in ("nnsight", "lens"))
+        assert a[columns or list(a.columns)].equals(b[columns or list(b.columns)]), table
+    manifest = json.loads((tmp_path / "lens" / "sweep" / "manifest.json").read_text())
+    assert manifest["backend"] == "transformer-lens"
+
+
+def test_cli_refuses_an_unbridged_family_and_remote_on_transformer_lens(tmp_path, capsys):
+    from vrh_interp.cli import main
+
+    base = ["detect", "--data", "synthetic:detect:2", "--out", str(tmp_path / "run"), "--backend", "transformer-lens"]
+    assert main([*base, "--model", "tiny:internvl"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot run family 'internvl'" in err and "Traceback" not in err
+    assert main([*base, "--model", "tiny:llava", "--remote"]) == 2
+    assert "remote runs (NDIF) go through nnsight" in capsys.readouterr().err
