@@ -67,7 +67,7 @@ def run_mode(mode: str, path: str) -> dict[str, float]:
     import pandas as pd
     from PIL import Image
 
-    from vrh_interp.datasets.lmms_refcoco import load_lmms_refcoco
+    from vrh_interp.data.datasets.lmms_refcoco import load_lmms_refcoco
 
     baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     started = time.perf_counter()

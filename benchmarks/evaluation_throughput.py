@@ -5,7 +5,7 @@ Every path runs greedy generation over the same samples, pre-encoded into the sa
 
 1. masked generation (ours: nnsight, one condition, heads zeroed at every step) vs plain HF ``generate``, both
    forced to the same length: ``masked / plain generate throughput`` (goal >= 0.95x);
-2. a 20-condition sweep (``evaluation.sweep.run_conditions``: the unmasked baseline and 19 random head sets,
+2. a 20-condition sweep (``experiments.sweep.run_conditions``: the unmasked baseline and 19 random head sets,
    zero ablation, conditions packed into batched passes; a scene's referents share their image prefix,
    ``interventions.shared_image_prefix``) vs plain ``generate`` stopping at EOS:
    ``conditions per plain generate`` = 20 x plain time / sweep time (goal > 5);
@@ -66,7 +66,7 @@ def build_random_vlm(name: str, *, image_size: int = REALISTIC_IMAGE_SIZE, seed:
     """A random-weight LLaVA-class VLM with a real backbone's proportions, built offline (nothing downloaded)."""
     from transformers import LlavaForConditionalGeneration
 
-    from vrh_interp.model import wrap
+    from vrh_interp.core.model import wrap
     from toy_training import configs
 
     if name not in REALISTIC_SHAPES:
@@ -88,7 +88,7 @@ def build_random_vlm(name: str, *, image_size: int = REALISTIC_IMAGE_SIZE, seed:
 def load_model(spec: str, dtype: str | None) -> Any:
     if spec.startswith("random:"):
         return build_random_vlm(spec.split(":", 1)[1], dtype=getattr(torch, dtype) if dtype else torch.float32)
-    from vrh_interp.model import load_spec
+    from vrh_interp.specs import load_spec
 
     return load_spec(spec, None, dtype)
 
@@ -130,18 +130,19 @@ def main() -> None:
             setattr(args, key, value)
     torch.set_num_threads(args.threads)
 
-    from vrh_interp import interventions as iv
-    from vrh_interp.evaluation.sweep import Condition, random_control, run_conditions
-    from vrh_interp.heads import HeadSet
+    from vrh_interp.core import interventions as iv
+    from vrh_interp.experiments.sweep import Condition, run_conditions
+    from vrh_interp.evaluation.controls import random_control
+    from vrh_interp.core.heads import HeadSet
     from vrh_interp.scoring.collect import collect_batch
-    from vrh_interp.sources import synthetic_samples
+    from vrh_interp.data.sources import synthetic_samples
 
     built = time.perf_counter()
     vlm = load_model(args.model, args.dtype)
     built = time.perf_counter() - built
     geometry = vlm.geometry
     if args.items == "scenes":
-        from vrh_interp.demo import evaluation_items
+        from vrh_interp.apps.demo import evaluation_items
 
         samples = evaluation_items(args.samples)[:args.samples]  # >= 1 referent per scene: enough scenes
     else:

@@ -35,7 +35,7 @@ PROGRESS = re.compile(r"\d+%\|")  # tqdm lines
 def run(command: str, cwd: Path) -> tuple[str, float]:
     env = {**os.environ, "COLUMNS": "100", "HF_HUB_OFFLINE": "1"}
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "vrh_interp.cli", *shlex.split(command)[1:]], cwd=cwd, env=env,
+    done = subprocess.run([sys.executable, "-m", "vrh_interp.apps.cli", *shlex.split(command)[1:]], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=1800)
     seconds = time.perf_counter() - started
     if done.returncode != 0:

@@ -4,7 +4,7 @@
         [--probe-scenes 120]
 
 Runs ``vrh patch`` (detects the VRHs on held-out ``detect`` scenes, then the patching study on ``eval``
-scenes; see ``vrh_interp.patching.study``) and copies its Markdown here under a header with the command,
+scenes; see ``vrh_interp.experiments.patching_study``) and copies its Markdown here under a header with the command,
 the run time and the library versions: the page is the output of a run, never edited by hand. Then the
 positive control (``toy:planted``): does exact patching put the planted heads first, and does each
 attribution estimate?
@@ -16,9 +16,9 @@ import argparse
 import json
 from pathlib import Path
 
-from vrh_interp.cli import main as vrh
-from vrh_interp.patching.study import PatchingStudy, study_markdown
-from vrh_interp.report import markdown_table
+from vrh_interp.apps.cli import main as vrh
+from vrh_interp.experiments.patching_study import PatchingStudy, study_markdown
+from vrh_interp.viz.tables import markdown_table
 from vrh_interp.toy import grounding_status
 
 HERE = Path(__file__).resolve().parent
@@ -69,8 +69,8 @@ def positive_control(out: Path, pairs: int) -> list[str]:
     attribution; where each puts the planted heads (Markdown lines; the tables go to ``out``)."""
     import pandas as pd
 
-    from vrh_interp.heads import HeadSet
-    from vrh_interp.model import load_spec
+    from vrh_interp.core.heads import HeadSet
+    from vrh_interp.specs import load_spec
     from vrh_interp.patching.attribution import ATTRIBUTION_METHODS, attribution_patching, compare_attribution
     from vrh_interp.patching.batch import baseline, prepare_pairs
     from vrh_interp.patching.head_patching import patch_each_head
@@ -114,7 +114,7 @@ def _figures(study: PatchingStudy, folder: Path, prefix: str) -> list[str]:
     """Per pair kind: the layer x head recovery heatmap and the region bars; Markdown image lines."""
     import numpy as np
 
-    from vrh_interp.plots import patching_heatmap, position_patching_map
+    from vrh_interp.viz.plots import patching_heatmap, position_patching_map
 
     folder.mkdir(parents=True, exist_ok=True)
     lines = []

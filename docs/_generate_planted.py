@@ -18,20 +18,20 @@ from pathlib import Path
 
 import pandas as pd
 
-from vrh_interp import plots
+from vrh_interp.viz import plots
 from vrh_interp.data import grounding_samples
-from vrh_interp.evaluation.head_scan import head_scan
-from vrh_interp.evaluation.sweep import (Condition, layer_matched_control, random_control, run_conditions,
-                                        summary_verdict, sweep_conditions)
+from vrh_interp.experiments.head_scan import head_scan
+from vrh_interp.experiments.sweep import Condition, run_conditions, summary_verdict, sweep_conditions
+from vrh_interp.evaluation.controls import layer_matched_control, random_control
 from vrh_interp.patching.batch import baseline, prepare_pairs
 from vrh_interp.patching.head_patching import patch_head_set
 from vrh_interp.patching.pairs import make_pairs
-from vrh_interp.positive_control import declared, load_planted
-from vrh_interp.provenance import library_versions
-from vrh_interp.report import markdown_table
+from vrh_interp.experiments.positive_control import declared, load_planted
+from vrh_interp.core.provenance import library_versions
+from vrh_interp.viz.tables import markdown_table
 from vrh_interp.scoring.detect import collect_detection_stats, scores_from_stats
 from vrh_interp.scoring.grading import grade_detection
-from vrh_interp.sources import synthetic_samples
+from vrh_interp.data.sources import synthetic_samples
 from vrh_interp.toy import checkpoint_dir
 from vrh_interp.toy.planted import PLANTED_FILE
 

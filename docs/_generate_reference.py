@@ -10,6 +10,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "vrh_interp"
 OUT = Path(__file__).resolve().parent / "reference"
 SKIP = ("checkpoints",)
+LAYER_PACKAGES = ("core", "data", "experiments", "apps", "viz")  # see CHANGELOG 0.2.0
 
 
 def _is_package(path: Path) -> bool:
@@ -34,17 +35,29 @@ def pages() -> dict[str, str]:
     """File name -> Markdown, one page per top-level entry of the package (the package itself: index.md)."""
     out = {"index.md": "# `vrh_interp`\n\nThe top-level exports (`import vrh_interp as vrh`); every module has its "
                        "own page in this section.\n\n::: vrh_interp\n    options:\n      show_submodules: false\n"}
-    for child in sorted(PACKAGE.iterdir()):
-        if child.name.startswith("_") or child.name == "__pycache__":
-            continue
-        if not (child.suffix == ".py" or _is_package(child)):
-            continue
-        names = modules(child)
-        body = [f"# `vrh_interp.{child.stem}`", ""]
-        for name in names:
-            body += [f"::: {name}", ""]
-        out[f"{child.stem}.md"] = "\n".join(body)
+    for child in _entries(PACKAGE):
+        if child.name in LAYER_PACKAGES:  # a page per module of a layer package, the package's docstring first
+            out[f"{child.name}.md"] = f"# `vrh_interp.{child.name}`\n\n::: vrh_interp.{child.name}\n"
+            for grandchild in _entries(child):
+                out[f"{child.name}.{grandchild.stem}.md"] = _page(grandchild)
+        else:
+            out[f"{child.stem}.md"] = _page(child)
     return out
+
+
+def _entries(folder: Path) -> list[Path]:
+    return [child for child in sorted(folder.iterdir()) if not child.name.startswith("_")
+            and child.name != "__pycache__" and (child.suffix == ".py" or _is_package(child))]
+
+
+def _page(path: Path) -> str:
+    dotted = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    return "\n".join([f"# `{dotted}`", ""] + [line for name in modules(path) for line in (f"::: {name}", "")])
+
+
+def nav() -> list[str]:
+    """The reference section of mkdocs.yml's nav, in page order (tests/test_docs.py compares)."""
+    return [f"reference/{name}" for name in pages()]
 
 
 def main() -> None:

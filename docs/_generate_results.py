@@ -16,8 +16,8 @@ import json
 import shutil
 from pathlib import Path
 
-from vrh_interp.cli import main as vrh
-from vrh_interp.provenance import library_versions
+from vrh_interp.apps.cli import main as vrh
+from vrh_interp.core.provenance import library_versions
 from vrh_interp.toy import grounding_status
 
 HERE = Path(__file__).resolve().parent
@@ -56,7 +56,7 @@ def generate(out: Path, *, model: str = "a", reuse: bool = False, extra: list[st
         + ", ".join(f"{k} {v}" for k, v in library_versions().items()) + ".",
         "",
         f"{grounding_status(model)} Read these verdicts as what this model shows, not as a test of the 7B models "
-        "of the paper. Verdict rules are fixed in `vrh_interp/demo.py`.",
+        "of the paper. Verdict rules are fixed in `vrh_interp/apps/demo.py`.",
         "",
     ]
     report = (out / "report.md").read_text().split("\n", 1)[1].replace("](figures/", f"]({figures_name}/")

@@ -16,7 +16,7 @@ import nbformat
 
 HERE = Path(__file__).resolve().parent
 
-# The figures of vrh_interp.plots are bare matplotlib Figures (no pyplot state); `%matplotlib inline` registers
+# The figures of vrh_interp.viz.plots are bare matplotlib Figures (no pyplot state); `%matplotlib inline` registers
 # IPython's PNG formatter for them, so a cell ending in a figure shows the picture, not "<Figure ...>".
 INLINE = "%matplotlib inline\n"
 
@@ -53,20 +53,21 @@ NOTEBOOKS = {
                      "[results](../docs/results/toy-a.md)). Every sentence below the cells is computed from the "
                      "numbers above it."),
         ("code", QUIET + '''
-from vrh_interp import load, positive_control
+from vrh_interp import load
+from vrh_interp.experiments import positive_control
 
 MODEL = "toy:planted" if positive_control.available() else "tiny:llava"
 vlm = load(MODEL)
 planted = positive_control.declared()[0] if MODEL == "toy:planted" else None
 print(MODEL, vlm.adapter.display_name, vlm.geometry, "| planted heads:", planted)'''),
-        ("code", '''from vrh_interp.sources import synthetic_samples
+        ("code", '''from vrh_interp.data.sources import synthetic_samples
 from vrh_interp import score_heads, sweep
 
 detect = synthetic_samples("detect", 24)
 evaluate = synthetic_samples("eval", 24)  # disjoint scenes: the sweep refuses overlapping sample ids
 scores = score_heads(vlm, detect, "vrh", batch_size=24, progress=False)
 scores.to_frame().head(5)'''),
-        ("code", '''from vrh_interp import plots
+        ("code", '''from vrh_interp.viz import plots
 plots.score_heatmap(scores.scores, "VRH scores")'''),
         ("code", '''K = 3
 result = sweep(vlm, evaluate, scores, ks=(0, K), random_seeds=range(19), batch_size=64, progress=False)
@@ -75,7 +76,7 @@ shown = summary[~summary["condition"].isin(["random", "matched"]) | (summary["se
 shown[["condition", "k", "sets", "n", "accuracy", "accuracy_ci_low", "accuracy_ci_high", "p_value_vs_baseline",
        "p_vs_random", "p_vs_matched"]]'''),
         ("code", '''from IPython.display import Markdown
-from vrh_interp.evaluation.sweep import summary_verdict
+from vrh_interp.experiments.sweep import summary_verdict
 
 judged = summary_verdict(summary, K)
 top, controls = judged["target"], judged["controls"]
@@ -94,8 +95,8 @@ Markdown(f"{recovered}Masking them takes grounding accuracy from "
         ("markdown", "What the heads look at: the mean attention of the top heads' answer rows over the image, for "
                      "one evaluation scene, with the referent's box and the model's answer box drawn in the "
                      "image's pixels."),
-        ("code", '''from vrh_interp.boxes import Box
-from vrh_interp.overlays import overlay_figures, prediction_overlays
+        ("code", '''from vrh_interp.core.boxes import Box
+from vrh_interp.viz.overlays import overlay_figures, prediction_overlays
 
 records = result.records
 grounded = set(records[(records["condition"] == "baseline:k=0") & (records["iou"] >= 0.5)]["sample_id"])
@@ -136,21 +137,21 @@ for label, spec, vlm in zip(LABELS, PAIR, (vlm_a, vlm_b)):
     print(label, spec, vlm.adapter.display_name, vlm.geometry)
 assert vlm_a.geometry == vlm_b.geometry, "index transfer needs one head grid"'''),
         ("code", '''from vrh_interp import score_heads
-from vrh_interp.sources import synthetic_samples
+from vrh_interp.data.sources import synthetic_samples
 
 detect = synthetic_samples("detect", 16)
 evaluate = synthetic_samples("eval", 12)  # disjoint from the detection scenes
 scores_a = score_heads(vlm_a, detect, "vrh", batch_size=16, progress=False)
 scores_b = score_heads(vlm_b, detect, "vrh", batch_size=16, progress=False)
 print("A top 5:", scores_a.top(5), " B top 5:", scores_b.top(5))'''),
-        ("code", '''from vrh_interp import plots
-from vrh_interp.transfer import compare_scores
+        ("code", '''from vrh_interp.viz import plots
+from vrh_interp.experiments.transfer import compare_scores
 
 comparison = compare_scores(scores_a, scores_b, ks=(3, 5, 8))
 display(plots.score_map_comparison(scores_a.scores, scores_b.scores, LABELS, k=5))
 comparison'''),
-        ("code", '''from vrh_interp.demo import demo_ks
-from vrh_interp.transfer import cross_masking
+        ("code", '''from vrh_interp.apps.demo import demo_ks
+from vrh_interp.experiments.transfer import cross_masking
 
 _, k_star = demo_ks(vlm_a.geometry.total_heads)  # the demo's k* (1 of a toy's 32 heads: the paper's ~2%)
 ks = sorted({0, 1, 2, k_star})  # a short sweep keeps the notebook fast; `vrh demo` runs the full one
@@ -162,7 +163,7 @@ assert masked_in_b[f"transferred:k={k_star}"] == scores_a.top(k_star)  # A's top
 summary[["model", "heads_from", "condition", "k", "seed", "accuracy", "accuracy_ci_low", "accuracy_ci_high",
          "p_value_vs_baseline", "p_vs_random"]]'''),
         ("code", '''plots.cross_masking_curves(summary)'''),
-        ("code", '''from vrh_interp.transfer import masking_drops
+        ("code", '''from vrh_interp.experiments.transfer import masking_drops
 
 drops = masking_drops(summary, k_star)
 drops'''),
@@ -185,12 +186,12 @@ Markdown("\\n\\n".join(lines) + "\\n\\nThe heads transfer when the transferred h
          "toy-a.md)).")'''),
         ("markdown", "## The paper's own pairs, from its published lists\n\n"
                      "Appendix D publishes the top-20 heads of Qwen2.5-VL-7B, InternVL3-8B (both Qwen2.5-7B) and "
-                     "Qwen3-VL-8B, InternVL3.5-8B (both Qwen3-8B) on five benchmarks (`vrh_interp.published`, "
+                     "Qwen3-VL-8B, InternVL3.5-8B (both Qwen3-8B) on five benchmarks (`vrh_interp.core.published`, "
                      "[docs](../docs/published-heads.md)). The overlap of each same-backbone pair against chance: "
                      "uniform over the grid, and layer-matched (same heads per layer, random heads within a layer). "
                      "On a real checkpoint, `sweep(vlm, samples, published.heads(...))` or "
                      "`vrh sweep --vrhs published:qwen2.5-vl-7b/refcoco` masks a published set."),
-        ("code", '''from vrh_interp import published
+        ("code", '''from vrh_interp.core import published
 
 published.same_backbone_overlap()[["pair", "benchmark", "shared", "jaccard", "chance_uniform", "p_uniform",
                                    "chance_layer_matched", "p_layer_matched"]]'''),
@@ -200,10 +201,10 @@ published.same_backbone_overlap()[["pair", "benchmark", "shared", "jaccard", "ch
                      "The templates are plain data; apply them inside your own `vlm.nn.trace(...)`."),
         ("code", PICK_MODEL),
         ("code", '''import nnsight, torch
-from vrh_interp import interventions as iv
-from vrh_interp.heads import Head, HeadSet
-from vrh_interp.sources import synthetic_samples
-from vrh_interp.templates import apply_in_order
+from vrh_interp.core import interventions as iv
+from vrh_interp.core.heads import Head, HeadSet
+from vrh_interp.data.sources import synthetic_samples
+from vrh_interp.core.templates import apply_in_order
 
 sample = synthetic_samples("eval", 1)[0]
 batch = vlm.encode_grounding([sample.image], [sample.expression])
@@ -219,8 +220,8 @@ with torch.no_grad():
 print("max logit change from ablating", heads, float((logits - plain).abs().max()))
 assert float((logits - plain).abs().max()) > 0
 assert torch.allclose(rows[0].sum(-1), torch.ones_like(rows[0].sum(-1)), atol=1e-5)'''),
-        ("code", '''from vrh_interp.boxes import BoxParseFailure
-from vrh_interp.plots import pair_panels
+        ("code", '''from vrh_interp.core.boxes import BoxParseFailure
+from vrh_interp.viz.plots import pair_panels
 
 
 def answer_in_pixels(interventions):
@@ -255,8 +256,9 @@ pair_panels((sample.image, sample.image), {"ground truth": sample.box},
                      "First ONE pair end to end on the shipped toy model A, then 12 pairs of each kind for numbers."),
         ("code", QUIET + '''
 import vrh_interp as vrh
-from vrh_interp import plots, toy
-from vrh_interp.testing.tiny import build_tiny
+from vrh_interp import toy
+from vrh_interp.viz import plots
+from vrh_interp.core.tiny import build_tiny
 
 if (toy.checkpoint_dir("a") / "config.json").exists():
     model, processor = toy.load("a")
@@ -274,10 +276,10 @@ print(vlm.adapter.display_name, geometry, "targets:", TARGETS)'''),
                      "spot; every other pixel is identical. Among the first `N_PAIRS` = 12 such pairs (reused in the "
                      "many-pair section) we take one where the model grounds both inputs correctly, so its answer "
                      "follows the object."),
-        ("code", '''from vrh_interp.boxes import BoxParseFailure
+        ("code", '''from vrh_interp.core.boxes import BoxParseFailure
 from vrh_interp.patching.batch import prepare_pairs
 from vrh_interp.patching.pairs import make_pairs
-from vrh_interp.samples import as_box
+from vrh_interp.data.checks import as_box
 
 
 def answer_box(sample, answer):
@@ -363,7 +365,7 @@ plots.position_patching_map(regions, image=pair.corrupted.image,
                      "later MLP and head frozen at its corrupted value, so only the residual-stream path to the "
                      "logits is left. `patched_answers` lets the corrupted input generate with the head patched at "
                      "every step, and scores the box it writes."),
-        ("code", '''from vrh_interp.heads import HeadSet
+        ("code", '''from vrh_interp.core.heads import HeadSet
 from vrh_interp.patching.head_patching import patched_answers
 from vrh_interp.patching.mediation import direct_and_total_effect
 
@@ -379,7 +381,7 @@ patched_answers(vlm, one, HeadSet(ranked["head"][:2]))[["clean_answer", "patched
                      "layout into a temporary folder."),
         ("code", '''from vrh_interp import score_heads
 from vrh_interp.patching.probes import readout_probes, summarise_random
-from vrh_interp.sources import synthetic_samples
+from vrh_interp.data.sources import synthetic_samples
 
 vrhs = score_heads(vlm, synthetic_samples("detect", 16), "vrh", batch_size=16, progress=False).top(2)
 probe_samples = synthetic_samples("eval", 24)
@@ -390,7 +392,7 @@ summarise_random(probes).round(3)'''),
 import tempfile
 from pathlib import Path
 
-from vrh_interp.preferences import export_preference_pairs
+from vrh_interp.experiments.preferences import export_preference_pairs
 
 with tempfile.TemporaryDirectory() as folder:
     exported = export_preference_pairs(vlm, probe_samples[:6], vrhs, Path(folder) / "pairs.jsonl", batch_size=6)

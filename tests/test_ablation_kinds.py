@@ -15,12 +15,12 @@ import torch
 
 from tests.conftest import noise_image, tiny_vlm
 from tests.reference import reference_segments, replaced_heads, segment_sums
-from vrh_interp import interventions as iv
+from vrh_interp.core import interventions as iv
 from vrh_interp.evaluation.grounding import ablation_values, ground_batch
-from vrh_interp.heads import Head, HeadSet
-from vrh_interp.samples import as_box
-from vrh_interp.sources import synthetic_samples
-from vrh_interp.templates.ablation import (
+from vrh_interp.core.heads import Head, HeadSet
+from vrh_interp.data.checks import as_box
+from vrh_interp.data.sources import synthetic_samples
+from vrh_interp.core.templates.ablation import (
     ANSWER,
     PAD,
     PROMPT,

@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from vrh_interp.cli import main
-from vrh_interp.families import BUILTIN_ADAPTERS
+from vrh_interp.apps.cli import main
+from vrh_interp.core.families import BUILTIN_ADAPTERS
 from vrh_interp.scoring.scores import HeadScores
 
 
@@ -45,9 +45,9 @@ def test_sweep_and_scan_with_mean_ablation_mask_like_ground_batch(tmp_path, caps
     answer is what ``ground_batch`` gives with the same ablation (itself checked against a plain-hook reference
     in test_ablation_kinds); the baseline stays unmasked and zero-kind."""
     from vrh_interp.evaluation.grounding import ablation_values, ground_batch
-    from vrh_interp.heads import HeadSet
-    from vrh_interp.sources import synthetic_samples
-    from vrh_interp.templates.ablation import Ablation, AblationValues
+    from vrh_interp.core.heads import HeadSet
+    from vrh_interp.data.sources import synthetic_samples
+    from vrh_interp.core.templates.ablation import Ablation, AblationValues
 
     out = tmp_path / "run"
     common = ["--model", "tiny:qwen2_vl", "--batch-size", "4", "--max-new-tokens", "3"]
@@ -202,7 +202,7 @@ def test_patch_command_resumes_a_finished_run_and_refuses_other_settings(tmp_pat
 
 
 def test_patch_command_resumes_an_interrupted_study_part_by_part(tmp_path, monkeypatch):
-    from vrh_interp.patching import study
+    from vrh_interp.experiments import patching_study as study
 
     argv = ["patch", "--model", "tiny:llava", "--vrhs", "L0H1", "--pairs", "2", "--probe-scenes", "12", "--seeds", "0",
             "--targets", "ground_truth"]
@@ -241,9 +241,9 @@ def test_patch_command_resumes_an_interrupted_study_part_by_part(tmp_path, monke
 def _vqa_summary(benchmark, n, base, top, sets, majority):
     """A VQA summary from hand-built records: ``base`` / ``top`` / each set's number of correct answers of ``n``
     (20 random and 20 layer-matched sets answering ``sets`` correctly, each missing other items)."""
-    from vrh_interp.datasets.vqa_sweep import RECORD_COLUMNS, VQASweepResult
-    from vrh_interp.evaluation.sweep import Condition
-    from vrh_interp.heads import HeadSet
+    from vrh_interp.experiments.vqa_sweep import RECORD_COLUMNS, VQASweepResult
+    from vrh_interp.experiments.sweep import Condition
+    from vrh_interp.core.heads import HeadSet
 
     conditions = [Condition("baseline", 0, None, HeadSet()), Condition("top", 3, None, HeadSet())]
     conditions += [Condition(kind, 3, seed, HeadSet()) for kind in ("random", "matched") for seed in range(20)]
@@ -260,7 +260,7 @@ def test_spearman_permutation_p_equals_exhaustive_enumeration():
     """The permutation p-value against the exact one from all 720 pairings of 6 values (ties included)."""
     import itertools
 
-    from vrh_interp.transfer import spearman, spearman_permutation_p
+    from vrh_interp.evaluation.statistics import spearman, spearman_permutation_p
 
     for a, b in (([0.9, 0.1, 0.5, 0.3, 0.7, 0.2], [0.3, 0.0, 0.1, 0.1, 0.2, 0.05]),
                  ([1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6]), ([1, 2, 3, 4, 5, 6], [6, 5, 4, 3, 2, 1])):
@@ -272,7 +272,7 @@ def test_spearman_permutation_p_equals_exhaustive_enumeration():
 
 
 def test_vqa_verdict_judges_only_the_kinds_the_model_answers():
-    from vrh_interp.demo import vqa_verdict
+    from vrh_interp.apps.demo import vqa_verdict
 
     drop = _vqa_summary("synthetic-counting", 20, 18, 6, 17, 0.4)  # every set less harmful: p = 1/21
     no_drop = _vqa_summary("synthetic-spatial", 20, 16, 16, 16, 0.5)
@@ -292,9 +292,9 @@ def test_vqa_verdict_judges_only_the_kinds_the_model_answers():
 
 def test_grading_csv_reads_back_into_the_positive_control_table(tmp_path):
     """The report reads the positive control's ``grading.csv``, whose rank lists are stored as text."""
-    from vrh_interp.heads import HeadSet
-    from vrh_interp.positive_control import grading_table
-    from vrh_interp.report import read_grading
+    from vrh_interp.core.heads import HeadSet
+    from vrh_interp.experiments.positive_control import grading_table
+    from vrh_interp.apps.report import read_grading
     from vrh_interp.scoring.grading import grade_ranking
 
     ranking = HeadSet.parse("L2H1,L3H0,L1H5,L0H0")

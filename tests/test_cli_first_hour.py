@@ -11,8 +11,8 @@ import sys
 import pandas as pd
 import pytest
 
-from vrh_interp.cli import build_parser, main
-from vrh_interp.report import _read_table
+from vrh_interp.apps.cli import build_parser, main
+from vrh_interp.apps.report import _read_table
 from vrh_interp.toy import checkpoint_dir
 
 
@@ -22,7 +22,7 @@ def _subparsers() -> dict[str, argparse.ArgumentParser]:
 
 
 def test_help_is_fast_because_nothing_heavy_is_imported():
-    code = ("import sys; from vrh_interp.cli import build_parser; build_parser().format_help(); "
+    code = ("import sys; from vrh_interp.apps.cli import build_parser; build_parser().format_help(); "
             "heavy = [m for m in ('torch', 'transformers', 'pandas', 'nnsight') if m in sys.modules]; "
             "assert not heavy, heavy")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

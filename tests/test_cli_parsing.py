@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from vrh_interp.cli import main
-from vrh_interp.datasets.errors import DatasetError
-from vrh_interp.sources import load_data
+from vrh_interp.apps.cli import main
+from vrh_interp.data.datasets.errors import DatasetError
+from vrh_interp.data.sources import load_data
 
 OPTION_CASES = [  # (argv, words the message must contain)
     (["detect", "--top", "-5"], "--top: -5 is too small"),
@@ -84,7 +84,7 @@ def test_bad_options_fail_with_one_clear_message(argv: list[str], words: str, tm
 
 
 def test_good_specs_still_parse(capsys: pytest.CaptureFixture[str]) -> None:
-    from vrh_interp.cli import build_parser
+    from vrh_interp.apps.cli import build_parser
 
     args = build_parser().parse_args(["sweep", "--scores", "s.json", "--ks", "0,1%,2.5%,5", "--seeds", "0,3",
                                       "--iou", "0.5", "--data", "synthetic:eval:20:2"])
@@ -93,9 +93,9 @@ def test_good_specs_still_parse(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def run_vrh(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """The real ``vrh`` entry point (the console script when installed, else ``python -m vrh_interp.cli``)."""
+    """The real ``vrh`` entry point (the console script when installed, else ``python -m vrh_interp.apps.cli``)."""
     command = [str(Path(sys.executable).parent / "vrh")] if (Path(sys.executable).parent / "vrh").exists() \
-        else [sys.executable, "-m", "vrh_interp.cli"]
+        else [sys.executable, "-m", "vrh_interp.apps.cli"]
     return subprocess.run([*command, *argv], cwd=cwd, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
 

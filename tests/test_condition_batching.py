@@ -18,16 +18,17 @@ import pytest
 import torch
 
 from tests.conftest import tiny_vlm
-from vrh_interp import interventions as iv
-from vrh_interp.evaluation import sweep as sweep_module
+from vrh_interp.core import interventions as iv
+from vrh_interp.experiments import sweep as sweep_module
 from vrh_interp.evaluation.grounding import ablation_values, encode_samples, ground_batch, ground_conditions
-from vrh_interp.evaluation.sweep import Condition, conditions_per_pass, random_control, run_conditions
-from vrh_interp.heads import Head, HeadSet
-from vrh_interp.model import wrap
-from vrh_interp.runs import RecordLog
-from vrh_interp.sources import synthetic_samples
-from vrh_interp.templates.ablation import Ablation
-from vrh_interp.testing.tiny import TINY_FAMILIES
+from vrh_interp.experiments.sweep import Condition, conditions_per_pass, run_conditions
+from vrh_interp.evaluation.controls import random_control
+from vrh_interp.core.heads import Head, HeadSet
+from vrh_interp.core.model import wrap
+from vrh_interp.core.runs import RecordLog
+from vrh_interp.data.sources import synthetic_samples
+from vrh_interp.core.templates.ablation import Ablation
+from vrh_interp.core.tiny import TINY_FAMILIES
 
 FAMILIES = ["llava", "idefics3", "gemma3", "qwen2_vl"]
 TOKENS = 6
@@ -246,8 +247,8 @@ def test_interrupted_run_resumes_at_pass_granularity(tmp_path, monkeypatch):
 
 def test_vqa_sweep_batched_equals_one_condition_at_a_time():
     """The VQA sweep goes through the same planner: packed and one-condition-at-a-time records are equal."""
-    from vrh_interp.datasets.synthetic_vqa import synthetic_vqa
-    from vrh_interp.datasets.vqa_sweep import vqa_sweep
+    from vrh_interp.data.datasets.synthetic_vqa import synthetic_vqa
+    from vrh_interp.experiments.vqa_sweep import vqa_sweep
 
     vlm = tiny_vlm("llava")
     values = ablation_values(vlm, synthetic_samples("detect", 4), batch_size=3)

@@ -12,10 +12,10 @@ import functools
 
 import pytest
 
-from vrh_interp import demo
-from vrh_interp.demo import (FULL_SIZES, MINIMUM_SIZES, PlanFacts, Rates, Sizes, StepClock, choose_sizes,
+from vrh_interp.apps import demo
+from vrh_interp.apps.demo import (FULL_SIZES, MINIMUM_SIZES, PlanFacts, Rates, Sizes, StepClock, choose_sizes,
                              format_plan, half_width, plan_facts, plan_steps, planned_seconds, resolve_models, sizes_at)
-from vrh_interp.heads import HeadGeometry
+from vrh_interp.core.heads import HeadGeometry
 
 RATES = Rates(answer=0.03, scoring=0.06, vqa=0.02, control_answer=0.025, load=0.5)
 TOY_A = HeadGeometry(num_layers=4, num_heads=8, num_kv_heads=8, head_dim=16)
@@ -190,7 +190,7 @@ def test_default_models_are_c_and_d_where_shipped_else_a_and_b(monkeypatch):
 
 
 def test_scan_heads_sample():
-    from vrh_interp.heads import HeadGeometry, HeadSet
+    from vrh_interp.core.heads import HeadGeometry, HeadSet
 
     small, wide = HeadGeometry(4, 8, 4, 16), HeadGeometry(8, 16, 4, 16)
     assert demo.scan_heads(small.all_heads(), small, 1) == small.all_heads()  # up to 48 heads: every head

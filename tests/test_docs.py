@@ -171,7 +171,7 @@ def _cli_commands(code: str) -> list[str]:
 
 @pytest.mark.parametrize("path", [*doc_files(), ROOT / "README.md"], ids=lambda p: p.name)
 def test_cli_examples_parse(path: Path):
-    from vrh_interp.cli import build_parser
+    from vrh_interp.apps.cli import build_parser
 
     for block in code_blocks(path):
         if block.language not in ("bash", "sh", "shell", "console"):
@@ -201,7 +201,7 @@ def test_families_doc_is_up_to_date():
 
 
 def _subcommands() -> dict[str, argparse.ArgumentParser]:
-    from vrh_interp.cli import build_parser
+    from vrh_interp.apps.cli import build_parser
 
     actions = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
     return dict(actions[0].choices)
@@ -243,7 +243,7 @@ def test_relative_links_resolve(path: Path):
 
 def test_api_doc_cli_help_is_the_parsers(monkeypatch: pytest.MonkeyPatch):
     """The `vrh --help` block of docs/api.md is what the parser prints (at 80 columns)."""
-    from vrh_interp.cli import build_parser
+    from vrh_interp.apps.cli import build_parser
 
     monkeypatch.setenv("COLUMNS", "80")
     text = (DOCS / "api.md").read_text(encoding="utf-8")

@@ -16,17 +16,17 @@ import pandas as pd
 import pytest
 
 from vrh_interp.evaluation.grounding import ablation_values, ground_batch
-from vrh_interp.evaluation.head_scan import HeadScanResult, head_scan, head_scan_from_run
-from vrh_interp.evaluation.sweep import run_conditions
-from vrh_interp.heads import Head, HeadSet
-from vrh_interp.model import wrap
-from vrh_interp.runs import RecordLog
+from vrh_interp.experiments.head_scan import HeadScanResult, head_scan, head_scan_from_run
+from vrh_interp.experiments.sweep import run_conditions
+from vrh_interp.core.heads import Head, HeadSet
+from vrh_interp.core.model import wrap
+from vrh_interp.core.runs import RecordLog
 from vrh_interp.scoring.design import resolve_design
 from vrh_interp.scoring.scores import HeadScores
-from vrh_interp.sources import synthetic_samples
-from vrh_interp.templates.ablation import Ablation
+from vrh_interp.data.sources import synthetic_samples
+from vrh_interp.core.templates.ablation import Ablation
 from vrh_interp.toy import load as load_toy
-from vrh_interp.transfer import spearman
+from vrh_interp.evaluation.statistics import spearman
 
 SAMPLES = 8
 MAX_NEW_TOKENS = 16
@@ -119,10 +119,10 @@ def test_resume_after_a_truncated_log_is_exact(toy, samples, scores, scan, tmp_p
 KILLED_SCAN = textwrap.dedent("""
     import sys, torch
     torch.set_num_threads(1)
-    from vrh_interp.model import wrap
+    from vrh_interp.core.model import wrap
     from vrh_interp.toy import load
-    from vrh_interp.sources import synthetic_samples
-    from vrh_interp.evaluation.head_scan import head_scan
+    from vrh_interp.data.sources import synthetic_samples
+    from vrh_interp.experiments.head_scan import head_scan
     vlm = wrap(*load("a"))
     head_scan(vlm, synthetic_samples("eval", {samples}), batch_size=4, max_new_tokens={tokens}, run_dir=sys.argv[1],
               progress=False)

@@ -8,11 +8,11 @@ import torch
 from transformers import GPT2Config
 
 from tests.conftest import noise_image
-from vrh_interp import interventions as iv
-from vrh_interp.families import UnsupportedModelError, adapter_for_config
-from vrh_interp.heads import Head, HeadSet
-from vrh_interp.model import load
-from vrh_interp.testing.tiny import build_tiny
+from vrh_interp.core import interventions as iv
+from vrh_interp.core.families import UnsupportedModelError, adapter_for_config
+from vrh_interp.core.heads import Head, HeadSet
+from vrh_interp.specs import load
+from vrh_interp.core.tiny import build_tiny
 
 
 def test_load_local_folder_equals_in_memory_model(tmp_path):
@@ -53,7 +53,7 @@ def test_per_layer_device_map_loads_through_the_same_path_and_computes_the_same(
     and streams it in through a hook, the hook that moves activations between GPUs in a multi-GPU map) gives the
     plain load's logits, ablated logits, greedy answers and attention statistics exactly."""
     from vrh_interp.scoring.collect import collect_batch
-    from vrh_interp.sources import synthetic_samples
+    from vrh_interp.data.sources import synthetic_samples
 
     tiny = build_tiny("llava")
     tiny.model.save_pretrained(tmp_path / "model")

@@ -7,10 +7,10 @@ import torch
 
 from tests.conftest import tiny_vlm
 from tests.reference import eager_attention_maps
-from vrh_interp import interventions as iv
-from vrh_interp.heads import Head, HeadSet
-from vrh_interp.overlays import overlay_figures, prediction_overlays
-from vrh_interp.sources import synthetic_samples
+from vrh_interp.core import interventions as iv
+from vrh_interp.core.heads import Head, HeadSet
+from vrh_interp.viz.overlays import overlay_figures, prediction_overlays
+from vrh_interp.data.sources import synthetic_samples
 
 
 def test_overlay_grids_equal_eager_mean_over_answer_rows():

@@ -20,15 +20,15 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 from PIL import Image
 
-from vrh_interp.boxes import BOX_FORMATS, Box, InvalidBoxError
-from vrh_interp.datasets.errors import DatasetError
-from vrh_interp.datasets.jsonl import load_jsonl
-from vrh_interp.evaluation.sweep import KSpecError, parse_ks
-from vrh_interp.heads import Head, HeadGeometry, HeadSet, HeadSpecError
-from vrh_interp.model_source import ModelLoadError, check_device, resolve_model_source
-from vrh_interp.samples import MAX_EXPRESSION_CHARS, InvalidSampleError, as_box, check_samples
-from vrh_interp.shards import Shard, ShardSpecError
-from vrh_interp.sources import (
+from vrh_interp.core.boxes import BOX_FORMATS, Box, InvalidBoxError
+from vrh_interp.data.datasets.errors import DatasetError
+from vrh_interp.data.datasets.jsonl import load_jsonl
+from vrh_interp.experiments.sweep import KSpecError, parse_ks
+from vrh_interp.core.heads import Head, HeadGeometry, HeadSet, HeadSpecError
+from vrh_interp.core.model_source import ModelLoadError, check_device, resolve_model_source
+from vrh_interp.data.checks import MAX_EXPRESSION_CHARS, InvalidSampleError, as_box, check_samples
+from vrh_interp.core.shards import Shard, ShardSpecError
+from vrh_interp.data.sources import (
     GROUNDING_KINDS, MAX_SYNTHETIC_SCENES, VQA_BENCHMARKS, DataSpecError, _synthetic_args, load_data, load_vqa,
     parse_spec,
 )
@@ -291,7 +291,7 @@ def test_device_options(device: str) -> None:
 @FAST
 @given(st.one_of(st.text(max_size=12), st.sampled_from(["float99", "bfloat16", "float32", "__class__", "nan"])))
 def test_dtype_options_are_checked_before_anything_loads(dtype: str) -> None:
-    from vrh_interp.model import load_spec
+    from vrh_interp.specs import load_spec
 
     with pytest.raises(Exception) as caught:  # noqa: PT011 - the model folder does not exist either way
         load_spec(str(MISSING), dtype=dtype)
@@ -301,7 +301,7 @@ def test_dtype_options_are_checked_before_anything_loads(dtype: str) -> None:
 
 @pytest.mark.parametrize("dtype", ["bool", "int8", "float99", "__class__", "finfo"])
 def test_dtype_must_be_a_floating_torch_dtype(dtype: str) -> None:
-    from vrh_interp.model_source import parse_dtype
+    from vrh_interp.core.model_source import parse_dtype
 
     with pytest.raises(ModelLoadError, match="unknown dtype"):
         parse_dtype(dtype)

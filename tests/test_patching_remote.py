@@ -14,7 +14,7 @@ import torch
 
 from tests.conftest import tiny_vlm
 from vrh_interp.data import grounding_samples
-from vrh_interp.heads import Head, HeadSet
+from vrh_interp.core.heads import Head, HeadSet
 from vrh_interp.patching.attribution import attribution_patching
 from vrh_interp.patching.batch import PairBatch, baseline, prepare_pairs
 from vrh_interp.patching.head_patching import patch_each_head, patch_head_set, patched_answers
@@ -22,7 +22,7 @@ from vrh_interp.patching.mediation import direct_and_total_effect
 from vrh_interp.patching.pairs import make_pairs
 from vrh_interp.patching.positions import position_patching
 from vrh_interp.patching.probes import collect_head_features
-from vrh_interp.preferences import export_preference_pairs
+from vrh_interp.experiments.preferences import export_preference_pairs
 
 HEADS = HeadSet([Head(0, 1), Head(1, 2)])
 

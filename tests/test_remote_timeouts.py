@@ -2,7 +2,7 @@
 
 The servers are plain sockets on 127.0.0.1: one accepts connections and never answers (the hang reported in
 issue 20); one speaks just enough of the NDIF wire protocol (the websocket handshake, the session id, the POST
-of the request) and then goes silent at a chosen stage, so each timeout of ``vrh_interp.remote`` is reached.
+of the request) and then goes silent at a chosen stage, so each timeout of ``vrh_interp.core.remote`` is reached.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from typing import Iterator
 import pytest
 
 from tests.conftest import noise_image
-from vrh_interp import interventions as iv
-from vrh_interp.interventions import RemoteExecutionError
-from vrh_interp.model import VLM, wrap
-from vrh_interp.remote import remote_timeouts, set_remote_timeouts
+from vrh_interp.core import interventions as iv
+from vrh_interp.core.interventions import RemoteExecutionError
+from vrh_interp.core.model import VLM, wrap
+from vrh_interp.core.remote import remote_timeouts, set_remote_timeouts
 from tests.ndif_server import client_host, free_port
-from vrh_interp.testing.tiny import build_tiny
+from vrh_interp.core.tiny import build_tiny
 
 WS_MAGIC = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 
@@ -141,7 +141,7 @@ def test_dns_failure_is_not_called_a_host_that_is_no_ndif_api() -> None:
 def test_timeouts_have_sensible_defaults_and_are_configurable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("VRH_REMOTE_CONNECT_TIMEOUT", raising=False)
     monkeypatch.delenv("VRH_REMOTE_READ_TIMEOUT", raising=False)
-    monkeypatch.setattr("vrh_interp.remote._configured", {})
+    monkeypatch.setattr("vrh_interp.core.remote._configured", {})
     assert remote_timeouts() == (10.0, 600.0)
     monkeypatch.setenv("VRH_REMOTE_READ_TIMEOUT", "30")
     assert remote_timeouts() == (10.0, 30.0)

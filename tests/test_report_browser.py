@@ -19,8 +19,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from vrh_interp.cli import main
-from vrh_interp.report import TABLES
+from vrh_interp.apps.cli import main
+from vrh_interp.apps.report import TABLES
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -62,7 +62,7 @@ def browser():
 def report_page(browser, tmp_path_factory):
     """A demo run folder with its report loaded in the browser (the browser is checked first: no demo when
     the test would skip anyway)."""
-    from vrh_interp import positive_control
+    from vrh_interp.experiments import positive_control
 
     run = tmp_path_factory.mktemp("report") / "demo"
     control = [] if positive_control.available() else ["--no-positive-control"]

@@ -18,25 +18,25 @@ import pytest
 from PIL import Image
 
 from tests.conftest import tiny_vlm
-from vrh_interp.datasets.errors import DatasetError
-from vrh_interp.datasets.samples import GroundingSample
-from vrh_interp.evaluation.sweep import sweep, sweep_from_run
-from vrh_interp.heads import HeadSet
-from vrh_interp.merge import merge_runs
-from vrh_interp.runs import RecordLog, RunMismatchError
+from vrh_interp.data.datasets.errors import DatasetError
+from vrh_interp.data.datasets.samples import GroundingSample
+from vrh_interp.experiments.sweep import sweep, sweep_from_run
+from vrh_interp.core.heads import HeadSet
+from vrh_interp.experiments.merge import merge_runs
+from vrh_interp.core.runs import RecordLog, RunMismatchError
 from vrh_interp.scoring.detect import score_heads
-from vrh_interp.shards import Shard
-from vrh_interp.sources import synthetic_samples
+from vrh_interp.core.shards import Shard
+from vrh_interp.data.sources import synthetic_samples
 
 FAMILY = "qwen2_vl"
 SCRIPT = textwrap.dedent("""
     import sys, torch
     torch.set_num_threads(1)
-    from vrh_interp.model import wrap
-    from vrh_interp.testing.tiny import build_tiny
-    from vrh_interp.sources import synthetic_samples
+    from vrh_interp.core.model import wrap
+    from vrh_interp.core.tiny import build_tiny
+    from vrh_interp.data.sources import synthetic_samples
     from vrh_interp.scoring.detect import score_heads
-    from vrh_interp.evaluation.sweep import sweep, sweep_from_run
+    from vrh_interp.experiments.sweep import sweep, sweep_from_run
     tiny = build_tiny("{family}")
     vlm = wrap(tiny.model, tiny.processor)
     if sys.argv[1] == "detect":

@@ -22,9 +22,9 @@ import pandas as pd
 import pytest
 
 from tests.conftest import tiny_vlm
-from vrh_interp.evaluation.sweep import sweep, sweep_from_run
-from vrh_interp.runs import LOCK_FILE, RecordLog, RunFolder, RunLockedError, RunRecordError, lock_run_folder
-from vrh_interp.sources import synthetic_samples
+from vrh_interp.experiments.sweep import sweep, sweep_from_run
+from vrh_interp.core.runs import LOCK_FILE, RecordLog, RunFolder, RunLockedError, RunRecordError, lock_run_folder
+from vrh_interp.data.sources import synthetic_samples
 
 ROOT = Path(__file__).resolve().parents[1]
 DETECT = ["detect", "--model", "tiny:qwen2_vl", "--data", "synthetic:detect:6", "--batch-size", "2",
@@ -33,14 +33,14 @@ DETECT = ["detect", "--model", "tiny:qwen2_vl", "--data", "synthetic:detect:6", 
 RACER = textwrap.dedent("""
     import sys, time, pathlib, torch
     torch.set_num_threads(1)
-    from vrh_interp import cli
-    import vrh_interp.model, vrh_interp.scoring.detect, vrh_interp.testing.tiny
+    from vrh_interp.apps import cli
+    import vrh_interp.core.model, vrh_interp.scoring.detect, vrh_interp.core.tiny
     pathlib.Path(sys.argv[1]).touch()
     while not pathlib.Path(sys.argv[2]).exists():
         time.sleep(0.002)
     sys.exit(cli.main(sys.argv[3:]))
 """)
-HOLDER = "import sys, time; from vrh_interp.runs import lock_run_folder; l = lock_run_folder(sys.argv[1]); " \
+HOLDER = "import sys, time; from vrh_interp.core.runs import lock_run_folder; l = lock_run_folder(sys.argv[1]); " \
          "print('locked', flush=True); time.sleep(600)"
 
 
@@ -69,7 +69,7 @@ def test_two_processes_on_one_folder_one_runs_the_other_is_refused_and_the_resul
     assert "use another --out folder" in refusal
     assert (out / LOCK_FILE).read_text() == ""  # released, and emptied on the clean exit
     single = tmp_path / "single"
-    subprocess.run([sys.executable, "-m", "vrh_interp.cli", *DETECT, "--out", str(single)], env=_env(), check=True,
+    subprocess.run([sys.executable, "-m", "vrh_interp.apps.cli", *DETECT, "--out", str(single)], env=_env(), check=True,
                    capture_output=True, timeout=600)
     assert (out / "detect_records.jsonl").read_bytes() == (single / "detect_records.jsonl").read_bytes()
     assert len(RecordLog(out / "detect_records.jsonl").read()) == 6

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 import vrh_interp
-from vrh_interp.boxes import Box
+from vrh_interp.core.boxes import Box
 from vrh_interp.data import scenes
-from vrh_interp.datasets.samples import GroundingSample, VQASample
-from vrh_interp.datasets.synthetic_vqa import answer_text
-from vrh_interp.sources import synthetic_samples
+from vrh_interp.data.datasets.samples import GroundingSample, VQASample
+from vrh_interp.data.datasets.synthetic_vqa import answer_text
+from vrh_interp.data.sources import synthetic_samples
 from vrh_interp.data.scenes import (
     COLOURS,
     SPLIT_SEED_RANGES,
@@ -148,7 +148,7 @@ def test_one_data_model_each_sample_class_is_defined_once_in_the_package() -> No
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ClassDef) and node.name in ("GroundingSample", "VQASample"):
                 defined.setdefault(node.name, []).append(str(path.relative_to(package)))
-    assert defined == {"GroundingSample": ["datasets/samples.py"], "VQASample": ["datasets/samples.py"]}
+    assert defined == {"GroundingSample": ["data/datasets/samples.py"], "VQASample": ["data/datasets/samples.py"]}
 
 
 def test_scene_samples_are_the_loaders_samples_with_the_scene_in_meta() -> None:

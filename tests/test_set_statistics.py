@@ -15,16 +15,16 @@ import pandas as pd
 import pytest
 
 from tests.conftest import tiny_vlm
-from vrh_interp.boxes import Box
-from vrh_interp.demo import demo_ks
-from vrh_interp.evaluation import sweep as sweep_module
+from vrh_interp.core.boxes import Box
+from vrh_interp.apps.demo import demo_ks
+from vrh_interp.experiments import sweep as sweep_module
 from vrh_interp.evaluation.statistics import (bootstrap_ci, empirical_p_value, random_set_distribution,
                                               set_level_verdict, two_level_bootstrap_ci)
-from vrh_interp.evaluation.sweep import (RECORD_COLUMNS, Condition, SweepResult, layer_matched_control,
-                                         other_object_iou, parse_ks, run_conditions, summary_verdict, sweep,
-                                         sweep_conditions, sweep_from_run)
-from vrh_interp.heads import Head, HeadGeometry, HeadSet
-from vrh_interp.sources import synthetic_samples
+from vrh_interp.experiments.sweep import (RECORD_COLUMNS, Condition, SweepResult, other_object_iou, parse_ks,
+                                          run_conditions, summary_verdict, sweep, sweep_conditions, sweep_from_run)
+from vrh_interp.evaluation.controls import layer_matched_control
+from vrh_interp.core.heads import Head, HeadGeometry, HeadSet
+from vrh_interp.data.sources import synthetic_samples
 
 
 # ----------------------------------------------------------------------------------------- pure statistics
@@ -259,7 +259,7 @@ def test_failure_decomposition_on_a_hand_built_condition():
     row = SweepResult(pd.DataFrame(old, columns=RECORD_COLUMNS), conditions, 0.5).summary().iloc[1]
     assert row["mislocation_rate"] == 0.5 and np.isnan(row["other_object_rate"]) and np.isnan(row["no_object_rate"])
     # reproduce's failure split counts the same records with the same helper, control sets pooled per k
-    from vrh_interp.reproduce import failure_split
+    from vrh_interp.apps.reproduce import failure_split
 
     conditions.append(Condition("random", 1, 0, HeadSet([Head(0, 1)])))
     frame = pd.DataFrame(base + top + _records("random", 1, 0, [True, True, False, True]), columns=RECORD_COLUMNS)
@@ -334,7 +334,7 @@ def test_conditions_masking_the_same_heads_are_answered_once(monkeypatch):
 
 
 def test_design_space_variants_are_compared_with_the_random_sets_at_their_k():
-    from vrh_interp.scoring.analysis import DesignSpacePlan, design_space_table
+    from vrh_interp.experiments.design_space import DesignSpacePlan, design_space_table
 
     # two variants sharing one top-1 set, one with its own; 20 random sets of 1 head, 4 of them as harmful as
     # variant0 (accuracy 0.2), none as harmful as variant1 (0.0); 5 samples, all correct unmasked
@@ -357,7 +357,7 @@ def test_design_space_variants_are_compared_with_the_random_sets_at_their_k():
 
 
 def test_demo_keeps_every_control_set_at_k_star_and_the_same_draws_elsewhere():
-    from vrh_interp.demo import check_subset, main_conditions, restrict
+    from vrh_interp.apps.demo import check_subset, main_conditions, restrict
 
     g = HeadGeometry(4, 8, 4, 16)
     ranking = HeadSet([Head(3, 5), Head(2, 1), Head(1, 0), Head(0, 7)])

@@ -11,14 +11,14 @@ import pandas as pd
 import pytest
 
 from tests.conftest import tiny_vlm
-from vrh_interp.cli import main
-from vrh_interp.evaluation.sweep import sweep, sweep_from_run
-from vrh_interp.merge import ShardMergeError, merge_runs
-from vrh_interp.runs import RunRecordError
+from vrh_interp.apps.cli import main
+from vrh_interp.experiments.sweep import sweep, sweep_from_run
+from vrh_interp.experiments.merge import ShardMergeError, merge_runs
+from vrh_interp.core.runs import RunRecordError
 from vrh_interp.scoring.detect import collect_detection_stats, score_heads, scores_from_run
 from vrh_interp.scoring.scores import HeadScores
-from vrh_interp.shards import Shard
-from vrh_interp.sources import synthetic_samples
+from vrh_interp.core.shards import Shard
+from vrh_interp.data.sources import synthetic_samples
 
 FAMILY = "qwen2_vl"
 SWEEP = dict(ks=(0, 1, 2), random_seeds=(0, 1), batch_size=2, max_new_tokens=3, progress=False)

@@ -12,9 +12,9 @@ from tests.reference import (
     zeroed_attention_outputs,
     zeroed_heads,
 )
-from vrh_interp import interventions as iv
-from vrh_interp.heads import Head, HeadOutOfRangeError, HeadSet
-from vrh_interp.templates.readout import eager_attention_rows
+from vrh_interp.core import interventions as iv
+from vrh_interp.core.heads import Head, HeadOutOfRangeError, HeadSet
+from vrh_interp.core.templates.readout import eager_attention_rows
 
 
 def _batch(vlm):

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from vrh_interp.heads import HeadSet
+from vrh_interp.core.heads import HeadSet
 from toy_training import planted, regime
 from toy_training import train as trainer
 from toy_training.configs import WIDE_SHAPE, format_box_answer

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from vrh_interp.boxes import Box
+from vrh_interp.core.boxes import Box
 from toy_training import train as trainer
 from vrh_interp.toy import checkpoint_dir, load
 
@@ -106,7 +106,7 @@ def _metadata_step(run_dir: Path) -> int:
 
 
 def test_vqa_rows_supervise_only_their_answer_words_and_leave_the_grounding_batch_unchanged() -> None:
-    from vrh_interp.datasets.synthetic_vqa import answer_text
+    from vrh_interp.data.datasets.synthetic_vqa import answer_text
     from toy_training.configs import build_processor, format_box_answer
     from toy_training.tokenizer import IM_END
 

@@ -1,4 +1,4 @@
-"""The TransformerLens backend against the nnsight backend (``vrh_interp.interventions``), per family.
+"""The TransformerLens backend against the nnsight backend (``vrh_interp.core.interventions``), per family.
 
 Both backends act on the same site (o_proj's input split per head), but the bridge always runs eager
 attention while the fixtures run sdpa: positions that are left padding (fully masked queries) hold
@@ -19,10 +19,10 @@ import pytest
 import torch
 
 from tests.conftest import noise_image, tiny_vlm
-from vrh_interp import interventions as iv
-from vrh_interp.heads import Head, HeadOutOfRangeError, HeadSet
+from vrh_interp.core import interventions as iv
+from vrh_interp.core.heads import Head, HeadOutOfRangeError, HeadSet
 
-transformer_lens_backend = pytest.importorskip("vrh_interp.backends.transformer_lens")
+transformer_lens_backend = pytest.importorskip("vrh_interp.core.backends.transformer_lens")
 TransformerLensBackend = transformer_lens_backend.TransformerLensBackend
 SUPPORTED_FAMILIES = transformer_lens_backend.SUPPORTED_FAMILIES
 

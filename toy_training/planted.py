@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from toy_training.configs import TextBackboneShape
-from vrh_interp.heads import Head, HeadSet
+from vrh_interp.core.heads import Head, HeadSet
 from vrh_interp.toy.configs import GRID_SIDE, PATCH_SIZE
 from vrh_interp.toy.planted import PLANTED_FILE
 
@@ -307,7 +307,7 @@ def random_rest_sets(geometry_layers: int, geometry_heads: int, exclude: HeadSet
 
 def masked_accuracy(model, processor, samples: Sequence, heads: HeadSet, name: str = "planted") -> float:
     """Level-1 grounding accuracy (IoU >= 0.5, greedy generate) with ``heads`` zeroed by plain hooks."""
-    from vrh_interp.boxes import Box, iou
+    from vrh_interp.core.boxes import Box, iou
     from toy_training.train import predict_boxes
 
     with head_multipliers(model, mask_multipliers(model, heads) if len(heads) else None):

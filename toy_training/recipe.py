@@ -40,7 +40,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from vrh_interp.runs import write_json_atomic
+from vrh_interp.core.runs import write_json_atomic
 from vrh_interp.toy import checkpoint_dir, load
 from vrh_interp.toy.configs import ModelName
 from toy_training.train import (MODEL_PRESETS, REPORT_SCENES, WARM_START_LEVELS, TrainConfig, export_final,

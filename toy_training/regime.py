@@ -24,8 +24,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from vrh_interp.boxes import Box, iou
-from vrh_interp.heads import Head, HeadSet
+from vrh_interp.core.boxes import Box, iou
+from vrh_interp.core.heads import Head, HeadSet
 from toy_training import planted
 
 REGIME_FILE = "regime.json"  # written beside a shipped C / D checkpoint by ``train.ship``

@@ -53,13 +53,13 @@ from tqdm import tqdm
 from transformers import (AutoModelForImageTextToText, InternVLForConditionalGeneration, LlavaForConditionalGeneration,
                           PreTrainedModel)
 
-from vrh_interp.boxes import Box, iou
-from vrh_interp.heads import HeadSet
+from vrh_interp.core.boxes import Box, iou
+from vrh_interp.core.heads import HeadSet
 from vrh_interp.data.scenes import COLOURS, SHAPES, SIZES, grounding_samples, make_scene, vqa_samples
-from vrh_interp.datasets.samples import GroundingSample, VQASample
-from vrh_interp.datasets.synthetic_vqa import answer_text, majority_answer_rate, synthetic_vqa
-from vrh_interp.datasets.vqa import score_response
-from vrh_interp.datasets.vqa_prompt import vqa_messages
+from vrh_interp.data.datasets.samples import GroundingSample, VQASample
+from vrh_interp.data.datasets.synthetic_vqa import answer_text, majority_answer_rate, synthetic_vqa
+from vrh_interp.data.datasets.vqa import score_response
+from vrh_interp.data.datasets.vqa_prompt import vqa_messages
 from vrh_interp.evaluation.statistics import bootstrap_statistic_ci
 from vrh_interp.toy.configs import GRID_SIDE, PATCH_SIZE, ModelName, family
 from toy_training.configs import (

@@ -6,33 +6,39 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from vrh_interp import published  # the paper's published head sets (appendix D)
-    from vrh_interp.boxes import Box, BoxParseFailure, InvalidBoxError
-    from vrh_interp.evaluation.sweep import sweep
-    from vrh_interp.heads import Head, HeadGeometry, HeadOutOfRangeError, HeadSet
-    from vrh_interp.model import VLM, load, load_spec, wrap
+    from vrh_interp.core import published  # the paper's published head sets (appendix D)
+    from vrh_interp.core.boxes import Box, BoxParseFailure, InvalidBoxError
+    from vrh_interp.experiments.sweep import sweep
+    from vrh_interp.core.heads import Head, HeadGeometry, HeadOutOfRangeError, HeadSet
+    from vrh_interp.core.model import VLM, wrap
+    from vrh_interp.specs import load, load_spec
     from vrh_interp.scoring.design import PRESETS, ScoringDesign
     from vrh_interp.scoring.detect import score_heads
     from vrh_interp.scoring.scores import HeadScores
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
-# imported on first use (PEP 562), so that `vrh --help` and `import vrh_interp.heads` do not load torch
-_EXPORTS = {
-    "published": "vrh_interp.published", "Box": "vrh_interp.boxes", "BoxParseFailure": "vrh_interp.boxes",
-    "InvalidBoxError": "vrh_interp.boxes", "sweep": "vrh_interp.evaluation.sweep", "Head": "vrh_interp.heads",
-    "HeadGeometry": "vrh_interp.heads", "HeadOutOfRangeError": "vrh_interp.heads", "HeadSet": "vrh_interp.heads",
-    "VLM": "vrh_interp.model", "load": "vrh_interp.model", "load_spec": "vrh_interp.model", "wrap": "vrh_interp.model",
-    "PRESETS": "vrh_interp.scoring.design", "ScoringDesign": "vrh_interp.scoring.design",
-    "score_heads": "vrh_interp.scoring.detect", "HeadScores": "vrh_interp.scoring.scores",
-}
+# imported on first use (PEP 562), so that `vrh --help` and `import vrh_interp.core.heads` do not load torch
+_EXPORTS = {name: module for module, names in {
+    "vrh_interp.core.published": ("published",),
+    "vrh_interp.core.boxes": ("Box", "BoxParseFailure", "InvalidBoxError"),
+    "vrh_interp.experiments.sweep": ("sweep",),
+    "vrh_interp.core.heads": ("Head", "HeadGeometry", "HeadOutOfRangeError", "HeadSet"),
+    "vrh_interp.core.model": ("VLM", "wrap"),
+    "vrh_interp.specs": ("load", "load_spec"),
+    "vrh_interp.scoring.design": ("PRESETS", "ScoringDesign"),
+    "vrh_interp.scoring.detect": ("score_heads",),
+    "vrh_interp.scoring.scores": ("HeadScores",),
+}.items() for name in names}
+
+_MODULE_EXPORTS = {"published"}  # exported as the module itself
 
 
 def __getattr__(name: str) -> Any:
     if name not in _EXPORTS:
         raise AttributeError(f"module 'vrh_interp' has no attribute {name!r}")
     module = importlib.import_module(_EXPORTS[name])
-    value = module if _EXPORTS[name] == f"vrh_interp.{name}" else getattr(module, name)
+    value = module if name in _MODULE_EXPORTS else getattr(module, name)
     globals()[name] = value
     return value
 

@@ -13,12 +13,12 @@ import pytest
 from PIL import Image
 
 from tests.datasets import fixtures
-from vrh_interp.boxes import Box
-from vrh_interp.datasets.errors import DatasetError, SkippedRow
-from vrh_interp.datasets.jsonl import load_jsonl
-from vrh_interp.datasets.lmms_refcoco import load_lmms_refcoco
-from vrh_interp.datasets.refer import load_refer
-from vrh_interp.datasets.toloka import load_toloka
+from vrh_interp.core.boxes import Box
+from vrh_interp.data.datasets.errors import DatasetError, SkippedRow
+from vrh_interp.data.datasets.jsonl import load_jsonl
+from vrh_interp.data.datasets.lmms_refcoco import load_lmms_refcoco
+from vrh_interp.data.datasets.refer import load_refer
+from vrh_interp.data.datasets.toloka import load_toloka
 
 PARQUET = "val-00000-of-00001.parquet"
 

@@ -11,16 +11,16 @@ import numpy as np
 import pytest
 
 from tests.datasets import fixtures
-from vrh_interp.boxes import Box
-from vrh_interp.datasets.errors import DatasetError
-from vrh_interp.datasets.jsonl import load_jsonl
-from vrh_interp.datasets.jxu124_refcoco import load_jxu124_refcoco
-from vrh_interp.datasets.lmms_refcoco import load_lmms_refcoco
-from vrh_interp.datasets.refer import load_refer
-from vrh_interp.datasets.refspatial import center_in_mask, load_refspatial, points_in_mask
-from vrh_interp.datasets.safe_pickle import UnsafePickleError, load_plain_pickle
-from vrh_interp.datasets.toloka import image_basename, load_toloka
-from vrh_interp.samples import check_samples
+from vrh_interp.core.boxes import Box
+from vrh_interp.data.datasets.errors import DatasetError
+from vrh_interp.data.datasets.jsonl import load_jsonl
+from vrh_interp.data.datasets.jxu124_refcoco import load_jxu124_refcoco
+from vrh_interp.data.datasets.lmms_refcoco import load_lmms_refcoco
+from vrh_interp.data.datasets.refer import load_refer
+from vrh_interp.data.datasets.refspatial import center_in_mask, load_refspatial, points_in_mask
+from vrh_interp.data.datasets.safe_pickle import UnsafePickleError, load_plain_pickle
+from vrh_interp.data.datasets.toloka import image_basename, load_toloka
+from vrh_interp.data.checks import check_samples
 
 
 def test_refer_layout_converts_xywh_and_names_images_from_the_image_id(tmp_path: Path) -> None:

@@ -9,10 +9,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.datasets import fixtures
-from vrh_interp.datasets import images as image_module
-from vrh_interp.datasets import parquet as parquet_module
-from vrh_interp.datasets.lmms_refcoco import load_lmms_refcoco
-from vrh_interp.datasets.parquet import ParquetTable
+from vrh_interp.data.datasets import images as image_module
+from vrh_interp.data.datasets import parquet as parquet_module
+from vrh_interp.data.datasets.lmms_refcoco import load_lmms_refcoco
+from vrh_interp.data.datasets.parquet import ParquetTable
 
 
 @pytest.fixture

@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 
 from tests.datasets import fixtures
-from vrh_interp.datasets.splits import detection_split
-from vrh_interp.reproduce import capped_ks, run_reproduce
-from vrh_interp.runs import RunMismatchError
-from vrh_interp.sources import load_data
+from vrh_interp.data.datasets.splits import detection_split
+from vrh_interp.apps.reproduce import capped_ks, run_reproduce
+from vrh_interp.core.runs import RunMismatchError
+from vrh_interp.data.sources import load_data
 
 
 def test_capped_ks_leave_room_for_random_controls() -> None:
@@ -57,8 +57,8 @@ def test_reproduce_end_to_end_and_resume(tmp_path: Path, monkeypatch: pytest.Mon
     assert report["used_ks"] == [0, 1, 3] and len(report["top_heads"]) == 3 and report["total_heads"] == 8
 
     monkeypatch.setattr("vrh_interp.scoring.detect.collect_batch", _no_model_calls)
-    monkeypatch.setattr("vrh_interp.evaluation.sweep.ground_batch", _no_model_calls)
-    monkeypatch.setattr("vrh_interp.datasets.vqa_sweep.answer_batch", _no_model_calls)
+    monkeypatch.setattr("vrh_interp.experiments.sweep.ground_batch", _no_model_calls)
+    monkeypatch.setattr("vrh_interp.experiments.vqa_sweep.answer_batch", _no_model_calls)
     resumed = run_reproduce("tiny:qwen2_vl", data, vqa, out, **arguments)
     pd.testing.assert_frame_equal(resumed.sweep_summary, result.sweep_summary)
     pd.testing.assert_frame_equal(resumed.vqa_table, result.vqa_table)
@@ -72,10 +72,10 @@ def _folder_bytes(root: Path) -> dict[str, bytes]:
 
 def test_sharded_reproduce_merges_into_the_unsharded_run(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """Three shards (the last one with no samples at all), merged by `vrh merge`: the unsharded run's tables."""
-    from vrh_interp.cli import main
-    from vrh_interp.merge import ShardMergeError
-    from vrh_interp.reproduce import merge_reproduce_runs
-    from vrh_interp.shards import Shard
+    from vrh_interp.apps.cli import main
+    from vrh_interp.experiments.merge import ShardMergeError
+    from vrh_interp.apps.reproduce import merge_reproduce_runs
+    from vrh_interp.core.shards import Shard
 
     fixtures.write_lmms_refcoco(tmp_path / "refcoco", fixtures.lmms_rows(14))
     fixtures.write_cvbench(tmp_path / "cv", [{"idx": i, "choices": ["2", "3"], "answer": "(B)"} for i in range(3)])

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from tests.datasets import fixtures
-from vrh_interp.datasets.errors import DatasetError
-from vrh_interp.datasets.refer import load_refer
-from vrh_interp.datasets.safe_pickle import load_plain_pickle
+from vrh_interp.data.datasets.errors import DatasetError
+from vrh_interp.data.datasets.refer import load_refer
+from vrh_interp.data.datasets.safe_pickle import load_plain_pickle
 
 # each makes the unpickler itself fail with the named exception (checked below against a plain pickle.loads)
 MALFORMED = {

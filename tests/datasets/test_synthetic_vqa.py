@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from vrh_interp.data.scenes import make_scene
-from vrh_interp.datasets.synthetic_vqa import answer_text, synthetic_vqa
-from vrh_interp.datasets.vqa import score_response
-from vrh_interp.datasets.vqa_prompt import vqa_user_text
-from vrh_interp.sources import DataSpecError, load_vqa
+from vrh_interp.data.datasets.synthetic_vqa import answer_text, synthetic_vqa
+from vrh_interp.data.datasets.vqa import score_response
+from vrh_interp.data.datasets.vqa_prompt import vqa_user_text
+from vrh_interp.data.sources import DataSpecError, load_vqa
 from toy_training.tokenizer import build_tokenizer
 
 
@@ -65,7 +65,7 @@ def test_vqa_spec_loads_and_rejects_bad_specs() -> None:
 def test_majority_answer_rate_is_the_most_common_answers_share() -> None:
     from collections import Counter
 
-    from vrh_interp.datasets.synthetic_vqa import majority_answer_rate
+    from vrh_interp.data.datasets.synthetic_vqa import majority_answer_rate
 
     counting = [s for s in synthetic_vqa("eval", 50) if s.benchmark == "synthetic-counting"]
     top = Counter(s.answer for s in counting).most_common(1)[0][1]

@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 
 from tests.datasets import fixtures
-from vrh_interp.datasets.countbench import load_countbench
-from vrh_interp.datasets.cvbench import cvbench_overall, load_cvbench
-from vrh_interp.datasets.errors import DatasetError
-from vrh_interp.datasets.mathvista import load_mathvista
-from vrh_interp.datasets.mmstar import load_mmstar, parse_inline_options
-from vrh_interp.datasets.spatial457 import load_spatial457
-from vrh_interp.datasets.spatialrgpt import load_spatialrgpt
-from vrh_interp.datasets.vaw import load_vaw, mcq_for_instance
-from vrh_interp.datasets.vqa import score_response
-from vrh_interp.datasets.vqa_prompt import vqa_user_text
+from vrh_interp.data.datasets.countbench import load_countbench
+from vrh_interp.data.datasets.cvbench import cvbench_overall, load_cvbench
+from vrh_interp.data.datasets.errors import DatasetError
+from vrh_interp.data.datasets.mathvista import load_mathvista
+from vrh_interp.data.datasets.mmstar import load_mmstar, parse_inline_options
+from vrh_interp.data.datasets.spatial457 import load_spatial457
+from vrh_interp.data.datasets.spatialrgpt import load_spatialrgpt
+from vrh_interp.data.datasets.vaw import load_vaw, mcq_for_instance
+from vrh_interp.data.datasets.vqa import score_response
+from vrh_interp.data.datasets.vqa_prompt import vqa_user_text
 
 
 def test_cvbench_parquet_and_jsonl(tmp_path: Path) -> None:

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from vrh_interp.datasets.images import ImageFile
-from vrh_interp.datasets.samples import VQASample
-from vrh_interp.datasets.vqa import (
+from vrh_interp.data.datasets.images import ImageFile
+from vrh_interp.data.datasets.samples import VQASample
+from vrh_interp.data.datasets.vqa import (
     closest_choice,
     extract_choice_letter,
     extract_count,

@@ -8,14 +8,14 @@ import pytest
 
 from tests.conftest import tiny_vlm
 from tests.datasets import fixtures
-from vrh_interp.datasets import vqa_sweep as vqa_sweep_module
-from vrh_interp.datasets.countbench import load_countbench
-from vrh_interp.datasets.cvbench import load_cvbench
-from vrh_interp.datasets.images import ImageFile
-from vrh_interp.datasets.samples import VQASample
-from vrh_interp.datasets.vqa_prompt import vqa_prompt, vqa_user_text
-from vrh_interp.datasets.vqa_sweep import vqa_conditions, vqa_sweep
-from vrh_interp.heads import Head, HeadSet
+from vrh_interp.experiments import vqa_sweep as vqa_sweep_module
+from vrh_interp.data.datasets.countbench import load_countbench
+from vrh_interp.data.datasets.cvbench import load_cvbench
+from vrh_interp.data.datasets.images import ImageFile
+from vrh_interp.data.datasets.samples import VQASample
+from vrh_interp.data.datasets.vqa_prompt import vqa_prompt, vqa_user_text
+from vrh_interp.experiments.vqa_sweep import vqa_conditions, vqa_sweep
+from vrh_interp.core.heads import Head, HeadSet
 
 
 def test_vqa_prompt_uses_the_chat_template_and_letters_the_choices(tmp_path: Path) -> None:
@@ -95,11 +95,11 @@ def test_vqa_mean_and_resample_ablation_equal_the_hook_reference(family: str, ki
 
     from tests.reference import reference_segments, replaced_heads
     from tests.test_ablation_kinds import _reference_tables, _reference_values
-    from vrh_interp.datasets.synthetic_vqa import synthetic_vqa
-    from vrh_interp.datasets.vqa_sweep import answer_batch
+    from vrh_interp.data.datasets.synthetic_vqa import synthetic_vqa
+    from vrh_interp.experiments.vqa_sweep import answer_batch
     from vrh_interp.evaluation.grounding import ablation_values
-    from vrh_interp.sources import synthetic_samples
-    from vrh_interp.templates.ablation import Ablation
+    from vrh_interp.data.sources import synthetic_samples
+    from vrh_interp.core.templates.ablation import Ablation
 
     vlm = tiny_vlm(family)
     reference = synthetic_samples("detect", 4)

@@ -1,6 +1,6 @@
 """Checks the family adapter tests share: fixture and registry, head geometry, layouts, generation, box formats.
 
-The layout experiment itself is library code (``vrh_interp.testing.layout_probe``); what is here needs pytest or
+The layout experiment itself is library code (``tests.layout_probe``); what is here needs pytest or
 hypothesis, which are test dependencies only.
 """
 
@@ -14,18 +14,18 @@ from hypothesis import strategies as st
 from transformers.image_processing_utils import select_best_resolution
 
 from tests.conftest import noise_image
-from vrh_interp.boxes import Box, BoxParseFailure
-from vrh_interp.families import adapter_for_config
-from vrh_interp.families.base import BoxFrame, FamilyAdapter, VisualLayout
-from vrh_interp.families.llava_next import tiled_canvas
-from vrh_interp.heads import HeadGeometry
-from vrh_interp.testing.layout_probe import (
+from vrh_interp.core.boxes import Box, BoxParseFailure
+from vrh_interp.core.families import adapter_for_config
+from vrh_interp.core.families.base import BoxFrame, FamilyAdapter, VisualLayout
+from vrh_interp.core.families.llava_next import tiled_canvas
+from vrh_interp.core.heads import HeadGeometry
+from tests.layout_probe import (
     assert_changed_within_sampling,
     changed_positions,
     language_model_input,
     random_boxes,
 )
-from vrh_interp.testing.tiny import TinyVLM
+from vrh_interp.core.tiny import TinyVLM
 
 
 def assert_fixture_is_registered(tiny: TinyVLM, model_class: type, image_processor_class: type,

@@ -1,7 +1,7 @@
 """Every built-in family adapter against its tiny fixture: one parametrised test per check, one spec row per family.
 
 The rows (``tests/families/specs.py``) hold the facts: registry and classes, head geometry, the exact layout
-experiments (paint a box, see which language-model inputs change: ``vrh_interp.testing.layout_probe``), the
+experiments (paint a box, see which language-model inputs change: ``tests.layout_probe``), the
 grounding prompt, and the native box format (round trips, fuzzing, documented answers). Checks only one family
 has follow, as ``test_<family>_*`` tests, so ``-k <family>`` selects all of a family's tests.
 """
@@ -57,16 +57,16 @@ from tests.families.specs import (
     llava_view_spacing,
 )
 from tests.reference import decoder_layers
-from vrh_interp.boxes import Box, BoxParseFailure, InvalidBoxError
-from vrh_interp.families import FamilyAdapter, adapter_for_config
-from vrh_interp.families.base import BoxFrame, VisualLayout
-from vrh_interp.families.gemma3 import Gemma3Adapter
-from vrh_interp.families.idefics3 import Idefics3Adapter, split_canvas_size
-from vrh_interp.families.llava import LlavaAdapter, llava_processed_view
-from vrh_interp.families.llava_onevision import bilinear_sources
-from vrh_interp.families.registry import call, family_row
-from vrh_interp.testing.layout_probe import check_layout_by_painting, nearest_resampling
-from vrh_interp.testing.tiny import TinyVLM, build_processor, build_recipe, build_tiny
+from vrh_interp.core.boxes import Box, BoxParseFailure, InvalidBoxError
+from vrh_interp.core.families import FamilyAdapter, adapter_for_config
+from vrh_interp.core.families.base import BoxFrame, VisualLayout
+from vrh_interp.core.families.gemma3 import Gemma3Adapter
+from vrh_interp.core.families.idefics3 import Idefics3Adapter, split_canvas_size
+from vrh_interp.core.families.llava import LlavaAdapter, llava_processed_view
+from vrh_interp.core.families.llava_onevision import bilinear_sources
+from vrh_interp.core.families.registry import call, family_row
+from tests.layout_probe import check_layout_by_painting, nearest_resampling
+from vrh_interp.core.tiny import TinyVLM, build_processor, build_recipe, build_tiny
 
 
 @functools.cache

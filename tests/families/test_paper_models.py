@@ -2,7 +2,7 @@
 backbones as tiny models against the plain-PyTorch references.
 
 Meta device (no weights, about a second each): each checkpoint is built from the configuration facts recorded in
-``vrh_interp.families.paper_models`` (sources: the checkpoints' config.json); the registry must pick the right
+``vrh_interp.core.families.paper_models`` (sources: the checkpoints' config.json); the registry must pick the right
 adapter, the head grid must match the attention modules and the published head sets, and the module paths the
 masking, capture and readout templates name must resolve to the language model's attention and output projection
 (found independently through transformers' ``get_decoder()``). The parameter count the facts give is checked
@@ -40,18 +40,18 @@ from tests.test_templates import (  # noqa: F401  (collected here with this modu
     test_readout_during_generation_equals_eager_rows_of_full_sequence as _generation_readout_check,
     test_templates_survive_remote_serialisation,
 )
-from vrh_interp import interventions as iv
-from vrh_interp import published
-from vrh_interp.boxes import Box
-from vrh_interp.cli import main
-from vrh_interp.families import UnsupportedModelError, adapter_for_config
-from vrh_interp.families.paper_models import NATIVE, PAPER_MODELS, REMOTE_CODE, PaperModel, paper_model
-from vrh_interp.heads import Head, HeadSet
-from vrh_interp.model import VLM
-from vrh_interp.templates import module_at
-from vrh_interp.templates.readout import ReadoutUnavailableError
-from vrh_interp.testing.layout_probe import check_layout_by_painting
-from vrh_interp.testing.tiny import TINY_BACKBONE_VARIANTS, build_tiny
+from vrh_interp.core import interventions as iv
+from vrh_interp.core import published
+from vrh_interp.core.boxes import Box
+from vrh_interp.apps.cli import main
+from vrh_interp.core.families import UnsupportedModelError, adapter_for_config
+from vrh_interp.core.families.paper_models import NATIVE, PAPER_MODELS, REMOTE_CODE, PaperModel, paper_model
+from vrh_interp.core.heads import Head, HeadSet
+from vrh_interp.core.model import VLM
+from vrh_interp.core.templates import module_at
+from vrh_interp.core.templates.readout import ReadoutUnavailableError
+from tests.layout_probe import check_layout_by_painting
+from vrh_interp.core.tiny import TINY_BACKBONE_VARIANTS, build_tiny
 
 NATIVE_MODELS = [m for m in PAPER_MODELS if m.support == NATIVE]
 

@@ -32,7 +32,7 @@ Methodological choices
   relational ("the square left of the blue circle") and ordinal ("the second triangle from the
   left") expressions.
 
-* Samples are the library's one data model (``vrh_interp.datasets.samples``): ``GroundingSample`` (the box
+* Samples are the library's one data model (``vrh_interp.data.datasets.samples``): ``GroundingSample`` (the box
   a ``Box``, the scene's image held in memory) and ``VQASample``; what only a scene knows (its seed, level,
   every object's box and attributes, the referent's index, the attributes the query names) is in ``meta``.
 
@@ -49,9 +49,9 @@ from typing import Literal
 import numpy as np
 from PIL import Image, ImageDraw
 
-from vrh_interp.boxes import Box
-from vrh_interp.datasets.images import LoadedImage
-from vrh_interp.datasets.samples import GroundingSample, VQASample
+from vrh_interp.core.boxes import Box
+from vrh_interp.data.datasets.images import LoadedImage
+from vrh_interp.data.datasets.samples import GroundingSample, VQASample
 
 IMAGE_SIZE = 96
 BACKGROUND_RGB = (48, 48, 48)

@@ -4,7 +4,7 @@ Outcome categories follow the paper's functional-specificity split: ``correct`` 
 ``mislocation`` (a box was parsed but IoU < threshold), ``parse_failure`` (no box in the native format).
 
 Masking is zero ablation by default; ``ablation=Ablation("mean" | "resample", ablation_values(vlm,
-detection_samples))`` selects the other kinds (``vrh_interp.templates.ablation``). Their reference values
+detection_samples))`` selects the other kinds (``vrh_interp.core.templates.ablation``). Their reference values
 are collected with the ground-truth answer teacher-forced (the box in the family's native format appended
 to the prompt): one forward per batch, and the answer segment is what a correct answer looks like, the
 same whatever the model's accuracy.
@@ -18,13 +18,14 @@ from typing import Sequence
 import torch
 from tqdm.auto import tqdm
 
-from vrh_interp import interventions as iv
-from vrh_interp.backends.base import Backend, get_backend
-from vrh_interp.boxes import BoxParseFailure
-from vrh_interp.heads import HeadSet
-from vrh_interp.model import VLM, GroundingBatch
-from vrh_interp.samples import GroundingSampleLike, as_box, check_samples
-from vrh_interp.templates.ablation import SEGMENTS, ZERO_ABLATION, Ablation, AblationValues, SegmentSumCapture
+from vrh_interp.core import interventions as iv
+from vrh_interp.core.backends.base import Backend
+from vrh_interp.core.backends.select import get_backend
+from vrh_interp.core.boxes import BoxParseFailure
+from vrh_interp.core.heads import HeadSet
+from vrh_interp.core.model import VLM, GroundingBatch
+from vrh_interp.data.checks import GroundingSampleLike, as_box, check_samples
+from vrh_interp.core.templates.ablation import SEGMENTS, ZERO_ABLATION, Ablation, AblationValues, SegmentSumCapture
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ def ground_conditions(vlm: VLM, samples: Sequence[GroundingSampleLike],
     batching, ``interventions.generate_conditions``): per condition, the outcomes ``ground_batch`` gives with
     those heads and that ablation (equal exactly). ``batch`` is the samples' encoding when already made;
     ``shared_prefix``: a scene's referents share their image prefix (``interventions.shared_image_prefix``).
-    ``backend``: a name or ``Backend`` (``vrh_interp.backends.base``) that generates."""
+    ``backend``: a name or ``Backend`` (``vrh_interp.core.backends.base``) that generates."""
     runner = get_backend(backend, vlm, remote=remote)
     if batch is None:
         batch = encode_samples(vlm, samples)

@@ -1,4 +1,4 @@
-"""Confidence intervals and paired tests for per-sample outcomes (numpy only, seeded).
+"""Confidence intervals and paired tests for per-sample outcomes (numpy; pandas for tied ranks; seeded).
 
 * ``bootstrap_ci``: percentile bootstrap of the mean of per-sample values (accuracy, IoU), resampling
   samples with a seeded generator. ``bootstrap_statistic_ci``: the same for a statistic that is not a
@@ -22,6 +22,7 @@ from math import comb
 from typing import Callable, Sequence
 
 import numpy as np
+import pandas as pd
 
 
 def bootstrap_ci(values: Sequence[float], *, confidence: float = 0.95, resamples: int = 2000,
@@ -159,3 +160,39 @@ def set_level_verdict(top_accuracy: float, mcnemar_p: float, controls: dict[str,
     if failing:
         return "inconclusive", "too many control sets as harmful: " + ", ".join(failing)
     return "holds", ", ".join(f"{name} p={p:.3g}" for name, p in pvalues.items())
+
+
+def _ranks(values: np.ndarray) -> np.ndarray:
+    return pd.Series(values).rank(method="average").to_numpy()
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    ra, rb = _ranks(a), _ranks(b)
+    if ra.std() == 0 or rb.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def spearman_permutation_p(a: np.ndarray, b: np.ndarray, *, permutations: int = 10000, seed: int = 0) -> float:
+    """One-sided permutation p-value of Spearman's rho of ``a`` and ``b`` being this large by chance:
+    (1 + #pairings with rho >= the observed) / (1 + permutations), ``b``'s ranks shuffled (seeded). NaN when
+    rho is undefined (no variation)."""
+    ra, rb = _ranks(np.asarray(a, dtype=float)), _ranks(np.asarray(b, dtype=float))
+    if ra.std() == 0 or rb.std() == 0:
+        return float("nan")
+    za, zb = (ra - ra.mean()) / ra.std(), (rb - rb.mean()) / rb.std()
+    observed = float(np.mean(za * zb))
+    rng = np.random.default_rng(seed)
+    shuffled = np.array([zb[rng.permutation(len(zb))] for _ in range(permutations)])
+    null = shuffled @ za / len(za)
+    return float((1 + np.sum(null >= observed - 1e-12)) / (1 + permutations))
+
+
+def kendall_tau_b(a: np.ndarray, b: np.ndarray) -> float:
+    da = np.sign(a[:, None] - a[None, :])
+    db = np.sign(b[:, None] - b[None, :])
+    upper = np.triu_indices(len(a), k=1)
+    x, y = da[upper], db[upper]
+    concordant_minus_discordant = float((x * y).sum())
+    denom = np.sqrt(float((x != 0).sum()) * float((y != 0).sum()))
+    return concordant_minus_discordant / denom if denom else float("nan")

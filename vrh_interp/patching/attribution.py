@@ -32,14 +32,14 @@ import numpy as np
 import pandas as pd
 import torch
 
-from vrh_interp import interventions as iv
+from vrh_interp.core import interventions as iv
 from vrh_interp.evaluation.statistics import bootstrap_statistic_ci
-from vrh_interp.heads import Head
-from vrh_interp.model import VLM
+from vrh_interp.core.heads import Head
+from vrh_interp.core.model import VLM
 from vrh_interp.patching.batch import Baseline, PairBatch, PatchPositions, baseline, score_rows
 from vrh_interp.patching.head_patching import HeadPatchingResult
-from vrh_interp.templates import module_at
-from vrh_interp.transfer import kendall_tau_b, spearman
+from vrh_interp.core.templates import module_at
+from vrh_interp.evaluation.statistics import kendall_tau_b, spearman
 
 AttributionMethod = Literal["gradient", "integrated_gradients"]
 ATTRIBUTION_METHODS: tuple[AttributionMethod, ...] = ("gradient", "integrated_gradients")

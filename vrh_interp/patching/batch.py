@@ -41,13 +41,13 @@ import nnsight
 import numpy as np
 import torch
 
-from vrh_interp import interventions as iv
-from vrh_interp.boxes import BoxParseFailure
+from vrh_interp.core import interventions as iv
+from vrh_interp.core.boxes import BoxParseFailure
 from vrh_interp.evaluation.statistics import bootstrap_statistic_ci
-from vrh_interp.model import VLM, GroundingBatch
+from vrh_interp.core.model import VLM, GroundingBatch
 from vrh_interp.patching.pairs import PatchingPair
-from vrh_interp.samples import as_box
-from vrh_interp.templates import LayerTemplate, apply_in_order
+from vrh_interp.data.checks import as_box
+from vrh_interp.core.templates import LayerTemplate, apply_in_order
 
 PatchPositions = Literal["answer", "all"]
 AnswerTargets = Literal["greedy", "ground_truth"]

@@ -2,7 +2,7 @@
 
 A handful of random sets says little (on toy A, 3 draws recovered 0.02-0.21 while some non-detected 3-head
 sets recover more than the VRHs). So the VRH set is compared with three populations of same-size sets, all
-drawn OUTSIDE the VRHs, as the sweep's controls are (``evaluation.sweep``; the unit is the head set,
+drawn OUTSIDE the VRHs, as the sweep's controls are (``experiments.sweep``; the unit is the head set,
 ``evaluation.statistics``):
 
 * ``random``: ``random_control`` sets, one per seed (default 20 seeds);
@@ -29,9 +29,9 @@ import numpy as np
 import pandas as pd
 
 from vrh_interp.evaluation.statistics import empirical_p_value, random_set_distribution
-from vrh_interp.evaluation.sweep import DEFAULT_RANDOM_SEEDS, layer_matched_control, random_control
-from vrh_interp.heads import Head, HeadGeometry, HeadSet
-from vrh_interp.model import VLM
+from vrh_interp.evaluation.controls import DEFAULT_RANDOM_SEEDS, layer_matched_control, random_control
+from vrh_interp.core.heads import Head, HeadGeometry, HeadSet
+from vrh_interp.core.model import VLM
 from vrh_interp.patching.batch import (Baseline, PairBatch, PatchPositions, baseline, per_coordinate, recovery,
                                        recovery_ci)
 from vrh_interp.patching.head_patching import HeadPatchingResult, patch_each_head, patch_sets

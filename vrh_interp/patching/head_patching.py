@@ -25,15 +25,15 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from vrh_interp import interventions as iv
-from vrh_interp.boxes import BoxParseFailure
-from vrh_interp.heads import Head, HeadSet
-from vrh_interp.model import VLM
+from vrh_interp.core import interventions as iv
+from vrh_interp.core.boxes import BoxParseFailure
+from vrh_interp.core.heads import Head, HeadSet
+from vrh_interp.core.model import VLM
 from vrh_interp.patching.batch import (GROUPS, Baseline, PairBatch, PatchPositions, baseline, measure, per_coordinate,
                                        recovery, recovery_ci)
-from vrh_interp.samples import as_box
-from vrh_interp.templates import apply_in_order
-from vrh_interp.templates.head_outputs import RowPairHeadPatch
+from vrh_interp.data.checks import as_box
+from vrh_interp.core.templates import apply_in_order
+from vrh_interp.core.templates.head_outputs import RowPairHeadPatch
 
 
 @dataclass

@@ -23,13 +23,13 @@ import nnsight
 import pandas as pd
 import torch
 
-from vrh_interp import interventions as iv
-from vrh_interp.heads import HeadSet
-from vrh_interp.model import VLM
+from vrh_interp.core import interventions as iv
+from vrh_interp.core.heads import HeadSet
+from vrh_interp.core.model import VLM
 from vrh_interp.patching.batch import Baseline, PairBatch, baseline, measure, recovery, recovery_ci
 from vrh_interp.patching.head_patching import patch_head_set
-from vrh_interp.templates import ProjectionTemplate, module_at
-from vrh_interp.templates.head_outputs import RowPairHeadPatch
+from vrh_interp.core.templates import ProjectionTemplate, module_at
+from vrh_interp.core.templates.head_outputs import RowPairHeadPatch
 
 
 def mlp_path(vlm: VLM, layer: int) -> str:

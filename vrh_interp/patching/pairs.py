@@ -32,7 +32,7 @@ from vrh_interp.data.scenes import (
     resolve,
     scene_sample,
 )
-from vrh_interp.datasets.samples import GroundingSample
+from vrh_interp.data.datasets.samples import GroundingSample
 
 PairKind = Literal["expression_swap", "referent_moved", "referent_recoloured", "different_image"]
 PAIR_KINDS: tuple[PairKind, ...] = ("expression_swap", "referent_moved", "referent_recoloured", "different_image")

@@ -25,14 +25,14 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from vrh_interp import interventions as iv
-from vrh_interp.heads import Head, HeadSet
-from vrh_interp.model import VLM, GroundingBatch
+from vrh_interp.core import interventions as iv
+from vrh_interp.core.heads import Head, HeadSet
+from vrh_interp.core.model import VLM, GroundingBatch
 from vrh_interp.patching.batch import Baseline, PairBatch, baseline, measure, recovery, recovery_ci
 from vrh_interp.patching.head_patching import patch_head_set
-from vrh_interp.samples import as_box
-from vrh_interp.templates.position_patch import HeadKeyValuePatch, PatchedStates
-from vrh_interp.templates.readout import attention_call_label
+from vrh_interp.data.checks import as_box
+from vrh_interp.core.templates.position_patch import HeadKeyValuePatch, PatchedStates
+from vrh_interp.core.templates.readout import attention_call_label
 
 REGIONS: tuple[str, ...] = ("clean_referent", "corrupted_referent", "distractors", "background", "text")
 

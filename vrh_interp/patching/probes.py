@@ -59,15 +59,15 @@ import numpy as np
 import pandas as pd
 import torch
 
-from vrh_interp import interventions as iv
+from vrh_interp.core import interventions as iv
 from vrh_interp.evaluation.statistics import (bootstrap_ci, bootstrap_statistic_ci, empirical_p_value,
                                               random_set_distribution)
-from vrh_interp.evaluation.sweep import layer_matched_control, random_control
-from vrh_interp.heads import HeadGeometry, HeadSet
-from vrh_interp.model import VLM
-from vrh_interp.samples import GroundingSampleLike, as_box, check_samples
-from vrh_interp.templates import module_at
-from vrh_interp.templates.head_outputs import HeadOutputCapture
+from vrh_interp.evaluation.controls import layer_matched_control, random_control
+from vrh_interp.core.heads import HeadGeometry, HeadSet
+from vrh_interp.core.model import VLM
+from vrh_interp.data.checks import GroundingSampleLike, as_box, check_samples
+from vrh_interp.core.templates import module_at
+from vrh_interp.core.templates.head_outputs import HeadOutputCapture
 
 Position = Literal["prompt_end", "answer_mean"]
 AnswerSource = Literal["greedy", "gold"]

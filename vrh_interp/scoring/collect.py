@@ -13,7 +13,7 @@ Per sample we keep ``[rows, layers, heads, 3]`` statistics (region mass, visual 
 for output and input rows, plus ``[layers, heads]`` negative spatial entropies. Every design in
 ``design.py`` is a pure function of these, so the design-space search scores all variants from one pass.
 
-On a backend other than nnsight (``vrh_interp.backends``) the readout cannot run inside the generation: the
+On a backend other than nnsight (``vrh_interp.core.backends``) the readout cannot run inside the generation: the
 answer is generated first (``Backend.generate_conditions``), then ONE forward over prompt + answer reads the
 same rows (``Backend.attention_rows``, reduced per layer by the same ``RegionAttentionReadout.reduce``). Causal
 attention makes row p of that forward the row the decode step at p computed; only floating-point order differs.
@@ -27,14 +27,15 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import torch
 
-from vrh_interp import interventions as iv
-from vrh_interp.backends.base import Backend, BackendError, get_backend
-from vrh_interp.boxes import Box, BoxParseFailure
-from vrh_interp.families.base import VisualBlock, VisualLayout
-from vrh_interp.model import VLM, GroundingBatch
-from vrh_interp.samples import GroundingSampleLike, as_box
-from vrh_interp.templates.ablation import ZERO_ABLATION, HeadAblation
-from vrh_interp.templates.readout import RegionAttentionReadout
+from vrh_interp.core import interventions as iv
+from vrh_interp.core.backends.base import Backend, BackendError
+from vrh_interp.core.backends.select import get_backend
+from vrh_interp.core.boxes import Box, BoxParseFailure
+from vrh_interp.core.families.base import VisualBlock, VisualLayout
+from vrh_interp.core.model import VLM, GroundingBatch
+from vrh_interp.data.checks import GroundingSampleLike, as_box
+from vrh_interp.core.templates.ablation import ZERO_ABLATION, HeadAblation
+from vrh_interp.core.templates.readout import RegionAttentionReadout
 
 
 @dataclass

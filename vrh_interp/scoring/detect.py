@@ -17,16 +17,17 @@ import numpy as np
 from safetensors.numpy import load_file, save
 from tqdm.auto import tqdm
 
-from vrh_interp.backends.base import Backend, backend_config, get_backend
-from vrh_interp.model import VLM
-from vrh_interp.provenance import library_versions, model_provenance, now_utc, remote_provenance
-from vrh_interp.runs import RecordLog, RunFolder, whole_run_manifest, write_atomic
-from vrh_interp.samples import GroundingSampleLike, check_samples
+from vrh_interp.core.backends.base import Backend, backend_config
+from vrh_interp.core.backends.select import get_backend
+from vrh_interp.core.model import VLM
+from vrh_interp.core.provenance import library_versions, model_provenance, now_utc, remote_provenance
+from vrh_interp.core.runs import RecordLog, RunFolder, whole_run_manifest, write_atomic
+from vrh_interp.data.checks import GroundingSampleLike, check_samples
 from vrh_interp.scoring.aggregate import aggregate
 from vrh_interp.scoring.collect import SampleStats, collect_batch
 from vrh_interp.scoring.design import ScoringDesign, resolve_design
 from vrh_interp.scoring.scores import HeadScores
-from vrh_interp.shards import Shard, shard_config
+from vrh_interp.core.shards import Shard, shard_config
 
 
 def _save_batch(stats_dir: Path, name: str, batch: Sequence[SampleStats]) -> str:
@@ -90,7 +91,7 @@ def collect_detection_stats(vlm: VLM, samples: Sequence[GroundingSampleLike], *,
     With ``shard``, only that shard's samples (``Shard.select``) are processed and returned; ``samples`` is
     still the full list (the run folder records it, so ``merge_runs`` can check the shards fit together).
 
-    ``backend`` (a name or ``Backend``: ``vrh_interp.backends.base``) IS part of the configuration when it is not
+    ``backend`` (a name or ``Backend``: ``vrh_interp.core.backends.base``) IS part of the configuration when it is not
     nnsight: a run folder never mixes backends.
     """
     check_samples(samples, minimum=1, what="detection samples")
@@ -137,12 +138,12 @@ def score_heads(vlm: VLM, samples: Sequence[GroundingSampleLike], design: Scorin
     NDIF and run in-process (``"local"``), one request per batch; the scores equal a local run's. The
     provenance records only whether the run was remote (``remote_provenance``), never the host or key.
 
-    ``backend``: "nnsight" (default), "transformer-lens" or a ``Backend`` (``vrh_interp.backends.base``); a
+    ``backend``: "nnsight" (default), "transformer-lens" or a ``Backend`` (``vrh_interp.core.backends.base``); a
     backend other than nnsight is recorded in the provenance and the run folder. The scores equal nnsight's
     within the tolerance docs/recipes/transformer-lens.md states.
 
     To split the work across machines, shard ``collect_detection_stats`` instead, merge the shard folders
-    (``vrh_interp.merge.merge_runs``) and score the merged folder with ``scores_from_run``.
+    (``vrh_interp.experiments.merge.merge_runs``) and score the merged folder with ``scores_from_run``.
     """
     design = resolve_design(design)
     runner = get_backend(backend, vlm, remote=remote)

@@ -10,8 +10,8 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-from vrh_interp.heads import Head, HeadOutOfRangeError, HeadSet
-from vrh_interp.runs import write_atomic
+from vrh_interp.core.heads import Head, HeadOutOfRangeError, HeadSet
+from vrh_interp.core.runs import write_atomic
 from vrh_interp.scoring.design import ScoringDesign
 
 MODEL_IDENTITY = ("model_id", "revision", "architecture", "geometry")  # what makes two models "the same model"
@@ -93,7 +93,7 @@ class HeadScores:
         """How these scores apply to the model ``model`` describes (``provenance.model_provenance``): None when
         they were computed on it; the index transfer (recorded as the run's ``heads_source``) when they come from
         another model whose heads all exist in this one (meaningful between models sharing a language backbone,
-        ``vrh_interp.transfer``); ``HeadOutOfRangeError`` when some do not."""
+        ``vrh_interp.experiments.transfer``); ``HeadOutOfRangeError`` when some do not."""
         layers, heads = model["geometry"]["layers"], model["geometry"]["heads"]
         source = self.provenance.get("model") or {}
         name, target = source.get("model_id") or "a model the scores file does not name", model.get("model_id")

@@ -1,0 +1,143 @@
+"""The package's import graph: layers import only downward, and no module loop.
+
+Every ``import`` statement counts, including those inside functions (lazy imports keep start-up fast, they do not
+change what depends on what) and under ``TYPE_CHECKING`` (an upward type is an upward dependency). The public
+facade ``vrh_interp/__init__.py`` sits above every layer and nothing inside the package imports it.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "vrh_interp"
+
+# lowest first; a module may import its own layer and the layers before it
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("core", ("vrh_interp.core",)),
+    ("data", ("vrh_interp.data",)),
+    ("models", ("vrh_interp.toy", "vrh_interp.specs")),
+    ("methods", ("vrh_interp.scoring", "vrh_interp.evaluation", "vrh_interp.patching", "vrh_interp.viz")),
+    ("experiments", ("vrh_interp.experiments",)),
+    ("apps", ("vrh_interp.apps",)),
+    ("facade", ("vrh_interp",)),
+)
+
+
+def _modules() -> dict[str, tuple[Path, bool]]:
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        is_package = parts[-1] == "__init__"
+        modules[".".join(parts[:-1] if is_package else parts)] = (path, is_package)
+    return modules
+
+
+MODULES = _modules()
+
+
+def _resolve(name: str) -> str | None:
+    while name:
+        if name in MODULES:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def _imports(module: str) -> dict[str, int]:
+    """{imported vrh_interp module: first line}, relative imports resolved, ``from pkg import mod`` as the mod."""
+    path, is_package = MODULES[module]
+    found: dict[str, int] = {}
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".") if is_package else module.split(".")[:-1]
+                base = base[: len(base) - node.level + 1]
+                origin = ".".join(base + ([node.module] if node.module else []))
+            else:
+                origin = node.module or ""
+            names = [f"{origin}.{alias.name}" for alias in node.names] or [origin]
+        for name in names:
+            target = _resolve(name) if name.startswith("vrh_interp") else None
+            if target and target != module:
+                found.setdefault(target, node.lineno)
+    return found
+
+
+GRAPH = {module: _imports(module) for module in MODULES}
+
+
+def layer_of(module: str) -> int:
+    best = (-1, -1)
+    for index, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if module == prefix or module.startswith(prefix + "."):
+                best = max(best, (len(prefix), index))
+    return best[1]
+
+
+def test_every_module_has_a_layer():
+    loose = sorted(m for m in MODULES if m != "vrh_interp" and layer_of(m) == len(LAYERS) - 1)
+    assert not loose, f"modules outside every layer (move them into one of {[n for n, _ in LAYERS[:-1]]}): {loose}"
+
+
+def test_no_upward_imports():
+    upward = []
+    for module, imports in GRAPH.items():
+        for target, line in imports.items():
+            if layer_of(target) > layer_of(module):
+                upward.append(f"{MODULES[module][0].relative_to(PACKAGE.parent)}:{line} ({LAYERS[layer_of(module)][0]})"
+                              f" imports {target} ({LAYERS[layer_of(target)][0]})")
+    assert not upward, "upward imports:\n" + "\n".join(sorted(upward))
+
+
+def _cycles() -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in GRAPH[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for module in sorted(GRAPH):
+        if module not in index:
+            visit(module)
+    return components
+
+
+def test_no_import_loops():
+    loops = _cycles()
+    assert not loops, "import loops (modules that import each other, directly or through others):\n" + "\n".join(
+        " <-> ".join(component) for component in loops)
+
+
+@pytest.mark.parametrize("module", ["vrh_interp.core.model", "vrh_interp.apps.cli"])
+def test_the_checker_sees_imports(module):
+    # guards the test itself: a parser that found no edges would pass everything above
+    assert GRAPH[module], f"{module} imports nothing from vrh_interp? the import parser is broken"

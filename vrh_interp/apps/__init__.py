@@ -1,0 +1,1 @@
+"""Applications: the `vrh` command line, the demo, reproduce and the HTML report."""

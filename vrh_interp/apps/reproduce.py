@@ -1,0 +1,226 @@
+"""``run_reproduce``: the paper's grounding and cross-task protocol on real benchmark files, in one run folder.
+
+Steps (Appendix E, H, J of the paper), each resumable from the records it writes:
+
+1. load the grounding data (``sources.load_data``) and split it with ``datasets.splits.detection_split``:
+   ``detect_count`` (200) seeded detection samples, the disjoint rest (or ``evaluation_count`` of it) for
+   evaluation; the ids go to ``split.json``;
+2. score every head with the VRH design on the detection samples (``detect/``, ``scores-vrh.json``);
+3. k-sweep on the evaluation samples, top-k vs k random heads and k layer-matched heads drawn outside the
+   top max(k), for each random seed (``sweep/``, ``sweep_summary.csv``). The paper's k in {0, 1, 3, 5, 10,
+   20} is capped at half the model's head count (``capped_ks``), the most for which k random heads still
+   exist outside the top k, and at the largest k whose layer-matched control can be drawn
+   (``experiments.sweep.largest_usable_k``: a layer holding more than half its heads in the top k cannot);
+4. the functional-specificity split of every condition into correct / parse failure / mislocation, the
+   mislocations split into boxed another annotated object / boxed no object where the loader lists the
+   image's other objects (``failure_split.csv``, ``experiments.sweep.failure_counts``);
+5. with VQA specs, Table 3: the top-``vqa_k`` heads (20, capped like k) vs ``vqa_k`` random heads on each
+   benchmark (``vqa/``, ``vqa_summary.csv``, ``vqa_table.csv``).
+
+``manifest.json`` in ``out`` records the arguments; rerunning with the same ones resumes, with different
+ones is refused (``runs.RunMismatchError``). ``reproduce.json`` lists what was run and where the tables are.
+
+Sharded (``shard=Shard(i, n)``, ``vrh reproduce --shard i/n``): every shard runs steps 1-2 in full (200
+samples: short, and all shards then mask the same heads) and its shard of steps 3 and 5; ``merge_reproduce_runs``
+joins the shard folders and writes the tables of steps 3-5.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import pandas as pd
+
+from vrh_interp.data.datasets.samples import VQASample
+from vrh_interp.data.datasets.splits import PAPER_DETECTION_COUNT, detection_split
+from vrh_interp.experiments.vqa_sweep import VQASweepResult, vqa_sweep, vqa_sweep_from_run
+from vrh_interp.experiments.sweep import (CONTROL_KINDS, SweepResult, failure_counts, largest_usable_k, sweep,
+                                         sweep_from_run)
+from vrh_interp.experiments.merge import ShardMergeError, check_shards_together, merge_runs, read_shard_folder
+from vrh_interp.core.runs import RunFolder, write_json_atomic
+from vrh_interp.scoring.detect import score_heads
+from vrh_interp.scoring.scores import HeadScores
+from vrh_interp.core.shards import Shard, shard_config
+from vrh_interp.data.sources import load_data, load_vqa
+
+PAPER_KS: tuple[int, ...] = (0, 1, 3, 5, 10, 20)
+PAPER_RANDOM_SEEDS: tuple[int, ...] = (0, 1, 2)
+PAPER_VQA_K = 20
+
+
+def capped_ks(ks: Sequence[int], total_heads: int, usable: int | None = None) -> list[int]:
+    """``ks`` (and 0) up to ``total_heads // 2`` (the random controls need k heads outside the top max(k)) and
+    up to ``usable`` when given (``largest_usable_k`` of the ranking: where the controls can be drawn)."""
+    limit = total_heads // 2 if usable is None else min(total_heads // 2, usable)
+    return sorted({0, *(k for k in ks if 0 <= k <= limit)})
+
+
+def failure_split(result: SweepResult) -> pd.DataFrame:
+    """Per condition, and per control kind and k with its sets pooled (``seed="all"``): counts and rates of the
+    sweep's failure decomposition (``experiments.sweep.failure_counts``): correct, parse failure, mislocation,
+    and where the samples list their objects the mislocations split into boxed another object / boxed no
+    object (NaN otherwise)."""
+    records = result.records
+    groups = [(c.key, c.kind, c.k, c.seed, records[records["condition"] == c.key]) for c in result.conditions]
+    for kind in CONTROL_KINDS:
+        for k in sorted({c.k for c in result.conditions if c.kind == kind}):
+            keys = [c.key for c in result.conditions if c.kind == kind and c.k == k]
+            groups.append((f"{kind}:k={k}:seed=all", kind, k, "all", records[records["condition"].isin(keys)]))
+    rows = []
+    for key, kind, k, seed, part in groups:
+        counts = failure_counts(part, result.iou_threshold)
+        n = counts.pop("n")
+        rows.append({"key": key, "condition": kind, "k": k, "seed": seed, "n": n, **counts,
+                     **{f"{name}_rate": count / n if n else float("nan") for name, count in counts.items()}})
+    return pd.DataFrame(rows)
+
+
+@dataclass
+class ReproduceResult:
+    out: Path
+    ks: list[int]
+    vqa_k: int | None
+    sweep_summary: pd.DataFrame
+    failure_split: pd.DataFrame
+    vqa_summary: pd.DataFrame | None
+    vqa_table: pd.DataFrame | None
+
+
+def load_vqa_suite(vqa_specs: Sequence[str], limit: int | None) -> list[VQASample]:
+    """All benchmarks' samples, the first ``limit`` of each when given."""
+    samples: list[VQASample] = []
+    for spec in vqa_specs:
+        loaded = list(load_vqa(spec))
+        samples += loaded[:limit] if limit is not None else loaded
+    return samples
+
+
+def run_reproduce(model_spec: str, data_spec: str, vqa_specs: Sequence[str] = (), out: str | Path = "runs/reproduce",
+                  *, detect_count: int = PAPER_DETECTION_COUNT, evaluation_count: int | None = None,
+                  split_seed: int = 0, ks: Sequence[int] = PAPER_KS,
+                  random_seeds: Sequence[int] = PAPER_RANDOM_SEEDS, vqa_k: int = PAPER_VQA_K,
+                  vqa_limit: int | None = None, batch_size: int = 8, max_new_tokens: int = 24,
+                  device: str | None = None, dtype: str | None = None, progress: bool = True,
+                  shard: Shard | None = None, remote: bool | str = False) -> ReproduceResult:
+    """The whole protocol into ``out`` (see the module doc).
+
+    With ``shard``, every shard runs the (short) detection in full, so all shards mask the same heads, and
+    only its shard of the k-sweep and VQA samples; it writes no tables (its result's tables cover its samples
+    only). ``merge_reproduce_runs`` (``vrh merge``) joins the shard folders and writes the tables. ``remote`` is
+    passed to detection, the k-sweep and the VQA sweep (batched requests); it is not part of the run folder's
+    configuration, so a remote run may resume a local one.
+    """
+    from vrh_interp.specs import load_spec
+
+    started = time.perf_counter()
+    out = Path(out)
+    arguments = {"kind": "reproduce", "model": model_spec, "data": data_spec, "vqa": list(vqa_specs),
+                 "detect_count": detect_count, "evaluation_count": evaluation_count, "split_seed": split_seed,
+                 "ks": list(ks), "random_seeds": list(random_seeds), "vqa_k": vqa_k, "vqa_limit": vqa_limit,
+                 "max_new_tokens": max_new_tokens}
+    RunFolder(out, shard_config(arguments, shard, batch_size))
+    say = print if progress else (lambda *_: None)
+    part = "" if shard is None else f" (shard {shard}: its samples only)"
+
+    vlm = load_spec(model_spec, device, dtype)
+    samples = load_data(data_spec)
+    split = detection_split(samples, detect_count, seed=split_seed, evaluation_count=evaluation_count)
+    write_json_atomic(out / "split.json", {**split.as_dict(), "skipped_rows": len(getattr(samples, "skipped", ()))})
+    say(f"[1/4] detecting heads on {len(split.detection)} samples of {data_spec}")
+    scores = score_heads(vlm, list(split.detection), "vrh", batch_size=batch_size, max_new_tokens=max_new_tokens,
+                         run_dir=out / "detect", dataset=data_spec, progress=progress, remote=remote)
+    scores.save(out / "scores-vrh.json")
+
+    total = vlm.geometry.total_heads
+    used_ks = capped_ks(ks, total, largest_usable_k(scores.ranking(), vlm.geometry))
+    say(f"[2/4] k-sweep on {len(split.evaluation)} disjoint samples{part}, ks={used_ks} ({total} heads), "
+        f"random seeds {list(random_seeds)}")
+    result = sweep(vlm, list(split.evaluation), scores, ks=used_ks, random_seeds=random_seeds, batch_size=batch_size,
+                   max_new_tokens=max_new_tokens, run_dir=out / "sweep", progress=progress, shard=shard,
+                   remote=remote)
+    vqa_result = None
+    if vqa_specs:
+        used_vqa_k = min(vqa_k, max(used_ks))
+        suite = load_vqa_suite(vqa_specs, vqa_limit)
+        say(f"[3/4] VQA suite: {len(suite)} questions{part}, top-{used_vqa_k} heads vs {used_vqa_k} random heads")
+        vqa_result = vqa_sweep(vlm, suite, scores.ranking()[:used_vqa_k], random_seeds=random_seeds,
+                               batch_size=batch_size, run_dir=out / "vqa", progress=progress, shard=shard,
+                               remote=remote)
+    else:
+        say("[3/4] no VQA benchmarks given: Table 3 skipped")
+    if shard is not None:
+        say(f"[4/4] shard {shard} done: merge all {shard.count} shard folders with vrh merge")
+        return _tables(out, arguments, total, result, vqa_result, vqa_table=False)
+    say("[4/4] tables")
+    return write_tables(out, arguments, scores, json.loads((out / "split.json").read_text(encoding="utf-8")),
+                        result, vqa_result, seconds=time.perf_counter() - started)
+
+
+def _tables(out: Path, arguments: dict[str, Any], total_heads: int, result: SweepResult,
+            vqa_result: VQASweepResult | None, *, vqa_table: bool = True) -> ReproduceResult:
+    """The tables in memory; a shard's cover its samples only and have no Table 3 (which may have no rows)."""
+    used_ks = sorted({c.k for c in result.conditions})
+    return ReproduceResult(
+        out=out, ks=used_ks, vqa_k=min(arguments["vqa_k"], max(used_ks)) if arguments["vqa"] else None,
+        sweep_summary=result.summary(), failure_split=failure_split(result),
+        vqa_summary=None if vqa_result is None else vqa_result.summary(),
+        vqa_table=None if vqa_result is None or not vqa_table else vqa_result.table())
+
+
+def write_tables(out: Path, arguments: dict[str, Any], scores: HeadScores, split: dict[str, Any],
+                 result: SweepResult, vqa_result: VQASweepResult | None, *, seconds: float | None) -> ReproduceResult:
+    """The tables and ``reproduce.json`` of a complete run (unsharded, or merged from shards)."""
+    tables = _tables(out, arguments, scores.scores.size, result, vqa_result)
+    tables.sweep_summary.to_csv(out / "sweep_summary.csv", index=False)
+    tables.failure_split.to_csv(out / "failure_split.csv", index=False)
+    names = ["sweep_summary.csv", "failure_split.csv"]
+    if tables.vqa_summary is not None and tables.vqa_table is not None:
+        tables.vqa_summary.to_csv(out / "vqa_summary.csv", index=False)
+        tables.vqa_table.to_csv(out / "vqa_table.csv")
+        names += ["vqa_summary.csv", "vqa_table.csv"]
+    (out / "reproduce.json").write_text(json.dumps({
+        **arguments, "used_ks": tables.ks, "used_vqa_k": tables.vqa_k, "total_heads": scores.scores.size,
+        "detection_samples": len(split["detection_ids"]), "evaluation_samples": len(split["evaluation_ids"]),
+        "skipped_rows": split["skipped_rows"], "top_heads": scores.top(max(tables.ks)).to_list(),
+        "tables": names, "seconds": seconds}, indent=2, default=str))
+    return tables
+
+
+def merge_reproduce_runs(out: str | Path, shard_dirs: Sequence[str | Path]) -> ReproduceResult:
+    """Join the folders of ``run_reproduce(..., shard=...)`` shards into ``out`` and write the tables.
+
+    The shards must agree on everything the protocol fixed before the sharded steps (arguments, split,
+    detection); the k-sweep and VQA folders are merged with ``merge_runs`` (every check named there), and the
+    detection, split and scores are taken from shard 0. ``reproduce.json`` has ``"seconds": null``.
+    """
+    out, dirs = Path(out), [Path(d) for d in shard_dirs]
+    if out.exists() and any(out.iterdir()):
+        raise ShardMergeError(f"{out} already exists and is not empty: merge into a new folder (or delete it)")
+    folders = sorted((read_shard_folder(d, kinds=("reproduce",)) for d in dirs), key=lambda f: f.shard.index)
+    check_shards_together(folders)
+    first = folders[0].path
+    for name in ("split.json", "detect/manifest.json", "scores-vrh.json"):
+        if not all((f.path / name).is_file() for f in folders):
+            raise ShardMergeError(f"a shard folder lacks {name}: its detection did not finish; rerun its command "
+                                  "with the same --shard and --out to resume it")
+    for name in ("split.json", "detect/manifest.json"):
+        differing = [str(f.path) for f in folders[1:] if (f.path / name).read_bytes() != (first / name).read_bytes()]
+        if differing:
+            raise ShardMergeError(f"{name} of {', '.join(differing)} differs from {first}'s: the shards split or "
+                                  "detected differently; merge only shards of one command")
+    arguments = folders[0].config
+    merge_runs(out / "sweep", [f.path / "sweep" for f in folders])
+    if arguments["vqa"]:
+        merge_runs(out / "vqa", [f.path / "vqa" for f in folders])
+    shutil.copytree(first / "detect", out / "detect")
+    for name in ("split.json", "scores-vrh.json"):
+        shutil.copy2(first / name, out / name)
+    RunFolder(out, arguments)
+    return write_tables(out, arguments, HeadScores.load(out / "scores-vrh.json"),
+                        json.loads((out / "split.json").read_text(encoding="utf-8")), sweep_from_run(out / "sweep"),
+                        vqa_sweep_from_run(out / "vqa") if arguments["vqa"] else None, seconds=None)

@@ -1,9 +1,0 @@
-"""Execution backends: the seam the pipelines run through (``backends.base``: ``Backend``, ``get_backend``).
-
-``nnsight`` (``NnsightBackend``, the default): ``vrh_interp.interventions``' trace templates.
-``transformer-lens``: ``backends.transformer_lens.TransformerLensBackend``, the same head operations through a
-TransformerLens 4.3 ``TransformerBridge`` built in memory from a ``VLM`` (imported when asked for: it pulls in
-transformer_lens). docs/recipes/transformer-lens.md says what runs where and within which tolerances.
-"""
-
-BACKENDS: tuple[str, ...] = ("nnsight", "transformer-lens")  # the names ``get_backend`` and ``--backend`` accept

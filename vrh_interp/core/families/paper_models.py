@@ -1,0 +1,235 @@
+"""The eleven VLMs of the paper (Park et al. 2026: Table A7, Fig. 6, Table A12) and how vrh_interp supports each.
+
+For the seven whose architecture transformers ships, ``config`` records the checkpoint's configuration facts that
+head-level work depends on: layer, head and KV-head counts, head_dim, rotary settings, soft-capping, sliding
+windows (and the vision tower's sizes, so the whole model can be built). They are the project's own record of
+the values in each checkpoint's public ``config.json`` (``PaperModel.source``), written from public knowledge:
+nothing can be downloaded here. ``build_config`` turns them into the transformers config, from which
+tests/families/test_paper_models.py builds each model on the meta device (no weights) and checks the adapter,
+the head grid, the published head sets and the module paths of the masking and readout templates. Values the
+head grid does not depend on (token ids, vocabulary sizes) are transformers' defaults unless written here.
+
+The other four need their authors' code (``trust_remote_code``, never enabled on the user's behalf): their
+attention is stated with ``vrh_interp.core.families.described.AttentionDescription``; docs/recipes/remote-code-models.md
+gives the description for those it could read (``described``).
+
+Checkpoints. Where the paper used OpenGVLab's remote-code InternVL3 / InternVL3.5 releases, the transformers-native
+conversions (``-hf`` / ``-HF``) hold the same weights in ``InternVLForConditionalGeneration``; the language
+backbone, hence the head grid and head indices, is the same. LLaVA-NeXT-Llama3-8B is llava-hf's conversion of
+lmms-lab/llama3-llava-next-8b. The paper does not name its PaliGemma2-10B variant (pt / mix, 224 / 448): the
+language backbone, which is what the heads live in, is the same Gemma 2 9B in all of them; 448 is written here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from vrh_interp.core.heads import HeadGeometry
+
+NATIVE = "native"
+REMOTE_CODE = "remote code"
+
+
+@dataclass(frozen=True)
+class PaperModel:
+    """One of the paper's models: checkpoint, backbone, support and (native ones) configuration facts."""
+
+    name: str  # as the paper writes it
+    checkpoint: str  # hub id
+    backbone: str  # the paper's language-backbone name (Table A7 / Table A12)
+    support: str  # NATIVE (a built-in adapter) or REMOTE_CODE
+    family: str | None = None  # registry key of the built-in adapter (native)
+    model_type: str | None = None  # config.model_type (native)
+    config: Mapping[str, Any] | None = None  # configuration facts (native), nested as transformers 5 reads them
+    geometry: HeadGeometry | None = None  # the language backbone's head grid, where known
+    note: str = ""
+    described: bool = False  # remote code: docs/recipes/remote-code-models.md gives the AttentionDescription
+
+    @property
+    def status(self) -> str:
+        """``native adapter (<key>)``; remote-code models: ``described (remote code)`` where
+        docs/recipes/remote-code-models.md gives the ``AttentionDescription`` to pass (read from the public model
+        code, not run here), else ``not yet (remote code)``."""
+        if self.support == NATIVE:
+            return f"native adapter ({self.family})"
+        return "described (remote code)" if self.described else "not yet (remote code)"
+
+    @property
+    def source(self) -> str:
+        """Where the configuration facts are published."""
+        return f"https://huggingface.co/{self.checkpoint}/blob/main/config.json"
+
+    def build_config(self) -> Any:
+        """The transformers config of this checkpoint, from the recorded facts (native models only)."""
+        if self.config is None or self.model_type is None:
+            raise ValueError(f"{self.name} needs its authors' code (trust_remote_code): no transformers config")
+        from transformers import AutoConfig
+
+        return AutoConfig.for_model(self.model_type, **self.config)
+
+
+def _mrope(sections: list[int], theta: float, **extra: Any) -> dict[str, Any]:
+    return {"rope_type": "default", "rope_theta": theta, "mrope_section": sections, **extra}
+
+
+INTERN_VIT_300M = {  # InternViT-300M-448px-V2.5, the vision tower of InternVL3 and InternVL3.5 (8B)
+    "hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 24, "num_attention_heads": 16,
+    "image_size": [448, 448], "patch_size": [14, 14],
+}
+
+# what InternVL3-8B and InternVL3.5-8B share around their different Qwen language models
+INTERNVL_8B_TOP = {"vision_config": INTERN_VIT_300M, "downsample_ratio": 0.5, "projector_hidden_act": "gelu",
+                   "vision_feature_layer": -1, "tie_word_embeddings": False}
+
+PAPER_MODELS: tuple[PaperModel, ...] = (
+    PaperModel(
+        "Qwen2.5-VL-7B", "Qwen/Qwen2.5-VL-7B-Instruct", "Qwen2.5-7B", NATIVE, "qwen2_5_vl", "qwen2_5_vl",
+        {
+            # the hub file is the flat pre-5.0 layout (text fields at the top level, "rope_scaling": {"type":
+            # "mrope", ...}); these are its values. sliding_window 32768 is declared but use_sliding_window false
+            "text_config": {
+                "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
+                "num_key_value_heads": 4, "max_position_embeddings": 128000, "vocab_size": 152064,
+                "rms_norm_eps": 1e-6, "use_sliding_window": False, "rope_parameters": _mrope([16, 24, 24], 1e6),
+            },
+            "vision_config": {
+                "depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16, "out_hidden_size": 3584,
+                "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "window_size": 112,
+                "fullatt_block_indexes": [7, 15, 23, 31],
+            },
+        },
+        HeadGeometry(28, 28, 4, 128),  # head_dim = 3584 / 28 (the text config has none)
+    ),
+    PaperModel(
+        "Qwen3-VL-8B", "Qwen/Qwen3-VL-8B-Instruct", "Qwen3-8B", NATIVE, "qwen3_vl", "qwen3_vl",
+        {
+            "text_config": {
+                "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32,
+                "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 262144, "vocab_size": 151936,
+                "rms_norm_eps": 1e-6, "rope_parameters": _mrope([24, 20, 20], 5e6, mrope_interleaved=True),
+            },
+            "vision_config": {
+                "depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "num_heads": 16, "out_hidden_size": 4096,
+                "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2, "num_position_embeddings": 2304,
+                "deepstack_visual_indexes": [8, 16, 24],
+            },
+        },
+        HeadGeometry(36, 32, 8, 128),
+    ),
+    PaperModel(
+        "InternVL3-8B", "OpenGVLab/InternVL3-8B-hf", "Qwen2.5-7B", NATIVE, "internvl", "internvl",
+        {
+            "text_config": {
+                "model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
+                "num_attention_heads": 28, "num_key_value_heads": 4, "max_position_embeddings": 32768,
+                "vocab_size": 151674, "rms_norm_eps": 1e-6, "use_sliding_window": False,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
+            },
+            **INTERNVL_8B_TOP,
+        },
+        HeadGeometry(28, 28, 4, 128),
+        "the paper's checkpoint is the remote-code OpenGVLab/InternVL3-8B; -hf is its transformers conversion",
+    ),
+    PaperModel(
+        "InternVL3.5-8B", "OpenGVLab/InternVL3_5-8B-HF", "Qwen3-8B", NATIVE, "internvl", "internvl",
+        {
+            "text_config": {
+                "model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
+                "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 40960,
+                "vocab_size": 151936, "rms_norm_eps": 1e-6,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
+            },
+            **INTERNVL_8B_TOP,
+        },
+        HeadGeometry(36, 32, 8, 128),
+        "the paper's checkpoint is the remote-code OpenGVLab/InternVL3_5-8B; -HF is its transformers conversion",
+    ),
+    PaperModel(
+        "Magma-8B", "microsoft/Magma-8B", "Llama-3", REMOTE_CODE,
+        geometry=HeadGeometry(32, 32, 8, 128),  # Meta-Llama-3-8B-Instruct, its language model [GK]
+        note="Magma's own modeling code (auto_map); transformers ships no magma model", described=True,
+    ),
+    PaperModel(
+        "LLaVA-NeXT-Llama3-8B", "llava-hf/llama3-llava-next-8b-hf", "Llama-3", NATIVE, "llava_next", "llava_next",
+        {
+            "text_config": {  # Meta-Llama-3-8B-Instruct: no rope scaling (that came with Llama 3.1)
+                "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 8192,
+                "vocab_size": 128320, "rms_norm_eps": 1e-5,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 5e5},
+            },
+            "vision_config": {  # CLIP ViT-L/14 at 336 px
+                "model_type": "clip_vision_model", "hidden_size": 1024, "intermediate_size": 4096,
+                "num_hidden_layers": 24, "num_attention_heads": 16, "image_size": 336, "patch_size": 14,
+                "projection_dim": 768,
+            },
+            "image_grid_pinpoints": [[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]],
+            "vision_feature_layer": -2, "vision_feature_select_strategy": "default", "image_token_index": 128256,
+        },
+        HeadGeometry(32, 32, 8, 128),
+        "llava-hf's transformers conversion of lmms-lab/llama3-llava-next-8b",
+    ),
+    PaperModel(
+        "PaliGemma2-10B", "google/paligemma2-10b-pt-448", "Gemma 2", NATIVE, "paligemma", "paligemma",
+        {
+            "text_config": {  # Gemma 2 9B. attn_logit_softcapping 50.0 and final_logit_softcapping 30.0 are
+                # Gemma2Config's defaults, not repeated in the hub file [uncertain whether it lists them]
+                "model_type": "gemma2", "hidden_size": 3584, "intermediate_size": 14336, "num_hidden_layers": 42,
+                "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256, "query_pre_attn_scalar": 256,
+                "sliding_window": 4096, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
+                "max_position_embeddings": 8192, "vocab_size": 257216, "hidden_activation": "gelu_pytorch_tanh",
+                "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+            },
+            "vision_config": {  # SigLIP So400m/14 at 448 px: 32 x 32 = 1024 image tokens
+                "model_type": "siglip_vision_model", "hidden_size": 1152, "intermediate_size": 4304,
+                "num_hidden_layers": 27, "num_attention_heads": 16, "image_size": 448, "patch_size": 14,
+                "projection_dim": 3584, "vision_use_head": False,
+            },
+            "projection_dim": 3584, "image_token_index": 257152,
+        },
+        HeadGeometry(42, 16, 8, 256),
+        "pt / mix and 224 / 448 variants share the Gemma 2 9B language backbone",
+    ),
+    PaperModel(
+        "DeepSeek-VL2-Small", "deepseek-ai/deepseek-vl2-small", "DeepSeekMoE", REMOTE_CODE,
+        note="needs the deepseek_vl2 package (transformers ships DeepSeek-VL v1 and VL-Hybrid, not VL2); "
+             "its head grid is not recorded here",
+    ),
+    PaperModel(
+        "InternVL2.5-8B", "OpenGVLab/InternVL2_5-8B", "InternLM2.5", REMOTE_CODE,
+        geometry=HeadGeometry(32, 32, 8, 128),  # internlm2_5-7b-chat: fused wqkv [GK]
+        note="InternLM2's fused wqkv / wo attention (auto_map code)", described=True,
+    ),
+    PaperModel(
+        "GLM-4.6V-Flash", "zai-org/GLM-4.6V-Flash", "GLM", NATIVE, "glm4v", "glm4v",
+        {
+            "text_config": {  # attention_bias true in the file; Glm4vTextAttention always has q/k/v biases
+                "hidden_size": 4096, "intermediate_size": 13696, "num_hidden_layers": 40, "num_attention_heads": 32,
+                "num_key_value_heads": 2, "max_position_embeddings": 131072, "vocab_size": 151552,
+                "rms_norm_eps": 1e-5, "rope_parameters": _mrope([8, 12, 12], 5e5, partial_rotary_factor=0.5),
+            },
+            "vision_config": {
+                "depth": 24, "hidden_size": 1536, "intermediate_size": 13696, "num_heads": 12, "out_hidden_size": 4096,
+                "image_size": 336, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2,
+            },
+        },
+        HeadGeometry(40, 32, 2, 128),  # head_dim = 4096 / 32; rotary on half of it (partial_rotary_factor 0.5)
+        "model_type glm4v (Glm4vForConditionalGeneration) in the hub file; transformers' glm46v classes also map "
+        "to this adapter",
+    ),
+    PaperModel(
+        "Phi-4-Reasoning-Vision", "microsoft/Phi-4-reasoning-vision-15B", "Phi", REMOTE_CODE,
+        geometry=HeadGeometry(40, 40, 10, 128),  # Phi-4 (14B) language model, model_type phi4-siglip [WEB]
+        note="model_type phi4-siglip (Phi4ForCausalLMV, auto_map code); released after the paper's main experiments",
+    ),
+)
+
+
+def paper_model(name: str) -> PaperModel:
+    """The paper's model called ``name`` (case-insensitive; its paper name or checkpoint id)."""
+    wanted = name.lower()
+    for model in PAPER_MODELS:
+        if wanted in (model.name.lower(), model.checkpoint.lower()):
+            return model
+    raise KeyError(f"{name!r} is not one of the paper's models: {', '.join(m.name for m in PAPER_MODELS)}")

@@ -1,0 +1,254 @@
+"""The ``VLM`` handle: a HF vision-language model, its processor, its family adapter, and its nnsight wrapper.
+
+One code path for everything: ``load`` reads a hub id or a local folder exactly as ``from_pretrained``
+does (``device_map``, ``dtype``, ``revision``; ``trust_remote_code`` stays off unless the caller turns
+it on) and ``wrap`` takes a model the user already has; both end in the same ``VLM``. The tiny test
+fixtures, the shipped toy models and 7B checkpoints all go through ``wrap``.
+
+The nnsight ``TransformersModel`` is built lazily, because wrapping replaces every submodule's forward in
+place (a few percent slower even outside a trace). Plain-PyTorch paths (the references in tests) use
+``hf_model`` directly.
+
+Remote runs (NDIF) name the model by a key nnsight mints from the hub id the wrapped model was loaded
+from; a model loaded from a local folder has no such id, and minting one asks the hub. ``remote_id``
+(on ``wrap`` / ``load`` / ``VLM``) gives the id the server deployed the model under, used verbatim, with no
+hub call (see docs/recipes/remote.md).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+from PIL import Image
+
+from vrh_interp.core.families import FamilyAdapter, adapter_for_config
+from vrh_interp.core.families.base import BoxFrame, VisualLayout
+from vrh_interp.core.heads import HeadGeometry
+from vrh_interp.core.model_source import ModelLoadError, check_device, resolve_model_source
+
+
+@dataclass
+class GroundingBatch:
+    """A processor encoding of (image, expression) pairs plus each row's visual layout and box frame."""
+
+    encoding: Any  # BatchFeature / dict of tensors, left-padded
+    layouts: list[VisualLayout]
+    frames: list[BoxFrame]
+    prompts: list[str]
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.prompts)
+
+    @property
+    def prompt_length(self) -> int:
+        return int(self.encoding["input_ids"].shape[1])
+
+    def with_answer_tokens(self, answer_ids: Sequence[Sequence[int]], pad_token_id: int, *,
+                           answer_token_type_id: int = 0) -> dict[str, Any]:
+        """The encoding with each row's answer tokens appended after the shared prompt end (teacher forcing).
+
+        Prompts are left-padded, so every prompt ends at ``prompt_length - 1``; answers are RIGHT-padded
+        (masked) to the longest, so answer token j of every row sits at ``prompt_length + j``. Per-token
+        tensors are extended: ``mm_token_type_ids`` with 0 (text), ``token_type_ids`` with the family's
+        ``answer_token_type_id`` (PaliGemma's 0 would put the answer in the bidirectional prefix, so the
+        prompt end would see the answer). Use ``VLM.teacher_forced`` to get the family's value right.
+        """
+        if len(answer_ids) != self.batch_size:
+            raise ValueError(f"{len(answer_ids)} answers for a batch of {self.batch_size}")
+        enc = dict(self.encoding)
+        ids = enc["input_ids"]
+        b, width = ids.shape[0], max((len(a) for a in answer_ids), default=0)
+        extra = torch.full((b, width), pad_token_id, dtype=ids.dtype, device=ids.device)
+        extra_mask = torch.zeros(b, width, dtype=enc["attention_mask"].dtype, device=ids.device)
+        for i, row in enumerate(answer_ids):
+            extra[i, : len(row)] = torch.as_tensor(list(row), dtype=ids.dtype)
+            extra_mask[i, : len(row)] = 1
+        known = {"input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids"}
+        unknown = [k for k, v in enc.items() if k not in known and isinstance(v, torch.Tensor)
+                   and tuple(v.shape[:2]) == tuple(ids.shape)]
+        if unknown:
+            raise ValueError(f"cannot teacher-force an encoding with per-token tensors {unknown}: their value for "
+                             "appended answer tokens is family-specific; extend with_answer_tokens for this family")
+        enc["input_ids"] = torch.cat([ids, extra], dim=1)
+        enc["attention_mask"] = torch.cat([enc["attention_mask"], extra_mask], dim=1)
+        for name, fill in (("mm_token_type_ids", 0), ("token_type_ids", answer_token_type_id)):
+            if name in enc and enc[name].shape == ids.shape:
+                enc[name] = torch.cat([enc[name],
+                                       torch.full((b, width), fill, dtype=enc[name].dtype, device=ids.device)],
+                                      dim=1)
+        return enc
+
+
+@dataclass
+class VLM:
+    """A vision-language model ready for head-level work."""
+
+    hf_model: Any
+    processor: Any
+    adapter: FamilyAdapter
+    model_id: str | None = None
+    revision: str | None = None
+    remote_id: str | None = None  # the hub id an NDIF server serves this model under (None: nnsight's default)
+    _nnsight_model: Any = field(default=None, repr=False)
+
+    @property
+    def geometry(self) -> HeadGeometry:
+        return self.adapter.geometry()
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.hf_model.parameters()).device
+
+    @property
+    def nn(self) -> Any:
+        """The nnsight ``TransformersModel`` wrapping ``hf_model`` (built on first use)."""
+        if self._nnsight_model is None:
+            import nnsight
+
+            if self.remote_id is None:
+                self._nnsight_model = nnsight.TransformersModel(
+                    self.hf_model, task="image-text-to-text", processor=self.processor
+                )
+            else:
+                self._nnsight_model = _remote_keyed_class()(
+                    self.hf_model, task="image-text-to-text", processor=self.processor,
+                    remote_id=self.remote_id, revision=self.revision,
+                )
+        return self._nnsight_model
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.processor.tokenizer
+
+    @property
+    def image_token_id(self) -> int:
+        return self.adapter.image_token_id(self.processor)
+
+    def encode_grounding(self, images: Sequence[Image.Image], expressions: Sequence[str]) -> GroundingBatch:
+        """Encode a left-padded batch of grounding prompts, one image each, with layouts and box frames."""
+        if len(images) != len(expressions):
+            raise ValueError(f"{len(images)} images but {len(expressions)} expressions")
+        if not images:
+            raise ValueError("encode_grounding needs at least one (image, expression) pair")
+        prompts = [self.adapter.grounding_prompt(self.processor, e) for e in expressions]
+        encoding = self.adapter.encode(self.processor, [img.convert("RGB") for img in images], prompts)
+        encoding = encoding.to(self.device)
+        sizes = [img.size for img in images]
+        layouts = [self.adapter.visual_layout(encoding, size, self.processor, i) for i, size in enumerate(sizes)]
+        frames = [self.adapter.box_frame(encoding, size, i, processor=self.processor) for i, size in enumerate(sizes)]
+        return GroundingBatch(encoding=encoding, layouts=layouts, frames=frames, prompts=prompts)
+
+    def teacher_forced(self, batch: GroundingBatch, answer_ids: Sequence[Sequence[int]]) -> dict[str, Any]:
+        """``batch``'s encoding with ``answer_ids`` appended after the prompts (see ``with_answer_tokens``)."""
+        pad = self.tokenizer.pad_token_id
+        return batch.with_answer_tokens(answer_ids, pad if pad is not None else self.tokenizer.eos_token_id,
+                                        answer_token_type_id=self.adapter.answer_token_type_id)
+
+    def answer_lengths(self, generated: torch.Tensor, prompt_length: int) -> list[int]:
+        """Answer tokens per row: the new tokens before the first EOS (tokenizer's or generation config's) / pad."""
+        stop = {self.tokenizer.eos_token_id, self.tokenizer.pad_token_id}
+        configured = getattr(self.hf_model.generation_config, "eos_token_id", None)
+        if configured is not None:
+            stop.update(configured if isinstance(configured, list) else [configured])
+        lengths = []
+        for row in generated[:, prompt_length:].tolist():
+            n = 0
+            while n < len(row) and row[n] not in stop:
+                n += 1
+            lengths.append(n)
+        return lengths
+
+    def decode_answers(self, generated: torch.Tensor, prompt_length: int) -> list[str]:
+        """Decode each row's answer tokens (special tokens kept: several box formats use them)."""
+        new_tokens = generated[:, prompt_length:].tolist()
+        return [self.tokenizer.decode(row[:n], skip_special_tokens=False)
+                for row, n in zip(new_tokens, self.answer_lengths(generated, prompt_length))]
+
+
+@functools.cache
+def _remote_keyed_class() -> type:
+    """``nnsight.TransformersModel`` whose remote key names ``remote_id`` instead of asking the hub.
+
+    The key is nnsight 0.8.1's own format (``{"repo_id", "revision", ["trust_remote_code"], "task"}`` after
+    ``nnsight.modeling.transformers.TransformersModel:``; a test pins it against nnsight's minting) and
+    names nnsight's class, not this subclass, so the server needs nothing from vrh_interp to resolve it.
+    """
+    import nnsight
+    from transformers.pipelines import TASK_ALIASES
+
+    class RemoteKeyedTransformersModel(nnsight.TransformersModel):
+        def __init__(self, *args: Any, remote_id: str, **kwargs: Any) -> None:
+            self.remote_id = remote_id
+            super().__init__(*args, **kwargs)
+
+        def _remoteable_class(self) -> type:
+            return nnsight.TransformersModel
+
+        def _remoteable_model_key(self) -> str:
+            data: dict[str, Any] = {"repo_id": self.remote_id, "revision": self.revision}
+            if self.kwargs.get("trust_remote_code"):
+                data["trust_remote_code"] = True
+            data["task"] = TASK_ALIASES.get(self.task, self.task)
+            return json.dumps(data)
+
+    return RemoteKeyedTransformersModel
+
+
+def wrap(model: Any, processor: Any, *, adapter: FamilyAdapter | None = None, model_id: str | None = None,
+         revision: str | None = None, remote_id: str | None = None, attention: Any = None) -> VLM:
+    """Wrap a HF ``*ForConditionalGeneration`` already in memory (any device / dtype).
+
+    ``remote_id``: the hub id an NDIF server deployed this model under, for ``remote=True`` runs of a model
+    loaded from a local folder or on a machine without hub access (used verbatim; spell it as deployed).
+    ``attention``: an ``AttentionDescription`` (``vrh_interp.core.families.described``) for attention the adapters do
+    not know (remote code); it is checked against the model, ``adapter`` (default: the built-in one) then
+    supplies only the visual side (docs/recipes/remote-code-models.md).
+    """
+    if attention is not None:
+        from vrh_interp.core.families.described import described_adapter
+
+        adapter = described_adapter(model, attention, adapter)
+    if adapter is None:
+        adapter = adapter_for_config(model.config)
+    model.eval()
+    return VLM(hf_model=model, processor=processor, adapter=adapter,
+               model_id=model_id or getattr(model.config, "_name_or_path", None) or None, revision=revision,
+               remote_id=remote_id)
+
+
+def load_pretrained(model_id_or_path: str | os.PathLike[str], *, device_map: Any = None, dtype: Any = None,
+         revision: str | None = None, trust_remote_code: bool = False, adapter: FamilyAdapter | None = None,
+         attn_implementation: str | None = None, remote_id: str | None = None, attention: Any = None,
+         **from_pretrained_kwargs: Any) -> VLM:
+    """Load a hub id or a local folder (``AutoModelForImageTextToText`` + ``AutoProcessor``) and wrap it.
+    ``vrh_interp.load`` (``vrh_interp.specs.load``) takes these and the built-in ``toy:`` / ``tiny:`` specs.
+
+    ``attn_implementation=None`` lets transformers choose per sub-model: sdpa where it exists, else eager (PaliGemma
+    2's Gemma 2 backbone has no sdpa, which cannot soft-cap; asking for "sdpa" fails to load it).
+    ``trust_remote_code`` is never enabled on the user's behalf: HF-native classes are used. ``attention``: an
+    ``AttentionDescription`` for a model whose attention the adapters do not know (see ``wrap``).
+    """
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    spec = os.fspath(model_id_or_path)
+    check_device(device_map)
+    source = os.path.expanduser(spec)
+    from_pretrained_kwargs = {**resolve_model_source(source, revision), **from_pretrained_kwargs}
+    try:
+        model = AutoModelForImageTextToText.from_pretrained(
+            source, device_map=device_map, dtype=dtype, revision=revision, trust_remote_code=trust_remote_code,
+            attn_implementation=attn_implementation, **from_pretrained_kwargs,
+        )
+        processor = AutoProcessor.from_pretrained(
+            source, revision=revision, trust_remote_code=trust_remote_code,
+            local_files_only=from_pretrained_kwargs.get("local_files_only", False))
+    except OSError as error:  # missing weights, gated, a download cut off: transformers' text says which
+        raise ModelLoadError(f"could not load model {spec!r}: {error}") from error
+    return wrap(model, processor, adapter=adapter, model_id=source, revision=revision, remote_id=remote_id,
+                attention=attention)

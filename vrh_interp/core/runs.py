@@ -1,0 +1,281 @@
+"""Run folders that survive interruption.
+
+A long operation (detection, sweeps, design-space searches) writes one record per finished unit of work
+(sample, or sample x condition) as it goes, to an append-only JSONL log; each line is flushed and
+fsynced before the next unit starts. Rerunning the same command on the same folder reads the log,
+skips what is done and continues, so a run killed at any point and resumed yields exactly the records an
+uninterrupted run yields (units are deterministic given the seed; records are keyed and deduplicated).
+A torn last line (killed mid-write) is dropped on read and truncated when the folder is reopened for writing.
+
+Records are de-duplicated by their unit key (``RECORD_KEYS``) on read: an exact repeat is dropped, a repeat
+with different content is refused (``RunRecordError`` naming both lines), and so is an unreadable line
+anywhere but last: counting a unit twice, or silently skipping one, would change the result.
+
+One writer per folder: ``RunFolder`` takes an exclusive ``fcntl.flock`` on ``run.lock`` (re-entrant within a
+process, released when the last ``RunFolder`` on it is gone, and by the kernel when the process dies, so a
+crash never leaves a stale lock); a second process is refused with ``RunLockedError`` naming the holder (PID,
+host, start time, command). The lock file is emptied on a clean release.
+
+``manifest.json`` holds the configuration that produced the records (model, data, design, seeds, library
+versions); reopening a folder with a different configuration is refused with the differing keys named,
+because mixing records of two configurations would silently corrupt the table. A shard's folder (``--shard
+i/n``) records the whole run's configuration plus a ``"shard"`` entry; ``vrh_interp.experiments.merge`` joins shard
+folders.
+"""
+
+from __future__ import annotations
+
+import datetime
+import fcntl
+import json
+import os
+import socket
+import sys
+import weakref
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+LOCK_FILE = "run.lock"
+# the unit each record log is keyed by (what a resumed run skips); other logs are keyed by their whole record
+RECORD_KEYS: dict[str, tuple[str, ...]] = {"detect_records": ("sample_id",),
+                                           "sweep_records": ("sample_id", "condition"),
+                                           "vqa_records": ("benchmark", "sample_id", "condition")}
+
+
+class RunMismatchError(RuntimeError):
+    """A run folder was made by a different model or configuration."""
+
+
+class RunLockedError(RuntimeError):
+    """Another process is writing the run folder."""
+
+
+class RunRecordError(ValueError):
+    """A record log holds an unreadable line (not the torn last one) or two different records of one unit."""
+
+
+class _FolderLock:
+    """An exclusive ``flock`` on ``FOLDER/run.lock``, shared by every ``RunFolder`` on it in this process."""
+
+    _held: "weakref.WeakValueDictionary[str, _FolderLock]" = weakref.WeakValueDictionary()
+
+    def __init__(self, folder: Path) -> None:
+        path = folder / LOCK_FILE
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise RunLockedError(f"run folder {folder} is in use by another run ({_holder(path)}). Wait for it to "
+                                 "finish, or use another --out folder: two runs writing one folder would duplicate "
+                                 "its records") from None
+        owner = {"pid": os.getpid(), "host": socket.gethostname(),
+                 "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                 "command": " ".join(sys.argv)[:300]}
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, json.dumps(owner).encode())
+        except OSError as error:  # e.g. a full disk: release at once
+            os.close(fd)
+            raise _naming(error, path)
+        weakref.finalize(self, _release, fd)
+
+    @classmethod
+    def acquire(cls, folder: Path) -> "_FolderLock":
+        key = os.path.realpath(folder)
+        lock = cls._held.get(key)
+        if lock is None:
+            lock = cls._held[key] = cls(folder)
+        return lock
+
+
+def _release(fd: int) -> None:
+    os.ftruncate(fd, 0)  # still holding the lock: an empty file names no owner
+    os.close(fd)
+
+
+def _holder(path: Path) -> str:
+    """Who holds ``path``, as its owner wrote it (empty while the holder is still writing it)."""
+    try:
+        owner = json.loads(path.read_text(encoding="utf-8"))
+        return (f"process {owner['pid']} on host {owner['host']}, started {owner['started']}: "
+                f"{owner['command']}")
+    except (OSError, ValueError, KeyError, TypeError):
+        return "another process; its details are not written yet"
+
+
+def lock_run_folder(path: str | os.PathLike[str]) -> Any:
+    """Take ``path``'s run lock (creating the folder) for as long as the returned handle is referenced;
+    ``RunLockedError`` when another process holds it."""
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    return _FolderLock.acquire(folder)
+
+
+def check_not_running(path: str | os.PathLike[str]) -> None:
+    """``RunLockedError`` when another process is writing the run folder ``path`` (e.g. before merging it)."""
+    if (Path(path) / LOCK_FILE).exists():
+        lock_run_folder(path)
+
+
+def write_atomic(path: str | os.PathLike[str], data: str | bytes) -> Path:
+    """Write ``data`` to ``path`` whole or not at all: a temporary file next to it, fsynced, then renamed over it
+    (a full disk or a kill leaves the old file, or none, never half of the new one, and no temporary file)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(data.encode("utf-8") if isinstance(data, str) else data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException as error:
+        tmp.unlink(missing_ok=True)
+        raise _naming(error, path)
+    return path
+
+
+def _naming(error: BaseException, path: Path) -> BaseException:
+    """``error`` with ``path`` as its file name when it is an OSError without one (a failed ``write()``, e.g. a
+    full disk, names no file), so that the CLI can say what could not be written."""
+    if isinstance(error, OSError) and error.filename is None and error.errno is not None:
+        named = OSError(error.errno, error.strerror, str(path))
+        named.__cause__ = error
+        return named
+    return error
+
+
+def write_json_atomic(path: Path, payload: Any) -> None:
+    write_atomic(path, json.dumps(payload, indent=2, sort_keys=True, default=str))
+
+
+class RecordLog:
+    """Append-only JSONL records with durable appends, torn-line recovery and de-duplication by unit key.
+
+    ``key_fields``: the fields naming a record's unit (default: ``RECORD_KEYS`` of the file's stem; the whole
+    record for other logs). ``repair=True`` (a writer holding the folder's lock) truncates a torn last line;
+    readers only skip it.
+    """
+
+    def __init__(self, path: Path, *, key_fields: tuple[str, ...] | None = None, repair: bool = False) -> None:
+        self.path = Path(path)
+        self.key_fields = key_fields if key_fields is not None else RECORD_KEYS.get(self.path.stem)
+        if repair:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._repair()
+
+    def _repair(self) -> None:
+        if not self.path.exists():
+            return
+        data = self.path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            keep = data[: data.rfind(b"\n") + 1]
+            with open(self.path, "wb") as handle:
+                handle.write(keep)
+                handle.flush()
+                os.fsync(handle.fileno())
+
+    def read(self) -> list[dict[str, Any]]:
+        """The records, each unit once, in file order; ``RunRecordError`` names the file and line of a damaged
+        line or of a second, different record of a unit."""
+        if not self.path.exists():
+            return []
+        # the last piece is b"" when the file ends with a newline, else a line torn by a kill mid-append: dropped,
+        # its unit is redone on resume
+        lines = self.path.read_bytes().split(b"\n")[:-1]
+        records: list[dict[str, Any]] = []
+        first_line: dict[Any, tuple[int, str]] = {}  # unit key -> (line number, canonical text)
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            record = self._parse(line, number)
+            key, text = self._key(record, number), json.dumps(record, sort_keys=True)
+            if key in first_line:
+                earlier, kept = first_line[key]
+                if kept == text:  # canonical text, not ==: a NaN field repeats exactly
+                    continue  # an exact repeat (e.g. two runs appended the same unit): count it once
+                raise RunRecordError(
+                    f"{self.path} line {number}: a second, different record of {self._unit_name(key)} (the first is "
+                    f"on line {earlier}); the log was written by two runs or edited. Keep one of the two lines, or "
+                    "start over in a new --out folder")
+            first_line[key] = (number, text)
+            records.append(record)
+        return records
+
+    def _parse(self, line: bytes, number: int) -> dict[str, Any]:
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError) as error:
+            raise RunRecordError(
+                f"{self.path} line {number}: not a JSON record ({type(error).__name__}: {error}); the log is damaged "
+                "in the middle (an interrupted run only ever tears the LAST line). Delete that line (its unit is "
+                "redone when the run resumes) or start over in a new --out folder") from None
+        if not isinstance(record, dict):
+            raise RunRecordError(f"{self.path} line {number}: expected a JSON object, got {type(record).__name__}; "
+                                 "delete that line (its unit is redone when the run resumes) or start over")
+        return record
+
+    def _key(self, record: Mapping[str, Any], number: int) -> Any:
+        if self.key_fields is None:
+            return json.dumps(record, sort_keys=True)
+        missing = [f for f in self.key_fields if f not in record]
+        if missing:
+            raise RunRecordError(f"{self.path} line {number}: the record has no {', '.join(missing)} (its key); "
+                                 "delete that line (its unit is redone when the run resumes) or start over")
+        return tuple(json.dumps(record[f], sort_keys=True) for f in self.key_fields)
+
+    def _unit_name(self, key: Any) -> str:
+        if self.key_fields is None:
+            return "the same record"
+        return ", ".join(f"{f}={json.loads(v)!r}" for f, v in zip(self.key_fields, key))
+
+    def append(self, records: Iterable[Mapping[str, Any]]) -> None:
+        lines = "".join(json.dumps(dict(r), sort_keys=True) + "\n" for r in records)
+        if not lines:
+            return
+        try:
+            with open(self.path, "a", encoding="utf-8") as handle:
+                handle.write(lines)
+                handle.flush()
+                os.fsync(handle.fileno())
+        except OSError as error:  # what was written is whole records and a torn last line: resuming repairs it
+            raise _naming(error, self.path)
+
+
+class RunFolder:
+    """A folder holding a manifest and record logs for one configuration."""
+
+    def __init__(self, path: str | os.PathLike[str], config: Mapping[str, Any]) -> None:
+        self.path = Path(path)
+        self._lock = lock_run_folder(self.path)  # before reading anything: another writer would race us
+        self.config = json.loads(json.dumps(dict(config), default=str))
+        manifest = self.path / "manifest.json"
+        if manifest.exists():
+            previous = json.loads(manifest.read_text(encoding="utf-8"))
+            differing = sorted(k for k in set(previous) | set(self.config) if previous.get(k) != self.config.get(k))
+            if differing:
+                details = "; ".join(f"{k}: folder has {previous.get(k)!r}, this run has {self.config.get(k)!r}"
+                                    for k in differing[:5])
+                raise RunMismatchError(
+                    f"run folder {self.path} was made by a different configuration ({details}). "
+                    "Refusing to resume into it: use a new --out folder, or delete this one to start over."
+                )
+        else:
+            write_json_atomic(manifest, self.config)
+
+    def log(self, name: str) -> RecordLog:
+        return RecordLog(self.path / f"{name}.jsonl", repair=True)
+
+
+def whole_run_manifest(run_dir: Path, kind: str, what: str) -> dict[str, Any]:
+    """The manifest of an unsharded (or merged) run folder of ``kind``; ``what`` names the kind in errors."""
+    manifest = Path(run_dir) / "manifest.json"
+    if not manifest.exists():
+        raise FileNotFoundError(f"{run_dir} is not a run folder (no manifest.json)")
+    config = json.loads(manifest.read_text(encoding="utf-8"))
+    if config.get("kind") != kind:
+        raise ValueError(f"{run_dir} holds a {config.get('kind')!r} run, not {what}")
+    if "shard" in config:
+        raise ValueError(f"{run_dir} holds shard {config['shard']['index']}/{config['shard']['count']} only: merge "
+                         "all shards first (vrh merge OUT SHARD_FOLDERS...) and read the merged folder")
+    return config

@@ -1,0 +1,280 @@
+"""``--data`` and ``--vqa`` specifications: where samples come from.
+
+A spec is ``KIND:ARG[:ARG...][:key=value...]``; parts holding ``=`` are options, the rest positional.
+
+Grounding samples (``load_data``):
+
+* ``synthetic:SPLIT:N[:LEVEL]`` - N seeded scenes of the synthetic split (``detect``/``eval``/``train``),
+  one referent per scene (cycling through the objects so every position and kind occurs), difficulty
+  LEVEL 0, 1 or 2 (default 1); N is at most ``MAX_SYNTHETIC_SCENES`` (the scenes are rendered eagerly);
+* ``jsonl:PATH`` - a user's own data, one JSON object per line (``vrh_interp.data.datasets.jsonl``);
+* ``refcoco:ROOT[:SPLIT]``, ``refcoco+:ROOT[:SPLIT]``, ``refcocog:ROOT[:SPLIT]`` - the refer toolkit layout
+  (default split ``val``; options ``per=object|expression``, ``images=COCO_TRAIN2014_DIR``, ``split_by=``);
+* ``lmms-refcoco:PARQUET_DIR_OR_FILE[:SPLIT]`` - lmms-lab parquet of RefCOCO / + / g (option ``per=``);
+* ``jxu124-refcoco:PARQUET_DIR_OR_FILE[:SPLIT]:images=COCO_DIR`` - jxu124 parquet (options ``images=``,
+  ``per=``);
+* ``toloka:CSV:IMAGE_DIR`` - a Toloka VQA CSV, images looked up by file name in IMAGE_DIR;
+* ``refspatial:PATH[:SPLIT]`` - RefSpatial-Bench parquet or raw folders (split location / placement / unseen).
+
+VQA samples (``load_vqa``): ``NAME:PATH[:key=value...]`` with NAME one of ``VQA_BENCHMARKS``:
+``cvbench`` (``part=all|2d|3d``), ``mmstar``, ``countbench``, ``mathvista`` (``subset=mcq|all``),
+``spatial457`` (``subset=L1_single``, ``images=``), ``spatialrgpt`` (``images=`` required,
+``categories=a,b``), ``vaw`` (``images=`` required, ``attribute_types=``, ``seed=``), and
+``synthetic:SPLIT:N[:LEVEL]`` (the VQA items of N synthetic scenes, ``vrh_interp.data.datasets.synthetic_vqa``).
+
+Every file-backed kind also takes ``on_error=skip`` (drop unusable rows, listed in the result's
+``skipped``) and ``verify_images=true`` (decode every image while loading, to catch truncated files).
+Nothing is downloaded: all paths are local.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, Sequence
+
+from vrh_interp.data.scenes import DIFFICULTY_LEVELS
+from vrh_interp.data.datasets.cvbench import load_cvbench
+from vrh_interp.data.datasets.countbench import load_countbench
+from vrh_interp.data.datasets.jsonl import load_jsonl as jsonl_samples
+from vrh_interp.data.datasets.jxu124_refcoco import load_jxu124_refcoco
+from vrh_interp.data.datasets.lmms_refcoco import load_lmms_refcoco
+from vrh_interp.data.datasets.mathvista import load_mathvista
+from vrh_interp.data.datasets.mmstar import load_mmstar
+from vrh_interp.data.datasets.refer import load_refer
+from vrh_interp.data.datasets.refspatial import load_refspatial
+from vrh_interp.data.datasets.samples import GroundingSample, SampleSet, VQASample
+from vrh_interp.data.datasets.spatial457 import load_spatial457
+from vrh_interp.data.datasets.spatialrgpt import load_spatialrgpt
+from vrh_interp.data.datasets.synthetic_vqa import synthetic_vqa
+from vrh_interp.data.datasets.toloka import load_toloka
+from vrh_interp.data.datasets.vaw import load_vaw
+
+COMMON_OPTIONS: tuple[str, ...] = ("on_error", "verify_images")
+SYNTHETIC_SPLITS: tuple[str, ...] = ("detect", "eval", "train")
+MAX_SYNTHETIC_SCENES = 100_000  # rendered while loading: ~1 ms each, so the largest spec loads in minutes
+TRUE_WORDS, FALSE_WORDS = ("1", "true", "yes"), ("0", "false", "no")
+
+
+class DataSpecError(ValueError):
+    """A ``--data`` / ``--vqa`` specification that cannot be read."""
+
+
+@dataclass(frozen=True)
+class ParsedSpec:
+    text: str
+    kind: str
+    positional: tuple[str, ...]
+    options: Mapping[str, str]
+
+    def args(self, minimum: int, maximum: int, usage: str) -> tuple[str, ...]:
+        if not minimum <= len(self.positional) <= maximum or any(not p for p in self.positional):
+            raise DataSpecError(f"bad spec {self.text!r}: use {usage}")
+        return self.positional
+
+    def checked_options(self, allowed: Sequence[str], usage: str, *, required: Sequence[str] = ()) -> dict[str, Any]:
+        """Validated options as loader keyword arguments (common ones converted)."""
+        unknown = sorted(set(self.options) - set(allowed) - set(COMMON_OPTIONS))
+        missing = [r for r in required if r not in self.options]
+        if unknown or missing:
+            problem = f"unknown options {unknown}" if unknown else f"missing options {missing}"
+            raise DataSpecError(f"bad spec {self.text!r}: {problem}; use {usage} "
+                                f"[options: {', '.join([*allowed, *COMMON_OPTIONS])}]")
+        options: dict[str, Any] = dict(self.options)
+        if "verify_images" in options:
+            word = options["verify_images"].lower()
+            if word not in TRUE_WORDS + FALSE_WORDS:
+                raise DataSpecError(f"bad spec {self.text!r}: verify_images must be true or false")
+            options["verify_images"] = word in TRUE_WORDS
+        if options.get("on_error", "raise") not in ("raise", "skip"):
+            raise DataSpecError(f"bad spec {self.text!r}: on_error must be raise or skip")
+        return options
+
+
+def parse_spec(spec: str) -> ParsedSpec:
+    """Split a spec into kind, positional parts and ``key=value`` options (a repeated option is an error)."""
+    if not isinstance(spec, str):
+        raise DataSpecError(f"a data spec is text such as 'synthetic:eval:200' or 'jsonl:PATH', got "
+                            f"{type(spec).__name__} {spec!r}")
+    kind, _, rest = spec.partition(":")
+    parts = rest.split(":") if rest else []
+    options: dict[str, str] = {}
+    for key, value in (p.split("=", 1) for p in parts if "=" in p):
+        if key in options:
+            raise DataSpecError(f"bad spec {spec!r}: option {key!r} given twice")
+        options[key] = value
+    return ParsedSpec(spec, kind, tuple(p for p in parts if "=" not in p), MappingProxyType(options))
+
+
+def check_synthetic(split: object, count: object, difficulty: object) -> None:
+    """Refuse a synthetic split, scene count or level outside the documented ranges (DataSpecError)."""
+    if split not in SYNTHETIC_SPLITS:
+        raise DataSpecError(f"unknown synthetic split {split!r}: use one of {', '.join(SYNTHETIC_SPLITS)}")
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_SYNTHETIC_SCENES:
+        raise DataSpecError(f"synthetic scene count {count!r} out of range: use 1 .. {MAX_SYNTHETIC_SCENES} "
+                            "(vrh_interp.data.sources.MAX_SYNTHETIC_SCENES)")
+    if isinstance(difficulty, bool) or difficulty not in DIFFICULTY_LEVELS:
+        raise DataSpecError(f"synthetic difficulty level {difficulty!r} does not exist: use 0, 1 or 2")
+
+
+def synthetic_samples(split: str, count: int, difficulty: int = 1) -> list[GroundingSample]:
+    """The synthetic grounding loader: one referent of each of scenes ``0..count-1`` (scene ``i``'s referent
+    ``i mod n``; scenes without a referable object are skipped), the loaders' ``GroundingSample``s as a list."""
+    from vrh_interp.data import grounding_samples
+
+    check_synthetic(split, count, difficulty)
+    out = []
+    for index in range(count):
+        options = grounding_samples(split, index, difficulty)  # type: ignore[arg-type]
+        if options:
+            out.append(options[index % len(options)])
+    return out
+
+
+def _synthetic_args(spec: ParsedSpec) -> tuple[Any, int, int]:
+    """(split, N, LEVEL) of ``synthetic:SPLIT:N[:LEVEL]``, each checked (DataSpecError with the usage)."""
+    parts = spec.positional
+    usage = (f"use synthetic:SPLIT:N[:LEVEL] with SPLIT one of {'/'.join(SYNTHETIC_SPLITS)}, N scenes "
+             f"(1 .. {MAX_SYNTHETIC_SCENES}) and LEVEL 0, 1 or 2 (default 1), e.g. synthetic:eval:200")
+    if len(parts) not in (2, 3) or spec.options or not all(p.isascii() and p.isdigit() for p in parts[1:]) \
+            or any(len(p) > 9 for p in parts[1:]):
+        raise DataSpecError(f"bad synthetic spec {spec.text!r}: {usage}")
+    split, count, level = parts[0], int(parts[1]), int(parts[2]) if len(parts) == 3 else 1
+    try:
+        check_synthetic(split, count, level)
+    except DataSpecError as error:
+        raise DataSpecError(f"bad synthetic spec {spec.text!r}: {error}; {usage}") from None
+    return split, count, level
+
+
+def _synthetic(spec: ParsedSpec) -> list[GroundingSample]:
+    return synthetic_samples(*_synthetic_args(spec))
+
+
+def _synthetic_vqa(spec: ParsedSpec) -> SampleSet[VQASample]:
+    return synthetic_vqa(*_synthetic_args(spec))
+
+
+def _refer(spec: ParsedSpec) -> SampleSet:
+    usage = f"{spec.kind}:ROOT[:SPLIT]"
+    root, *split = spec.args(1, 2, usage)
+    options = spec.checked_options(("per", "images", "split_by"), usage)
+    if "images" in options:
+        options["image_dir"] = options.pop("images")
+    return load_refer(root, spec.kind, split[0] if split else "val", **options)  # type: ignore[arg-type]
+
+
+def _lmms(spec: ParsedSpec) -> SampleSet:
+    usage = "lmms-refcoco:PARQUET_DIR_OR_FILE[:SPLIT]"
+    path, *split = spec.args(1, 2, usage)
+    return load_lmms_refcoco(path, split[0] if split else "val", **spec.checked_options(("per",), usage))
+
+
+def _jxu124(spec: ParsedSpec) -> SampleSet:
+    usage = "jxu124-refcoco:PARQUET_DIR_OR_FILE[:SPLIT]:images=COCO_DIR"
+    path, *split = spec.args(1, 2, usage)
+    options = spec.checked_options(("images", "per"), usage, required=("images",))
+    return load_jxu124_refcoco(path, split[0] if split else "val", image_root=options.pop("images"), **options)
+
+
+def _toloka(spec: ParsedSpec) -> SampleSet:
+    usage = "toloka:CSV:IMAGE_DIR"
+    csv_path, image_dir = spec.args(2, 2, usage)
+    return load_toloka(csv_path, image_dir, **spec.checked_options((), usage))
+
+
+def _refspatial(spec: ParsedSpec) -> SampleSet:
+    usage = "refspatial:PATH[:SPLIT]"
+    path, *split = spec.args(1, 2, usage)
+    return load_refspatial(path, split[0] if split else "location", **spec.checked_options((), usage))
+
+
+def _jsonl(spec: ParsedSpec) -> SampleSet:
+    usage = "jsonl:PATH"
+    (path,) = spec.args(1, 1, usage)
+    return jsonl_samples(path, **spec.checked_options((), usage))
+
+
+GROUNDING_KINDS: Mapping[str, Callable[[ParsedSpec], Sequence[Any]]] = MappingProxyType({
+    "synthetic": _synthetic, "jsonl": _jsonl, "refcoco": _refer, "refcoco+": _refer, "refcocog": _refer,
+    "lmms-refcoco": _lmms, "jxu124-refcoco": _jxu124, "toloka": _toloka, "refspatial": _refspatial,
+})
+
+
+def load_data(spec: str) -> Sequence[Any]:
+    """Grounding samples for a ``--data`` spec."""
+    parsed = check_spec(spec)
+    return _loaded(GROUNDING_KINDS[parsed.kind], parsed)
+
+
+def _loaded(load: Callable[[ParsedSpec], Any], spec: ParsedSpec) -> Any:
+    """``load(spec)``; a loader's plain ValueError about an argument (a split or option value it does not know)
+    becomes a DataSpecError naming the spec. The library's own errors (DatasetError: a file or row) pass."""
+    try:
+        return load(spec)
+    except ValueError as error:
+        if type(error).__module__.startswith("vrh_interp"):
+            raise
+        raise DataSpecError(f"bad spec {spec.text!r}: {error}") from None
+
+
+def _comma_list(text: str) -> tuple[str, ...]:
+    parts = tuple(part for part in text.split(",") if part)
+    if not parts:
+        raise ValueError("an empty list")
+    return parts
+
+
+def _vqa_loader(load: Callable[..., SampleSet[VQASample]], allowed: Sequence[str] = (), *,
+                required: Sequence[str] = (), converters: Mapping[str, Callable[[str], Any]] | None = None
+                ) -> Callable[[ParsedSpec], SampleSet[VQASample]]:
+    """Spec -> ``load(PATH, **options)``; ``images=`` becomes ``image_dir=``, ``converters`` parse option text."""
+    def from_spec(spec: ParsedSpec) -> SampleSet[VQASample]:
+        usage = f"{spec.kind}:PATH" + "".join(f":{r}=..." for r in required)
+        (path,) = spec.args(1, 1, usage)
+        options = spec.checked_options(allowed, usage, required=required)
+        for name, convert in (converters or {}).items():
+            if name in options:
+                try:
+                    options[name] = convert(options[name])
+                except ValueError:
+                    raise DataSpecError(f"bad spec {spec.text!r}: cannot read {name}={options[name]!r}") from None
+        if "images" in options:
+            options["image_dir"] = options.pop("images")
+        return load(path, **options)
+    return from_spec
+
+
+VQA_BENCHMARKS: Mapping[str, Callable[[ParsedSpec], SampleSet[VQASample]]] = MappingProxyType({
+    "cvbench": _vqa_loader(load_cvbench, ("part",)),
+    "mmstar": _vqa_loader(load_mmstar, ("split",)),
+    "countbench": _vqa_loader(load_countbench),
+    "mathvista": _vqa_loader(load_mathvista, ("subset",)),
+    "spatial457": _vqa_loader(load_spatial457, ("subset", "images")),
+    "spatialrgpt": _vqa_loader(load_spatialrgpt, ("images", "categories"), required=("images",),
+                               converters={"categories": _comma_list}),
+    "vaw": _vqa_loader(load_vaw, ("images", "attribute_types", "seed"), required=("images",),
+                       converters={"seed": int}),
+    "synthetic": _synthetic_vqa,
+})
+
+
+def load_vqa(spec: str) -> SampleSet[VQASample]:
+    """VQA samples for a ``--vqa NAME:PATH[:key=value...]`` spec."""
+    parsed = check_spec(spec, vqa=True)
+    return _loaded(VQA_BENCHMARKS[parsed.kind], parsed)
+
+
+def check_spec(spec: str, *, vqa: bool = False) -> ParsedSpec:
+    """Parse a ``--data`` (``--vqa`` with ``vqa``) spec and check what can be checked without reading a file: a
+    known kind, synthetic arguments in range (DataSpecError otherwise). The CLI calls it before loading a model."""
+    parsed = parse_spec(spec)
+    if vqa and parsed.kind not in VQA_BENCHMARKS:
+        raise DataSpecError(f"unknown VQA benchmark in {spec!r}: use NAME:PATH with NAME one of "
+                            f"{', '.join(VQA_BENCHMARKS)}")
+    if not vqa and parsed.kind not in GROUNDING_KINDS:
+        raise DataSpecError(f"unknown data spec {spec!r}: kinds are {', '.join(GROUNDING_KINDS)} "
+                            "(e.g. synthetic:SPLIT:N, jsonl:PATH, refcoco:ROOT[:SPLIT])")
+    if parsed.kind == "synthetic":
+        _synthetic_args(parsed)
+    return parsed

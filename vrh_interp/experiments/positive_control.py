@@ -1,0 +1,143 @@
+"""The pipeline on a model whose retrieval heads are known: ``toy:planted`` (see ``vrh_interp.toy.planted``).
+
+A negative verdict on a model ("masking the top-k heads hurts no more than random heads") means something only
+next to a pipeline that demonstrably finds retrieval heads where they exist. ``run_positive_control`` runs the
+SAME detection and causal sweep the demo runs on any other model, on the planted organism, and grades them
+against its declared heads:
+
+* detection: every scoring design (the paper's design space and the published presets) from one detection
+  pass, graded by precision/recall at |P| and by where the decoys rank (``vrh_interp.scoring.grading``);
+* causal: masking the default scorer's top-|P| vs many random sets and layer-matched sets of |P| heads drawn
+  outside the detected set, and vs masking the decoys.
+
+Nothing is tuned here: the organism was built with its heads declared before training, and the scorer and
+sweep are the library's defaults.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from vrh_interp.core.backends.select import get_backend
+from vrh_interp.experiments.sweep import Condition, run_conditions, summary_verdict, sweep_conditions
+from vrh_interp.core.heads import HeadSet
+from vrh_interp.core.provenance import library_versions, model_provenance, now_utc
+from vrh_interp.scoring.detect import collect_detection_stats, scores_from_stats
+from vrh_interp.scoring.grading import grade_detection
+from vrh_interp.data.sources import synthetic_samples
+
+SPEC = "toy:planted"
+ANSWER_TOKENS = 24
+
+
+def available() -> bool:
+    from vrh_interp.toy import checkpoint_dir
+
+    return (checkpoint_dir("planted") / "model.safetensors").exists()
+
+
+def declared() -> tuple[HeadSet, HeadSet]:
+    """The planted and decoy heads declared in the shipped checkpoint's ``planted.json``."""
+    from vrh_interp.toy import checkpoint_dir
+    from vrh_interp.toy.planted import declared_heads
+
+    return declared_heads(checkpoint_dir("planted"))
+
+
+def load_planted(device: str | None = None) -> Any:
+    from vrh_interp.core.model import wrap
+    from vrh_interp.toy import load
+
+    model, processor = load("planted", device=device or "cpu")
+    return wrap(model, processor, model_id="vrh-interp/toy-planted", remote_id="vrh-interp/toy-planted")
+
+
+def run_positive_control(out: Path, *, detect_scenes: int = 20, eval_scenes: int = 30, random_sets: int = 20,
+                         batch_size: int = 60, device: str | None = None, progress: bool = True,
+                         backend: str = "nnsight") -> dict[str, Any]:
+    """Detect, grade and sweep on ``toy:planted``; writes ``out/{grading.csv, sweep_summary.csv,
+    positive_control.json}`` (resumable through ``out/detect`` and ``out/sweep``) and returns the summary.
+    ``backend``: the backend name both run on (``vrh_interp.core.backends.select.get_backend``)."""
+    started = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    vlm = load_planted(device)
+    runner = get_backend(backend, vlm)
+    planted, decoys = declared()
+    detect = synthetic_samples("detect", detect_scenes)
+    evals = synthetic_samples("eval", eval_scenes)
+    stats = collect_detection_stats(vlm, detect, batch_size=batch_size, max_new_tokens=ANSWER_TOKENS,
+                                    run_dir=out / "detect", dataset=f"synthetic:detect:{detect_scenes}",
+                                    progress=progress, backend=runner)
+    grading = grade_detection(stats, planted, decoys)
+    grading.to_csv(out / "grading.csv", index=False)
+    scores = scores_from_stats(stats, "vrh", {"model": model_provenance(vlm), "libraries": library_versions(),
+                                              "created": now_utc(), "sample_ids": [s.sample_id for s in detect]})
+    scores.save(out / "scores-planted.json")
+    k = len(planted)
+    ranking = scores.ranking()
+    conditions = sweep_conditions(ranking, vlm.geometry, [0, k], list(range(random_sets)))
+    conditions.append(Condition("decoys", len(decoys), None, decoys))
+    result = run_conditions(vlm, evals, conditions, batch_size=batch_size, max_new_tokens=ANSWER_TOKENS,
+                            run_dir=out / "sweep", progress=progress, backend=runner)
+    summary = result.summary()
+    summary.to_csv(out / "sweep_summary.csv", index=False)
+    default = grading[grading["design"] == "Q=output, Phi=sum, Omega=mean"].iloc[0]
+    outcome = _outcome(summary, k, default, planted, decoys)
+    outcome.update(seconds=time.perf_counter() - started, detect_scenes=detect_scenes, eval_scenes=eval_scenes)
+    (out / "positive_control.json").write_text(json.dumps(outcome, indent=2))
+    return outcome
+
+
+def _outcome(summary: pd.DataFrame, k: int, default: pd.Series, planted: HeadSet, decoys: HeadSet) -> dict[str, Any]:
+    """Recovered = the default scorer's top-|P| is exactly P; causal = the set-level verdict of the sweep
+    (``summary_verdict``: masking the top-|P| is more harmful than every random and layer-matched set, and
+    significantly below the unmasked baseline)."""
+    judged = summary_verdict(summary, k)
+    top = judged["target"]
+    controls = {kind: row for kind, row in judged["controls"].items() if row is not None}
+    baseline = float(summary[summary["condition"] == "baseline"]["accuracy"].iloc[0])
+    decoy_row = summary[summary["condition"] == "decoys"]
+    recovered = bool(default["exact"])
+    causal = judged["verdict"] == "holds"
+    return {
+        "model": SPEC, "planted": planted.to_list(), "decoys": decoys.to_list(),
+        "detected_top": list(default["top"]), "recovered": recovered,
+        "precision_at_p": float(default["precision_at_p"]), "decoy_ranks": list(default["decoy_ranks"]),
+        "n": int(top["n"]), "baseline_accuracy": baseline, "top_accuracy": float(top["accuracy"]),
+        "top_p_value_vs_baseline": float(top["p_value_vs_baseline"]),
+        "controls": {kind: {"sets": int(row["sets"]), "mean": float(row["accuracy"]),
+                            "q05": float(row["accuracy_q05"]),
+                            "p_value": float(top[f"p_vs_{kind}"])} for kind, row in controls.items()},
+        "decoys_accuracy": float(decoy_row["accuracy"].iloc[0]) if not decoy_row.empty else float("nan"),
+        "causal_verdict": judged["verdict"], "causal_reason": judged["reason"],
+        "verdict": "the pipeline recovers the planted heads" if recovered and causal
+        else "the pipeline does NOT recover the planted heads",
+    }
+
+
+def describe(outcome: dict[str, Any]) -> str:
+    """One paragraph for the terminal and the report."""
+    controls = "; ".join(f"{row['sets']} {kind} sets of {len(outcome['planted'])} heads: mean {row['mean']:.3f}, "
+                         f"5 % quantile {row['q05']:.3f}, empirical p = {row['p_value']:.3f}"
+                         for kind, row in outcome["controls"].items())
+    return (f"positive control ({outcome['model']}, planted {', '.join(outcome['planted'])}): {outcome['verdict']}. "
+            f"The default scorer's top-{len(outcome['planted'])} is {', '.join(outcome['detected_top'])} "
+            f"(precision {outcome['precision_at_p']:.2f}); masking it: {outcome['baseline_accuracy']:.3f} -> "
+            f"{outcome['top_accuracy']:.3f} on {outcome['n']} items (McNemar p = "
+            f"{outcome['top_p_value_vs_baseline']:.2g}); "
+            f"{controls}; causal claim: {outcome['causal_verdict']}. Masking the decoys "
+            f"{', '.join(outcome['decoys'])}: {outcome['decoys_accuracy']:.3f}.")
+
+
+def grading_table(grading: pd.DataFrame) -> pd.DataFrame:
+    """The grading as a compact table (one row per design)."""
+    keep = grading[grading["defined"]].copy()
+    keep["planted_ranks"] = keep["planted_ranks"].map(lambda r: ", ".join(str(v) for v in r))
+    keep["decoy_ranks"] = keep["decoy_ranks"].map(lambda r: ", ".join(str(v) for v in r))
+    return keep[["design", "precision_at_p", "exact", "planted_ranks", "decoy_ranks"]].reset_index(drop=True)
+

@@ -1,0 +1,700 @@
+"""``sweep``: grounding accuracy with the top-k heads masked vs control head sets (the paper's causal test).
+
+Controls. Per k, ``random_seeds`` (default 20) head sets of each control kind, every one drawn with its own
+seeded generator from the heads OUTSIDE the detected set (the top max(ks) heads of the ranking):
+
+* ``random`` (the paper's): k heads uniformly, optionally also excluding first-layer heads (the paper's DPO
+  control). For one seed the sets are nested in k (the first k of one seeded permutation), as the top-k are.
+* ``matched`` (``layer_matched_control``): as many heads in each layer as the top-k set has there. Early
+  layers can be the most harmful to mask whatever the heads do, so a uniform control mixes "retrieval" with
+  "breaks everything"; the layer-matched one separates them.
+
+Statistics (``evaluation.statistics``). The unit of a control is the head set: ``SweepResult.summary`` has a
+row per set and, per (control kind, k), a ``seed="all"`` row with the distribution of the sets' accuracies
+(mean, sd, quantiles) and a two-level bootstrap interval for their mean; each top-k row carries the empirical
+p-value against each control's sets at its k (``p_vs_random``, ``p_vs_matched``). ``summary_verdict`` judges
+"top-k is more harmful than both controls" with ``statistics.set_level_verdict``; no verdict uses an interval
+of pooled samples.
+
+k as a fraction. ``ks`` takes counts or percentages of all heads (``parse_ks``: ``"0,1%,2.5%,5"``); the
+summary shows ``k`` and ``k_fraction``.
+
+Protocol. Detection and evaluation samples must be disjoint: passing the ``HeadScores`` (which carries
+its sample ids) or ``detection_ids`` makes an overlap an error. Every (sample, condition) outcome is a
+record in the run folder (``manifest.json`` maps each condition key to its heads), so the sweep resumes
+after interruption and the summary is recomputed from records + manifest (``sweep_from_run``): accuracy
+with bootstrap CI, mean IoU, the failure decomposition (parse failure / boxed another known object / boxed
+no object, or parse failure / mislocation where the samples do not list their objects) and an exact McNemar
+test of each masked condition against the unmasked baseline on the same samples.
+
+Scale-out. ``shard=Shard(i, n)`` grounds one shard's samples (``vrh_interp.core.shards``) into its own run folder;
+``vrh_interp.experiments.merge.merge_runs`` joins the shards' folders and ``sweep_from_run`` reads the merged folder
+(equal to the unsharded run's) without the model.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Hashable, Iterable, Iterator, Mapping, Sequence, TypeVar
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from vrh_interp.core.backends.base import Backend, backend_config, check_ablation_kinds
+from vrh_interp.core.backends.select import get_backend
+from vrh_interp.core.boxes import Box
+from vrh_interp.evaluation.grounding import encode_samples, ground_batch, ground_conditions  # noqa: F401
+from vrh_interp.evaluation.statistics import (QUANTILES, bootstrap_ci, empirical_p_value, mcnemar_exact,
+                                              random_set_distribution, set_level_verdict, two_level_bootstrap_ci)
+from vrh_interp.core.heads import HeadGeometry, HeadSet
+from vrh_interp.core.model import VLM, GroundingBatch
+from vrh_interp.core.provenance import library_versions, model_provenance
+from vrh_interp.core.published import PublishedHeadSet, check_geometry
+from vrh_interp.core.runs import RecordLog, RunFolder, whole_run_manifest
+from vrh_interp.data.checks import GroundingSampleLike, as_box, check_samples
+from vrh_interp.scoring.scores import HeadScores, ScoresTransferWarning
+from vrh_interp.core.shards import Shard, shard_config
+from vrh_interp.core.templates.ablation import ABLATION_KINDS, ZERO_ABLATION, Ablation, AblationValues
+from vrh_interp.evaluation.controls import DEFAULT_RANDOM_SEEDS, random_control, layer_matched_control
+
+RECORD_COLUMNS: list[str] = ["sample_id", "condition", "kind", "k", "seed", "answer", "parsed", "box", "iou",
+                             "other_object_iou"]
+CONTROL_KINDS: tuple[str, ...] = ("random", "matched")
+QUANTILE_COLUMNS: list[str] = [f"accuracy_q{round(100 * q):02d}" for q in QUANTILES]
+
+
+@dataclass(frozen=True)
+class Condition:
+    """One masked condition. ``kind``: "baseline", "top", a control kind ("random", "matched") or a caller's
+    own (cross-masking's "own" / "transferred", design-space variants); ``ablation`` is how the heads are
+    removed ("zero": the paper's zero ablation; appended to the key only when not "zero")."""
+
+    kind: str
+    k: int
+    seed: int | None
+    heads: HeadSet
+    ablation: str = "zero"
+
+    @property
+    def key(self) -> str:
+        return (f"{self.kind}:k={self.k}" + (f":seed={self.seed}" if self.seed is not None else "")
+                + (f":ablation={self.ablation}" if self.ablation != "zero" else ""))
+
+    @classmethod
+    def from_key(cls, key: str, heads: HeadSet) -> "Condition":
+        """The condition whose ``key`` is ``key`` (as run folders record them: ``{key: heads}``)."""
+        kind, k, *rest = key.split(":")
+        names = [part.partition("=")[0] for part in rest]
+        if k.startswith("k=") and names in ([], ["seed"], ["ablation"], ["seed", "ablation"]):
+            fields = dict(part.split("=", 1) for part in rest)
+            return cls(kind, int(k[2:]), int(fields["seed"]) if "seed" in fields else None, heads,
+                       fields.get("ablation", "zero"))
+        raise ValueError(f"{key!r} is not a condition key such as 'random:k=5:seed=1'")
+
+
+def control_conditions(geometry: HeadGeometry, detected: HeadSet, k: int, top_k_set: HeadSet | None,
+                       random_seeds: Sequence[int], *, matched: bool = True, exclude_first_layer: bool = False,
+                       ablation: str = "zero") -> list[Condition]:
+    """The random (then, with ``matched`` and a ``top_k_set``, layer-matched) control sets at one k, one per seed."""
+    conditions = [Condition("random", k, seed, random_control(geometry, detected, k, seed,
+                                                              exclude_first_layer=exclude_first_layer), ablation)
+                  for seed in random_seeds]
+    if matched and top_k_set is not None:
+        conditions += [Condition("matched", k, seed, layer_matched_control(geometry, detected, top_k_set, seed),
+                                 ablation) for seed in random_seeds]
+    return conditions
+
+
+def largest_usable_k(ranking: HeadSet, geometry: HeadGeometry, *, matched: bool = True,
+                     exclude_first_layer: bool = False) -> int:
+    """The largest k whose controls can be drawn when the top k of ``ranking`` is the detected set: k random
+    heads outside it (and, with ``matched``, in each layer as many heads outside it as it has there)."""
+    for k in range(min(len(ranking), geometry.total_heads), 0, -1):
+        top = ranking[:k]
+        outside = [h for h in geometry.all_heads() if h not in top and not (exclude_first_layer and h.layer == 0)]
+        if k > len(outside):
+            continue
+        if matched and any(2 * len(heads) > geometry.num_heads for heads in top.by_layer().values()):
+            continue
+        return k
+    return 0
+
+
+class KSpecError(ValueError):
+    """A ``--ks`` list that cannot be read as head counts / percentages."""
+
+
+def parse_ks(text: str | Iterable[int | str], total_heads: int) -> list[int]:
+    """k values as head counts from counts and/or percentages of all heads: ``"0,1%,2.5%,5"``.
+
+    A percentage p of N heads becomes round(p / 100 * N) rounded half up (``floor(x + 0.5)``, not Python's
+    banker's rounding), but at least 1 for a positive percentage (a positive fraction never means "mask
+    nothing"); plain numbers are counts. Values that map to the same count are kept once; the result is
+    sorted. Percentages above 100, negative values and non-integer counts are errors.
+    """
+    items = [t.strip() for t in text.split(",")] if isinstance(text, str) else list(text)
+    if isinstance(text, str) and not any(items):
+        raise KSpecError(f"no k values in {text!r}: write head counts and/or percentages, e.g. 0,1,5 or 0,1%,2.5%")
+    counts = []
+    for item in items:
+        if isinstance(item, str) and item.endswith("%"):
+            try:
+                percent = float(item[:-1])
+            except ValueError:
+                raise KSpecError(f"k value {item!r} is not a percentage such as '2.5%'") from None
+            if not 0 <= percent <= 100:
+                raise KSpecError(f"k value {item!r} is not between 0% and 100% of the heads")
+            count = math.floor(percent / 100 * total_heads + 0.5)
+            counts.append(max(1, count) if percent > 0 else 0)
+        else:
+            try:
+                value = float(item)
+                int(value)  # inf: OverflowError, nan: ValueError
+            except (TypeError, ValueError, OverflowError):
+                raise KSpecError(f"k value {item!r} is neither a head count nor a percentage such as '2.5%'") from None
+            if value != int(value) or value < 0:
+                raise KSpecError(f"k value {item!r} is not a head count (a whole number >= 0); write fractions of "
+                                 "all heads as percentages, e.g. '2.5%'")
+            counts.append(int(value))
+    return sorted(set(counts))
+
+
+def sweep_conditions(ranking: HeadSet, geometry: HeadGeometry, ks: Sequence[int],
+                     random_seeds: Sequence[int] = DEFAULT_RANDOM_SEEDS, *, exclude_first_layer: bool = False,
+                     matched: bool = True, ablation: str = "zero") -> list[Condition]:
+    """Baseline, then per k > 0 (ascending): top-k, the random sets, the layer-matched sets, all masked with
+    ``ablation`` (the baseline masks nothing and stays ``baseline:k=0`` whatever the kind)."""
+    total = geometry.total_heads
+    bad = [k for k in ks if not 0 <= k <= total]
+    if bad:
+        raise ValueError(f"k values {bad} out of range: the model has {total} heads")
+    if len(set(ks)) != len(ks):
+        raise ValueError(f"duplicate k values in {list(ks)}")
+    detected = ranking[: max(ks)] if ks else HeadSet()
+    conditions = [Condition("baseline", 0, None, HeadSet())]  # masks nothing: the same under every ablation kind
+    for k in sorted(k for k in ks if k > 0):
+        conditions.append(Condition("top", k, None, ranking[:k], ablation))
+        try:
+            conditions += control_conditions(geometry, detected, k, ranking[:k], random_seeds, matched=matched,
+                                             exclude_first_layer=exclude_first_layer, ablation=ablation)
+        except ValueError as error:
+            usable = largest_usable_k(ranking, geometry, matched=matched, exclude_first_layer=exclude_first_layer)
+            raise ValueError(
+                f"k={k} with the top {max(ks)} heads as the detected set: {error}. The largest usable k on this "
+                f"model ({total} heads) is {usable} ({usable / total:.1%}): pass ks up to {usable} (--ks)"
+                + (", or leave the layer-matched control out (matched=False, --no-matched)" if matched else "")
+            ) from None
+    return conditions
+
+
+def other_object_iou(sample: GroundingSampleLike, box: Sequence[float] | None) -> float | None:
+    """The largest IoU of a parsed box with any annotated object OTHER than the referent, or None when the box
+    did not parse or the sample does not list its objects (``meta["object_boxes"]``, as the synthetic scenes
+    do). The referent is ``meta["target_index"]`` when given, else every listed box equal to ``sample.box``.
+    0.0 when the referent is the only listed object."""
+    meta = getattr(sample, "meta", None) or {}
+    boxes = meta.get("object_boxes")
+    if box is None or boxes is None:
+        return None
+    target = meta.get("target_index")
+    referent = as_box(sample.box)
+    others = [as_box(b) for i, b in enumerate(boxes) if (i != target if target is not None else as_box(b) != referent)]
+    parsed = Box(*(float(v) for v in box))
+    return max((parsed.iou(other) for other in others), default=0.0)
+
+
+def _set_outcomes(parts: Sequence[pd.DataFrame], column: str = "correct") -> np.ndarray:
+    """(sets x samples) table of one column, sets aligned on the samples they all share."""
+    series = [part.set_index("sample_id")[column] for part in parts]
+    shared = [i for i in series[0].index if all(i in s.index for s in series[1:])]
+    return np.array([s.loc[shared].to_numpy(dtype=float) for s in series]).reshape(len(series), len(shared))
+
+
+def condition_rows(parts: Mapping[str, pd.DataFrame], conditions: Sequence[Condition], base: pd.Series,
+                   total_heads: int | None, *, bootstrap_seed: int,
+                   resamples: int) -> Iterator[tuple[Condition, dict[str, Any], dict[str, Any]]]:
+    """Per condition with records (``parts[key]``, a boolean ``correct`` column): the columns every sweep
+    summary's row starts with (the condition, ``k_fraction`` NaN when the model's head count is unknown, ``n``,
+    the accuracy with its bootstrap interval over samples; the set-level columns ``sets``, ``accuracy_sd`` and
+    the quantiles NaN, ``set_level_rows`` fills them) and the exact McNemar test of the same samples against
+    ``base`` (baseline correctness by sample id; nothing lost or gained for the baseline itself)."""
+    for cond in conditions:
+        part = parts[cond.key]
+        if part.empty:
+            continue
+        correct = part["correct"].to_numpy(dtype=bool)
+        paired = mcnemar_exact(base.loc[part["sample_id"]].to_numpy(dtype=bool), correct) \
+            if cond.kind != "baseline" else {"lost": 0, "gained": 0, "p_value": 1.0}
+        low, high = bootstrap_ci(correct.astype(float), seed=bootstrap_seed, resamples=resamples)
+        yield cond, {"key": cond.key, "condition": cond.kind, "k": cond.k,
+                     "k_fraction": cond.k / total_heads if total_heads else float("nan"), "seed": cond.seed,
+                     "ablation": cond.ablation, "n": len(correct), "sets": float("nan"),
+                     "accuracy": float(correct.mean()), "accuracy_ci_low": low, "accuracy_ci_high": high,
+                     "accuracy_sd": float("nan"), **{c: float("nan") for c in QUANTILE_COLUMNS}}, paired
+
+
+def set_level_rows(rows: list[dict[str, Any]], parts: Mapping[str, pd.DataFrame], conditions: Sequence[Condition], *,
+                   pooled: Callable[[pd.DataFrame], dict[str, Any]], bootstrap_seed: int = 0,
+                   resamples: int = 2000) -> list[dict[str, Any]]:
+    """``rows`` (one per condition, with ``key`` and ``accuracy``) plus, per (control kind, k, ablation), a
+    ``seed="all"`` row of the sets' distribution; every non-control masked row gets ``p_vs_<control kind>``.
+
+    ``parts`` maps condition keys to their records (with a boolean ``correct`` column); ``pooled(records)``
+    gives the aggregate row's remaining columns from the sets' pooled records (descriptive rates). The
+    aggregate's ``accuracy`` is the mean of the set accuracies, its interval the two-level bootstrap, and
+    its paired-test columns are NaN: a McNemar test on pooled sets would count each sample once per set.
+    """
+    by_key = {row["key"]: row for row in rows}
+    out = list(rows)
+    groups: dict[tuple[str, int, str], list[Condition]] = {}
+    for cond in conditions:
+        if cond.kind in CONTROL_KINDS and cond.key in by_key:
+            groups.setdefault((cond.kind, cond.k, cond.ablation), []).append(cond)
+    for row in out:
+        for kind in CONTROL_KINDS:
+            row.setdefault(f"p_vs_{kind}", float("nan"))
+    for (kind, k, ablation), members in groups.items():
+        accuracies = [by_key[c.key]["accuracy"] for c in members]
+        outcomes = _set_outcomes([parts[c.key] for c in members])
+        low, high = two_level_bootstrap_ci(outcomes, seed=bootstrap_seed, resamples=resamples)
+        dist = random_set_distribution(accuracies)
+        template = by_key[members[0].key]
+        aggregate = {column: float("nan") for column in template}
+        aggregate.update({c: template[c] for c in ("condition", "k", "k_fraction", "ablation", "benchmark")
+                          if c in template})
+        aggregate.update(pooled(pd.concat([parts[c.key] for c in members])))
+        aggregate.update({"key": f"{kind}:k={k}:seed=all" + (f":ablation={ablation}" if ablation != "zero" else ""),
+                          "seed": "all", "sets": dist["sets"], "accuracy": dist["mean"], "accuracy_ci_low": low,
+                          "accuracy_ci_high": high, "accuracy_sd": dist["sd"],
+                          **{column: dist[column[len("accuracy_"):]] for column in QUANTILE_COLUMNS}})
+        last = max(i for i, row in enumerate(out) if row["key"] in {c.key for c in members})
+        out.insert(last + 1, aggregate)
+        for cond in conditions:
+            if cond.kind != "baseline" and cond.kind not in CONTROL_KINDS and cond.k == k \
+                    and cond.ablation == ablation and cond.key in by_key:
+                by_key[cond.key][f"p_vs_{kind}"] = empirical_p_value(by_key[cond.key]["accuracy"], accuracies)
+    return out
+
+
+def summary_verdict(summary: pd.DataFrame, k: int, *, target: str = "top",
+                    controls: Sequence[str] | None = CONTROL_KINDS, alpha: float = 0.05) -> dict[str, Any]:
+    """The set-level verdict "masking the ``target`` set at ``k`` is more harmful than each control's sets".
+
+    ``summary`` is one model's ``SweepResult.summary()`` (or its CSV read back, or one benchmark's rows of a
+    VQA summary). The control sets are the summary's per-set rows (``seed`` not "all"); ``controls=None``
+    uses every control kind present at ``k``. Returns ``verdict`` and ``reason``
+    (``statistics.set_level_verdict``), the ``target`` row and each control's aggregate row.
+    """
+    seeds = summary["seed"].astype(str)
+    target_row = summary[(summary["condition"] == target) & (summary["k"] == k)]
+    if len(target_row) != 1:
+        raise ValueError(f"the summary has {len(target_row)} {target!r} rows at k={k}, expected 1")
+    present = [c for c in CONTROL_KINDS if ((summary["condition"] == c) & (summary["k"] == k)).any()]
+    kinds = present if controls is None else list(controls)
+    sets = {kind: summary[(summary["condition"] == kind) & (summary["k"] == k) & (seeds != "all")]["accuracy"]
+            .astype(float).tolist() for kind in kinds}
+    aggregates = {kind: summary[(summary["condition"] == kind) & (summary["k"] == k) & (seeds == "all")]
+                  for kind in kinds}
+    row = target_row.iloc[0]
+    verdict, reason = set_level_verdict(float(row["accuracy"]), float(row["p_value_vs_baseline"]), sets, alpha=alpha)
+    return {"verdict": verdict, "reason": reason, "target": row,
+            "controls": {kind: (frame.iloc[0] if len(frame) else None) for kind, frame in aggregates.items()}}
+
+
+@dataclass
+class SweepResult:
+    records: pd.DataFrame
+    conditions: list[Condition]
+    iou_threshold: float
+    total_heads: int | None = None  # for ``k_fraction``; NaN when unknown
+
+    def summary(self, *, bootstrap_seed: int = 0, resamples: int = 2000) -> pd.DataFrame:
+        """One row per condition (each control set its own row), then per (control kind, k) a ``seed="all"``
+        row of the sets' distribution (module doc). Failure decomposition: ``parse_failure_rate``,
+        ``mislocation_rate`` (parsed, wrong) split into ``other_object_rate`` (the box hits another annotated
+        object at IoU >= the threshold) and ``no_object_rate``; these two are NaN for a condition where some
+        mislocated sample does not list its objects (or its records predate the field)."""
+        df = self.records.copy()
+        df["correct"] = df["iou"] >= self.iou_threshold
+        base = df[df["condition"] == "baseline:k=0"].set_index("sample_id")["correct"]
+        parts = {cond.key: df[df["condition"] == cond.key] for cond in self.conditions}
+        rows = [{**row, **self._rates(parts[cond.key]), "lost_vs_baseline": paired["lost"],
+                 "gained_vs_baseline": paired["gained"], "p_value_vs_baseline": paired["p_value"]}
+                for cond, row, paired in condition_rows(parts, self.conditions, base, self.total_heads,
+                                                        bootstrap_seed=bootstrap_seed, resamples=resamples)]
+        rows = set_level_rows(rows, parts, self.conditions, pooled=self._rates, bootstrap_seed=bootstrap_seed,
+                              resamples=resamples)
+        return pd.DataFrame(rows)
+
+    def _rates(self, part: pd.DataFrame) -> dict[str, Any]:
+        counts = failure_counts(part, self.iou_threshold)
+        n = counts["n"]
+        return {"n": n, "mean_iou": float(part["iou"].mean()),
+                **{f"{name}_rate": counts[name] / n if n else float("nan") for name in FAILURE_CATEGORIES[1:]}}
+
+
+FAILURE_CATEGORIES: tuple[str, ...] = ("correct", "parse_failure", "mislocation", "other_object", "no_object")
+
+
+def failure_counts(records: pd.DataFrame, iou_threshold: float) -> dict[str, Any]:
+    """The failure decomposition of some sweep records (columns ``parsed``, ``iou``, ``other_object_iou``):
+    ``n``, then counts of ``correct`` (IoU >= threshold), ``parse_failure`` (no box), ``mislocation`` (a box,
+    wrong), split into ``other_object`` (the box hits another annotated object at IoU >= the threshold) and
+    ``no_object``. The split is NaN when some mislocated record does not know the other objects (samples
+    without ``meta["object_boxes"]``, or records that predate the field): then only the two-way split holds."""
+    correct = records["iou"].astype(float) >= iou_threshold
+    parsed = records["parsed"].astype(bool)
+    wrong = parsed & ~correct
+    other = pd.to_numeric(records["other_object_iou"], errors="coerce") if "other_object_iou" in records \
+        else pd.Series(float("nan"), index=records.index)
+    known = not (wrong & other.isna()).any()
+    hit = wrong & (other >= iou_threshold)
+    return {"n": len(records), "correct": int(correct.sum()), "parse_failure": int((~parsed).sum()),
+            "mislocation": int(wrong.sum()), "other_object": int(hit.sum()) if known else float("nan"),
+            "no_object": int((wrong & ~hit).sum()) if known else float("nan")}
+
+
+def sweep(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], ranking: HeadScores | HeadSet, *,
+          ks: Sequence[int | str] | str = (0, 1, 3, 5, 10, 20),
+          random_seeds: Sequence[int] = DEFAULT_RANDOM_SEEDS, matched: bool = True,
+          detection_ids: Sequence[str] | None = None, exclude_first_layer: bool = False,
+          iou_threshold: float = 0.5, batch_size: int = 8, max_new_tokens: int = 24,
+          run_dir: str | Path | None = None, progress: bool = True, remote: bool | str = False,
+          shard: Shard | None = None, ablation: str = "zero",
+          ablation_values: AblationValues | None = None, max_batch_rows: int | None = None,
+          backend: str | Backend = "nnsight") -> SweepResult:
+    """Mask the top-k heads of ``ranking``, ``len(random_seeds)`` random sets and (``matched``) as many
+    layer-matched sets per k; ``ks`` are counts or percentages of all heads (``parse_ks``); ``shard`` runs one
+    shard (``run_conditions``). ``ablation``: "zero" (the paper's), "mean" or "resample", the latter two with
+    ``ablation_values`` (``evaluation.grounding.ablation_values`` on the detection samples). Conditions are
+    batched ``max_batch_rows`` rows per generation (``run_conditions``). A published ranking
+    (``vrh_interp.core.published``) is checked against the model's grid (``published.check_geometry``) and its
+    source is recorded as ``heads_source`` in the run folder's manifest. ``backend``: ``run_conditions``."""
+    if isinstance(ranking, HeadScores):
+        detection_ids = list(detection_ids or []) + list(ranking.sample_ids)
+        head_ranking = ranking.ranking()
+    else:
+        head_ranking = ranking
+    overlap = sorted(set(detection_ids or []) & {s.sample_id for s in eval_samples})
+    if overlap:
+        raise ValueError(
+            f"{len(overlap)} evaluation samples were also used for detection (e.g. {overlap[:3]}): detection and "
+            "evaluation samples must be disjoint (use vrh_interp.splits or different seeds)"
+        )
+    geometry = vlm.geometry
+    transfer = ranking.transfer_to(model_provenance(vlm)) if isinstance(ranking, HeadScores) else None
+    if transfer is not None:
+        warnings.warn(transfer["note"], ScoresTransferWarning, stacklevel=2)
+    check_geometry(head_ranking, geometry)
+    heads_source = head_ranking.source.to_dict() if isinstance(head_ranking, PublishedHeadSet) else transfer
+    counts = parse_ks(ks, geometry.total_heads) if isinstance(ks, str) or any(isinstance(k, str) for k in ks) \
+        else list(ks)
+    conditions = sweep_conditions(head_ranking, geometry, counts, list(random_seeds),
+                                  exclude_first_layer=exclude_first_layer, matched=matched, ablation=ablation)
+    return run_conditions(vlm, eval_samples, conditions, iou_threshold=iou_threshold, batch_size=batch_size,
+                          max_new_tokens=max_new_tokens, run_dir=run_dir, progress=progress, remote=remote,
+                          shard=shard, ablation_values=ablation_values, max_batch_rows=max_batch_rows,
+                          heads_source=heads_source, backend=backend)
+
+
+def ablation_for(kind: str, values: AblationValues | None, geometry: HeadGeometry | None = None) -> Ablation:
+    """The ``Ablation`` of ``kind``: "zero" ignores ``values``; "mean" and "resample" need them (checked against
+    ``geometry`` when given)."""
+    if kind not in ABLATION_KINDS:
+        raise ValueError(f"unknown ablation kind {kind!r}: use one of {', '.join(ABLATION_KINDS)}")
+    if kind == "zero":
+        return ZERO_ABLATION
+    if values is None:
+        raise ValueError(f"{kind} ablation needs reference outputs: pass ablation_values=ablation_values(vlm, "
+                         "detection_samples) (vrh_interp.evaluation.grounding; the CLI computes them for --ablation)")
+    if geometry is not None:
+        values.check(geometry)
+    return Ablation(kind, values)  # type: ignore[arg-type]
+
+
+def head_signature(cond: Condition) -> tuple[Any, ...]:
+    """What decides a condition's answers: its heads as a set and the ablation kind (not its name)."""
+    return (frozenset(cond.heads), cond.ablation)
+
+
+DEFAULT_BATCH_TOKENS = 1 << 16
+"""Default memory budget of one condition-batched pass: rows x (prompt + new tokens) <= 65,536 tokens."""
+DEFAULT_MAX_BATCH_ROWS = 256
+"""... and at most this many rows, whatever the sequence length."""
+
+S = TypeVar("S")
+A = TypeVar("A")
+
+
+def batch_rows(sequence_tokens: int, max_batch_rows: int | None = None) -> int:
+    """Rows one condition-batched pass may hold: ``max_batch_rows`` when given, else as many as fit
+    ``DEFAULT_BATCH_TOKENS`` tokens of ``sequence_tokens`` each (prompt + new tokens), at most
+    ``DEFAULT_MAX_BATCH_ROWS``."""
+    if max_batch_rows is not None:
+        if max_batch_rows < 1:
+            raise ValueError("max_batch_rows must be >= 1")
+        return max_batch_rows
+    return max(1, min(DEFAULT_MAX_BATCH_ROWS, DEFAULT_BATCH_TOKENS // max(1, sequence_tokens)))
+
+
+def conditions_per_pass(samples: int, sequence_tokens: int, max_batch_rows: int | None = None) -> int:
+    """Conditions packed into one generation over a batch of ``samples``: ``batch_rows // samples`` (at least 1:
+    a batch bigger than the budget still runs one condition at a time)."""
+    return max(1, batch_rows(sequence_tokens, max_batch_rows) // max(1, samples))
+
+
+def condition_passes(chunks: Iterable[Sequence[S]], conditions: Sequence[Condition], *,
+                     unit: Callable[[S], Hashable], done: set[tuple[Hashable, str]],
+                     known: dict[tuple[Any, ...], dict[Hashable, A]],
+                     answer: Callable[[Sequence[S], Sequence[Condition]], Sequence[Sequence[A]]],
+                     per_pass: Callable[[Sequence[S]], int],
+                     record: Callable[[S, Condition, A], dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
+    """The experiment planner: every (sample, condition) answer, conditions packed into batched passes.
+
+    For each chunk of samples (a batch, in order), the conditions still lacking records there are reduced to
+    their distinct head signatures (``head_signature``: conditions masking the same heads the same way are
+    answered once, also across resumes through ``known``) and packed, in order, ``per_pass(samples)`` at a
+    time into passes; ``answer(samples, conditions)`` answers one pass (one batched generation: rows =
+    conditions x samples) and returns, per condition, one answer per sample. After each pass this yields the
+    records that became complete, conditions in order (``record(sample, condition, answer)``), so a caller that
+    appends each yielded list to its log in one write loses at most one pass when killed. ``done`` holds the
+    (``unit(sample)``, condition key) pairs already recorded; ``known`` maps signatures to answers by unit and
+    is filled in."""
+    signature = {c.key: head_signature(c) for c in conditions}
+    for chunk in chunks:
+        todo = {c.key: [s for s in chunk if (unit(s), c.key) not in done] for c in conditions}
+        pending = [c for c in conditions if todo[c.key]]
+        if not pending:
+            continue
+        fresh: dict[tuple[Any, ...], list[S]] = {}  # signature -> samples to answer, in chunk order
+        first: dict[tuple[Any, ...], Condition] = {}
+        for cond in pending:
+            sig = signature[cond.key]
+            first.setdefault(sig, cond)
+            have = known.setdefault(sig, {})
+            wanted = {unit(s) for s in fresh.get(sig, [])} | {unit(s) for s in todo[cond.key] if unit(s) not in have}
+            fresh[sig] = [s for s in chunk if unit(s) in wanted]
+        passes: list[tuple[list[S], list[tuple[Any, ...]]]] = []
+        for sig, samples in fresh.items():
+            if not samples:
+                continue
+            same = bool(passes) and [unit(s) for s in passes[-1][0]] == [unit(s) for s in samples]
+            if same and len(passes[-1][1]) < max(1, per_pass(samples)):
+                passes[-1][1].append(sig)
+            else:
+                passes.append((samples, [sig]))
+        emitted = 0
+
+        def complete() -> list[dict[str, Any]]:
+            nonlocal emitted
+            out = []
+            while emitted < len(pending):
+                cond = pending[emitted]
+                have = known[signature[cond.key]]
+                if any(unit(s) not in have for s in todo[cond.key]):
+                    break
+                out += [record(s, cond, have[unit(s)]) for s in todo[cond.key]]
+                emitted += 1
+            return out
+
+        for samples, sigs in passes:
+            answers = answer(samples, [first[sig] for sig in sigs])
+            for sig, block in zip(sigs, answers):
+                known[sig].update({unit(s): a for s, a in zip(samples, block)})
+            yield complete()
+        tail = complete()
+        if tail:
+            yield tail
+        assert emitted == len(pending), "condition_passes: a condition was left unanswered"
+
+
+class _GroundingPasses:
+    """``answer`` / ``per_pass`` of ``condition_passes`` for grounding: each chunk is encoded once and replicated
+    per condition of a pass (``ground_conditions``)."""
+
+    def __init__(self, vlm: VLM, ablations: Mapping[str, Ablation], *, max_new_tokens: int, remote: bool | str,
+                 max_batch_rows: int | None, backend: Backend) -> None:
+        self.vlm, self.ablations, self.max_new_tokens = vlm, ablations, max_new_tokens
+        self.remote, self.max_batch_rows, self.backend = remote, max_batch_rows, backend
+        self._key: tuple[str, ...] | None = None
+        self._batch: GroundingBatch | None = None
+
+    def _encode(self, samples: Sequence[GroundingSampleLike]) -> GroundingBatch:
+        key = tuple(s.sample_id for s in samples)
+        if key != self._key or self._batch is None:
+            self._batch, self._key = encode_samples(self.vlm, samples), key
+        return self._batch
+
+    def per_pass(self, samples: Sequence[GroundingSampleLike]) -> int:
+        return conditions_per_pass(len(samples), self._encode(samples).prompt_length + self.max_new_tokens,
+                                   self.max_batch_rows)
+
+    def answer(self, samples: Sequence[GroundingSampleLike],
+               conditions: Sequence[Condition]) -> list[list[dict[str, Any]]]:
+        outcomes = ground_conditions(self.vlm, samples, [(c.heads, self.ablations[c.ablation]) for c in conditions],
+                                     max_new_tokens=self.max_new_tokens, remote=self.remote,
+                                     batch=self._encode(samples), backend=self.backend)
+        return [[{**o.as_dict(), "other_object_iou": other_object_iou(s, o.box)} for s, o in zip(samples, block)]
+                for block in outcomes]
+
+
+def canonical_log_order(log: RecordLog, key: Callable[[Mapping[str, Any]], Any]) -> None:
+    """Rewrite ``log`` (atomically: a temporary file, then a rename) in the order ``key`` gives, when its records
+    are not in that order already. Condition-batched runs append pass by pass (chunk, then condition); a finished
+    run folder keeps the order of a one-condition-at-a-time run (condition, then sample), so folders do not
+    depend on packing, interruptions or shards (``merge_runs`` writes the same bytes)."""
+    records = log.read()
+    ordered = sorted(records, key=key)
+    if ordered == records:
+        return
+    tmp = log.path.with_name(log.path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write("".join(json.dumps(dict(r), sort_keys=True) + "\n" for r in ordered))
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, log.path)
+
+
+def run_conditions(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], conditions: Sequence[Condition], *,
+                   iou_threshold: float = 0.5, batch_size: int = 8, max_new_tokens: int = 24,
+                   run_dir: str | Path | None = None, progress: bool = True,
+                   remote: bool | str = False, shard: Shard | None = None,
+                   ablation_values: AblationValues | None = None,
+                   max_batch_rows: int | None = None, heads_source: Mapping[str, Any] | None = None,
+                   backend: str | Backend = "nnsight") -> SweepResult:
+    """Greedy grounding of every sample under every condition, resumable through ``run_dir``.
+
+    Each condition masks its heads with its ``ablation`` kind; "mean" and "resample" need ``ablation_values``
+    (the reference outputs, ``evaluation.grounding.ablation_values`` on the detection samples), whose
+    fingerprint the run folder records, so resuming with other values is refused.
+
+    Condition batching (``condition_passes``): samples go in batches of ``batch_size``; each batch is encoded
+    once and replicated across as many conditions as fit ``max_batch_rows`` rows (default: ``batch_rows``, a
+    65,536-token budget, at most 256 rows), every row masked with its own condition's heads and kind
+    (``templates.ablation.RowHeadAblation``), and one greedy generation answers them all. The answers equal
+    those of one condition at a time (tested exactly); ``max_batch_rows=batch_size`` runs one condition per
+    generation. Records are appended after every pass (a killed run redoes at most one pass) and the finished
+    log is put in condition, then sample order (``canonical_log_order``).
+
+    Conditions that mask the same head set with the same ablation (independent control draws repeat sets
+    on small models) are answered once: a later one's records copy the earlier one's answers. Each record
+    also stores ``other_object_iou`` (``other_object_iou``) for the failure decomposition.
+
+    With ``shard``, only that shard's samples (``Shard.select``) are grounded and the result holds their
+    records only; merge the shard folders with ``vrh_interp.experiments.merge.merge_runs`` and read the merged folder
+    with ``sweep_from_run`` for the full result. ``heads_source`` (where the masked heads come from, e.g. a
+    published list: ``PublishedSource.to_dict``) is recorded in the manifest when given.
+
+    ``backend`` (a name or ``Backend``: ``vrh_interp.core.backends.base``) generates the answers; one other than
+    nnsight is recorded in the manifest, so a run folder never mixes backends.
+    """
+    check_samples(eval_samples, minimum=1, what="evaluation samples")
+    if not 0 < iou_threshold <= 1:
+        raise ValueError("iou_threshold must be in (0, 1]")
+    if batch_size < 1:
+        raise ValueError("batch_size must be >= 1")
+    if max_batch_rows is not None and max_batch_rows < 1:
+        raise ValueError("max_batch_rows must be >= 1")
+    keys = [c.key for c in conditions]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"duplicate conditions: {keys}")
+    if "baseline:k=0" not in keys:
+        raise ValueError("conditions must include the unmasked baseline (Condition('baseline', 0, None, HeadSet()))")
+    runner = get_backend(backend, vlm, remote=remote)
+    check_ablation_kinds(runner, [c.ablation for c in conditions if len(c.heads)])
+    ablations = {kind: ablation_for(kind, ablation_values, vlm.geometry)
+                 for kind in sorted({c.ablation for c in conditions})}
+    config = {"kind": "sweep", "model": model_provenance(vlm), "sample_ids": [s.sample_id for s in eval_samples],
+              "conditions": {c.key: c.heads.to_list() for c in conditions}, "max_new_tokens": max_new_tokens,
+              "libraries": {k: v for k, v in library_versions().items() if k in ("transformers", "torch")}}
+    if ablation_values is not None:  # only when given: folders of zero-ablation runs keep their manifests
+        config["ablation_values"] = ablation_values.fingerprint()
+    if heads_source is not None:
+        config["heads_source"] = dict(heads_source)
+    config.update(backend_config(runner))
+    folder = RunFolder(run_dir, shard_config(config, shard, batch_size)) if run_dir is not None else None
+    mine = shard.select(eval_samples, batch_size) if shard is not None else list(eval_samples)
+    log = folder.log("sweep_records") if folder else None
+    records: list[dict[str, Any]] = log.read() if log else []
+    done = {(r["sample_id"], r["condition"]) for r in records}
+    signature = {c.key: head_signature(c) for c in conditions}
+    answered: dict[tuple[Any, ...], dict[Hashable, dict[str, Any]]] = {}
+    for record in records:
+        if record["condition"] in signature:
+            answered.setdefault(signature[record["condition"]], {})[record["sample_id"]] = record
+    total = len(conditions) * len(mine)
+    bar = tqdm(total=total, initial=len(done), desc="sweep: masked grounding", disable=not progress, unit="answer")
+    outcome_fields = ("sample_id", "answer", "parsed", "box", "iou", "other_object_iou")
+
+    def make_record(sample: GroundingSampleLike, cond: Condition, known: Mapping[str, Any]) -> dict[str, Any]:
+        return {**{f: known.get(f) for f in outcome_fields}, "condition": cond.key, "kind": cond.kind, "k": cond.k,
+                "seed": cond.seed}
+
+    passes = _GroundingPasses(vlm, ablations, max_new_tokens=max_new_tokens, remote=remote,
+                              max_batch_rows=max_batch_rows, backend=runner)
+    chunks = [mine[start: start + batch_size] for start in range(0, len(mine), batch_size)]
+    for new in condition_passes(chunks, conditions, unit=lambda s: s.sample_id, done=done, known=answered,
+                                answer=passes.answer, per_pass=passes.per_pass, record=make_record):
+        if log is not None:
+            log.append(new)
+        records.extend(new)
+        bar.update(len(new))
+    bar.close()
+    if log is not None:
+        order = {c.key: i for i, c in enumerate(conditions)}
+        position = {s.sample_id: i for i, s in enumerate(eval_samples)}
+        canonical_log_order(log, lambda r: (order[r["condition"]], position[r["sample_id"]]))
+    return SweepResult(records=_records_frame(records, conditions, [s.sample_id for s in eval_samples]),
+                       conditions=list(conditions), iou_threshold=iou_threshold,
+                       total_heads=vlm.geometry.total_heads)
+
+
+def total_heads_of(config: Mapping[str, Any]) -> int | None:
+    """The head count a run folder's manifest records (``model.geometry``), None when it does not."""
+    geometry = (config.get("model") or {}).get("geometry") or {}
+    return geometry["layers"] * geometry["heads"] if {"layers", "heads"} <= set(geometry) else None
+
+
+def sweep_from_run(run_dir: str | Path, *, iou_threshold: float = 0.5) -> SweepResult:
+    """The result of a complete sweep run folder (e.g. merged shards), read without the model: what ``sweep``
+    or ``run_conditions`` on the same samples and conditions returns. Every condition's heads come from the
+    manifest, every answer from the records: the whole summary is recomputed from them."""
+    run_dir = Path(run_dir)
+    config = whole_run_manifest(run_dir, "sweep", "a sweep")
+    records = RecordLog(run_dir / "sweep_records.jsonl").read()
+    conditions = [Condition.from_key(key, HeadSet(config["conditions"][key])) for key in condition_order(records)]
+    if len(conditions) != len(config["conditions"]):
+        raise ValueError(f"{run_dir} is incomplete: no answers yet under conditions "
+                         f"{sorted(set(config['conditions']) - {c.key for c in conditions})}; rerun its command to "
+                         "resume it")
+    missing = len(conditions) * len(config["sample_ids"]) - len({(r["sample_id"], r["condition"]) for r in records})
+    if missing:
+        raise ValueError(f"{run_dir} is incomplete: {missing} (sample, condition) answers are missing; rerun its "
+                         "command to resume it")
+    return SweepResult(records=_records_frame(records, conditions, config["sample_ids"]), conditions=conditions,
+                       iou_threshold=iou_threshold, total_heads=total_heads_of(config))
+
+
+def condition_order(records: Sequence[dict[str, Any]]) -> list[str]:
+    """Condition keys in the order a run evaluated them: first appearance in its log (a run folder's manifest
+    keeps conditions as a key-sorted mapping; a run appends condition after condition, also when resumed)."""
+    return list(dict.fromkeys(r["condition"] for r in records))
+
+
+def _records_frame(records: Sequence[dict[str, Any]], conditions: Sequence[Condition],
+                   sample_ids: Sequence[str]) -> pd.DataFrame:
+    """Records as a frame in condition order, then sample order (the order does not depend on resumes).
+    Records written before ``other_object_iou`` existed read as NaN there."""
+    frame = pd.DataFrame(list(records), columns=RECORD_COLUMNS)
+    frame["box"] = frame["box"].map(lambda b: None if b is None else tuple(float(v) for v in b))
+    frame["other_object_iou"] = pd.to_numeric(frame["other_object_iou"], errors="coerce").astype(float)
+    order = {c.key: i for i, c in enumerate(conditions)}
+    ids = {sample_id: i for i, sample_id in enumerate(sample_ids)}
+    frame = frame.assign(_c=frame["condition"].map(order), _s=frame["sample_id"].map(ids))
+    return frame.sort_values(["_c", "_s"]).drop(columns=["_c", "_s"]).reset_index(drop=True)

@@ -1,1 +1,0 @@
-"""Tiny random-weight VLMs built offline from configs, for tests, benchmarks and recipes."""

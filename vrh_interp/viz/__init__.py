@@ -1,0 +1,1 @@
+"""Figures (matplotlib, imported lazily) and attention overlays."""

@@ -1,0 +1,435 @@
+"""Figures (matplotlib, headless-safe): every function returns the Figure; notebooks display it inline."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+
+def _figure(width: float = 6.0, height: float = 4.0) -> tuple[Any, Any]:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=100)
+    return fig, fig.add_subplot(1, 1, 1)
+
+
+def score_heatmap(scores: np.ndarray, title: str = "head scores") -> Any:
+    """Layer x head heatmap of a score table."""
+    fig, ax = _figure(max(4.0, scores.shape[1] * 0.35 + 2), max(3.0, scores.shape[0] * 0.35 + 1.5))
+    image = ax.imshow(scores, aspect="auto", cmap="viridis", origin="lower")
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_title(title)
+    fig.colorbar(image, ax=ax)
+    fig.tight_layout()
+    return fig
+
+
+def score_distribution(scores: np.ndarray, thresholds: tuple[float, ...] = (1e-3, 5e-3)) -> Any:
+    """Sorted score curve with the paper's sparsity thresholds."""
+    fig, ax = _figure()
+    ordered = np.sort(scores.ravel())[::-1]
+    ax.plot(np.arange(1, len(ordered) + 1), ordered, marker=".")
+    for t in thresholds:
+        ax.axhline(t, linestyle="--", linewidth=0.8, color="grey")
+    ax.set_xlabel("head rank")
+    ax.set_ylabel("score")
+    ax.set_title("score distribution (sparsity)")
+    fig.tight_layout()
+    return fig
+
+
+CONTROL_STYLE = {"random": ("tab:blue", "random sets"), "matched": ("tab:green", "layer-matched sets")}
+
+
+def _control_band(ax: Any, rows: pd.DataFrame, colour: str, alpha: float = 0.2) -> None:
+    """The 5-95 % band of the control sets' accuracies (seed "all" rows); the mean's interval where a summary
+    has no quantile columns (written before set-level statistics)."""
+    if {"accuracy_q05", "accuracy_q95"} <= set(rows.columns):
+        low, high = rows["accuracy_q05"], rows["accuracy_q95"]
+    else:
+        low, high = rows["accuracy_ci_low"], rows["accuracy_ci_high"]
+    accuracy = rows["accuracy"].astype(float)  # the baseline row (k = 0) has no sets: the band starts at its point
+    ax.fill_between(rows["k"], low.astype(float).fillna(accuracy), high.astype(float).fillna(accuracy), color=colour,
+                    alpha=alpha, linewidth=0)
+
+
+def k_sweep_curve(summary: pd.DataFrame, title: str = "grounding accuracy vs masked heads") -> Any:
+    """Accuracy vs k: the top-k heads with their bootstrap CI band, and for each control (random, layer-matched)
+    the mean accuracy of its head sets (dashed) with the band where 90 % of the sets lie (5-95 % quantiles)."""
+    fig, ax = _figure()
+    base = summary[summary["condition"] == "baseline"]
+    top = pd.concat([base, summary[summary["condition"] == "top"]]).sort_values("k")
+    if len(top) >= 2:
+        ax.plot(top["k"], top["accuracy"], marker="o", color="tab:red", label="top-k VRHs")
+        ax.fill_between(top["k"], top["accuracy_ci_low"], top["accuracy_ci_high"], color="tab:red", alpha=0.2,
+                        linewidth=0)
+    for kind, (colour, label) in CONTROL_STYLE.items():
+        rows = summary[(summary["condition"] == kind) & (summary["seed"].astype(str) == "all")]
+        if rows.empty:
+            continue
+        rows = pd.concat([base, rows]).sort_values("k")
+        counts = sorted({int(n) for n in rows["sets"].dropna()}) if "sets" in rows else []
+        sets = "" if not counts else f" ({counts[0]} per k)" if len(counts) == 1 else \
+            f" ({counts[0]}-{counts[-1]} sets per k)"
+        ax.plot(rows["k"], rows["accuracy"], marker="^", linestyle="--", color=colour,
+                label=f"{label}: mean, 5-95% band{sets}")
+        _control_band(ax, rows, colour)
+    ks = sorted(int(k) for k in summary["k"].unique())
+    if "k_fraction" in summary and summary["k_fraction"].notna().all():
+        fraction = summary.groupby("k")["k_fraction"].first()
+        ax.set_xticks(ks, [f"{k}\n{fraction[k]:.1%}" for k in ks], fontsize=8)
+    ax.set_xlabel("k masked heads (share of all heads)")
+    ax.set_ylabel("accuracy (IoU >= 0.5)")
+    ax.set_ylim(0, 1)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def failure_bars(summary: pd.DataFrame) -> Any:
+    """Per condition at each k (control sets pooled): parse failures and mislocations, the latter split into
+    boxes on another annotated object and boxes on no object where the samples list their objects."""
+    fig, ax = _figure(7, 4)
+    rows = summary[(~summary["condition"].isin(tuple(CONTROL_STYLE))) | (summary["seed"].astype(str) == "all")]
+    labels = [f"{c}\nk={k}" for c, k in zip(rows["condition"], rows["k"])]
+    x = np.arange(len(rows))
+    split = "other_object_rate" in rows and rows["other_object_rate"].notna().all()
+    bottom = np.zeros(len(rows))
+    parts = [("other_object_rate", "boxed another object", "tab:orange"),
+             ("no_object_rate", "boxed no object", "tab:brown")] if split else [
+                 ("mislocation_rate", "mislocation", "tab:orange")]
+    for column, label, colour in parts + [("parse_failure_rate", "parse failure", "tab:grey")]:
+        values = rows[column].to_numpy(dtype=float)
+        ax.bar(x, values, bottom=bottom, label=label, color=colour)
+        bottom = bottom + values
+    ax.set_xticks(x, labels, fontsize=7)
+    ax.set_ylabel("share of answers")
+    ax.set_ylim(0, 1)
+    ax.legend()
+    ax.set_title("failure decomposition")
+    fig.tight_layout()
+    return fig
+
+
+def design_space_bars(table: pd.DataFrame) -> Any:
+    fig, ax = _figure(7, max(3.0, 0.3 * len(table) + 1))
+    ordered = table.dropna(subset=["drop"]).sort_values("drop")
+    ax.barh(ordered["variant"], ordered["drop"], color="tab:purple")
+    ax.set_xlabel("accuracy drop when masking the variant's top-k")
+    ax.tick_params(axis="y", labelsize=7)
+    ax.set_title("design space")
+    fig.tight_layout()
+    return fig
+
+
+def attention_overlay(image: Any, grid: np.ndarray, region: tuple[float, float, float, float],
+                      boxes: dict[str, tuple[float, float, float, float]] | None = None, title: str = "") -> Any:
+    """An attention map over a block's token grid drawn on the image region it covers, with boxes."""
+    fig, ax = _figure(4, 4)
+    _draw_overlay(ax, image, grid, region, boxes, title)
+    fig.tight_layout()
+    return fig
+
+
+def _draw_overlay(ax: Any, image: Any, grid: np.ndarray, region: tuple[float, float, float, float],
+                  boxes: dict[str, tuple[float, float, float, float]] | None, title: str) -> None:
+    ax.imshow(image)
+    x0, y0, x1, y1 = region
+    ax.imshow(grid, extent=(x0, x1, y1, y0), alpha=0.55, cmap="inferno", interpolation="nearest")
+    for (name, box), colour in zip((boxes or {}).items(), ("lime", "red", "cyan")):
+        _draw_box(ax, box, colour, name)
+    if boxes:
+        ax.legend(loc="lower right", fontsize=7)
+    ax.set_xlim(0, image.size[0])
+    ax.set_ylim(image.size[1], 0)
+    ax.set_axis_off()
+    ax.set_title(title, fontsize=9)
+
+
+def score_damage_scatter(table: pd.DataFrame, *, label_top: int = 5, title: str | None = None) -> Any:
+    """Single-head causal scan: each head's score against the accuracy drop when it alone is masked.
+
+    ``table`` is ``HeadScanResult.table()`` (or ``head_scan.csv`` read back: columns ``head``, ``score``,
+    ``drop``, ``n``, sorted by score rank); the ``label_top`` best-scored heads are named and the title carries
+    Spearman's rho of score and drop (``statistics.spearman``)."""
+    from vrh_interp.evaluation.statistics import spearman
+
+    fig, ax = _figure()
+    ax.scatter(table["score"], table["drop"], s=14, color="tab:blue", alpha=0.7)
+    for row in table.head(label_top).itertuples():
+        ax.annotate(row.head, (row.score, row.drop), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    ax.axhline(0, color="grey", linewidth=0.8, linestyle="--")
+    ax.set_xlabel("head score")
+    ax.set_ylabel("accuracy drop when masked alone")
+    rho = spearman(table["score"].to_numpy(dtype=float), table["drop"].to_numpy(dtype=float))
+    ax.set_title(title or f"score vs single-head damage (Spearman {rho:.2f}, {len(table)} heads, "
+                          f"n={int(table['n'].max())})", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def overlay_panels(result: Any, title: str = "") -> Any:
+    """The panels of an ``overlays.OverlayResult`` side by side: each head subset's answer-row attention over
+    the image, with the ground-truth (green) and predicted (red) boxes."""
+    from matplotlib.figure import Figure
+
+    panels = result.overlays
+    fig = Figure(figsize=(3.2 * len(panels), 3.6), dpi=100, layout="constrained")
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    boxes = {"ground truth": result.truth.as_tuple()}
+    if hasattr(result.predicted, "as_tuple"):
+        boxes["prediction"] = result.predicted.as_tuple()
+    for ax, overlay in zip(axes, panels):
+        _draw_overlay(ax, result.image, overlay.grid, overlay.block.region, boxes, overlay.name)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    return fig
+
+
+def score_map_comparison(a: np.ndarray, b: np.ndarray, labels: tuple[str, str] = ("A", "B"), k: int = 5) -> Any:
+    """Two models' layer x head score maps side by side, and each head's score in A against B.
+
+    Each heatmap has its own colour scale: index transfer is about WHICH heads score high, and two models'
+    scores can differ in scale. In the scatter (one point per head, same index in both grids) heads in A's
+    top-k are red, in B's top-k green, in both black; the rank statistics with chance baselines are
+    ``vrh_interp.experiments.transfer.compare_scores``.
+    """
+    from matplotlib.figure import Figure
+
+    if a.shape != b.shape:
+        raise ValueError(f"score maps of different grids {a.shape} vs {b.shape} cannot be compared head by head")
+    layers, heads = a.shape
+    fig = Figure(figsize=(max(10.0, 2 * (heads * 0.4 + 2) + 3.5), max(3.4, layers * 0.35 + 1.8)), dpi=100,
+                 layout="constrained")
+    axes = fig.subplots(1, 3, gridspec_kw={"width_ratios": [1, 1, 0.9]})
+    for ax, scores, label in zip(axes[:2], (a, b), labels):
+        image = ax.imshow(scores, aspect="auto", cmap="viridis", origin="lower", interpolation="nearest")
+        ax.set_xticks(range(heads))
+        ax.set_yticks(range(layers))
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        ax.set_title(f"{label} scores")
+        fig.colorbar(image, ax=ax)
+    k = min(k, a.size)
+    top_a = set(np.argsort(-a.ravel(), kind="stable")[:k])
+    top_b = set(np.argsort(-b.ravel(), kind="stable")[:k])
+    colours = ["black" if i in top_a and i in top_b else "tab:red" if i in top_a else "tab:green" if i in top_b
+               else "lightgrey" for i in range(a.size)]
+    axes[2].scatter(a.ravel(), b.ravel(), c=colours, s=18)
+    axes[2].locator_params(nbins=4)
+    axes[2].set_xlabel(f"{labels[0]} score")
+    axes[2].set_ylabel(f"{labels[1]} score")
+    axes[2].set_title(f"per head; top-{k}: {labels[0]} red, {labels[1]} green, both black", fontsize=8)
+    return fig
+
+
+# Transferred heads are dashed so they stay visible where they coincide with the own curve.
+CROSS_STYLE = {"own": ("tab:red", "o", "-"), "transferred": ("tab:green", "s", "--"), "random": ("tab:blue", "^", "-")}
+
+
+def cross_masking_curves(summary: pd.DataFrame, title: str = "cross-model masking") -> Any:
+    """The paper's Fig. 7: one panel per model, accuracy vs k with that model's own top-k heads, the other
+    model's top-k heads (transferred) and sets of k random heads masked: own and transferred with bootstrap CI
+    bands, the random sets' mean with the band of their 5-95 % quantiles.
+
+    ``summary`` is ``vrh_interp.experiments.transfer.CrossMaskingResult.summary()`` or its CSV read back. Every curve
+    starts at the model's unmasked baseline (k = 0). Panels share the y axis (accuracy in [0, 1]).
+    """
+    from matplotlib.figure import Figure
+
+    models = list(dict.fromkeys(summary["model"]))
+    fig = Figure(figsize=(4.2 * len(models) + 0.6, 4.0), dpi=100)
+    axes = fig.subplots(1, len(models), sharey=True, squeeze=False)[0]
+    for ax, model in zip(axes, models):
+        part = summary[summary["model"] == model]
+        base = part[part["condition"] == "baseline"]
+        for kind, (colour, marker, line) in CROSS_STYLE.items():
+            rows = part[part["condition"] == kind]
+            if kind == "random":
+                rows = rows[rows["seed"].astype(str) == "all"]
+                label = "random sets: mean, 5-95% band"
+            elif kind == "own":
+                label = f"own top-k ({model})"
+            else:
+                sources = rows["heads_from"].dropna().unique()
+                label = f"transferred top-k ({sources[0] if len(sources) else '?'})"
+            rows = pd.concat([base, rows]).sort_values("k")
+            if len(rows) < 2:
+                continue
+            ax.plot(rows["k"], rows["accuracy"], marker=marker, linestyle=line, color=colour, label=label)
+            if kind == "random":
+                _control_band(ax, rows, colour, alpha=0.15)
+            else:
+                ax.fill_between(rows["k"], rows["accuracy_ci_low"], rows["accuracy_ci_high"], color=colour, alpha=0.15)
+        ax.set_title(f"heads masked in {model}")
+        ax.set_xticks(sorted(int(k) for k in part["k"].unique()))
+        ax.set_xlabel("k masked heads")
+        ax.set_ylim(0, 1)
+        ax.legend(fontsize=8)
+    axes[0].set_ylabel("accuracy (IoU >= 0.5)")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+# ------------------------------------------------------------------------------------------ activation patching
+Rect = tuple[float, float, float, float]
+
+
+def _draw_box(ax: Any, box: Rect, colour: str, label: str | None = None, style: str = "-") -> None:
+    from matplotlib.patches import Rectangle
+
+    x1, y1, x2, y2 = box
+    ax.add_patch(Rectangle((x1, y1), x2 - x1, y2 - y1, fill=False, edgecolor=colour, linewidth=2, linestyle=style,
+                           label=label))
+
+
+def pair_panels(images: tuple[Any, Any], boxes: dict[str, Rect | None],
+                titles: tuple[str, str] = ("clean", "corrupted"),
+                answers: tuple[Rect | None, Rect | None] | None = None) -> Any:
+    """A clean/corrupted input pair side by side, every named box drawn on both images.
+
+    ``boxes`` maps a label (e.g. ``"clean referent"``) to a pixel box, ``None`` to skip; ``answers`` are the
+    model's parsed answer boxes on each image (dashed white), ``None`` where it did not parse.
+    """
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7.6, 4.0), dpi=100, layout="constrained")
+    axes = fig.subplots(1, 2)
+    colours = ("lime", "red", "cyan", "orange")
+    for index, (ax, image, title) in enumerate(zip(axes, images, titles)):
+        ax.imshow(image)
+        for (label, box), colour in zip(boxes.items(), colours):
+            if box is not None:
+                _draw_box(ax, box, colour, label)
+        if answers is not None and answers[index] is not None:
+            _draw_box(ax, answers[index], "white", "answer", "--")
+        ax.set_xlim(0, image.size[0])
+        ax.set_ylim(image.size[1], 0)
+        ax.set_axis_off()
+        ax.set_title(title, fontsize=9)
+    axes[1].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
+    return fig
+
+
+def patching_heatmap(grid: np.ndarray, title: str = "recovery per head") -> Any:
+    """Layer x head heatmap of patching recovery, centred on 0 (blue: hurts, red: recovers the clean answer).
+
+    ``grid`` is ``HeadPatchingResult.recovery_grid(layers, heads)`` (NaN for heads not patched); small grids
+    carry the value in each cell.
+    """
+    from matplotlib.colors import TwoSlopeNorm
+
+    layers, heads = grid.shape
+    fig, ax = _figure(max(4.0, heads * 0.5 + 2), max(3.0, layers * 0.45 + 1.5))
+    finite = grid[np.isfinite(grid)]
+    bound = float(np.abs(finite).max()) if finite.size else 1.0
+    bound = bound if bound > 0 else 1.0
+    image = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap="RdBu_r", origin="lower",
+                      norm=TwoSlopeNorm(vcenter=0.0, vmin=-bound, vmax=bound), interpolation="nearest")
+    if grid.size <= 256:
+        for layer in range(layers):
+            for head in range(heads):
+                if np.isfinite(grid[layer, head]):
+                    value = grid[layer, head]
+                    ax.text(head, layer, f"{value:.2f}", ha="center", va="center", fontsize=6,
+                            color="white" if abs(value) > 0.6 * bound else "black")
+    ax.set_xticks(range(heads))
+    ax.set_yticks(range(layers))
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_title(title)
+    fig.colorbar(image, ax=ax, label="recovery")
+    fig.tight_layout()
+    return fig
+
+
+def attribution_scatter(exact: pd.DataFrame, estimate: pd.DataFrame, stats: dict[str, float] | None = None,
+                        label_top: int = 3) -> Any:
+    """Attribution-patching estimate against exact patching recovery, one point per head, with y = x.
+
+    ``exact`` / ``estimate`` are the ``frame`` of ``patch_each_head`` / ``attribution_patching`` (joined on
+    ``head``); ``stats`` is ``compare_rankings(...)`` (its rank correlations go into the title); the
+    ``label_top`` heads of the exact ranking are named.
+    """
+    merged = exact.merge(estimate, on="head", suffixes=("_exact", "_attribution"))
+    fig, ax = _figure(4.6, 4.2)
+    x, y = merged["recovery_exact"].to_numpy(), merged["recovery_attribution"].to_numpy()
+    ax.scatter(x, y, s=16, color="tab:blue")
+    low, high = float(min(x.min(), y.min())), float(max(x.max(), y.max()))
+    ax.plot([low, high], [low, high], linestyle="--", color="grey", linewidth=0.8)
+    for row in merged.nlargest(label_top, "recovery_exact").itertuples():
+        ax.annotate(row.head, (row.recovery_exact, row.recovery_attribution), fontsize=7,
+                    xytext=(3, 3), textcoords="offset points")
+    ax.set_xlabel("exact patching recovery")
+    ax.set_ylabel("attribution estimate")
+    title = "attribution vs exact patching"
+    if stats:
+        title += f"\nSpearman {stats['spearman']:.2f}, Kendall tau-b {stats['kendall_tau_b']:.2f}"
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+REGION_COLOURS = {"head_output": "tab:grey", "clean_referent": "tab:green", "corrupted_referent": "tab:red",
+                  "distractors": "tab:cyan", "background": "tab:olive", "text": "tab:purple"}
+
+
+def position_patching_map(frame: pd.DataFrame, *, image: Any = None, boxes: dict[str, Rect | None] | None = None,
+                          title: str = "key/value patching by region") -> Any:
+    """Recovery per region from ``position_patching`` as bars with bootstrap CIs, one group per head.
+
+    The whole-head ceiling (``head_output``) is the grey bar and a dashed line. With ``image`` and ``boxes``
+    (region name -> a pixel box, e.g. ``{"clean_referent": pair.clean.box, "corrupted_referent":
+    pair.corrupted_box}``) a second panel draws the regions on the image, each labelled with its recovery for
+    the first head.
+    """
+    from matplotlib.figure import Figure
+
+    heads = list(dict.fromkeys(frame["head"]))
+    regions = list(dict.fromkeys(frame["region"]))
+    panels = 2 if image is not None else 1
+    fig = Figure(figsize=(max(5.0, 0.6 * len(regions) * len(heads) + 1.5) + 3.6 * (panels - 1), 3.8), dpi=100,
+                 layout="constrained")
+    axes = fig.subplots(1, panels, squeeze=False, gridspec_kw={"width_ratios": [2.2, 1][:panels]})[0]
+    ax = axes[0]
+    width = 0.8 / len(regions)
+    for h, head in enumerate(heads):
+        part = frame[frame["head"] == head].set_index("region")
+        for r, region in enumerate(regions):
+            if region not in part.index:
+                continue
+            row = part.loc[region]
+            x = h + (r - (len(regions) - 1) / 2) * width
+            error = [[max(row["recovery"] - row["ci_low"], 0.0)], [max(row["ci_high"] - row["recovery"], 0.0)]]
+            ax.bar(x, row["recovery"], width, yerr=error, capsize=2, color=REGION_COLOURS.get(region, "tab:blue"),
+                   label=region if h == 0 else None)
+        if "head_output" in part.index:
+            ceiling = float(part.loc["head_output", "recovery"])
+            ax.hlines(ceiling, h - 0.45, h + 0.45, linestyles="--", colors="grey", linewidth=0.8)
+    ax.axhline(0.0, color="black", linewidth=0.6)
+    ax.set_xticks(range(len(heads)), heads)
+    ax.set_ylabel("recovery")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    if image is not None:
+        first = frame[frame["head"] == heads[0]].set_index("region")["recovery"]
+        overlay = axes[1]
+        overlay.imshow(image)
+        for region, box in (boxes or {}).items():
+            if box is None:
+                continue
+            _draw_box(overlay, box, REGION_COLOURS.get(region, "tab:blue"))
+            if region in first.index:
+                x1, y1, _, _ = box  # a Box or a 4-tuple
+                overlay.text(x1, y1 - 1, f"{first[region]:.2f}", fontsize=8, va="bottom",
+                             color=REGION_COLOURS.get(region, "tab:blue"), fontweight="bold")
+        overlay.set_xlim(0, image.size[0])
+        overlay.set_ylim(image.size[1], 0)
+        overlay.set_axis_off()
+        overlay.set_title(f"{heads[0]}: recovery per region", fontsize=9)
+    return fig
