@@ -561,6 +561,38 @@ def canonical_log_order(log: RecordLog, key: Callable[[Mapping[str, Any]], Any])
     os.replace(tmp, log.path)
 
 
+def run_passes(log: RecordLog | None, chunks: Sequence[Sequence[S]], conditions: Sequence[Condition], *,
+               unit: Callable[[S], Hashable], record_unit: Callable[[Mapping[str, Any]], Hashable],
+               answer_of: Callable[[Mapping[str, Any]], A], passes: Any,
+               record: Callable[[S, Condition, A], dict[str, Any]],
+               canonical: Callable[[Mapping[str, Any]], Any], desc: str, progress: bool) -> list[dict[str, Any]]:
+    """The loop every condition experiment runs (grounding sweeps, design space, head scan, cross-masking, the VQA
+    sweep): the records already in ``log`` are kept (resume) and their answers reused by every condition masking
+    the same heads (``head_signature``); the rest are answered pass by pass (``condition_passes`` with
+    ``passes.answer`` / ``passes.per_pass``) and appended after each pass; the finished log and the returned
+    records are in ``canonical`` order (``canonical_log_order``). ``unit`` names a sample, ``record_unit`` the
+    same name read from a record, ``answer_of`` what ``record`` was made from."""
+    records: list[dict[str, Any]] = log.read() if log else []
+    signature = {c.key: head_signature(c) for c in conditions}
+    done = {(record_unit(r), r["condition"]) for r in records}
+    known: dict[tuple[Any, ...], dict[Hashable, A]] = {}
+    for row in records:
+        if row["condition"] in signature:
+            known.setdefault(signature[row["condition"]], {})[record_unit(row)] = answer_of(row)
+    bar = tqdm(total=len(conditions) * sum(map(len, chunks)), initial=len(done), desc=desc, disable=not progress,
+               unit="answer")
+    for new in condition_passes(chunks, conditions, unit=unit, done=done, known=known, answer=passes.answer,
+                                per_pass=passes.per_pass, record=record):
+        if log is not None:
+            log.append(new)
+        records.extend(new)
+        bar.update(len(new))
+    bar.close()
+    if log is not None:
+        canonical_log_order(log, canonical)
+    return sorted(records, key=canonical)
+
+
 def run_conditions(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], conditions: Sequence[Condition], *,
                    iou_threshold: float = 0.5, batch_size: int = 8, max_new_tokens: int = 24,
                    run_dir: str | Path | None = None, progress: bool = True,
@@ -620,16 +652,6 @@ def run_conditions(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], condit
     config.update(backend_config(runner))
     folder = RunFolder(run_dir, shard_config(config, shard, batch_size)) if run_dir is not None else None
     mine = shard.select(eval_samples, batch_size) if shard is not None else list(eval_samples)
-    log = folder.log("sweep_records") if folder else None
-    records: list[dict[str, Any]] = log.read() if log else []
-    done = {(r["sample_id"], r["condition"]) for r in records}
-    signature = {c.key: head_signature(c) for c in conditions}
-    answered: dict[tuple[Any, ...], dict[Hashable, dict[str, Any]]] = {}
-    for record in records:
-        if record["condition"] in signature:
-            answered.setdefault(signature[record["condition"]], {})[record["sample_id"]] = record
-    total = len(conditions) * len(mine)
-    bar = tqdm(total=total, initial=len(done), desc="sweep: masked grounding", disable=not progress, unit="answer")
     outcome_fields = ("sample_id", "answer", "parsed", "box", "iou", "other_object_iou")
 
     def make_record(sample: GroundingSampleLike, cond: Condition, known: Mapping[str, Any]) -> dict[str, Any]:
@@ -639,17 +661,13 @@ def run_conditions(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], condit
     passes = _GroundingPasses(vlm, ablations, max_new_tokens=max_new_tokens, remote=remote,
                               max_batch_rows=max_batch_rows, backend=runner)
     chunks = [mine[start: start + batch_size] for start in range(0, len(mine), batch_size)]
-    for new in condition_passes(chunks, conditions, unit=lambda s: s.sample_id, done=done, known=answered,
-                                answer=passes.answer, per_pass=passes.per_pass, record=make_record):
-        if log is not None:
-            log.append(new)
-        records.extend(new)
-        bar.update(len(new))
-    bar.close()
-    if log is not None:
-        order = {c.key: i for i, c in enumerate(conditions)}
-        position = {s.sample_id: i for i, s in enumerate(eval_samples)}
-        canonical_log_order(log, lambda r: (order[r["condition"]], position[r["sample_id"]]))
+    order = {c.key: i for i, c in enumerate(conditions)}
+    position = {s.sample_id: i for i, s in enumerate(eval_samples)}
+    records = run_passes(folder.log("sweep_records") if folder else None, chunks, conditions,
+                         unit=lambda s: s.sample_id, record_unit=lambda r: r["sample_id"], answer_of=lambda r: r,
+                         passes=passes, record=make_record,
+                         canonical=lambda r: (order[r["condition"]], position[r["sample_id"]]),
+                         desc="sweep: masked grounding", progress=progress)
     return SweepResult(records=_records_frame(records, conditions, [s.sample_id for s in eval_samples]),
                        conditions=list(conditions), iou_threshold=iou_threshold,
                        total_heads=vlm.geometry.total_heads)

@@ -32,15 +32,14 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import pandas as pd
-from tqdm.auto import tqdm
 
 from vrh_interp.core import interventions as iv
 from vrh_interp.data.datasets.samples import VQASample
 from vrh_interp.data.datasets.vqa import score_response
 from vrh_interp.data.datasets.vqa_prompt import vqa_prompt
-from vrh_interp.experiments.sweep import (CONTROL_KINDS, Condition, ablation_for, canonical_log_order, condition_order,
-                                          condition_passes, condition_rows, conditions_per_pass, control_conditions,
-                                          head_signature, set_level_rows, total_heads_of)
+from vrh_interp.experiments.sweep import (CONTROL_KINDS, Condition, ablation_for, condition_order, condition_rows,
+                                          conditions_per_pass, control_conditions, run_passes, set_level_rows,
+                                          total_heads_of)
 from vrh_interp.evaluation.controls import DEFAULT_RANDOM_SEEDS
 from vrh_interp.core.heads import HeadGeometry, HeadSet
 from vrh_interp.core.model import VLM
@@ -208,16 +207,6 @@ def vqa_sweep(vlm: VLM, samples: Sequence[VQASample], heads: HeadSet, *,
     mine = {b: [s for s in samples if s.benchmark == b] for b in benchmarks}
     if shard is not None:
         mine = {b: shard.select(part, batch_size) for b, part in mine.items()}
-    records: list[dict[str, Any]] = log.read() if log else []
-    done = {(r["benchmark"], r["sample_id"], r["condition"]) for r in records}
-    signature = {c.key: head_signature(c) for c in conditions}
-    answered: dict[tuple[Any, ...], dict[Any, str]] = {}  # head set -> (benchmark, id) -> response
-    for record in records:
-        if record["condition"] in signature:
-            answered.setdefault(signature[record["condition"]], {})[(record["benchmark"], record["sample_id"])] = \
-                record["response"]
-    bar = tqdm(total=len(conditions) * sum(map(len, mine.values())), initial=len(done),
-               desc="vqa sweep: masked answers", disable=not progress, unit="answer")
 
     def make_record(sample: VQASample, condition: Condition, response: str) -> dict[str, Any]:
         scored = score_response(sample, response)
@@ -225,17 +214,8 @@ def vqa_sweep(vlm: VLM, samples: Sequence[VQASample], heads: HeadSet, *,
                 "kind": condition.kind, "k": condition.k, "seed": condition.seed, "response": response,
                 "prediction": scored.prediction, "correct": scored.correct}
 
-    runner = _VQAPasses(vlm, masking, remote=remote, max_batch_rows=max_batch_rows)
     chunks = [part[start: start + batch_size] for b in benchmarks for part in (mine[b],)
               for start in range(0, len(part), batch_size)]
-    recorded = {((benchmark, sample_id), key) for benchmark, sample_id, key in done}
-    for new in condition_passes(chunks, conditions, unit=lambda s: (s.benchmark, s.sample_id), done=recorded,
-                                known=answered, answer=runner.answer, per_pass=runner.per_pass, record=make_record):
-        if log is not None:
-            log.append(new)
-        records.extend(new)
-        bar.update(len(new))
-    bar.close()
     # the one-condition-at-a-time order (condition, benchmark, sample), for the result and a finished folder
     order = {c.key: i for i, c in enumerate(conditions)}
     bench = {b: i for i, b in enumerate(benchmarks)}
@@ -244,9 +224,11 @@ def vqa_sweep(vlm: VLM, samples: Sequence[VQASample], heads: HeadSet, *,
     def canonical(r: Mapping[str, Any]) -> tuple[int, int, int]:
         return order[r["condition"]], bench[r["benchmark"]], position[(r["benchmark"], r["sample_id"])]
 
-    records = sorted(records, key=canonical)
-    if log is not None:
-        canonical_log_order(log, canonical)
+    records = run_passes(log, chunks, conditions, unit=lambda s: (s.benchmark, s.sample_id),
+                         record_unit=lambda r: (r["benchmark"], r["sample_id"]), answer_of=lambda r: r["response"],
+                         passes=_VQAPasses(vlm, masking, remote=remote, max_batch_rows=max_batch_rows),
+                         record=make_record, canonical=canonical, desc="vqa sweep: masked answers",
+                         progress=progress)
     return VQASweepResult(records=pd.DataFrame(records, columns=RECORD_COLUMNS), conditions=conditions,
                           benchmarks=benchmarks, total_heads=vlm.geometry.total_heads)
 
