@@ -223,3 +223,33 @@ def test_cli_refuses_an_unbridged_family_and_remote_on_transformer_lens(tmp_path
     assert "cannot run family 'internvl'" in err and "Traceback" not in err
     assert main([*base, "--model", "tiny:llava", "--remote"]) == 2
     assert "remote runs (NDIF) go through nnsight" in capsys.readouterr().err
+
+
+def test_scan_and_design_space_commands_run_on_either_backend_alike(tmp_path, capsys):
+    """``--backend`` reaches ``vrh scan`` and ``vrh design-space``: on the tiny LLaVA fixture their tables equal the
+    nnsight runs' (accuracies exactly; head scores within ``STATS_ATOL``) and the folders record the backend."""
+    import pandas as pd
+
+    from vrh_interp.apps.cli import main
+
+    common = ["--model", "tiny:llava", "--batch-size", "4", "--max-new-tokens", "3", "--json"]
+    assert main(["detect", *common, "--data", "synthetic:detect:3", "--out", str(tmp_path / "detect")]) == 0
+    scores_file = json.loads(capsys.readouterr().out)["scores_file"]
+    tables = {}
+    for backend in ("nnsight", "transformer-lens"):
+        out = tmp_path / backend
+        assert main(["scan", *common, "--data", "synthetic:eval:2", "--scores", scores_file, "--heads", "L0H0,L1H1",
+                     "--out", str(out / "scan"), "--backend", backend]) == 0
+        assert main(["design-space", *common, "--data", "synthetic:detect:3", "--eval-data", "synthetic:eval:2",
+                     "--k", "1", "--random-sets", "1", "--out", str(out / "design"), "--backend", backend]) == 0
+        capsys.readouterr()
+        tables[backend] = (pd.read_csv(out / "scan" / "head_scan.csv"),
+                           pd.read_csv(out / "design" / "design_space.csv"))
+        manifest = json.loads((out / "scan" / "scan" / "manifest.json").read_text())
+        assert manifest.get("backend", "nnsight") == backend
+    (scan_a, design_a), (scan_b, design_b) = tables["nnsight"], tables["transformer-lens"]
+    assert scan_a[["head", "n", "accuracy", "drop"]].equals(scan_b[["head", "n", "accuracy", "drop"]])
+    numeric = design_a.select_dtypes("number").columns
+    assert design_a.drop(columns=numeric).equals(design_b.drop(columns=numeric))
+    assert np.allclose(design_a[numeric].to_numpy(float), design_b[numeric].to_numpy(float), atol=STATS_ATOL,
+                       equal_nan=True)

@@ -355,7 +355,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
     result = head_scan(vlm, samples, scores, heads=parse_heads(args.heads) if args.heads else None,
                        ablation=ablation, iou_threshold=args.iou, batch_size=args.batch_size,
                        max_new_tokens=args.max_new_tokens, run_dir=out / "scan", progress=not args.json,
-                       remote=args.remote)
+                       remote=args.remote, backend=args.backend)
     facts = write_head_scan(result, out)
     if args.json:
         print(json.dumps({**facts, "csv": str(out / SCAN_CSV), "figure": str(out / SCAN_PNG)}))
@@ -379,7 +379,8 @@ def cmd_design_space(args: argparse.Namespace) -> int:
     # every shard needs ALL detection statistics (they pick the heads to mask): it collects them, or resumes
     # from a merged `vrh detect --shard` folder copied to OUT/detect
     stats = collect_detection_stats(vlm, detect, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
-                                    run_dir=out / "detect", dataset=args.data, remote=args.remote)
+                                    run_dir=out / "detect", dataset=args.data, remote=args.remote,
+                                    backend=args.backend)
     values = None
     if args.ablation != "zero":  # reference outputs from the same detection samples
         from vrh_interp.evaluation.grounding import ablation_values
@@ -392,11 +393,11 @@ def cmd_design_space(args: argparse.Namespace) -> int:
         result = run_conditions(vlm, evaluate, plan.conditions,
                                 batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
                                 run_dir=out / "design_space", shard=args.shard, remote=args.remote,
-                                ablation_values=values)
+                                ablation_values=values, backend=args.backend)
         return _shard_done(args, len(result.records))
     table = design_space(vlm, stats, evaluate, k=args.k, random_seeds=range(args.random_sets),
                          batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, run_dir=out,
-                         remote=args.remote, ablation=args.ablation, ablation_values=values)
+                         remote=args.remote, ablation=args.ablation, ablation_values=values, backend=args.backend)
     write_atomic(out / "design_space.csv", table.to_csv(index=False))
     _print_design_space(table, args.k, args.json)
     return 0
@@ -633,6 +634,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heads", type=_head_spec, default=None, help="heads to scan, e.g. L0H1,L3H5 (default: every head)")
     iou_option(p)
     ablation_options(p)
+    backend_option(p)
     p.set_defaults(func=cmd_scan)
 
     p = sub.add_parser("design-space", help="rank the scoring variants by the drop their top-k causes")
@@ -644,6 +646,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="random sets of k heads (outside every variant's top-k) each variant is compared with; "
                         "0: rank the variants without a random control")
     ablation_options(p, detect_data=False)
+    backend_option(p)
     p.set_defaults(func=cmd_design_space)
 
     p = sub.add_parser("merge", help="join the --out folders of a sharded detect, sweep, design-space or reproduce run")
