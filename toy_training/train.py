@@ -76,7 +76,7 @@ from toy_training.configs import (
 )
 from vrh_interp.toy import checkpoint_dir, load
 from vrh_interp.toy.planted import DECOY_HEADS, PLANTED_HEADS
-from toy_training import planted
+from toy_training import grow, planted
 from toy_training.text_tasks import scene_text_items, text_messages
 from toy_training.tokenizer import IM_END
 
@@ -126,6 +126,9 @@ class TrainConfig:
     head_dropout: float = 0.0
     init_backbone: str | None = None  # trained toy checkpoint whose language backbone is loaded at stage 2
     warm_start: str | None = None  # trained toy checkpoint whose whole model starts a grounding-only run
+    # with warm_start: revive the heads whose output-projection norm is under this share of the 90th-percentile
+    # head's (toy_training.grow.revive: function-preserving splits, scaled-up heads) before training; 0: off
+    revive_floor: float = 0.0
 
     @property
     def total_steps(self) -> int:
@@ -773,6 +776,9 @@ def train(config: TrainConfig, out_dir: Path, resume: bool) -> list[dict]:
         if step == config.vision_steps:
             if config.warm_start is not None:
                 load_whole_model(model, config.warm_start)
+                if config.revive_floor > 0:
+                    revived = grow.revive(model, floor=config.revive_floor, seed=config.seed)
+                    (out_dir / "revived.json").write_text(json.dumps(revived, indent=1))
             elif config.init_backbone is not None:
                 load_language_backbone(model, config.init_backbone)
             configure_stage(model, "grounding")
@@ -912,6 +918,13 @@ def _parse_args() -> argparse.Namespace:
                         help="trained toy checkpoint folder (same family) that a grounding-only run continues from: "
                              "no stage 1, fresh optimiser and schedule")
     parser.add_argument("--lr", type=float, default=None, help="peak grounding (stage-2) learning rate")
+    parser.add_argument("--revive-floor", type=float, default=None,
+                        help="with --warm-start: revive heads whose output norm is under this share of the "
+                             "90th-percentile head's (toy_training.grow) before training")
+    parser.add_argument("--fp32", action="store_true",
+                        help="train in float32 (no bf16 autocast: on CPUs without native bf16, e.g. AVX2 only, "
+                             "bf16 autocast is several times slower)")
+    parser.add_argument("--head-dropout", type=float, default=None, help="per-row head dropout probability")
     parser.add_argument("--vqa-scenes", type=int, default=None,
                         help="scenes per grounding step whose synthetic VQA items join the batch")
     parser.add_argument("--vqa-query-probe", action="store_true",
@@ -965,6 +978,12 @@ def main() -> None:
         overrides["grounding_lr"] = args.lr
     if args.vqa_scenes is not None:
         overrides["vqa_batch_scenes"] = args.vqa_scenes
+    if args.revive_floor is not None:
+        overrides["revive_floor"] = args.revive_floor
+    if args.head_dropout is not None:
+        overrides["head_dropout"] = args.head_dropout
+    if args.fp32:
+        overrides["bf16"] = False
     if args.vqa_query_probe:
         overrides["vqa_query_probe"] = True
     if args.steps is not None:

@@ -1,0 +1,73 @@
+"""Bring a toy's inert heads into use (toy C's rebuild, issue 31): function-preserving head splits, then training.
+
+Toy C was built by embedding toy A in a 128-head backbone with every new head's output projection at zero
+(``planted.embed_donor``); training grew those heads only to a tenth of the donor heads' output norms, so 96 of
+128 heads were near-inert. ``revive`` restarts them before more training:
+
+* in a layer that holds live heads (toy A's layers 0, 2, 4, 6), each inert head becomes a copy of a live head
+  of the SAME key/value group (same keys and values, the same query weights plus a little noise) and the two
+  share the original's output projection half and half: the model's function is unchanged (up to the noise),
+  and head dropout during training makes the copies diverge (a copy is dropped while its twin is kept);
+* in a layer with no live head (the layers inserted between donor layers), every head's output projection
+  is scaled up to half the live heads' median norm, keeping the direction it learnt.
+
+A head is inert when its output-projection norm is under ``floor`` (a quarter) of the 90th-percentile head's,
+the census rule of ``vrh_interp.evaluation.census``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def head_norms(model) -> np.ndarray:
+    """[layers, heads] Frobenius norm of each head's columns of the output projection."""
+    config = model.config.get_text_config()
+    heads, head_dim = config.num_attention_heads, config.head_dim
+    rows = []
+    for layer in model.model.language_model.layers:
+        weight = layer.self_attn.o_proj.weight.detach().float()
+        rows.append([weight[:, h * head_dim:(h + 1) * head_dim].norm().item() for h in range(heads)])
+    return np.array(rows)
+
+
+@torch.no_grad()
+def revive(model, floor: float = 0.25, noise: float = 0.01, seed: int = 0) -> dict:
+    """Split live heads into inert slots of their KV group and scale up heads of layers with no live head (module
+    doc). Returns what was done: ``{"split": [(layer, live, inert)], "scaled": [(layer, head, factor)]}``."""
+    config = model.config.get_text_config()
+    heads, head_dim = config.num_attention_heads, config.head_dim
+    group = heads // config.num_key_value_heads
+    norms = head_norms(model)
+    threshold = floor * np.percentile(norms, 90)
+    live = norms >= threshold
+    target = 0.5 * float(np.median(norms[live]))
+    generator = torch.Generator().manual_seed(seed)
+    split, scaled = [], []
+    for layer, block in enumerate(model.model.language_model.layers):
+        attention = block.self_attn
+        q, o = attention.q_proj, attention.o_proj
+
+        def rows(h: int) -> slice:
+            return slice(h * head_dim, (h + 1) * head_dim)
+
+        if live[layer].any():
+            for start in range(0, heads, group):
+                donors = [h for h in range(start, start + group) if live[layer, h]]
+                inert = [h for h in range(start, start + group) if not live[layer, h]]
+                for donor, slot in zip(donors * len(inert), inert):
+                    q.weight[rows(slot)] = q.weight[rows(donor)]
+                    q.weight[rows(slot)] += noise * q.weight[rows(donor)].std() * torch.randn(
+                        q.weight[rows(slot)].shape, generator=generator)
+                    if q.bias is not None:
+                        q.bias[rows(slot)] = q.bias[rows(donor)]
+                    o.weight[:, rows(donor)] *= 0.5
+                    o.weight[:, rows(slot)] = o.weight[:, rows(donor)]
+                    split.append((layer, donor, slot))
+        else:
+            for h in range(heads):
+                factor = target / max(norms[layer, h], 1e-8)
+                o.weight[:, rows(h)] *= factor
+                scaled.append((layer, h, round(float(factor), 3)))
+    return {"threshold": float(threshold), "target": target, "split": split, "scaled": scaled}
