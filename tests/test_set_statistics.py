@@ -362,7 +362,7 @@ def test_demo_keeps_every_control_set_at_k_star_and_the_same_draws_elsewhere():
     g = HeadGeometry(4, 8, 4, 16)
     ranking = HeadSet([Head(3, 5), Head(2, 1), Head(1, 0), Head(0, 7)])
     full = sweep_conditions(ranking, g, [0, 1, 2, 3], list(range(20)))
-    kept = main_conditions(ranking, g, [0, 1, 2, 3], 1, 20, 2)
+    kept = main_conditions(ranking, g, [0, 1, 2, 3], 1, range(20), 2)
     assert set(kept) <= set(full)  # the same draws (detected set = top max(ks)), a subset of them
     for kind in ("random", "matched"):
         assert sorted(c.seed for c in kept if c.kind == kind and c.k == 1) == list(range(20))

@@ -10,7 +10,12 @@ ablation, implemented independently of its nnsight templates):
   another referent's expression on the same image (the box should move to THAT referent);
 * the damage of every single head (zero ablation, accuracy points lost) and of seeded random sets of
   ``round(2.5 %)`` of the heads: the mean cost of a random set and the worst single head are the regime's
-  two numbers.
+  two numbers;
+* the head census (``vrh_interp.evaluation.census``): heads inert by output-projection norm (under a quarter of
+  the 90th-percentile head's, read off the weights here with ``toy_training.grow.head_norms``) and by single-head
+  effect (KL of the answer distribution), and the random sets drawn again from the LIVE heads only: a control
+  pool of dead heads would make random sets cheap by construction. In the regime: no inert head, live random
+  sets cost <= 5 points on average, no single head > 15.
 
 Many masks are evaluated in one batched ``generate``: each row carries its own [layers, heads]
 multipliers (rows = masks x samples), which is exact because rows do not interact.
@@ -115,6 +120,19 @@ def measure(model, processor, name: str, *, n_scenes: int = 50, offset: int = 20
     single = np.array(accuracies[1:1 + total])
     random_acc = np.array(accuracies[1 + total:])
     damage = base - single
+    from toy_training import grow
+    from vrh_interp.core.model import wrap
+    from vrh_interp.evaluation.census import NORM_FLOOR, census
+
+    norms = grow.head_norms(model)
+    pool = census(wrap(model, processor), damage_samples[:8])
+    live = list(pool.live)
+    live_sets = [HeadSet(live[i] for i in sorted(rng.choice(len(live), set_size, replace=False)))
+                 for _ in range(random_sets)] if len(live) >= set_size else []
+    live_acc = np.array([float(_hits(damage_samples, boxes).mean())
+                         for boxes in masked_boxes(model, processor, name, damage_samples, live_sets)]) \
+        if live_sets else np.array([])
+    inert_norm = [str(h) for h in everyone if norms[h.layer, h.head] < NORM_FLOOR * np.percentile(norms, 90)]
     return {
         "name": name, "heads": total, "layers": layers, "heads_per_layer": heads,
         "scenes": [offset, offset + n_scenes - 1], "n": len(samples),
@@ -130,13 +148,22 @@ def measure(model, processor, name: str, *, n_scenes: int = 50, offset: int = 20
         "random_set_size": set_size, "random_sets": [s.to_list() for s in randoms],
         "random_set_accuracies": random_acc.tolist(),
         "random_set_cost_mean": float(base - random_acc.mean()), "random_set_cost_max": float(base - random_acc.min()),
-        "in_regime": bool(base - random_acc.mean() <= RANDOM_SET_BUDGET and damage.max() <= SINGLE_HEAD_BUDGET),
+        "output_norm_p90": float(np.percentile(norms, 90)),
+        "inert_by_norm": inert_norm, "inert_by_effect": [h for h in pool.table.loc[pool.table["inert_effect"], "head"]],
+        "live_heads": len(live), "live_random_sets": [s.to_list() for s in live_sets],
+        "live_random_set_accuracies": live_acc.tolist(),
+        "live_random_set_cost_mean": float(base - live_acc.mean()) if live_acc.size else float("nan"),
+        "live_random_set_cost_max": float(base - live_acc.min()) if live_acc.size else float("nan"),
+        "in_regime": bool(not inert_norm and live_acc.size and base - live_acc.mean() <= RANDOM_SET_BUDGET
+                          and damage.max() <= SINGLE_HEAD_BUDGET),
     }
 
 
 def summary_lines(measured: dict) -> list[str]:
     """The model card's regime lines."""
     m = measured
+    listed = m["inert_by_norm"][:12]
+    named = f" ({', '.join(listed)}{'...' if len(m['inert_by_norm']) > 12 else ''})" if listed else ""
     return [
         f"{m['name']}: {m['heads']} heads ({m['layers']} x {m['heads_per_layer']}); level-1 grounding "
         f"{m['accuracy']:.3f} "
@@ -148,7 +175,12 @@ def summary_lines(measured: dict) -> list[str]:
         f"median {m['single_head_damage_median']:.3f}; >= 5 / 10 / 20 points: {m['single_heads_costing_5_points']} / "
         f"{m['single_heads_costing_10_points']} / {m['single_heads_costing_20_points']}",
         f"random sets of {m['random_set_size']} heads ({len(m['random_set_accuracies'])} sets): mean cost "
-        f"{m['random_set_cost_mean']:.3f}, worst {m['random_set_cost_max']:.3f}; in the paper's regime: "
+        f"{m['random_set_cost_mean']:.3f}, worst {m['random_set_cost_max']:.3f}",
+        f"census: inert by output norm (< 1/4 of the 90th-percentile head's) {len(m['inert_by_norm'])}"
+        f"{named}"
+        f", by single-head effect {len(m['inert_by_effect'])}; live heads {m['live_heads']}",
+        f"random sets of {m['random_set_size']} LIVE heads ({len(m['live_random_set_accuracies'])} sets): mean cost "
+        f"{m['live_random_set_cost_mean']:.3f}, worst {m['live_random_set_cost_max']:.3f}; in the paper's regime: "
         f"{m['in_regime']}",
     ]
 

@@ -200,18 +200,22 @@ def _print_scores(scores: Any, path: Path, preset: str, top: int, as_json: bool)
         _print_table(scores.to_frame().head(top), f"Top {top} heads ({preset}); saved {path}")
 
 
-def _print_sweep(summary: pd.DataFrame, as_json: bool, out: str | Path) -> None:
+def _print_sweep(result: Any, as_json: bool, out: str | Path) -> None:
     """A compact table (each control's distribution row stands for its per-set rows), then one verdict line per
-    k (``report.verdict_lines``); the full summary is ``OUT/sweep_summary.csv``."""
+    k (``report.verdict_lines``: the claims rules); the full summary is ``OUT/sweep_summary.csv``."""
     from vrh_interp.apps.report import compact_sweep_table, verdict_lines
+    from vrh_interp.evaluation.claims import MIN_INFORMATIVE
 
+    summary = result.summary()
     if as_json:
         print(summary.to_json(orient="records"))
         return
-    _print_table(compact_sweep_table(summary), "k-sweep: top-k heads vs random and layer-matched head sets "
+    _print_table(compact_sweep_table(summary), "k-sweep: top-k heads vs control head sets "
                                                "(control rows: their sets' distribution)")
-    print("\nVerdict (holds: a significant drop, more harmful than every control's sets at empirical p <= 0.05):")
-    _print_bullets(verdict_lines(summary))
+    print("\nVerdict (evaluation.claims: HOLDS = control sets' accuracy minus top-k's significantly > 0 and >= 0.05; "
+          f"DOES NOT HOLD = bounded below 0.05; else INCONCLUSIVE; Holm over the k values; >= {MIN_INFORMATIVE} "
+          "informative items for either decision):")
+    _print_bullets(verdict_lines(result))
     print(f"\nfull table (per-set rows, failure decomposition):\n  {Path(out) / 'sweep_summary.csv'}")
 
 
@@ -328,9 +332,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                    ablation=args.ablation, ablation_values=values, backend=args.backend)
     if args.shard is not None:
         return _shard_done(args, len(result.records))
-    summary = result.summary()
-    write_atomic(Path(args.out) / "sweep_summary.csv", summary.to_csv(index=False))
-    _print_sweep(summary, args.json, args.out)
+    write_atomic(Path(args.out) / "sweep_summary.csv", result.summary().to_csv(index=False))
+    _print_sweep(result, args.json, args.out)
     return 0
 
 
@@ -432,21 +435,17 @@ def cmd_merge(args: argparse.Namespace) -> int:
     else:
         from vrh_interp.experiments.sweep import sweep_from_run
 
-        summary = sweep_from_run(out, iou_threshold=args.iou).summary()
-        write_atomic(out / "sweep_summary.csv", summary.to_csv(index=False))
-        _print_sweep(summary, args.json, out)
+        merged_result = sweep_from_run(out, iou_threshold=args.iou)
+        write_atomic(out / "sweep_summary.csv", merged_result.summary().to_csv(index=False))
+        _print_sweep(merged_result, args.json, out)
     return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    import pandas as pd
-
-    from vrh_interp.apps.report import verdict_lines, write_report
+    from vrh_interp.apps.report import sweep_result, verdict_lines, write_report
 
     paths = write_report(Path(args.run))
-    summary = Path(args.run) / "sweep_summary.csv"
-    if summary.exists():  # the k-sweep's verdict, as `vrh sweep` printed it
-        _print_bullets(verdict_lines(pd.read_csv(summary)))
+    _print_bullets(verdict_lines(sweep_result(Path(args.run))))  # the k-sweep's verdict, as `vrh sweep` printed it
     print(f"report: {paths['html']}\nsummary: {paths['markdown']}")
     return 0
 
@@ -492,7 +491,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                     random_sets=args.random_sets, curve_sets=args.curve_sets, check_items=args.check_items,
                     vqa_scenes=args.vqa_scenes, control_scenes=args.control_scenes, batch_size=args.batch_size,
                     positive_control=not args.no_positive_control, budget_seconds=args.budget_seconds,
-                    plan_only=args.plan_only, backend=args.backend)
+                    seed=args.seed, backend=args.backend)
 
 
 def cmd_patch(args: argparse.Namespace) -> int:
@@ -681,7 +680,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run", help="run folder")
     p.set_defaults(func=cmd_report)
 
-    p = sub.add_parser("demo", help="the whole pipeline on the shipped toy model (no network), sized to a time budget")
+    p = sub.add_parser("demo", help="the whole pipeline on the shipped toy model (no network), at fixed sizes")
     p.add_argument("--model", default=None,
                    help="main model (default: toy:c, 128 heads, where its checkpoint is shipped, else toy:a; toy:a and "
                         "toy:b stay selectable by name)")
@@ -689,30 +688,28 @@ def build_parser() -> argparse.ArgumentParser:
                    help="second model sharing the backbone (default: the main model's partner, toy:d for toy:c, "
                         "toy:b for toy:a; '' to skip)")
     p.add_argument("--out", default="runs/demo", help="run folder (rerun to resume)")
-    p.add_argument("--budget-seconds", type=_seconds, default=180.0,
-                   help="time budget for the whole demo (default 180: the full claims table in about 3 minutes on a "
-                        "quiet 2-core machine). A target, not a guarantee: the sample counts are picked from a short "
-                        "timed calibration on the models, and other processes sharing the CPU slow the run down. "
-                        "The sizes below, when given, override it; 0 = no budget (the full sizes)")
+    p.add_argument("--budget-seconds", type=_seconds, default=None,
+                   help="optional cap on the whole demo: steps not begun by then are skipped and their claims read "
+                        "'inconclusive'. Default: no cap; the sizes are fixed, never chosen from a clock")
+    p.add_argument("--seed", type=_non_negative_int, default=0,
+                   help="seed of the control-set draws, the scan's head sample and the bootstrap (default 0)")
     p.add_argument("--detect-scenes", "--detect", dest="detect", type=_scene_count(1), default=None,
-                   help="detection scenes (default: planned, 100-200)")
+                   help="detection scenes (default 200)")
     p.add_argument("--eval-scenes", "--eval", dest="eval", type=_scene_count(1), default=None,
-                   help="evaluation scenes (disjoint from detection); every referent is an item (default: planned, "
-                        "30-152 scenes; 152: >= 500 items)")
+                   help="evaluation scenes (disjoint from detection); every referent is an item (default 40 "
+                        "scenes, 132 items)")
     p.add_argument("--random-sets", type=_positive_int, default=None,
-                   help="random (and layer-matched) control head sets at k* in every sweep (default 20, never fewer "
-                        "unless given: the verdict rule needs them)")
+                   help="control head sets of each kind (uniform, layer-matched, live heads) at k* in every sweep "
+                        "(default 20)")
     p.add_argument("--curve-sets", type=_non_negative_int, default=None,
-                   help="control sets of each kind at the main sweep's other k (curve only, no verdict; default 2)")
+                   help="control sets of each kind at the main sweep's other k (the k-curve claim; default 4)")
     p.add_argument("--check-items", type=_positive_int, default=None,
                    help="fixed evaluation items for the ablation-kind check, head scan, design space, cross-masking "
-                        "(default: planned, 20-50)")
+                        "(default 40)")
     p.add_argument("--vqa-scenes", type=_scene_count(0), default=None,
-                   help="eval scenes whose VQA questions are asked (default: planned, 8-25)")
+                   help="eval scenes whose VQA questions are asked (default 20)")
     p.add_argument("--control-scenes", type=_scene_count(0), default=None,
-                   help="evaluation scenes of the positive control on toy:planted (default: planned, 20-30)")
-    p.add_argument("--plan-only", action="store_true",
-                   help="calibrate, print the plan (sizes, answers and estimated seconds per step) and stop")
+                   help="evaluation scenes of the positive control on toy:planted (default 30)")
     p.add_argument("--batch-size", type=_positive_int, default=256, help="rows per forward pass")
     p.add_argument("--no-positive-control", action="store_true",
                    help="skip step 1, the positive control on toy:planted")

@@ -33,7 +33,7 @@ from vrh_interp.scoring.scores import HeadScores
 from vrh_interp.viz.tables import markdown_table
 
 TABLES = (
-    ("verdicts.csv", "The paper's claims on this model"),
+    ("verdicts.csv", "The claims table with every column (rules, p-values, items needed)"),
     ("sweep_summary.csv", "Causal k-sweep: top-k heads vs random and layer-matched head sets"),
     ("ablation_kinds.csv", "The causal verdict at k* under zero, mean and resample ablation"),
     ("head_scan.csv", "Single-head causal scan: each head masked alone"),
@@ -122,19 +122,21 @@ def write_report(run: Path) -> dict[str, Path]:
     figure_dir.mkdir(exist_ok=True)
     md = [f"# vrh-interp report: {run.name}", ""]
     body = [f"<h1>vrh-interp report: {html.escape(run.name)}</h1>"]
-    if control is not None:
-        sentence, grading = control
-        md += ["## Positive control: the pipeline on a model whose retrieval heads are known", "", sentence, ""]
-        body.append("<section id='positive-control'><h2>Positive control: the pipeline on a model whose retrieval "
-                    f"heads are known</h2><p>{html.escape(sentence)}</p>")
-        if not grading.empty:
-            md += ["Detection graded against the planted heads:", "", markdown_table(grading), ""]
-            body.append("<p>Detection graded against the planted heads:</p>" + _html_table(grading))
-        body.append("</section>")
-    verdicts = verdict_lines(pd.read_csv(run / "sweep_summary.csv")) if (run / "sweep_summary.csv").exists() else []
+    if control is not None:  # one line above the answer; the grading goes to the details
+        outcome = json.loads((run / "positive_control" / "positive_control.json").read_text(encoding="utf-8"))
+        line = (f"Positive control ({outcome['model']}): {outcome['verdict']} (causal claim on the planted heads: "
+                f"{outcome['causal_verdict']}).")
+        md += [f"**{line}**", ""]
+        body.append(f"<p id='positive-control'><b>{html.escape(line)}</b></p>")
+    claims = run / "verdicts.csv"
+    if claims.exists():
+        claim_md, claim_html = claims_sections(pd.read_csv(claims))
+        md += claim_md
+        body += claim_html
+    verdicts = [] if claims.exists() else verdict_lines(sweep_result(run))
     if verdicts:
-        md += ["## Verdict: top-k heads vs random head sets", "", *[f"- {line}" for line in verdicts], ""]
-        body.append("<h2>Verdict: top-k heads vs random head sets</h2><ul>"
+        md += ["## Verdict: top-k heads vs control head sets", "", *[f"- {line}" for line in verdicts], ""]
+        body.append("<h2>Verdict: top-k heads vs control head sets</h2><ul>"
                     + "".join(f"<li>{html.escape(line)}</li>" for line in verdicts) + "</ul>")
     if figures:
         md += ["## Figures", ""]
@@ -148,15 +150,24 @@ def write_report(run: Path) -> dict[str, Path]:
                     f"<figcaption>{html.escape(name)}</figcaption></figure>")
     if tables:
         body.append("<h2>Tables</h2>")
-    for index, (title, table) in enumerate(tables):
+    if control is not None:
+        sentence, grading = control
+        md += ["## Positive control: the pipeline on a model whose retrieval heads are known", "", sentence, ""]
+        details = f"<p>{html.escape(sentence)}</p>"
+        if not grading.empty:
+            md += ["Detection graded against the planted heads:", "", markdown_table(grading), ""]
+            details += "<p>Detection graded against the planted heads:</p>" + _html_table(grading)
+        body.append(f"<details><summary>Positive control: details</summary>{details}</details>")
+    for title, table in tables:  # the details, collapsed: the answer is above
         md += [f"## {title}", "", markdown_table(table), ""]
-        body.append(f"<details{' open' if index == 0 else ''}><summary>{html.escape(title)}</summary>"
-                    f"{_html_table(table)}</details>")
+        body.append(f"<details><summary>{html.escape(title)}</summary>{_html_table(table)}</details>")
     # wide tables (the sweep summaries) scroll inside their own box instead of widening the page
     style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse;"
              "font-size:12px;display:block;overflow-x:auto}td,th{padding:2px 6px;border-bottom:1px solid #ddd}"
              "img{max-width:100%}summary{font-weight:bold;cursor:pointer;margin:0.8em 0}"
-             "#positive-control{border-left:4px solid #4a4;padding-left:1em}")
+             "#positive-control{border-left:4px solid #4a4;padding-left:1em}"
+             ".badge{color:#fff;border-radius:4px;padding:1px 6px;font-weight:bold;white-space:nowrap}"
+             "table.claims{display:table;font-size:13px}")
     page = f"<!doctype html><html><head><meta charset='utf-8'><title>vrh-interp report</title><style>{style}</style>" \
            f"</head><body>{''.join(body)}</body></html>"
     (run / "report.html").write_text(page, encoding="utf-8")
@@ -180,26 +191,61 @@ def _read_table(path: Path) -> pd.DataFrame:
 CONTROL_NAMES = {"random": "random", "matched": "layer-matched"}
 
 
-def verdict_lines(summary: pd.DataFrame) -> list[str]:
-    """One line per k > 0 with control sets: the top-k's accuracy against the unmasked baseline and each
-    control's mean set accuracy, then the set-level verdict of ``experiments.sweep.summary_verdict`` (holds only
-    when the drop is significant AND more harmful than the sets of every control, empirical p <= 0.05) and why."""
-    from vrh_interp.experiments.sweep import summary_verdict
+def sweep_result(run: Path) -> Any:
+    """The k-sweep records of a run folder (``run/sweep`` of a demo, or a ``vrh sweep`` folder itself), None
+    where there are none."""
+    from vrh_interp.experiments.sweep import sweep_from_run
 
-    baseline = summary[summary["condition"] == "baseline"]["accuracy"]
-    base = f"{float(baseline.iloc[0]):.3f}" if len(baseline) else "n/a"
-    lines = []
-    for k in sorted(summary[summary["condition"] == "top"]["k"].unique()):
-        judged = summary_verdict(summary, int(k), controls=None)
-        controls = [f"{int(row['sets'])} {CONTROL_NAMES.get(kind, kind)} sets {float(row['accuracy']):.3f} "
-                    f"(p={float(judged['target'][f'p_vs_{kind}']):.3g})"
-                    for kind, row in judged["controls"].items() if row is not None]
-        share = judged["target"].get("k_fraction", float("nan"))
-        share = f" ({float(share):.1%} of the heads)" if pd.notna(share) else ""
-        lines.append(f"k={int(k)}{share}: top-{int(k)} masked {float(judged['target']['accuracy']):.3f} vs unmasked "
-                     f"{base}; {', '.join(controls) or 'no control sets'} -> {judged['verdict'].upper()} "
-                     f"({judged['reason']})")
-    return lines
+    for folder in (Path(run) / "sweep", Path(run)):
+        if (folder / "manifest.json").exists() and (folder / "records.jsonl").exists():
+            try:
+                return sweep_from_run(folder)
+            except (ValueError, KeyError):
+                continue
+    return None
+
+
+def verdict_lines(result: Any) -> list[str]:
+    """One line per k > 0 of a k-sweep (``SweepResult``): the causal claim at that k judged by the claims rules
+    (``experiments.verdicts.sweep_claims``: holds / does not hold / inconclusive with the items that would decide
+    it, Holm over the k values)."""
+    from vrh_interp.experiments.verdicts import sweep_claims
+
+    if result is None:
+        return []
+    table = sweep_claims(result)
+    return [f"{row.claim} -> {str(row.verdict).upper()} ({row.reason}; {row.numbers})"
+            for row in table.itertuples()]
+
+
+VERDICT_COLOURS = {"holds": "#1a7f37", "does not hold": "#cf222e", "inconclusive": "#9a6700",
+                   "not measured": "#6e7781"}
+
+
+def claims_sections(table: pd.DataFrame) -> tuple[list[str], list[str]]:
+    """The claims tables (``verdicts.csv``) as Markdown lines and HTML: the paper's claims, then the checks of
+    the method, each row a verdict badge, the claim, the estimate with its 90 % interval and the reason."""
+    md, body = [], []
+    for name, heading in (("paper", "The paper's claims"), ("method", "Checks of the method")):
+        part = table[table["table"] == name] if "table" in table else pd.DataFrame()
+        if part.empty:
+            continue
+        md += [f"## {heading}", "", "| verdict | claim | estimate [90% interval] | why |", "|---|---|---|---|"]
+        rows = []
+        for row in part.to_dict(orient="records"):
+            estimate = "" if pd.isna(row.get("estimate")) else (
+                f"{row['estimate']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}]")
+            why = str(row.get("reason") or "").replace("|", "/")
+            md.append(f"| **{str(row['verdict']).upper()}** | {row['claim']} | {estimate} | {why} |")
+            colour = VERDICT_COLOURS.get(str(row["verdict"]), "#6e7781")
+            rows.append(f"<tr><td><span class='badge' style='background:{colour}'>{html.escape(str(row['verdict']))}"
+                        f"</span></td><td>{html.escape(str(row['claim']))}</td><td>{html.escape(estimate)}</td>"
+                        f"<td>{html.escape(why)}<br><small>{html.escape(str(row.get('numbers') or ''))}</small>"
+                        "</td></tr>")
+        md.append("")
+        body.append(f"<h2>{heading}</h2><table class='claims'><tr><th>verdict</th><th>claim</th>"
+                    f"<th>estimate [90% interval]</th><th>why</th></tr>{''.join(rows)}</table>")
+    return md, body
 
 
 SWEEP_COLUMNS = ("condition", "k", "seed", "sets", "n", "accuracy", "accuracy_ci_low", "accuracy_ci_high",

@@ -20,6 +20,17 @@ def random_control(geometry: HeadGeometry, detected: HeadSet, k: int, seed: int,
     return HeadSet(eligible[i] for i in order[:k])
 
 
+def live_control(live: HeadSet, detected: HeadSet, k: int, seed: int) -> HeadSet:
+    """k heads drawn (seeded) from the LIVE heads (``evaluation.census``: heads that measurably act) not in
+    ``detected``: a control that inert heads cannot carry (nested in k for a fixed seed)."""
+    excluded = set(detected)
+    eligible = [h for h in live if h not in excluded]
+    if k > len(eligible):
+        raise ValueError(f"cannot draw {k} live heads: only {len(eligible)} live heads lie outside the detected set")
+    order = np.random.default_rng(seed).permutation(len(eligible))
+    return HeadSet(sorted((eligible[i] for i in order[:k]), key=lambda h: (h.layer, h.head)))
+
+
 def layer_matched_control(geometry: HeadGeometry, detected: HeadSet, top_k_set: HeadSet, seed: int) -> HeadSet:
     """As many heads in each layer as ``top_k_set`` has there, drawn (seeded) from the heads not in ``detected``.
 

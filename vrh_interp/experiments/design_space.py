@@ -183,7 +183,7 @@ def stability(stats: Sequence[SampleStats], design: ScoringDesign | str = "vrh",
     design = resolve_design(design)
     reference = scores_from_stats(stats, design).ranking()
     rng = np.random.default_rng(seed)
-    rows = []
+    rows, every = [], {}
     for n in sizes:
         if n > len(stats):
             continue
@@ -196,10 +196,13 @@ def stability(stats: Sequence[SampleStats], design: ScoringDesign | str = "vrh",
                 continue
             overlaps.append(topk_overlap(ranking, reference, k))
         if overlaps:
+            every[n] = overlaps
             rows.append({"samples": n, "k": k, "mean_overlap": float(np.mean(overlaps)),
                          "min_overlap": float(np.min(overlaps)), "max_overlap": float(np.max(overlaps)),
                          "resamples": len(overlaps), "reference_samples": len(stats)})
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    table.attrs["overlaps"] = every  # samples -> each resample's overlap (the claims' stability evidence)
+    return table
 
 
 def token_choice_stability(stats: Sequence[SampleStats], *, k: int = 20,

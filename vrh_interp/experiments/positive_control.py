@@ -24,7 +24,7 @@ from typing import Any
 import pandas as pd
 
 from vrh_interp.core.backends.select import get_backend
-from vrh_interp.experiments.sweep import Condition, run_conditions, summary_verdict, sweep_conditions
+from vrh_interp.experiments.sweep import Condition, run_conditions, sweep_conditions
 from vrh_interp.core.heads import HeadSet
 from vrh_interp.core.provenance import library_versions, model_provenance, now_utc
 from vrh_interp.scoring.detect import collect_detection_stats, scores_from_stats
@@ -87,23 +87,30 @@ def run_positive_control(out: Path, *, detect_scenes: int = 20, eval_scenes: int
     summary = result.summary()
     summary.to_csv(out / "sweep_summary.csv", index=False)
     default = grading[grading["design"] == "Q=output, Phi=sum, Omega=mean"].iloc[0]
-    outcome = _outcome(summary, k, default, planted, decoys)
+    outcome = _outcome(summary, k, default, planted, decoys, result)
     outcome.update(seconds=time.perf_counter() - started, detect_scenes=detect_scenes, eval_scenes=eval_scenes)
     (out / "positive_control.json").write_text(json.dumps(outcome, indent=2))
     return outcome
 
 
-def _outcome(summary: pd.DataFrame, k: int, default: pd.Series, planted: HeadSet, decoys: HeadSet) -> dict[str, Any]:
-    """Recovered = the default scorer's top-|P| is exactly P; causal = the set-level verdict of the sweep
-    (``summary_verdict``: masking the top-|P| is more harmful than every random and layer-matched set, and
-    significantly below the unmasked baseline)."""
-    judged = summary_verdict(summary, k)
-    top = judged["target"]
-    controls = {kind: row for kind, row in judged["controls"].items() if row is not None}
+def _outcome(summary: pd.DataFrame, k: int, default: pd.Series, planted: HeadSet, decoys: HeadSet,
+             result: Any) -> dict[str, Any]:
+    """Recovered = the default scorer's top-|P| is exactly P; causal = the claims module's causal rule on the
+    sweep's records (``experiments.verdicts.causal_evidence`` against the random and layer-matched sets,
+    ``evaluation.claims.decide``)."""
+    from vrh_interp.evaluation.claims import CLAIMS, decide
+    from vrh_interp.experiments.verdicts import causal_evidence
+
+    evidence = causal_evidence(result.records, result.conditions, k, kinds=("random", "matched"))
+    verdict, reason = decide(CLAIMS["causal"], evidence)
+    top = summary[(summary["condition"] == "top") & (summary["k"] == k)].iloc[0]
+    controls = {kind: rows.iloc[0] for kind in ("random", "matched")
+                for rows in [summary[(summary["condition"] == kind) & (summary["k"] == k)
+                                     & (summary["seed"].astype(str) == "all")]] if len(rows)}
     baseline = float(summary[summary["condition"] == "baseline"]["accuracy"].iloc[0])
     decoy_row = summary[summary["condition"] == "decoys"]
     recovered = bool(default["exact"])
-    causal = judged["verdict"] == "holds"
+    causal = verdict == "holds"
     return {
         "model": SPEC, "planted": planted.to_list(), "decoys": decoys.to_list(),
         "detected_top": list(default["top"]), "recovered": recovered,
@@ -114,7 +121,7 @@ def _outcome(summary: pd.DataFrame, k: int, default: pd.Series, planted: HeadSet
                             "q05": float(row["accuracy_q05"]),
                             "p_value": float(top[f"p_vs_{kind}"])} for kind, row in controls.items()},
         "decoys_accuracy": float(decoy_row["accuracy"].iloc[0]) if not decoy_row.empty else float("nan"),
-        "causal_verdict": judged["verdict"], "causal_reason": judged["reason"],
+        "causal_verdict": verdict, "causal_reason": reason, "causal_effect": evidence.estimate,
         "verdict": "the pipeline recovers the planted heads" if recovered and causal
         else "the pipeline does NOT recover the planted heads",
     }
@@ -130,7 +137,8 @@ def describe(outcome: dict[str, Any]) -> str:
             f"(precision {outcome['precision_at_p']:.2f}); masking it: {outcome['baseline_accuracy']:.3f} -> "
             f"{outcome['top_accuracy']:.3f} on {outcome['n']} items (McNemar p = "
             f"{outcome['top_p_value_vs_baseline']:.2g}); "
-            f"{controls}; causal claim: {outcome['causal_verdict']}. Masking the decoys "
+            f"{controls}; causal claim: {outcome['causal_verdict']} ({outcome.get('causal_reason', '')}). Masking "
+            "the decoys "
             f"{', '.join(outcome['decoys'])}: {outcome['decoys_accuracy']:.3f}.")
 
 

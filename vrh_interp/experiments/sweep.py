@@ -61,11 +61,11 @@ from vrh_interp.data.checks import GroundingSampleLike, as_box, check_samples
 from vrh_interp.scoring.scores import HeadScores, ScoresTransferWarning
 from vrh_interp.core.shards import Shard, shard_config
 from vrh_interp.core.templates.ablation import ABLATION_KINDS, ZERO_ABLATION, Ablation, AblationValues
-from vrh_interp.evaluation.controls import DEFAULT_RANDOM_SEEDS, random_control, layer_matched_control
+from vrh_interp.evaluation.controls import DEFAULT_RANDOM_SEEDS, layer_matched_control, live_control, random_control
 
 RECORD_COLUMNS: list[str] = ["sample_id", "condition", "kind", "k", "seed", "answer", "parsed", "box", "iou",
                              "other_object_iou"]
-CONTROL_KINDS: tuple[str, ...] = ("random", "matched")
+CONTROL_KINDS: tuple[str, ...] = ("random", "matched", "live")
 QUANTILE_COLUMNS: list[str] = [f"accuracy_q{round(100 * q):02d}" for q in QUANTILES]
 
 
@@ -100,14 +100,18 @@ class Condition:
 
 def control_conditions(geometry: HeadGeometry, detected: HeadSet, k: int, top_k_set: HeadSet | None,
                        random_seeds: Sequence[int], *, matched: bool = True, exclude_first_layer: bool = False,
-                       ablation: str = "zero") -> list[Condition]:
-    """The random (then, with ``matched`` and a ``top_k_set``, layer-matched) control sets at one k, one per seed."""
+                       ablation: str = "zero", live: HeadSet | None = None) -> list[Condition]:
+    """The random (then, with ``matched`` and a ``top_k_set``, layer-matched; then, with ``live``, live-head)
+    control sets at one k, one per seed."""
     conditions = [Condition("random", k, seed, random_control(geometry, detected, k, seed,
                                                               exclude_first_layer=exclude_first_layer), ablation)
                   for seed in random_seeds]
     if matched and top_k_set is not None:
         conditions += [Condition("matched", k, seed, layer_matched_control(geometry, detected, top_k_set, seed),
                                  ablation) for seed in random_seeds]
+    if live is not None:
+        conditions += [Condition("live", k, seed, live_control(live, detected, k, seed), ablation)
+                       for seed in random_seeds]
     return conditions
 
 
@@ -167,9 +171,10 @@ def parse_ks(text: str | Iterable[int | str], total_heads: int) -> list[int]:
 
 def sweep_conditions(ranking: HeadSet, geometry: HeadGeometry, ks: Sequence[int],
                      random_seeds: Sequence[int] = DEFAULT_RANDOM_SEEDS, *, exclude_first_layer: bool = False,
-                     matched: bool = True, ablation: str = "zero") -> list[Condition]:
-    """Baseline, then per k > 0 (ascending): top-k, the random sets, the layer-matched sets, all masked with
-    ``ablation`` (the baseline masks nothing and stays ``baseline:k=0`` whatever the kind)."""
+                     matched: bool = True, ablation: str = "zero", live: HeadSet | None = None) -> list[Condition]:
+    """Baseline, then per k > 0 (ascending): top-k, the random sets, the layer-matched sets, with ``live`` (the
+    census's live heads) the live-head sets, all masked with ``ablation`` (the baseline masks nothing and stays
+    ``baseline:k=0`` whatever the kind)."""
     total = geometry.total_heads
     bad = [k for k in ks if not 0 <= k <= total]
     if bad:
@@ -182,7 +187,7 @@ def sweep_conditions(ranking: HeadSet, geometry: HeadGeometry, ks: Sequence[int]
         conditions.append(Condition("top", k, None, ranking[:k], ablation))
         try:
             conditions += control_conditions(geometry, detected, k, ranking[:k], random_seeds, matched=matched,
-                                             exclude_first_layer=exclude_first_layer, ablation=ablation)
+                                             exclude_first_layer=exclude_first_layer, ablation=ablation, live=live)
         except ValueError as error:
             usable = largest_usable_k(ranking, geometry, matched=matched, exclude_first_layer=exclude_first_layer)
             raise ValueError(
@@ -283,8 +288,10 @@ def set_level_rows(rows: list[dict[str, Any]], parts: Mapping[str, pd.DataFrame]
 
 
 def summary_verdict(summary: pd.DataFrame, k: int, *, target: str = "top",
-                    controls: Sequence[str] | None = CONTROL_KINDS, alpha: float = 0.05) -> dict[str, Any]:
-    """The set-level verdict "masking the ``target`` set at ``k`` is more harmful than each control's sets".
+                    controls: Sequence[str] | None = None, alpha: float = 0.05) -> dict[str, Any]:
+    """The 0.2 set-level rule "masking the ``target`` set at ``k`` is more harmful than each control's sets", kept
+    for compatibility (deprecated): every verdict the library prints comes from ``evaluation.claims`` with the
+    evidence of ``experiments.verdicts`` (per-item records, three outcomes); this one reads a summary only.
 
     ``summary`` is one model's ``SweepResult.summary()`` (or its CSV read back, or one benchmark's rows of a
     VQA summary). The control sets are the summary's per-set rows (``seed`` not "all"); ``controls=None``
