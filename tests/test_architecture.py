@@ -1,8 +1,10 @@
-"""The package's import graph: layers import only downward, and no module loop.
+"""The import graph of the package and the toy trainer: layers import only downward, and no module loop.
 
-Every ``import`` statement counts, including those inside functions (lazy imports keep start-up fast, they do not
-change what depends on what) and under ``TYPE_CHECKING`` (an upward type is an upward dependency). The public
-facade ``vrh_interp/__init__.py`` sits above every layer and nothing inside the package imports it.
+The graph covers ``vrh_interp/`` and the toy trainer ``toy_training/`` (outside the wheel, above the package: it
+may import ``vrh_interp``, never the other way round). Every ``import`` statement counts, including those inside
+functions (lazy imports keep start-up fast, they do not change what depends on what) and under ``TYPE_CHECKING``
+(an upward type is an upward dependency). The public facade ``vrh_interp/__init__.py`` sits above every layer of
+the package and nothing inside the package imports it.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "vrh_interp"
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES: tuple[str, ...] = ("vrh_interp", "toy_training")  # the import roots the graph covers
+PACKAGE = ROOT / "vrh_interp"
 
 # lowest first; a module may import its own layer and the layers before it
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -23,15 +27,17 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("experiments", ("vrh_interp.experiments",)),
     ("apps", ("vrh_interp.apps",)),
     ("facade", ("vrh_interp",)),
+    ("trainer", ("toy_training",)),  # not in the wheel (tests/test_wheel.py); the shipped toys load without it
 )
 
 
 def _modules() -> dict[str, tuple[Path, bool]]:
     modules = {}
-    for path in PACKAGE.rglob("*.py"):
-        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
-        is_package = parts[-1] == "__init__"
-        modules[".".join(parts[:-1] if is_package else parts)] = (path, is_package)
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            is_package = parts[-1] == "__init__"
+            modules[".".join(parts[:-1] if is_package else parts)] = (path, is_package)
     return modules
 
 
@@ -47,7 +53,7 @@ def _resolve(name: str) -> str | None:
 
 
 def _imports(module: str) -> dict[str, int]:
-    """{imported vrh_interp module: first line}, relative imports resolved, ``from pkg import mod`` as the mod."""
+    """{imported module of ``PACKAGES``: first line}, relative imports resolved, ``from pkg import mod`` as the mod."""
     path, is_package = MODULES[module]
     found: dict[str, int] = {}
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -63,7 +69,7 @@ def _imports(module: str) -> dict[str, int]:
                 origin = node.module or ""
             names = [f"{origin}.{alias.name}" for alias in node.names] or [origin]
         for name in names:
-            target = _resolve(name) if name.startswith("vrh_interp") else None
+            target = _resolve(name) if name.split(".")[0] in PACKAGES else None
             if target and target != module:
                 found.setdefault(target, node.lineno)
     return found
@@ -82,8 +88,9 @@ def layer_of(module: str) -> int:
 
 
 def test_every_module_has_a_layer():
-    loose = sorted(m for m in MODULES if m != "vrh_interp" and layer_of(m) == len(LAYERS) - 1)
-    assert not loose, f"modules outside every layer (move them into one of {[n for n, _ in LAYERS[:-1]]}): {loose}"
+    facade = [name for name, _ in LAYERS].index("facade")
+    loose = sorted(m for m in MODULES if m != "vrh_interp" and layer_of(m) in (facade, -1))
+    assert not loose, f"modules outside every layer (move them into one of {[n for n, _ in LAYERS[:facade]]}): {loose}"
 
 
 def test_no_upward_imports():
@@ -91,13 +98,13 @@ def test_no_upward_imports():
     for module, imports in GRAPH.items():
         for target, line in imports.items():
             if layer_of(target) > layer_of(module):
-                upward.append(f"{MODULES[module][0].relative_to(PACKAGE.parent)}:{line} ({LAYERS[layer_of(module)][0]})"
+                upward.append(f"{MODULES[module][0].relative_to(ROOT)}:{line} ({LAYERS[layer_of(module)][0]})"
                               f" imports {target} ({LAYERS[layer_of(target)][0]})")
     assert not upward, "upward imports:\n" + "\n".join(sorted(upward))
 
 
-def _cycles() -> list[list[str]]:
-    """Strongly connected components with more than one module (Tarjan)."""
+def _cycles(graph: dict[str, dict[str, int]] = GRAPH) -> list[list[str]]:
+    """Strongly connected components of ``graph`` with more than one module (Tarjan)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -108,7 +115,7 @@ def _cycles() -> list[list[str]]:
         index[node] = low[node] = len(index)
         stack.append(node)
         on_stack.add(node)
-        for nxt in GRAPH[node]:
+        for nxt in graph[node]:
             if nxt not in index:
                 visit(nxt)
                 low[node] = min(low[node], low[nxt])
@@ -125,7 +132,7 @@ def _cycles() -> list[list[str]]:
             if len(component) > 1:
                 components.append(sorted(component))
 
-    for module in sorted(GRAPH):
+    for module in sorted(graph):
         if module not in index:
             visit(module)
     return components
@@ -137,7 +144,15 @@ def test_no_import_loops():
         " <-> ".join(component) for component in loops)
 
 
-@pytest.mark.parametrize("module", ["vrh_interp.core.model", "vrh_interp.apps.cli"])
+@pytest.mark.parametrize("module", ["vrh_interp.core.model", "vrh_interp.apps.cli", "toy_training.train"])
 def test_the_checker_sees_imports(module):
     # guards the test itself: a parser that found no edges would pass everything above
-    assert GRAPH[module], f"{module} imports nothing from vrh_interp? the import parser is broken"
+    assert GRAPH[module], f"{module} imports nothing from {' or '.join(PACKAGES)}? the import parser is broken"
+
+
+def test_the_checker_sees_imports_inside_functions_and_their_loops():
+    # guards the loop test: toy_training.train imports regime inside ship(); an edge back from the module the
+    # trainer's shared pieces live in (toy_training.grounding) would close a loop, and the checker must find it
+    assert "toy_training.regime" in GRAPH["toy_training.train"], "imports inside functions are not parsed"
+    looped = {**GRAPH, "toy_training.grounding": {**GRAPH["toy_training.grounding"], "toy_training.train": 1}}
+    assert any({"toy_training.grounding", "toy_training.train"} <= set(c) for c in _cycles(looped))

@@ -253,3 +253,51 @@ def test_scan_and_design_space_commands_run_on_either_backend_alike(tmp_path, ca
     assert design_a.drop(columns=numeric).equals(design_b.drop(columns=numeric))
     assert np.allclose(design_a[numeric].to_numpy(float), design_b[numeric].to_numpy(float), atol=STATS_ATOL,
                        equal_nan=True)
+
+
+class _ModelLoaded(Exception):
+    """Raised by the patched ``cli._load_model``: the command got as far as loading its model."""
+
+
+def test_refusals_come_before_any_work_in_one_line(tmp_path, capsys, monkeypatch):
+    """``--ablation mean`` and ``vrh patch`` on TransformerLens are refused before the model loads, from the backend's
+    declaration (``ablation_kinds``, ``operations``), naming what is unsupported and the alternative; what it runs
+    gets as far as loading the model (so the guard on ``_load_model`` fires where it should)."""
+    from vrh_interp.apps import cli
+
+    def loaded(*args: Any) -> None:
+        raise _ModelLoaded
+
+    monkeypatch.setattr(cli, "_load_model", loaded)
+    monkeypatch.setenv("VRH_DEBUG", "1")  # an unexpected error (this one) propagates
+    sweep = ["sweep", "--model", "toy:a", "--vrhs", "L0H0", "--data", "synthetic:eval:2", "--backend",
+             "transformer-lens"]
+    patch = ["patch", "--model", "toy:a", "--backend", "transformer-lens"]
+    for argv, words in ((sweep + ["--ablation", "mean"], "zero ablation only, not mean"),
+                        (sweep + ["--ablation", "resample"], "zero ablation only, not resample"),
+                        (["scan", "--model", "toy:a", "--scores", "s.json", "--ablation", "mean", "--backend",
+                          "transformer-lens"], "zero ablation only, not mean"),
+                        (patch, "does not run activation patching")):
+        out = tmp_path / "-".join(argv[:1] + argv[-2:])
+        assert cli.main([*argv, "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert words in err and "--backend nnsight" in err and "Traceback" not in err, err
+        assert len(err.splitlines()) == 1 and not out.exists(), err
+    for argv in (sweep + ["--ablation", "zero"], ["patch", "--model", "toy:a"]):  # runnable: reaches the model
+        with pytest.raises(_ModelLoaded):
+            cli.main([*argv, "--out", str(tmp_path / "runnable")])
+
+
+def test_the_patching_study_refuses_a_backend_that_cannot_run_it_before_any_work(toy, lens, tmp_path):
+    from vrh_interp.core.backends.base import check_supported
+    from vrh_interp.core.backends.select import backend_type
+    from vrh_interp.experiments.patching_study import detect_and_study
+
+    for backend in ("transformer-lens", lens):
+        with pytest.raises(BackendError, match="does not run activation patching .*--backend nnsight"):
+            detect_and_study(toy, tmp_path / "study", detect_scenes=2, backend=backend)
+        assert not (tmp_path / "study").exists()
+    assert backend_type("nnsight") is NnsightBackend and backend_type(lens) is lens
+    check_supported(NnsightBackend, ablation_kinds=["zero", "mean", "resample"], operations=["patching"])
+    with pytest.raises(BackendError, match="unknown backend"):
+        backend_type("jax")

@@ -41,13 +41,14 @@ import numpy as np
 import torch
 
 from toy_training.configs import TextBackboneShape
+from toy_training.grounding import (IGNORE_INDEX, encode_supervised, grounding_metrics, grounding_prompts,
+                                     held_out_samples, predict_boxes)
 from vrh_interp.core.heads import Head, HeadSet
 from vrh_interp.toy.configs import GRID_SIDE, PATCH_SIZE
 from vrh_interp.toy.planted import PLANTED_FILE
 
 PLANTED_SHAPE = TextBackboneShape(hidden_size=128, intermediate_size=512, num_hidden_layers=4, num_attention_heads=16,
                                   num_key_value_heads=4, head_dim=16)
-IGNORE_INDEX = -100
 
 
 @dataclasses.dataclass(frozen=True)
@@ -263,7 +264,6 @@ def attention_shares(model, processor, samples: Sequence, name: str = "planted",
     answer rows' attention inside the referent's cells (``referent``), on the other objects' cells
     (``distractors``), on all visual tokens (``answer_visual``), and the mean visual mass over every text
     row after the image (``text_visual``)."""
-    from toy_training.train import encode_supervised, grounding_prompts
     from toy_training.configs import format_box_answer
 
     previous = model.config._attn_implementation
@@ -308,7 +308,6 @@ def random_rest_sets(geometry_layers: int, geometry_heads: int, exclude: HeadSet
 def masked_accuracy(model, processor, samples: Sequence, heads: HeadSet, name: str = "planted") -> float:
     """Level-1 grounding accuracy (IoU >= 0.5, greedy generate) with ``heads`` zeroed by plain hooks."""
     from vrh_interp.core.boxes import Box, iou
-    from toy_training.train import predict_boxes
 
     with head_multipliers(model, mask_multipliers(model, heads) if len(heads) else None):
         predictions = [box for _, box in predict_boxes(model, processor, name, samples)]
@@ -318,8 +317,6 @@ def masked_accuracy(model, processor, samples: Sequence, heads: HeadSet, name: s
 def measure(model, processor, planted: HeadSet, decoys: HeadSet, *, name: str = "planted", n_scenes: int = 100,
             random_sets: int = 20, offset: int = 0, seed: int = 0) -> dict:
     """The organism's properties on level-1 eval scenes ``offset..offset+n_scenes-1`` (see module docstring)."""
-    from toy_training.train import grounding_metrics, held_out_samples, predict_boxes
-
     samples = held_out_samples(n_scenes, 1, offset)
     config = model.config.get_text_config()
     layers, heads = config.num_hidden_layers, config.num_attention_heads

@@ -32,6 +32,7 @@ import torch
 from vrh_interp.core.boxes import Box, iou
 from vrh_interp.core.heads import Head, HeadSet
 from toy_training import planted
+from toy_training.grounding import grounding_metrics, held_out_samples, predict_boxes
 
 REGIME_FILE = "regime.json"  # written beside a shipped C / D checkpoint by ``train.ship``
 REGIME_SET_FRACTION = 0.025  # "random head sets of 2.5 % of heads cost <= 5 points on average"
@@ -49,8 +50,6 @@ def masked_boxes(model, processor, name: str, samples: Sequence, masks: Sequence
                  rows_per_pass: int = 192) -> list[list[Box | None]]:
     """Greedy boxes of every sample under every head mask (zero ablation): ``out[m][i]``. Rows of one
     ``generate`` are (mask, sample) pairs, each with its own multipliers."""
-    from toy_training.train import predict_boxes
-
     config = model.config.get_text_config()
     layers, heads = config.num_hidden_layers, config.num_attention_heads
     pairs = [(m, i) for m in range(len(masks)) for i in range(len(samples))]
@@ -71,8 +70,6 @@ def query_checks(model, processor, name: str, samples: Sequence) -> dict[str, fl
     """``the_accuracy``: accuracy with the expression replaced by "the"; ``swap_moves_box``: share of samples
     whose box lands on another referent of the same image when given THAT referent's expression;
     ``swap_still_original``: share that still returns the original referent's box."""
-    from toy_training.train import predict_boxes
-
     the = [dataclasses.replace(s, expression="the") for s in samples]
     the_boxes = [box for _, box in predict_boxes(model, processor, name, the)]
     by_scene: dict[tuple, list] = {}
@@ -99,8 +96,6 @@ def measure(model, processor, name: str, *, n_scenes: int = 50, offset: int = 20
     """Regime properties (module docstring). Grounding and query checks on level-1 eval scenes
     ``offset..offset+n_scenes-1`` (the fresh scenes: used for no training choice); single-head and random-set
     damage on the first ``damage_scenes`` of them (every head is one more full evaluation)."""
-    from toy_training.train import grounding_metrics, held_out_samples
-
     samples = held_out_samples(n_scenes, 1, offset)
     config = model.config.get_text_config()
     layers, heads = config.num_hidden_layers, config.num_attention_heads

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
+from typing import Iterator
 
 import pandas as pd
 import pytest
@@ -21,16 +23,46 @@ def test_capped_ks_leave_room_for_random_controls() -> None:
     assert capped_ks((0, 1, 3, 5), 8, usable=2) == [0, 1]  # e.g. the top 3 in one layer of 4 heads
 
 
-def _no_model_calls(*args: object, **kwargs: object) -> None:
-    raise AssertionError("a resumed run must not run the model again")
+class ModelRan(AssertionError):
+    """A forward of the guarded model (``guard_model_runs``)."""
 
 
-def test_reproduce_end_to_end_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def guard_model_runs(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every model that ``run_reproduce`` loads (through ``specs.load_spec``) raises ``ModelRan`` on any forward.
+
+    The hook sits on the loaded ``hf_model`` itself, not on a pipeline function, so it holds whatever path the
+    pipelines take to the model (nnsight trace or generate, prefill or decode, the shared-prefix cache);
+    ``test_the_resume_guard_fires_on_work_left_to_do`` shows it fires at each of the run's stages."""
+    from vrh_interp import specs
+
+    real, handles = specs.load_spec, []
+
+    def refuse(*args: object) -> None:
+        raise ModelRan("a resumed run must not run the model again")
+
+    def guarded(*args: object, **kwargs: object) -> object:
+        vlm = real(*args, **kwargs)
+        handles.append(vlm.hf_model.register_forward_pre_hook(refuse))
+        return vlm
+
+    monkeypatch.setattr(specs, "load_spec", guarded)
+    yield
+    for handle in handles:  # a loader may cache models: leave none guarded for other tests
+        handle.remove()
+    assert handles, "run_reproduce no longer loads its model through specs.load_spec: the guard guards nothing"
+
+
+def _reproduce_inputs(tmp_path: Path, cv_rows: int = 2) -> tuple[str, list[str]]:
     fixtures.write_lmms_refcoco(tmp_path / "refcoco", fixtures.lmms_rows(14))
-    fixtures.write_cvbench(tmp_path / "cv", [{"idx": i, "choices": ["2", "3"], "answer": "(B)"} for i in range(2)])
+    fixtures.write_cvbench(tmp_path / "cv", [{"idx": i, "choices": ["2", "3"], "answer": "(B)"}
+                                             for i in range(cv_rows)])
     fixtures.write_countbench(tmp_path / "count", [2, 5])
-    data = f"lmms-refcoco:{tmp_path / 'refcoco'}"
-    vqa = [f"cvbench:{tmp_path / 'cv'}", f"countbench:{tmp_path / 'count'}"]
+    return f"lmms-refcoco:{tmp_path / 'refcoco'}", [f"cvbench:{tmp_path / 'cv'}", f"countbench:{tmp_path / 'count'}"]
+
+
+def test_reproduce_end_to_end_and_resume(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    data, vqa = _reproduce_inputs(tmp_path)
     out = tmp_path / "run"
     arguments = dict(detect_count=6, batch_size=8, max_new_tokens=12, progress=False)
     result = run_reproduce("tiny:qwen2_vl", data, vqa, out, **arguments)
@@ -56,14 +88,27 @@ def test_reproduce_end_to_end_and_resume(tmp_path: Path, monkeypatch: pytest.Mon
     report = json.loads((out / "reproduce.json").read_text())
     assert report["used_ks"] == [0, 1, 3] and len(report["top_heads"]) == 3 and report["total_heads"] == 8
 
-    monkeypatch.setattr("vrh_interp.scoring.detect.collect_batch", _no_model_calls)
-    monkeypatch.setattr("vrh_interp.experiments.sweep.ground_batch", _no_model_calls)
-    monkeypatch.setattr("vrh_interp.experiments.vqa_sweep.answer_batch", _no_model_calls)
+    for stage in _STAGE_LOGS:  # copies left with one stage unfinished, for the firing check below
+        shutil.copytree(out, tmp_path / f"unfinished-{stage}")
+        (tmp_path / f"unfinished-{stage}" / _STAGE_LOGS[stage]).unlink()
+
+    request.getfixturevalue("guard_model_runs")
     resumed = run_reproduce("tiny:qwen2_vl", data, vqa, out, **arguments)
     pd.testing.assert_frame_equal(resumed.sweep_summary, result.sweep_summary)
     pd.testing.assert_frame_equal(resumed.vqa_table, result.vqa_table)
     with pytest.raises(RunMismatchError, match="split_seed"):
         run_reproduce("tiny:qwen2_vl", data, vqa, out, split_seed=1, **arguments)
+
+    # the guard fires: a fresh run, and a run left with any one stage's records to compute, run the model
+    with pytest.raises(ModelRan):
+        run_reproduce("tiny:qwen2_vl", data, vqa, tmp_path / "fresh", **arguments)
+    for stage in _STAGE_LOGS:
+        with pytest.raises(ModelRan):
+            run_reproduce("tiny:qwen2_vl", data, vqa, tmp_path / f"unfinished-{stage}", **arguments)
+
+
+_STAGE_LOGS = {"detect": "detect/detect_records.jsonl", "sweep": "sweep/sweep_records.jsonl",
+               "vqa": "vqa/vqa_records.jsonl"}
 
 
 def _folder_bytes(root: Path) -> dict[str, bytes]:
@@ -77,11 +122,7 @@ def test_sharded_reproduce_merges_into_the_unsharded_run(tmp_path: Path, capsys:
     from vrh_interp.apps.reproduce import merge_reproduce_runs
     from vrh_interp.core.shards import Shard
 
-    fixtures.write_lmms_refcoco(tmp_path / "refcoco", fixtures.lmms_rows(14))
-    fixtures.write_cvbench(tmp_path / "cv", [{"idx": i, "choices": ["2", "3"], "answer": "(B)"} for i in range(3)])
-    fixtures.write_countbench(tmp_path / "count", [2, 5])
-    data = f"lmms-refcoco:{tmp_path / 'refcoco'}"
-    vqa = [f"cvbench:{tmp_path / 'cv'}", f"countbench:{tmp_path / 'count'}"]
+    data, vqa = _reproduce_inputs(tmp_path, cv_rows=3)
     arguments = dict(detect_count=6, batch_size=2, max_new_tokens=6, random_seeds=(0, 1), progress=False)
     whole = run_reproduce("tiny:qwen2_vl", data, vqa, tmp_path / "whole", **arguments)
     for i in range(3):  # 8 evaluation samples in 4 batches of 2: shards take 2, 2 and 0 batches

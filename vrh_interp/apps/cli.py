@@ -32,6 +32,16 @@ def _load_model(spec: str, device: str | None, dtype: str | None) -> Any:
     return load_spec(spec, device, dtype)
 
 
+def _check_backend(args: argparse.Namespace, *, operations: Sequence[str] = ()) -> None:
+    """Refuse what ``--backend`` cannot run (``--ablation`` where the command has it, ``operations``) before the
+    model loads: one line naming what is unsupported and the alternative (``backends.base.check_supported``)."""
+    from vrh_interp.core.backends.base import check_supported
+    from vrh_interp.core.backends.select import backend_type
+
+    kinds = [args.ablation] if getattr(args, "ablation", None) else []
+    check_supported(backend_type(args.backend), ablation_kinds=kinds, operations=operations)
+
+
 def _print_table(frame: pd.DataFrame | list[dict[str, Any]], title: str) -> None:
     """A table (or its rows) that fits a 100-column terminal: wider tables wrap into column blocks and long text
     cells end in "..." (the files and ``--json`` hold them whole)."""
@@ -320,6 +330,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from vrh_interp.data.sources import load_data
 
     vrhs = parse_heads(args.vrhs) if args.vrhs else None  # a bad name fails before the model loads
+    _check_backend(args)
     vlm = _load_model(args.model, args.device, args.dtype)
     scores = HeadScores.load(args.scores) if vrhs is None else None
     samples = load_data(args.data)
@@ -346,6 +357,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
     from vrh_interp.scoring.scores import HeadScores
     from vrh_interp.data.sources import load_data
 
+    _check_backend(args)
     vlm = _load_model(args.model, args.device, args.dtype)
     scores = HeadScores.load(args.scores)
     samples = list(load_data(args.data))
@@ -376,6 +388,7 @@ def cmd_design_space(args: argparse.Namespace) -> int:
     from vrh_interp.scoring.detect import collect_detection_stats
     from vrh_interp.data.sources import load_data
 
+    _check_backend(args)
     vlm = _load_model(args.model, args.device, args.dtype)
     detect, evaluate = load_data(args.data), load_data(args.eval_data)
     out = Path(args.out)
@@ -499,6 +512,7 @@ def cmd_patch(args: argparse.Namespace) -> int:
     from vrh_interp.core.published import parse_heads
     from vrh_interp.experiments.patching_study import answers, detect_and_study
 
+    _check_backend(args, operations=["patching"])
     vlm = _load_model(args.model, args.device, args.dtype)
     top = args.top if args.top is not None else demo_ks(vlm.geometry.total_heads)[1]
     vrhs = parse_heads(args.vrhs) if args.vrhs else None

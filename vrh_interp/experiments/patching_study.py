@@ -40,6 +40,8 @@ import pandas as pd
 from vrh_interp.data import grounding_samples
 from vrh_interp.evaluation.statistics import empirical_p_value
 from vrh_interp.evaluation.controls import DEFAULT_RANDOM_SEEDS
+from vrh_interp.core.backends.base import Backend, backend_config, check_supported
+from vrh_interp.core.backends.select import backend_type, get_backend
 from vrh_interp.core.heads import HeadSet
 from vrh_interp.core.model import VLM
 from vrh_interp.viz.tables import markdown_table
@@ -328,12 +330,13 @@ def study_markdown(study: PatchingStudy, title: str, preamble: Sequence[str] = (
 def detect_and_study(vlm: VLM, out: Path, *, detect_scenes: int = 200, top: int = 3, vrhs: HeadSet | None = None,
                      pairs_per_kind: int = 48, probe_scenes: int = 120,
                      random_seeds: Sequence[int] = DEFAULT_RANDOM_SEEDS, targets: str = "greedy",
-                     metric: str = "answer", progress: bool = True, backend: str = "nnsight") -> PatchingStudy:
+                     metric: str = "answer", progress: bool = True,
+                     backend: str | Backend = "nnsight") -> PatchingStudy:
     """Detect the VRHs on ``detect`` scenes (unless given), run the study on ``eval`` scenes, save it in ``out``.
 
-    ``backend`` runs the detection (``score_heads``); the patching itself (row-pair patches, mediation,
-    attribution gradients, probes) is nnsight templates and runs on nnsight whatever the backend (said in
-    ``facts["backend"]``). A backend other than nnsight is part of the run's configuration.
+    ``backend`` must run the whole study (``OPERATIONS["patching"]``: the row-pair patches, mediation, attribution
+    gradients and probes are nnsight templates): one that cannot is refused before any work
+    (``check_supported``), so no study mixes backends. ``facts["backend"]`` names it.
 
     Rerunning with the same arguments returns the finished run from ``out``, or resumes an interrupted one
     (detection batch by batch, the study part by part from ``out/parts``); other arguments are refused.
@@ -344,13 +347,14 @@ def detect_and_study(vlm: VLM, out: Path, *, detect_scenes: int = 200, top: int 
     from vrh_interp.scoring.detect import score_heads
     from vrh_interp.data.sources import synthetic_samples
 
+    check_supported(backend_type(backend), operations=["patching"])
+    runner = get_backend(backend, vlm)
     if vrhs is not None:  # a published set that does not fit fails here, naming both grids
         check_geometry(vrhs, vlm.geometry)
     config = {"model": model_provenance(vlm), "detect_scenes": detect_scenes, "top": top,
               "vrhs": [str(h) for h in vrhs] if vrhs is not None else None, "pairs_per_kind": pairs_per_kind,
-              "probe_scenes": probe_scenes, "random_seeds": list(random_seeds), "targets": targets, "metric": metric}
-    if backend != "nnsight":  # runs made before backends existed keep their configurations
-        config["backend"] = backend
+              "probe_scenes": probe_scenes, "random_seeds": list(random_seeds), "targets": targets, "metric": metric,
+              **backend_config(runner)}  # nnsight runs keep the configurations they had before backends existed
     comparable = json.loads(json.dumps(config, default=str))
     if (out / "patching.json").exists():
         previous = json.loads((out / "patching.json").read_text()).get("config")
@@ -367,14 +371,13 @@ def detect_and_study(vlm: VLM, out: Path, *, detect_scenes: int = 200, top: int 
     detected = vrhs is None
     if vrhs is None:
         scores = score_heads(vlm, synthetic_samples("detect", detect_scenes), run_dir=out / "detect",
-                             dataset=f"synthetic:detect:{detect_scenes}", progress=progress, backend=backend)
+                             dataset=f"synthetic:detect:{detect_scenes}", progress=progress, backend=runner)
         vrhs = scores.top(top)
     study = run_patching_study(vlm, vrhs, pairs_per_kind=pairs_per_kind, probe_scenes=probe_scenes,
                                random_seeds=random_seeds, targets=targets, metric=metric, progress=progress,
                                parts_dir=out / "parts")
     study.facts["seconds"] = time.time() - started
-    study.facts["backend"] = (f"detection on {backend}, patching on nnsight" if detected and backend != "nnsight"
-                              else "nnsight")
+    study.facts["backend"] = runner.name
     study.facts["vrhs_from"] = (f"top {top} of preset vrh on {detect_scenes} detect scenes" if detected else
                                 f"transferred: {vrhs.source.spec}, {vrhs.source.describe()}"
                                 if isinstance(vrhs, PublishedHeadSet) else "given")

@@ -13,29 +13,27 @@ Per sample we keep ``[rows, layers, heads, 3]`` statistics (region mass, visual 
 for output and input rows, plus ``[layers, heads]`` negative spatial entropies. Every design in
 ``design.py`` is a pure function of these, so the design-space search scores all variants from one pass.
 
-On a backend other than nnsight (``vrh_interp.core.backends``) the readout cannot run inside the generation: the
-answer is generated first (``Backend.generate_conditions``), then ONE forward over prompt + answer reads the
-same rows (``Backend.attention_rows``, reduced per layer by the same ``RegionAttentionReadout.reduce``). Causal
-attention makes row p of that forward the row the decode step at p computed; only floating-point order differs.
+The model runs through its backend (``vrh_interp.core.backends``): ``Backend.generate_region_stats`` (greedy) or
+``Backend.region_stats`` (teacher-forced) returns those statistics; nnsight computes them inside the generation, a
+backend that cannot generates first and reads the rows in one forward over prompt + answer
+(``backends.base.generate_then_read``). This module slices them per sample and never asks which backend runs.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 import torch
 
-from vrh_interp.core import interventions as iv
-from vrh_interp.core.backends.base import Backend, BackendError
+from vrh_interp.core.backends.base import Backend
 from vrh_interp.core.backends.select import get_backend
 from vrh_interp.core.boxes import Box, BoxParseFailure
 from vrh_interp.core.families.base import VisualBlock, VisualLayout
 from vrh_interp.core.model import VLM, GroundingBatch
 from vrh_interp.data.checks import GroundingSampleLike, as_box
-from vrh_interp.core.templates.ablation import ZERO_ABLATION, HeadAblation
-from vrh_interp.core.templates.readout import RegionAttentionReadout
+from vrh_interp.core.templates.ablation import HeadAblation
 
 
 @dataclass
@@ -200,92 +198,41 @@ def collect_batch(vlm: VLM, samples: Sequence[GroundingSampleLike], *, max_new_t
                   backend: str | Backend = "nnsight") -> list[SampleStats]:
     """The statistics of one batch from ONE run of the model (a generation, or a forward when teacher-forced).
 
-    ``remote`` is passed to ``run_generate`` / ``run_forward``: the whole batch is one request, and only the
-    reduced per-row statistics (not attention maps) come back. ``batch``: the samples already encoded
+    ``remote`` (NDIF, nnsight only) is held by the backend: the whole batch is one request, and only the reduced
+    per-row statistics (not attention maps) come back. ``batch``: the samples already encoded
     (``vlm.encode_grounding`` of their images and expressions, in order), else they are encoded here.
-    ``backend``: a name or ``Backend`` (module doc: other backends generate, then read the rows).
+    ``backend``: a name or ``Backend`` (module doc). ``ablation``: an nnsight template run during the generation.
     """
-    runner = get_backend(backend, vlm, remote=remote)
+    return batch_stats(get_backend(backend, vlm, remote=remote), samples, max_new_tokens=max_new_tokens,
+                       output_source=output_source, ablation=ablation, batch=batch)
+
+
+def batch_stats(runner: Backend, samples: Sequence[GroundingSampleLike], *, max_new_tokens: int,
+                output_source: str = "greedy", ablation: HeadAblation | None = None,
+                batch: GroundingBatch | None = None) -> list[SampleStats]:
+    """``collect_batch`` on a backend already built (the pipelines resolve theirs once and pass it down)."""
+    vlm = runner.vlm
     boxes = [as_box(s.box) for s in samples]
     if batch is None:
         batch = vlm.encode_grounding([s.image for s in samples], [s.expression for s in samples])
     elif batch.batch_size != len(samples):
         raise ValueError(f"batch holds {batch.batch_size} rows for {len(samples)} samples")
     if output_source == "teacher_forced":
-        return _collect_teacher_forced(vlm, samples, boxes, batch, remote=remote, backend=runner)
-    if runner.name != "nnsight":
-        if ablation is not None:
-            raise BackendError(f"collect_batch(ablation=...) runs on the nnsight backend only, not {runner.name}")
-        return _collect_generated(runner, samples, boxes, batch, max_new_tokens=max_new_tokens)
+        return _collect_teacher_forced(runner, samples, boxes, batch)
     region, visual, counts = _region_and_visual_masks(batch, boxes)
     in_index, in_valid = _input_rows(batch)
-    prefill_rows = torch.cat([in_index, torch.full((batch.batch_size, 1), batch.prompt_length - 1)], dim=1)
-    readout = iv.attention_readout(vlm, prefill_rows)
-    region_readout = RegionAttentionReadout(readout, region, visual, last_row_map=True, stack_layers=True)
-    templates: list[Any] = [region_readout] + ([ablation] if ablation is not None else [])
-    result = iv.run_generate(vlm, batch.encoding, templates, max_new_tokens=max_new_tokens, remote=remote)
-    first = _layer_stacked(result.steps[0][0])
-    prefill_stats = torch.cat([chunk[0] for chunk in first])  # [L, b, H, r+1, 3]
-    last_rows = torch.cat([chunk[1] for chunk in first])  # [L, b, H, keys]
-    decode_stats = [torch.cat(_layer_stacked(step[0])) for step in result.steps[1:]]  # [L, b, H, 1, 3]
-    answers = vlm.decode_answers(result.ids, batch.prompt_length)
-    lengths = vlm.answer_lengths(result.ids, batch.prompt_length)
-    entropies = _entropies(last_rows, batch.layouts)
+    read = runner.generate_region_stats(batch.encoding, in_index, region, visual, max_new_tokens=max_new_tokens,
+                                        templates=[ablation] if ablation is not None else [])
+    answers = vlm.decode_answers(read.ids, batch.prompt_length)
+    lengths = vlm.answer_lengths(read.ids, batch.prompt_length)
+    entropies = _entropies(read.last_row, batch.layouts)
     stats = []
     for i, sample in enumerate(samples):
-        n_out = lengths[i]
-        rows = [prefill_stats[:, i, :, -1]] + [d[:, i, :, 0] for d in decode_stats[: max(n_out - 1, 0)]]
-        output_rows = torch.stack(rows[:n_out]) if n_out else torch.zeros(0, *prefill_stats.shape[0:1],
-                                                                          prefill_stats.shape[2], 3)
-        input_rows = prefill_stats[:, i, :, : in_index.shape[1]][:, :, in_valid[i]].permute(2, 0, 1, 3)
+        output_rows = read.output_rows[:, i, :, : lengths[i]].permute(2, 0, 1, 3)
+        input_rows = read.input_rows[:, i][:, :, in_valid[i]].permute(2, 0, 1, 3)
         stats.append(_sample_stats(vlm, sample, boxes[i], batch, i, answers[i], output_rows, input_rows,
                                    entropies[i], counts[i]))
     return stats
-
-
-def _collect_generated(backend: Backend, samples: Sequence[GroundingSampleLike], boxes: Sequence[Box],
-                       batch: GroundingBatch, *, max_new_tokens: int) -> list[SampleStats]:
-    """``collect_batch`` through the generic calls (module doc): the unmasked greedy answer, then one forward over
-    prompt + answer reading, per sample, its input rows and the rows from the last prompt token on (the rows that
-    predicted each answer token), reduced per layer; the last prompt row's map is kept for the entropies."""
-    vlm = backend.vlm
-    b, s = batch.batch_size, batch.prompt_length
-    ids = backend.generate_conditions(batch.encoding, [(None, ZERO_ABLATION)], max_new_tokens=max_new_tokens)[0]
-    new = ids.shape[1] - s
-    region, visual, counts = _region_and_visual_masks(batch, boxes)
-    in_index, in_valid = _input_rows(batch)
-    r_in = in_index.shape[1]
-    rows = torch.cat([in_index, (s - 1 + torch.arange(max(new, 1)))[None].expand(b, -1)], dim=1)
-    reducer = RegionAttentionReadout(None, region, visual)  # type: ignore[arg-type]  # only its reduce is used
-
-    def reduce(layer: int, probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return reducer.reduce(probs).cpu(), probs[:, :, r_in, :s].cpu()
-
-    encoding = dict(batch.encoding)
-    mask = encoding["attention_mask"]
-    encoding["input_ids"] = ids.to(mask.device)
-    encoding["attention_mask"] = torch.cat([mask, mask.new_ones(b, ids.shape[1] - s)], dim=1)
-    values = backend.attention_rows(encoding, rows, reduce=reduce)
-    stats_all = torch.stack([values[layer][0] for layer in sorted(values)])  # [L, b, H, r, 3]
-    last_rows = torch.stack([values[layer][1] for layer in sorted(values)])  # [L, b, H, keys]
-    answers = vlm.decode_answers(ids, s)
-    lengths = vlm.answer_lengths(ids, s)
-    entropies = _entropies(last_rows, batch.layouts)
-    stats = []
-    for i, sample in enumerate(samples):
-        output_rows = stats_all[:, i, :, r_in: r_in + lengths[i]].permute(2, 0, 1, 3)
-        input_rows = stats_all[:, i, :, :r_in][:, :, in_valid[i]].permute(2, 0, 1, 3)
-        stats.append(_sample_stats(vlm, sample, boxes[i], batch, i, answers[i], output_rows, input_rows,
-                                   entropies[i], counts[i]))
-    return stats
-
-
-def _layer_stacked(values: dict[int, Any]) -> list[Any]:
-    """A layer-stacked readout's chunks (each at the last layer it covers), in layer order, on the host:
-    with a device_map the chunks may live on different devices."""
-    def host(value: Any) -> Any:
-        return tuple(v.cpu() for v in value) if isinstance(value, (tuple, list)) else value.cpu()
-    return [host(values[layer]) for layer in sorted(values)]
 
 
 def _rows_array(rows: torch.Tensor) -> np.ndarray:
@@ -311,9 +258,9 @@ def _sample_stats(vlm: VLM, sample: GroundingSampleLike, box: Box, batch: Ground
     )
 
 
-def _collect_teacher_forced(vlm: VLM, samples: Sequence[GroundingSampleLike], boxes: Sequence[Box],
-                            batch: GroundingBatch, *, remote: bool | str = False,
-                            backend: Backend | None = None) -> list[SampleStats]:
+def _collect_teacher_forced(runner: Backend, samples: Sequence[GroundingSampleLike], boxes: Sequence[Box],
+                            batch: GroundingBatch) -> list[SampleStats]:
+    vlm = runner.vlm
     answers = [vlm.adapter.format_box(box, frame) for box, frame in zip(boxes, batch.frames)]
     answer_ids = [vlm.tokenizer(a, add_special_tokens=False)["input_ids"] for a in answers]
     width = max(len(a) for a in answer_ids)
@@ -326,13 +273,7 @@ def _collect_teacher_forced(vlm: VLM, samples: Sequence[GroundingSampleLike], bo
     in_index, in_valid = _input_rows(batch)
     out_index = torch.arange(s - 1, s - 1 + width).unsqueeze(0).expand(b, -1)
     rows = torch.cat([in_index, out_index], dim=1)
-    if backend is None or backend.name == "nnsight":
-        readout = RegionAttentionReadout(iv.attention_readout(vlm, rows), region, visual)
-        values = iv.run_forward(vlm, enc, [readout], remote=remote).values[0]
-    else:
-        reducer = RegionAttentionReadout(None, region, visual)  # type: ignore[arg-type]  # only its reduce is used
-        values = backend.attention_rows(enc, rows, reduce=lambda layer, probs: reducer.reduce(probs).cpu())
-    stats_all = torch.stack([values[layer] for layer in sorted(values)])  # [L,b,H,r,3]
+    stats_all = runner.region_stats(enc, rows, region, visual)  # [L, b, H, r, 3]
     r_in = in_index.shape[1]
     stats = []
     for i, sample in enumerate(samples):
@@ -351,5 +292,5 @@ def collect_stats(vlm: VLM, samples: Sequence[GroundingSampleLike], *, batch_siz
     """Yield the statistics batch by batch (callers persist them as they come); one model run per batch."""
     runner = get_backend(backend, vlm, remote=remote)
     for start in range(0, len(samples), batch_size):
-        yield collect_batch(vlm, samples[start: start + batch_size], max_new_tokens=max_new_tokens,
-                            output_source=output_source, remote=remote, backend=runner)
+        yield batch_stats(runner, samples[start: start + batch_size], max_new_tokens=max_new_tokens,
+                          output_source=output_source)

@@ -24,7 +24,7 @@ from vrh_interp.core.provenance import library_versions, model_provenance, now_u
 from vrh_interp.core.runs import RecordLog, RunFolder, whole_run_manifest, write_atomic
 from vrh_interp.data.checks import GroundingSampleLike, check_samples
 from vrh_interp.scoring.aggregate import aggregate
-from vrh_interp.scoring.collect import SampleStats, collect_batch
+from vrh_interp.scoring.collect import SampleStats, batch_stats
 from vrh_interp.scoring.design import ScoringDesign, resolve_design
 from vrh_interp.scoring.scores import HeadScores
 from vrh_interp.core.shards import Shard, shard_config
@@ -94,10 +94,19 @@ def collect_detection_stats(vlm: VLM, samples: Sequence[GroundingSampleLike], *,
     ``backend`` (a name or ``Backend``: ``vrh_interp.core.backends.base``) IS part of the configuration when it is not
     nnsight: a run folder never mixes backends.
     """
+    return _detection_stats(get_backend(backend, vlm, remote=remote), samples, batch_size=batch_size,
+                            max_new_tokens=max_new_tokens, output_source=output_source, run_dir=run_dir,
+                            dataset=dataset, progress=progress, shard=shard)
+
+
+def _detection_stats(runner: Backend, samples: Sequence[GroundingSampleLike], *, batch_size: int,
+                     max_new_tokens: int, output_source: str, run_dir: str | Path | None, dataset: str | None,
+                     progress: bool, shard: Shard | None = None) -> list[SampleStats]:
+    """``collect_detection_stats`` on a backend already built (``score_heads`` resolves its backend once)."""
+    vlm = runner.vlm
     check_samples(samples, minimum=1, what="detection samples")
     if batch_size < 1:
         raise ValueError("batch_size must be >= 1")
-    runner = get_backend(backend, vlm, remote=remote)
     config = shard_config({**detection_config(vlm, samples, output_source=output_source, max_new_tokens=max_new_tokens,
                                               dataset=dataset), **backend_config(runner)}, shard, batch_size)
     mine = shard.select(samples, batch_size) if shard is not None else list(samples)
@@ -111,15 +120,14 @@ def collect_detection_stats(vlm: VLM, samples: Sequence[GroundingSampleLike], *,
                disable=not progress, unit="sample")
     for start in range(0, len(todo), batch_size):
         chunk = todo[start: start + batch_size]
-        batch_stats = collect_batch(vlm, chunk, max_new_tokens=max_new_tokens, output_source=output_source,
-                                    remote=remote, backend=runner)
+        collected_now = batch_stats(runner, chunk, max_new_tokens=max_new_tokens, output_source=output_source)
         if folder is not None and log is not None:
             # named by the batch's position in the FULL list: a shard writes the files an unsharded run writes
             name = f"batch-{position[chunk[0].sample_id]:06d}-{chunk[0].sample_id}".replace(os.sep, "_")
-            file = _save_batch(folder.path / "detect_stats", name, batch_stats)
+            file = _save_batch(folder.path / "detect_stats", name, collected_now)
             log.append({"sample_id": s.sample_id, "file": file, "index": i, "region_tokens": s.region_tokens,
-                        "answer": s.answer, "iou": s.iou, "parsed": s.parsed} for i, s in enumerate(batch_stats))
-        collected.extend(batch_stats)
+                        "answer": s.answer, "iou": s.iou, "parsed": s.parsed} for i, s in enumerate(collected_now))
+        collected.extend(collected_now)
         bar.update(len(chunk))
     bar.close()
     if folder is not None:
@@ -147,9 +155,8 @@ def score_heads(vlm: VLM, samples: Sequence[GroundingSampleLike], design: Scorin
     """
     design = resolve_design(design)
     runner = get_backend(backend, vlm, remote=remote)
-    stats = collect_detection_stats(vlm, samples, batch_size=batch_size, max_new_tokens=max_new_tokens,
-                                    output_source=design.output_source, run_dir=run_dir, dataset=dataset,
-                                    progress=progress, remote=remote, backend=runner)
+    stats = _detection_stats(runner, samples, batch_size=batch_size, max_new_tokens=max_new_tokens,
+                             output_source=design.output_source, run_dir=run_dir, dataset=dataset, progress=progress)
     config = {**detection_config(vlm, samples, output_source=design.output_source, max_new_tokens=max_new_tokens,
                                  dataset=dataset), **backend_config(runner)}
     return scores_from_stats(stats, design, {**_provenance(config, design, stats),

@@ -4,6 +4,7 @@ backend) so that the TransformerLens backend, which implements the seam, is impo
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from vrh_interp.core.backends import BACKENDS
 from vrh_interp.core.backends.base import Backend, BackendError, NnsightBackend
@@ -25,15 +26,27 @@ def get_backend(backend: str | Backend, vlm: VLM, *, remote: bool | str = False)
         if isinstance(backend, NnsightBackend) and remote and backend.remote != remote:
             return dataclasses.replace(backend, remote=remote)  # the pipeline's remote wins
         return backend
-    if backend == "nnsight":
+    kind = backend_type(backend)
+    if kind is NnsightBackend:
         return NnsightBackend(vlm, remote)
-    if backend != "transformer-lens":
-        raise BackendError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
     if remote:
         raise BackendError(_REMOTE_NEEDS_NNSIGHT)
+    return kind.from_vlm(vlm)  # type: ignore[union-attr]  # refuses unsupported families (UnsupportedFamilyError)
+
+
+def backend_type(backend: str | Backend) -> Any:
+    """The backend class a name stands for, not built (no model copy): its ``name``, ``ablation_kinds`` and
+    ``operations``, what ``base.check_supported`` needs to refuse a request before any work. An instance stands
+    for itself."""
+    if not isinstance(backend, str):
+        return backend
+    if backend == "nnsight":
+        return NnsightBackend
+    if backend != "transformer-lens":
+        raise BackendError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
     from vrh_interp.core.backends.transformer_lens import TransformerLensBackend
 
-    return TransformerLensBackend.from_vlm(vlm)  # refuses unsupported families (UnsupportedFamilyError)
+    return TransformerLensBackend
 
 
 _REMOTE_NEEDS_NNSIGHT = ("remote runs (NDIF) go through nnsight: use backend='nnsight' (--backend nnsight) with "

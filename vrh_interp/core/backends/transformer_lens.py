@@ -1,7 +1,8 @@
 """Head ablation, readout, capture and patching through a TransformerLens ``TransformerBridge``.
 
 ``TransformerLensBackend`` implements ``backends.base.Backend`` (``get_backend("transformer-lens", vlm)``), so
-every pipeline that takes ``backend=`` runs on it; masking is zero ablation only.
+every pipeline that takes ``backend=`` runs on it; masking is zero ablation only, and the patching study
+(``OPERATIONS["patching"]``) is refused up front (``check_supported``).
 
 ``TransformerLensBackend.from_vlm(vlm)`` wraps a DEEP COPY of ``vlm.hf_model`` with
 ``transformer_lens.model_bridge.sources.build_bridge_from_module``: the bridge replaces the model's
@@ -53,7 +54,8 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence
 import torch
 
 from vrh_interp.core import interventions as iv
-from vrh_interp.core.backends.base import BackendError, Condition, RowReduction, check_ablation_kinds
+from vrh_interp.core.backends.base import (BackendError, Condition, RegionStats, RowReduction, check_ablation_kinds,
+                                           generate_then_read, read_region_stats)
 from vrh_interp.core.families.registry import FAMILIES
 from vrh_interp.core.heads import HeadSet
 from vrh_interp.core.model import VLM
@@ -106,6 +108,7 @@ class TransformerLensBackend:
     bridge: Any  # transformer_lens.model_bridge.TransformerBridge
     name: ClassVar[str] = "transformer-lens"
     ablation_kinds: ClassVar[tuple[str, ...]] = ("zero",)
+    operations: ClassVar[frozenset[str]] = frozenset()  # no patching study: its templates are nnsight's
 
     @classmethod
     def from_vlm(cls, vlm: VLM) -> "TransformerLensBackend":
@@ -209,6 +212,20 @@ class TransformerLensBackend:
             return overwrite_heads
 
         return self._logits(encoding, [(_z_hook(layer), patch(layer, idx)) for layer, idx in by_layer.items()])
+
+    def generate_region_stats(self, encoding: Mapping[str, Any], input_rows: torch.Tensor, region: torch.Tensor,
+                              visual: torch.Tensor, *, max_new_tokens: int,
+                              templates: Sequence[Any] = ()) -> RegionStats:
+        """``base.generate_then_read``: generate, then read the rows in one forward (no readout inside the
+        bridge's uncached generation). ``templates`` (nnsight's) are refused."""
+        if templates:
+            raise BackendError(f"the {self.name} backend runs no nnsight templates while scoring (given "
+                               f"{', '.join(type(t).__name__ for t in templates)}): use --backend nnsight")
+        return generate_then_read(self, encoding, input_rows, region, visual, max_new_tokens=max_new_tokens)
+
+    def region_stats(self, encoding: Mapping[str, Any], rows: torch.Tensor, region: torch.Tensor,
+                     visual: torch.Tensor) -> torch.Tensor:
+        return read_region_stats(self, encoding, rows, region, visual)
 
     # -- helpers ----------------------------------------------------------------------------------
 
