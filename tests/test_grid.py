@@ -154,6 +154,36 @@ def test_a_failed_cell_is_reported_and_the_rest_runs(tmp_path: Path) -> None:
     assert read_status(tmp_path / "grid", "detect:a:x")["status"] == "done"
 
 
+def test_rerun_may_change_scheduling_not_results(grid_file: Path, local: Path, tmp_path: Path) -> None:
+    changed = tmp_path / "GRID.toml"
+    changed.write_text(GRID.replace("[options]", "[options]\ncpus = 2\nretries = 5").replace(
+        'model = "toy:b"', 'model = "toy:b"\ngpus = 1'))
+    assert not run_grid(changed, local, progress=False).failed  # nothing to redo: every cell is done
+    changed.write_text(GRID.replace("random_sets = 2", "random_sets = 3"))
+    with pytest.raises(GridSpecError, match="made by a different GRID.toml \\(options differ\\)"):
+        run_grid(changed, local, progress=False)
+
+
+def test_cli_grid_help_and_one_line_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from vrh_interp.apps.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["grid", "--help"])
+    assert "--ray auto|ADDRESS" in capsys.readouterr().out
+    bad = tmp_path / "GRID.toml"
+    bad.write_text(MODEL + "devcie = 'cpu'\n" + BENCH)
+    assert main(["grid", str(bad), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vrh grid: error: GRID.toml [models.a]: unknown key 'devcie'") and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()  # a grid that fails before running leaves no folder
+
+
+def test_ray_executor_without_ray_says_how_to_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError, as where it is not installed
+    with pytest.raises(RuntimeError, match=r"--ray needs Ray, an optional extra: pip install 'vrh-interp\[ray\]'"):
+        run_grid(parse_grid(MODEL + BENCH), tmp_path / "grid", ray="auto", progress=False)
+
+
 # ------------------------------------------------------------------------------------------------- Ray executor
 
 @pytest.fixture(scope="module")
@@ -176,6 +206,13 @@ def _wait(condition, timeout: float = 240.0, what: str = "") -> None:
 def _records(folder: Path) -> int:
     path = folder / "sweep_records.jsonl"
     return path.read_bytes().count(b"\n") if path.exists() else 0
+
+
+def test_ray_cells_needing_absent_gpus_fail_at_once(cluster: str, tmp_path: Path) -> None:
+    spec = parse_grid(MODEL.replace("'toy:a'", "'toy:a'\ngpus = 1") + BENCH)
+    result = run_grid(spec, tmp_path / "grid", ray=cluster, progress=False)
+    assert result.status["detect:a:x"]["reason"].startswith("needs 1 gpus and the Ray cluster has 0 in all")
+    assert result.status["sweep:a:x"]["reason"] == "needs detect:a:x, which did not finish"
 
 
 def test_ray_grid_equals_local(cluster: str, grid_file: Path, local: Path) -> None:

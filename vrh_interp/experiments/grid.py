@@ -597,14 +597,29 @@ def write_manifest(grid_dir: Path, spec: GridSpec, cells: Sequence[Cell], execut
     return status
 
 
+SCHEDULING_KEYS = {"options": ("cpus", "retries", "summary_k"), "model": ("gpus", "memory_gb")}
+"""Fields that decide where and how often a cell runs, not its records: a rerun may change them."""
+
+
+def _results_view(grid: Mapping[str, Any]) -> dict[str, Any]:
+    view = json.loads(json.dumps(grid))
+    for key in SCHEDULING_KEYS["options"]:
+        view.get("options", {}).pop(key, None)
+    for model in view.get("models", {}).values():
+        for key in SCHEDULING_KEYS["model"]:
+            model.pop(key, None)
+    return view
+
+
 def _check_same_grid(grid_dir: Path, spec: GridSpec) -> None:
+    """Refuse a grid folder made by a GRID.toml whose cells would differ (scheduling fields may change)."""
     path = grid_dir / GRID_FILE
     if not path.exists():
         return
-    before = json.loads(path.read_text(encoding="utf-8")).get("grid")
-    now = spec.to_dict()
+    before = _results_view(json.loads(path.read_text(encoding="utf-8")).get("grid") or {})
+    now = _results_view(spec.to_dict())
     if before != now:
-        differing = sorted(k for k in set(before or {}) | set(now) if (before or {}).get(k) != now.get(k))
+        differing = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
         raise GridSpecError(f"grid folder {grid_dir} was made by a different GRID.toml ({', '.join(differing)} "
                             "differ): use another --out, or delete the folder to start over")
 

@@ -17,8 +17,11 @@ Lustre), mounted at the same path everywhere, and the workers need this package 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Callable, Sequence
+
+from vrh_interp.core.remote import ENV as REMOTE_TIMEOUT_ENV
 
 from vrh_interp.experiments.grid import (Cell, GridSpec, cell_resources, one_line, read_status, run_cell,
                                          write_manifest, write_status)
@@ -50,6 +53,19 @@ def connect(address: str) -> bool:
     return True
 
 
+def _unavailable(needs: dict[str, float], total: dict[str, float]) -> str:
+    """Why no node of the cluster could ever run a task needing ``needs`` ('' when it fits the cluster's total)."""
+    names = {"num_cpus": ("CPU", "cpus"), "num_gpus": ("GPU", "gpus"), "memory": ("memory", "memory_gb")}
+    for key, amount in needs.items():
+        resource, field = names[key]
+        have = float(total.get(resource, 0.0))
+        if amount > have:
+            scale = 2 ** 30 if key == "memory" else 1
+            return (f"needs {amount / scale:g} {field} and the Ray cluster has {have / scale:g} in all: add nodes "
+                    f"with them, or lower {field} in GRID.toml")
+    return ""
+
+
 def _reason(ray: Any, error: BaseException, cell: Cell, failed: dict[str, Any]) -> str:
     blocked = [d for d in cell.depends if d in failed]
     if blocked:
@@ -70,17 +86,29 @@ def run_ray(grid_dir: Path, spec: GridSpec, cells: Sequence[Cell], *, address: s
     started = connect(address)
     try:
         task = ray.remote(run_cell)
+        # the driver's NDIF timeouts reach the workers (remote cells time out as they would here)
+        forwarded = {name: os.environ[name] for name in REMOTE_TIMEOUT_ENV.values() if name in os.environ}
         refs: dict[str, Any] = {}
+        failed: dict[str, Any] = {}
+        total = ray.cluster_resources()
         for cell in cells:
             if read_status(grid_dir, cell.id)["status"] == "done":
                 continue
+            missing = _unavailable(cell_resources(spec, cell), total)
+            blocked = [d for d in cell.depends if d in failed]
+            if missing or blocked:  # it would wait for ever: fail it now
+                failed[cell.id] = {"status": "failed", "reason": missing or f"needs {blocked[0]}, which did not finish"}
+                write_status(grid_dir, cell.id, **failed[cell.id])
+                log(f"grid: {cell.id} failed: {failed[cell.id]['reason']}")
+                continue
             options = {**cell_resources(spec, cell), "max_retries": spec.options.retries,
                        "retry_exceptions": list(RETRIED_ERRORS), "name": cell.id}
+            if forwarded:
+                options["runtime_env"] = {"env_vars": forwarded}
             dependencies = [refs[d] for d in cell.depends if d in refs]
             refs[cell.id] = task.options(**options).remote(str(grid_dir), spec.to_dict(), cell.id, *dependencies)
         log(f"grid: {len(refs)} cells submitted to Ray ({len(cells) - len(refs)} already done)")
         by_ref = {ref: {c.id: c for c in cells}[cid] for cid, ref in refs.items()}
-        failed: dict[str, Any] = {}
         while by_ref:
             ready, _ = ray.wait(list(by_ref), num_returns=1, timeout=2.0)
             for ref in ready:
