@@ -196,10 +196,10 @@ def cluster() -> str:
     ray.shutdown()
 
 
-def _wait(condition, timeout: float = 240.0, what: str = "") -> None:
+def _wait(condition, timeout: float = 600.0, what="") -> None:
     deadline = time.monotonic() + timeout
     while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what() if callable(what) else what}"
         time.sleep(0.02)
 
 
@@ -211,8 +211,8 @@ def _records(folder: Path) -> int:
 def test_ray_cells_needing_absent_gpus_fail_at_once(cluster: str, tmp_path: Path) -> None:
     spec = parse_grid(MODEL.replace("'toy:a'", "'toy:a'\ngpus = 1") + BENCH)
     result = run_grid(spec, tmp_path / "grid", ray=cluster, progress=False)
-    assert result.status["detect:a:x"]["reason"].startswith("needs 1 gpus and the Ray cluster has 0 in all")
-    assert result.status["sweep:a:x"]["reason"] == "needs detect:a:x, which did not finish"
+    for cell in ("detect:a:x", "sweep:a:x"):
+        assert result.status[cell]["reason"].startswith("needs 1 gpus and the Ray cluster has 0 in all: add nodes")
 
 
 def test_ray_grid_equals_local(cluster: str, grid_file: Path, local: Path) -> None:
@@ -248,8 +248,10 @@ def test_ray_driver_killed_then_rerun_resumes(cluster: str, grid_file: Path, loc
     out = grid_file.parent / "ray-driver"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH",
                                                                                                          "")])}
-    driver = subprocess.Popen([sys.executable, "-m", "vrh_interp.apps.cli", "grid", str(grid_file), "--out", str(out),
-                               "--ray", cluster], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = grid_file.parent / "driver.log"
+    with open(log, "wb") as handle:
+        driver = subprocess.Popen([sys.executable, "-m", "vrh_interp.apps.cli", "grid", str(grid_file), "--out",
+                                   str(out), "--ray", cluster], env=env, stdout=handle, stderr=subprocess.STDOUT)
     cells = plan_cells(parse_grid(GRID))
     interrupted: list[str] = []
 
@@ -260,7 +262,7 @@ def test_ray_driver_killed_then_rerun_resumes(cluster: str, grid_file: Path, loc
         return "done" in states.values() and bool(interrupted)
 
     try:
-        _wait(started, what="a finished cell and a started one")
+        _wait(started, what=lambda: f"a finished cell and a started one; the driver printed: {log.read_text()[-2000:]}")
     finally:
         driver.send_signal(signal.SIGKILL)
         driver.wait()

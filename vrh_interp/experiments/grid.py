@@ -591,11 +591,9 @@ class GridResult:
         return [c.id for c in self.cells if self.status[c.id]["status"] != "done"]
 
 
-def write_manifest(grid_dir: Path, spec: GridSpec, cells: Sequence[Cell], executor: str,
-                   overrides: Mapping[str, dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
-    """``grid.json``: the grid, every cell and its status (from ``status/``, or ``overrides``); returns the
-    statuses."""
-    status = {c.id: {**read_status(grid_dir, c.id), **(overrides or {}).get(c.id, {})} for c in cells}
+def write_manifest(grid_dir: Path, spec: GridSpec, cells: Sequence[Cell], executor: str) -> dict[str, dict[str, Any]]:
+    """``grid.json``: the grid, every cell and its status (from ``status/``); returns the statuses."""
+    status = {c.id: read_status(grid_dir, c.id) for c in cells}
     write_json_atomic(grid_dir / GRID_FILE, {
         "kind": "grid", "grid": spec.to_dict(), "executor": executor,
         "cells": [{**dataclasses.asdict(c), **{k: status[c.id].get(k) for k in ("status", "reason", "pid", "host",
