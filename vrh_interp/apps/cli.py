@@ -1,4 +1,4 @@
-"""The ``vrh`` command line: families, detect, sweep, scan, design-space, merge, reproduce, report, demo, patch.
+"""The ``vrh`` command line: families, detect, sweep, scan, design-space, merge, reproduce, report, demo, patch, grid.
 
 Every long command takes ``--out`` (a run folder: rerunning the same command resumes it), shows progress
 bars, prints a summary table at the end, and ``--json`` prints the machine-readable result instead.
@@ -529,6 +529,12 @@ def cmd_patch(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_grid(args: argparse.Namespace) -> int:
+    from vrh_interp.experiments.grid import print_grid, run_grid
+
+    return print_grid(run_grid(args.grid, args.out, ray=args.ray, progress=not args.json), as_json=args.json)
+
+
 def ablation_options(p: argparse.ArgumentParser, *, detect_data: bool = True) -> None:
     p.add_argument("--ablation", choices=("zero", "mean", "resample"), default="zero",
                    help="how masked heads are removed: zero (the paper's), mean (the head's mean output per position "
@@ -757,11 +763,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     backend_option(p)
     p.set_defaults(func=cmd_patch)
+
+    p = sub.add_parser("grid", help="models x benchmarks x experiments from GRID.toml, here or on a Ray cluster")
+    p.add_argument("grid", help="the grid file (docs/recipes/grid.md): models, benchmarks, experiments, options")
+    p.add_argument("--out", default="runs/grid", help="grid folder: a run folder per cell, grid.json, the summary "
+                                                      "(rerun to resume)")
+    p.add_argument("--ray", default=None, metavar="auto|ADDRESS",
+                   help="run the cells as Ray tasks: auto (this machine's cluster, or a new local one) or a cluster "
+                        "address; needs pip install 'vrh-interp[ray]' (default: every cell here, in order)")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    p.set_defaults(func=cmd_grid)
     return parser
 
 
 # commands whose --out is a run folder that the same command resumes: held under the folder's lock while they run
-RESUMABLE = ("detect", "sweep", "scan", "design-space", "reproduce", "demo", "patch")
+RESUMABLE = ("detect", "sweep", "scan", "design-space", "reproduce", "demo", "patch", "grid")
 # what a full disk, a read-only or foreign folder, or a failing device raises while writing
 WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO, errno.EFBIG}
 

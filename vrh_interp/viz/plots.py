@@ -433,3 +433,29 @@ def position_patching_map(frame: pd.DataFrame, *, image: Any = None, boxes: dict
         overlay.set_axis_off()
         overlay.set_title(f"{heads[0]}: recovery per region", fontsize=9)
     return fig
+
+
+def grid_drop_heatmap(drops: pd.DataFrame, verdicts: pd.DataFrame | None = None,
+                      title: str = "grounding drop with the top-k VRHs masked") -> Any:
+    """Model x benchmark heatmap of the accuracy drop (baseline - VRH-k) of a grid (``experiments.grid``); each
+    cell carries its value and, from ``verdicts`` (same shape), its verdict; cells without a result are blank."""
+    values = drops.to_numpy(dtype=float)
+    fig, ax = _figure(max(4.0, values.shape[1] * 1.4 + 2.5), max(2.5, values.shape[0] * 0.6 + 1.5))
+    finite = values[np.isfinite(values)]
+    bound = max(float(np.abs(finite).max()) if finite.size else 1.0, 1e-6)
+    image = ax.imshow(np.ma.masked_invalid(values), aspect="auto", cmap="Reds", vmin=min(0.0, float(finite.min(
+        initial=0.0))), vmax=bound, interpolation="nearest")
+    for row in range(values.shape[0]):
+        for column in range(values.shape[1]):
+            if np.isfinite(values[row, column]):
+                verdict = "" if verdicts is None else f"\n{verdicts.iat[row, column]}"
+                ax.text(column, row, f"{values[row, column]:.2f}{verdict}", ha="center", va="center", fontsize=7,
+                        color="white" if values[row, column] > 0.6 * bound else "black")
+    ax.set_xticks(range(values.shape[1]), [str(c) for c in drops.columns], rotation=30, ha="right")
+    ax.set_yticks(range(values.shape[0]), [str(i) for i in drops.index])
+    ax.set_xlabel("benchmark")
+    ax.set_ylabel("model")
+    ax.set_title(title)
+    fig.colorbar(image, ax=ax, label="accuracy drop")
+    fig.tight_layout()
+    return fig

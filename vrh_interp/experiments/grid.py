@@ -1,0 +1,919 @@
+"""``grid``: the paper's grid (models x benchmarks x experiments) from one GRID.toml, run locally or on Ray.
+
+A grid is a plan of *cells*, each an ordinary resumable run folder made by the library's own runners:
+
+* ``detect`` (model x grounding benchmark): ``scoring.detect.score_heads`` on the benchmark's detection samples
+  into ``cells/MODEL/BENCHMARK/detect`` and the scores file next to it;
+* ``sweep`` (model x grounding benchmark): ``experiments.sweep.sweep`` of those scores on the benchmark's
+  evaluation samples, with the random and layer-matched controls, into ``cells/MODEL/BENCHMARK/sweep``. With
+  ``shards = n`` the sweep runs as n shard cells (``--shard i/n``: batch-aligned, so the merged folder is the
+  unsharded run's byte for byte) and a merge cell (``experiments.merge.merge_runs``);
+* ``vqa`` (model x VQA benchmark): ``experiments.vqa_sweep.vqa_sweep`` of the top ``vqa_k`` heads detected on
+  the benchmark named by ``heads_from``, into ``cells/MODEL/vqa-NAME``;
+* ``transfer`` (a named pair of models on one grounding benchmark): ``experiments.transfer.cross_masking`` of
+  both models' detected heads, into ``transfer/A__B__BENCHMARK``.
+
+A cell's dependencies (a sweep needs its detection, ...) are part of the plan; the executors run a cell only
+after them. The grid folder holds ``grid.json`` (the parsed grid, every cell with its folder, dependencies and
+status: pending, running, done, failed with a one-line reason), ``status/`` (one file per cell, written by
+whoever runs it, so workers on other machines report through the shared folder), the summary
+(``grid_summary.csv`` / ``.md``: the paper's Table 3 / A12 layout, baseline, VRH-k, random-k and matched-k
+accuracy per model x benchmark with the set-level verdict) and ``grid_drop.png`` (the drop of VRH-k per cell).
+
+Executors. ``local`` runs the cells in plan order in this process (one model loaded at a time). ``ray`` (``run_ray``,
+``pip install 'vrh-interp[ray]'``; Ray is imported only there) submits every cell not done yet as one Ray task
+running ``run_cell`` (the function the local executor calls) with the resources the grid declares (``num_cpus`` =
+``cpus``, ``num_gpus`` and ``memory`` from the cell's models) and its dependencies' results as arguments, so Ray
+starts it only after them. A task whose worker dies (killed, out of memory, a lost node) or that raises a
+``RuntimeError`` / ``OSError`` (a CUDA error, a dropped NDIF connection) is retried up to ``retries`` times;
+``ValueError`` (a bad spec, a k too large for the model) fails the cell at once. Resume is the run folders' own: a
+cell killed at any point (its worker, or the driver: Ray then ends the driver's tasks) is rerun from its records,
+so no finished pass is repeated; a cell whose status file says ``done`` is not run again. Both executors run the
+same function per cell, so their folders hold the same records. On more than one machine the grid folder must
+be on a shared file system at the same path everywhere, and the workers need this package installed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import socket
+import sys
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from vrh_interp.core.remote import ENV as REMOTE_TIMEOUT_ENV
+from vrh_interp.core.runs import RunLockedError, lock_run_folder, write_atomic, write_json_atomic
+
+EXPERIMENTS: tuple[str, ...] = ("detect", "sweep", "vqa", "transfer")
+GRID_FILE, STATUS_DIR, SUMMARY_CSV, SUMMARY_MD, HEATMAP = ("grid.json", "status", "grid_summary.csv",
+                                                            "grid_summary.md", "grid_drop.png")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class GridSpecError(ValueError):
+    """A GRID.toml that cannot be run (the message names the field and the fix)."""
+
+
+@dataclass(frozen=True)
+class GridModel:
+    """One model of the grid: its spec (``toy:a``, a hub id, a folder), how it loads and what a cell needs."""
+
+    name: str
+    spec: str
+    device_map: str | None = None
+    dtype: str | None = None
+    remote: bool | str = False  # True: NDIF (nnsight's configured host); "local": serialised as for NDIF, run here
+    gpus: float = 0.0
+    memory_gb: float | None = None
+
+
+@dataclass(frozen=True)
+class GroundingBenchmark:
+    name: str
+    detect: str  # a --data spec: the detection samples
+    eval: str  # a --data spec: the evaluation samples (disjoint from detect)
+
+
+@dataclass(frozen=True)
+class VQABenchmark:
+    name: str
+    data: str  # a --vqa spec
+    heads_from: str  # the grounding benchmark whose detected heads are masked
+
+
+@dataclass(frozen=True)
+class TransferPair:
+    models: tuple[str, str]
+    benchmark: str
+
+
+@dataclass(frozen=True)
+class GridOptions:
+    """Options of every cell (the runners' own arguments, as ``vrh sweep`` takes them)."""
+
+    ks: str = "0,1,3,5,10,20"
+    random_sets: int = 20
+    matched: bool = True
+    preset: str = "vrh"
+    batch_size: int = 16
+    max_new_tokens: int = 24
+    max_batch_rows: int | None = None
+    iou: float = 0.5
+    vqa_k: int = 20
+    shards: int = 1
+    summary_k: int | None = None  # the k of the heatmap (default: the largest)
+    cpus: float = 1.0
+    retries: int = 2
+
+
+@dataclass(frozen=True)
+class GridSpec:
+    models: dict[str, GridModel]
+    benchmarks: dict[str, GroundingBenchmark]
+    vqa: dict[str, VQABenchmark] = field(default_factory=dict)
+    transfer: tuple[TransferPair, ...] = ()
+    experiments: tuple[str, ...] = ("detect", "sweep")
+    options: GridOptions = GridOptions()
+
+    def to_dict(self) -> dict[str, Any]:
+        return json.loads(json.dumps(dataclasses.asdict(self)))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "GridSpec":
+        return cls(models={k: GridModel(**v) for k, v in data["models"].items()},
+                   benchmarks={k: GroundingBenchmark(**v) for k, v in data["benchmarks"].items()},
+                   vqa={k: VQABenchmark(**v) for k, v in data["vqa"].items()},
+                   transfer=tuple(TransferPair(tuple(t["models"]), t["benchmark"]) for t in data["transfer"]),
+                   experiments=tuple(data["experiments"]), options=GridOptions(**data["options"]))
+
+
+# ---------------------------------------------------------------------------------------------- parsing GRID.toml
+
+def _where(section: str) -> str:
+    return f"GRID.toml [{section}]"
+
+
+def _check_keys(table: Any, section: str, allowed: Sequence[str], required: Sequence[str] = ()) -> dict[str, Any]:
+    if not isinstance(table, dict):
+        raise GridSpecError(f"{_where(section)} must be a table (key = value lines), got {type(table).__name__}")
+    unknown = sorted(set(table) - set(allowed))
+    if unknown:
+        raise GridSpecError(f"{_where(section)}: unknown key {unknown[0]!r}; the keys are {', '.join(allowed)}")
+    missing = [k for k in required if k not in table]
+    if missing:
+        raise GridSpecError(f"{_where(section)}: missing {missing[0]!r} (required: {', '.join(required)})")
+    return table
+
+
+def _typed(table: Mapping[str, Any], key: str, section: str, kinds: tuple[type, ...], what: str) -> Any:
+    value = table[key]
+    if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+        raise GridSpecError(f"{_where(section)}: {key} = {value!r} is not {what}")
+    return value
+
+
+def _name(name: str, section: str) -> str:
+    if not _NAME.match(name):
+        raise GridSpecError(f"{_where(section)}: the name {name!r} must be letters, digits, '_', '.' or '-' (it "
+                            "names a folder)")
+    return name
+
+
+def _data(spec: Any, section: str, key: str, *, vqa: bool) -> str:
+    from vrh_interp.data.sources import DataSpecError, check_spec
+
+    if not isinstance(spec, str):
+        raise GridSpecError(f"{_where(section)}: {key} must be a data spec string such as 'synthetic:eval:200'")
+    try:
+        check_spec(spec, vqa=vqa)
+    except DataSpecError as error:
+        raise GridSpecError(f"{_where(section)}: {key} = {spec!r}: {error}") from None
+    return spec
+
+
+def _options(table: Mapping[str, Any]) -> GridOptions:
+    from vrh_interp.experiments.sweep import KSpecError, parse_ks
+    from vrh_interp.scoring.design import resolve_design
+
+    fields = {f.name: f for f in dataclasses.fields(GridOptions)}
+    _check_keys(table, "options", list(fields))
+    positive = ("random_sets", "batch_size", "max_new_tokens", "max_batch_rows", "vqa_k", "shards")
+    values: dict[str, Any] = {}
+    for key in table:
+        if key in positive:
+            value = _typed(table, key, "options", (int,), "a whole number")
+            if value < 1:
+                raise GridSpecError(f"{_where('options')}: {key} = {value} must be >= 1")
+        elif key in ("summary_k", "retries"):
+            value = _typed(table, key, "options", (int,), "a whole number")
+            if value < 0:
+                raise GridSpecError(f"{_where('options')}: {key} = {value} must be >= 0")
+        elif key == "matched":
+            value = _typed(table, key, "options", (bool,), "true or false")
+        elif key in ("iou", "cpus"):
+            value = float(_typed(table, key, "options", (int, float), "a number"))
+            if not (0 < value <= 1 if key == "iou" else 0 <= value < 1e6):
+                raise GridSpecError(f"{_where('options')}: {key} = {value} is out of range "
+                                    f"({'0 < iou <= 1' if key == 'iou' else 'cpus >= 0'})")
+        elif key == "ks":
+            value = table[key]
+            value = ",".join(map(str, value)) if isinstance(value, list) else value
+            if not isinstance(value, str):
+                raise GridSpecError(f"{_where('options')}: ks must be a string such as \"0,1,3\" or \"0,1%,2.5%\"")
+            try:
+                parse_ks(value, total_heads=1_000_000)
+            except KSpecError as error:
+                raise GridSpecError(f"{_where('options')}: ks: {error}") from None
+        else:  # preset
+            value = _typed(table, key, "options", (str,), "a scoring preset name")
+            try:
+                resolve_design(value)
+            except ValueError as error:
+                raise GridSpecError(f"{_where('options')}: preset: {error}") from None
+        values[key] = value
+    return GridOptions(**values)
+
+
+def _model(name: str, table: Any) -> GridModel:
+    section = f"models.{name}"
+    _name(name, section)
+    _check_keys(table, section, ("model", "device_map", "dtype", "remote", "gpus", "memory_gb"), ("model",))
+    spec = _typed(table, "model", section, (str,), "a model spec (toy:a, tiny:qwen2_vl, a hub id or a folder)")
+    for key in ("device_map", "dtype"):
+        if key in table:
+            _typed(table, key, section, (str,), "a string")
+    if "dtype" in table:
+        from vrh_interp.core.model_source import parse_dtype
+
+        try:
+            parse_dtype(table["dtype"])
+        except (TypeError, ValueError) as error:
+            raise GridSpecError(f"{_where(section)}: dtype: {error}") from None
+    remote = table.get("remote", False)
+    if remote not in (True, False, "local"):
+        raise GridSpecError(f"{_where(section)}: remote = {remote!r}: use true (NDIF), false, or \"local\" (serialised "
+                            "as for NDIF, run here)")
+    numbers = {}
+    for key in ("gpus", "memory_gb"):
+        if key in table:
+            numbers[key] = float(_typed(table, key, section, (int, float), "a number"))
+            if numbers[key] < 0:
+                raise GridSpecError(f"{_where(section)}: {key} must be >= 0")
+    return GridModel(name=name, spec=spec.strip(), device_map=table.get("device_map"), dtype=table.get("dtype"),
+                     remote=remote, **numbers)
+
+
+def parse_grid(text: str) -> GridSpec:
+    """A ``GridSpec`` from GRID.toml's text; ``GridSpecError`` (one line naming the field) on anything invalid.
+    The reference is docs/recipes/grid.md."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise GridSpecError(f"GRID.toml is not valid TOML: {error}") from None
+    _check_keys(data, "top level", ("experiments", "options", "models", "benchmarks", "vqa", "transfer"),
+                ("models",))
+    experiments = data.get("experiments", ["detect", "sweep"])
+    if not isinstance(experiments, list) or not experiments or not all(isinstance(e, str) for e in experiments):
+        raise GridSpecError(f"GRID.toml: experiments must be a list such as [\"sweep\", \"vqa\"] from "
+                            f"{', '.join(EXPERIMENTS)}")
+    bad = [e for e in experiments if e not in EXPERIMENTS]
+    if bad:
+        raise GridSpecError(f"GRID.toml: unknown experiment {bad[0]!r}: use {', '.join(EXPERIMENTS)}")
+    # every experiment needs the detected heads
+    experiments = tuple(e for e in EXPERIMENTS if e in experiments or e == "detect")
+    options = _options(data.get("options", {}))
+    models_table = data["models"]
+    if not isinstance(models_table, dict) or not models_table:
+        raise GridSpecError("GRID.toml: [models] is empty: add e.g. [models.a] with model = \"toy:a\"")
+    models = {name: _model(name, table) for name, table in models_table.items()}
+    benchmarks = {}
+    for name, table in _tables(data, "benchmarks"):
+        section = f"benchmarks.{name}"
+        _check_keys(table, section, ("detect", "eval"), ("detect", "eval"))
+        detect, evaluate = (_data(table[key], section, key, vqa=False) for key in ("detect", "eval"))
+        benchmarks[_name(name, section)] = GroundingBenchmark(name, detect, evaluate)
+    if not benchmarks:
+        raise GridSpecError("GRID.toml: no [benchmarks.NAME] tables: add one with detect = ... and eval = ... specs")
+    vqa = {}
+    for name, table in _tables(data, "vqa"):
+        section = f"vqa.{name}"
+        _check_keys(table, section, ("data", "heads_from"), ("data",))
+        heads_from = table.get("heads_from", next(iter(benchmarks)))
+        if heads_from not in benchmarks:
+            raise GridSpecError(f"{_where(section)}: heads_from = {heads_from!r} is not a benchmark of the grid "
+                                f"({', '.join(benchmarks)})")
+        vqa[_name(name, section)] = VQABenchmark(name, _data(table["data"], section, "data", vqa=True), heads_from)
+    transfer = _pairs(data.get("transfer", []), models, benchmarks)
+    if "vqa" in experiments and not vqa:
+        raise GridSpecError("GRID.toml: experiments has \"vqa\" but there is no [vqa.NAME] table")
+    if "transfer" in experiments and not transfer:
+        raise GridSpecError("GRID.toml: experiments has \"transfer\" but there is no [[transfer]] pair")
+    return GridSpec(models=models, benchmarks=benchmarks, vqa=vqa if "vqa" in experiments else {},
+                    transfer=transfer if "transfer" in experiments else (), experiments=experiments, options=options)
+
+
+def _tables(data: Mapping[str, Any], section: str) -> list[tuple[str, Any]]:
+    tables = data.get(section, {})
+    if not isinstance(tables, dict):
+        raise GridSpecError(f"GRID.toml: [{section}] must hold named tables such as [{section}.NAME]")
+    return list(tables.items())
+
+
+def _pairs(items: Any, models: Mapping[str, GridModel],
+           benchmarks: Mapping[str, GroundingBenchmark]) -> tuple[TransferPair, ...]:
+    if not isinstance(items, list):
+        raise GridSpecError("GRID.toml: transfer pairs are [[transfer]] tables with models = [\"a\", \"b\"]")
+    pairs = []
+    for number, table in enumerate(items, 1):
+        section = f"transfer #{number}"
+        _check_keys(table, section, ("models", "benchmark"), ("models",))
+        pair = table["models"]
+        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(m, str) for m in pair)
+                and pair[0] != pair[1]):
+            raise GridSpecError(f"{_where(section)}: models must name two different models, e.g. [\"a\", \"b\"]")
+        unknown = [m for m in pair if m not in models]
+        if unknown:
+            raise GridSpecError(f"{_where(section)}: {unknown[0]!r} is not a model of the grid ({', '.join(models)})")
+        if models[pair[0]].remote != models[pair[1]].remote:
+            raise GridSpecError(f"{_where(section)}: {pair[0]} and {pair[1]} must both be remote or both local")
+        benchmark = table.get("benchmark", next(iter(benchmarks)))
+        if benchmark not in benchmarks:
+            raise GridSpecError(f"{_where(section)}: benchmark = {benchmark!r} is not a benchmark of the grid "
+                                f"({', '.join(benchmarks)})")
+        pairs.append(TransferPair((pair[0], pair[1]), benchmark))
+    return tuple(pairs)
+
+
+def load_grid(path: str | os.PathLike[str]) -> GridSpec:
+    path = Path(path)
+    if not path.is_file():
+        raise GridSpecError(f"grid file {path} does not exist: write one (docs/recipes/grid.md has a reference)")
+    return parse_grid(path.read_text(encoding="utf-8"))
+
+
+# ------------------------------------------------------------------------------------------------------ the plan
+
+@dataclass(frozen=True)
+class Cell:
+    """One unit of the grid: a run folder made by one runner call. ``id`` is ``KIND:MODEL:BENCHMARK`` (shards:
+    ``...#i/n``; transfer: ``transfer:A+B:BENCHMARK``)."""
+
+    id: str
+    kind: str  # detect | sweep | sweep-shard | sweep-merge | vqa | transfer
+    models: tuple[str, ...]
+    benchmark: str
+    folder: str  # relative to the grid folder
+    depends: tuple[str, ...] = ()
+    shard: tuple[int, int] | None = None
+
+
+def plan_cells(spec: GridSpec) -> list[Cell]:
+    """Every cell, each after its dependencies; per model its detect, sweep and VQA cells together (the local
+    executor keeps one model loaded), then the transfer pairs."""
+    cells: list[Cell] = []
+    shards = spec.options.shards
+    for m in spec.models:
+        for b in spec.benchmarks:
+            base = f"cells/{m}/{b}"
+            detect = f"detect:{m}:{b}"
+            cells.append(Cell(detect, "detect", (m,), b, f"{base}/detect"))
+            if "sweep" not in spec.experiments:
+                continue
+            if shards == 1:
+                cells.append(Cell(f"sweep:{m}:{b}", "sweep", (m,), b, f"{base}/sweep", (detect,)))
+                continue
+            parts = [Cell(f"sweep:{m}:{b}#{i}/{shards}", "sweep-shard", (m,), b, f"{base}/sweep-shards/{i}",
+                          (detect,), (i, shards)) for i in range(shards)]
+            cells += parts + [Cell(f"sweep:{m}:{b}", "sweep-merge", (m,), b, f"{base}/sweep",
+                                   tuple(p.id for p in parts))]
+        for v, bench in spec.vqa.items():
+            cells.append(Cell(f"vqa:{m}:{v}", "vqa", (m,), v, f"cells/{m}/vqa-{v}",
+                              (f"detect:{m}:{bench.heads_from}",)))
+    for pair in spec.transfer:
+        a, b = pair.models
+        cells.append(Cell(f"transfer:{a}+{b}:{pair.benchmark}", "transfer", (a, b), pair.benchmark,
+                          f"transfer/{a}__{b}__{pair.benchmark}",
+                          (f"detect:{a}:{pair.benchmark}", f"detect:{b}:{pair.benchmark}")))
+    return cells
+
+
+def cell_resources(spec: GridSpec, cell: Cell) -> dict[str, float]:
+    """What one cell's task declares: ``cpus`` of the options, and the largest ``gpus`` / ``memory_gb`` of its
+    models (a transfer cell holds both models)."""
+    models = [spec.models[m] for m in cell.models]
+    out = {"num_cpus": spec.options.cpus, "num_gpus": max(m.gpus for m in models)}
+    memory = [m.memory_gb for m in models if m.memory_gb]
+    if memory:
+        out["memory"] = max(memory) * 2 ** 30
+    return out
+
+
+# -------------------------------------------------------------------------------------------- running one cell
+
+_MODEL_CACHE: dict[tuple[Any, ...], Any] = {}
+
+
+def _load(model: GridModel) -> Any:
+    """The model, kept loaded for the next cell of the same model (one model at a time per process)."""
+    from vrh_interp.specs import load_spec
+
+    key = (model.spec, model.device_map, model.dtype)
+    if key not in _MODEL_CACHE:
+        _MODEL_CACHE.clear()
+        _MODEL_CACHE[key] = load_spec(model.spec, model.device_map, model.dtype)
+    return _MODEL_CACHE[key]
+
+
+def _scores(grid_dir: Path, spec: GridSpec, model: str, benchmark: str) -> Any:
+    from vrh_interp.scoring.detect import scores_from_run
+
+    return scores_from_run(grid_dir / f"cells/{model}/{benchmark}/detect", spec.options.preset)
+
+
+def _run_detect(grid_dir: Path, spec: GridSpec, cell: Cell) -> dict[str, Any]:
+    from vrh_interp.data.sources import load_data
+    from vrh_interp.scoring.detect import score_heads
+
+    o, model, bench = spec.options, spec.models[cell.models[0]], spec.benchmarks[cell.benchmark]
+    scores = score_heads(_load(model), load_data(bench.detect), o.preset, batch_size=o.batch_size,
+                         max_new_tokens=o.max_new_tokens, run_dir=grid_dir / cell.folder, dataset=bench.detect,
+                         progress=False, remote=model.remote)
+    scores.save((grid_dir / cell.folder).parent / f"scores-{o.preset}.json")
+    return {"top": scores.top(min(5, scores.scores.size)).to_list()}
+
+
+def _run_sweep(grid_dir: Path, spec: GridSpec, cell: Cell) -> dict[str, Any]:
+    from vrh_interp.core.shards import Shard
+    from vrh_interp.data.sources import load_data
+    from vrh_interp.experiments.sweep import sweep
+
+    o, model, bench = spec.options, spec.models[cell.models[0]], spec.benchmarks[cell.benchmark]
+    result = sweep(_load(model), load_data(bench.eval), _scores(grid_dir, spec, model.name, cell.benchmark),
+                   ks=o.ks, random_seeds=range(o.random_sets), matched=o.matched, iou_threshold=o.iou,
+                   batch_size=o.batch_size, max_new_tokens=o.max_new_tokens, run_dir=grid_dir / cell.folder,
+                   progress=False, remote=model.remote, shard=Shard(*cell.shard) if cell.shard else None,
+                   max_batch_rows=o.max_batch_rows)
+    if cell.shard is None:
+        write_atomic(grid_dir / cell.folder / "sweep_summary.csv", result.summary().to_csv(index=False))
+    return {"records": len(result.records)}
+
+
+def _run_merge(grid_dir: Path, spec: GridSpec, cell: Cell) -> dict[str, Any]:
+    from vrh_interp.experiments.merge import merge_runs
+    from vrh_interp.experiments.sweep import sweep_from_run
+
+    out = grid_dir / cell.folder
+    manifest = out / "manifest.json"
+    if not (manifest.exists() and "shard" not in json.loads(manifest.read_text(encoding="utf-8"))):
+        merge_runs(out, [grid_dir / cell.folder.replace("/sweep", "/sweep-shards") / str(i)
+                         for i in range(spec.options.shards)])
+    result = sweep_from_run(out, iou_threshold=spec.options.iou)
+    write_atomic(out / "sweep_summary.csv", result.summary().to_csv(index=False))
+    return {"records": len(result.records)}
+
+
+def _run_vqa(grid_dir: Path, spec: GridSpec, cell: Cell) -> dict[str, Any]:
+    from vrh_interp.data.sources import load_vqa
+    from vrh_interp.experiments.vqa_sweep import vqa_sweep
+
+    o, model, bench = spec.options, spec.models[cell.models[0]], spec.vqa[cell.benchmark]
+    heads = _scores(grid_dir, spec, model.name, bench.heads_from).top(o.vqa_k)
+    result = vqa_sweep(_load(model), list(load_vqa(bench.data)), heads, random_seeds=range(o.random_sets),
+                       matched=o.matched, batch_size=o.batch_size, run_dir=grid_dir / cell.folder, progress=False,
+                       remote=model.remote, max_batch_rows=o.max_batch_rows)
+    write_atomic(grid_dir / cell.folder / "vqa_summary.csv", result.summary().to_csv(index=False))
+    return {"records": len(result.records)}
+
+
+def _run_transfer(grid_dir: Path, spec: GridSpec, cell: Cell) -> dict[str, Any]:
+    from vrh_interp.data.sources import load_data
+    from vrh_interp.experiments.sweep import parse_ks
+    from vrh_interp.experiments.transfer import cross_masking, masking_drops
+    from vrh_interp.specs import load_spec
+
+    o = spec.options
+    a, b = (spec.models[m] for m in cell.models)
+    vlm_a, vlm_b = (load_spec(m.spec, m.device_map, m.dtype) for m in (a, b))  # both at once: not the cache
+    ks = parse_ks(o.ks, vlm_a.geometry.total_heads)
+    result = cross_masking(vlm_a, vlm_b, _scores(grid_dir, spec, a.name, cell.benchmark),
+                           _scores(grid_dir, spec, b.name, cell.benchmark),
+                           load_data(spec.benchmarks[cell.benchmark].eval), ks=ks, random_seeds=range(o.random_sets),
+                           labels=(a.name, b.name), iou_threshold=o.iou, batch_size=o.batch_size,
+                           max_new_tokens=o.max_new_tokens, run_dir=grid_dir / cell.folder, progress=False,
+                           remote=a.remote)
+    summary = result.summary()
+    write_atomic(grid_dir / cell.folder / "cross_masking_summary.csv", summary.to_csv(index=False))
+    write_atomic(grid_dir / cell.folder / "transfer_drops.csv", masking_drops(summary, max(ks)).to_csv(index=False))
+    return {"ks": ks}
+
+
+RUNNERS: dict[str, Callable[[Path, GridSpec, Cell], dict[str, Any]]] = {
+    "detect": _run_detect, "sweep": _run_sweep, "sweep-shard": _run_sweep, "sweep-merge": _run_merge,
+    "vqa": _run_vqa, "transfer": _run_transfer}
+
+RECORD_LOGS: dict[str, str] = {"detect": "detect_records.jsonl", "sweep": "sweep_records.jsonl",
+                               "sweep-shard": "sweep_records.jsonl", "sweep-merge": "sweep_records.jsonl",
+                               "vqa": "vqa_records.jsonl"}
+
+
+def status_path(grid_dir: Path, cell_id: str) -> Path:
+    return Path(grid_dir) / STATUS_DIR / (re.sub(r"[^A-Za-z0-9_.+-]+", "_", cell_id) + ".json")
+
+
+def read_status(grid_dir: Path, cell_id: str) -> dict[str, Any]:
+    path = status_path(grid_dir, cell_id)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {"status": "pending"}
+
+
+def write_status(grid_dir: Path, cell_id: str, status: str, **facts: Any) -> None:
+    path = status_path(grid_dir, cell_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, {"cell": cell_id, "status": status, "time": time.time(), **facts})
+
+
+def one_line(error: BaseException) -> str:
+    """An error as the one line a status shows."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"[:500]
+
+
+def _records_in(folder: Path, kind: str) -> int:
+    name = RECORD_LOGS.get(kind)
+    paths = [folder / name] if name else sorted(folder.glob("masked_in_*/sweep_records.jsonl"))
+    return sum(p.read_bytes().count(b"\n") for p in paths if p.exists())
+
+
+def _hold(folder: Path, wait_s: float) -> Any:
+    """The cell folder's run lock, waiting up to ``wait_s`` for a previous attempt's process to let go (a retried
+    task can start while the killed one's worker is still being reaped)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return lock_run_folder(folder)
+        except RunLockedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def run_cell(grid_dir: str | os.PathLike[str], spec: GridSpec | Mapping[str, Any], cell_id: str,
+             *_dependencies: Any) -> dict[str, Any]:
+    """Run (or resume) one cell of the grid in this process and return its status; what both executors call.
+
+    Writes ``status/CELL.json`` (running, then done or failed) and appends an attempt line (process, host, the
+    records already in the folder when it started) to ``status/CELL.attempts.jsonl``: a retried cell shows that
+    it resumed. Exceptions propagate (the executor records them); ``_dependencies`` are ignored (the Ray
+    executor passes the dependencies' results to order the tasks)."""
+    grid_dir = Path(grid_dir)
+    spec = spec if isinstance(spec, GridSpec) else GridSpec.from_dict(spec)
+    cell = {c.id: c for c in plan_cells(spec)}[cell_id]
+    folder = grid_dir / cell.folder
+    lock = _hold(folder, wait_s=60.0)
+    attempt = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
+               "records_before": _records_in(folder, cell.kind)}
+    status_path(grid_dir, cell_id).parent.mkdir(parents=True, exist_ok=True)
+    with open(status_path(grid_dir, cell_id).with_suffix(".attempts.jsonl"), "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(attempt) + "\n")
+    write_status(grid_dir, cell_id, "running", pid=attempt["pid"], host=attempt["host"])
+    started = time.monotonic()
+    try:
+        facts = RUNNERS[cell.kind](grid_dir, spec, cell)
+    except Exception as error:
+        write_status(grid_dir, cell_id, "failed", reason=one_line(error))
+        raise
+    finally:
+        del lock
+    done = {"status": "done", "seconds": round(time.monotonic() - started, 3), **facts}
+    write_status(grid_dir, cell_id, "done", **{k: v for k, v in done.items() if k != "status"})
+    return done
+
+
+# ------------------------------------------------------------------------------------------ manifest, executors
+
+@dataclass
+class GridResult:
+    out: Path
+    cells: list[Cell]
+    status: dict[str, dict[str, Any]]
+    summary: Any  # pandas DataFrame (grid_summary.csv)
+
+    @property
+    def failed(self) -> list[str]:
+        return [c.id for c in self.cells if self.status[c.id]["status"] != "done"]
+
+
+def write_manifest(grid_dir: Path, spec: GridSpec, cells: Sequence[Cell], executor: str) -> dict[str, dict[str, Any]]:
+    """``grid.json``: the grid, every cell and its status (from ``status/``); returns the statuses."""
+    status = {c.id: read_status(grid_dir, c.id) for c in cells}
+    write_json_atomic(grid_dir / GRID_FILE, {
+        "kind": "grid", "grid": spec.to_dict(), "executor": executor,
+        "cells": [{**dataclasses.asdict(c), **{k: status[c.id].get(k) for k in ("status", "reason", "pid", "host",
+                                                                               "seconds") if k in status[c.id]}}
+                  for c in cells]})
+    return status
+
+
+SCHEDULING_KEYS = {"options": ("cpus", "retries", "summary_k"), "model": ("gpus", "memory_gb")}
+"""Fields that decide where and how often a cell runs, not its records: a rerun may change them."""
+
+
+def _results_view(grid: Mapping[str, Any]) -> dict[str, Any]:
+    view = json.loads(json.dumps(grid))
+    for key in SCHEDULING_KEYS["options"]:
+        view.get("options", {}).pop(key, None)
+    for model in view.get("models", {}).values():
+        for key in SCHEDULING_KEYS["model"]:
+            model.pop(key, None)
+    return view
+
+
+def _check_same_grid(grid_dir: Path, spec: GridSpec) -> None:
+    """Refuse a grid folder made by a GRID.toml whose cells would differ (scheduling fields may change)."""
+    path = grid_dir / GRID_FILE
+    if not path.exists():
+        return
+    before = _results_view(json.loads(path.read_text(encoding="utf-8")).get("grid") or {})
+    now = _results_view(spec.to_dict())
+    if before != now:
+        differing = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
+        raise GridSpecError(f"grid folder {grid_dir} was made by a different GRID.toml ({', '.join(differing)} "
+                            "differ): use another --out, or delete the folder to start over")
+
+
+def run_local(grid_dir: Path, spec: GridSpec, cells: Sequence[Cell], *,
+              log: Callable[[str], None]) -> dict[str, dict[str, Any]]:
+    """The local executor: every cell not done yet, in plan order, in this process. A failed cell is recorded
+    (one line) and the grid goes on with the cells that do not need it."""
+    failed: dict[str, dict[str, Any]] = {}
+    for cell in cells:
+        if read_status(grid_dir, cell.id)["status"] == "done":
+            continue
+        blocked = [d for d in cell.depends if d in failed or read_status(grid_dir, d)["status"] != "done"]
+        if blocked:
+            failed[cell.id] = {"status": "failed", "reason": f"needs {blocked[0]}, which did not finish"}
+            write_status(grid_dir, cell.id, **failed[cell.id])
+            continue
+        log(f"grid: {cell.id} ...")
+        try:
+            run_cell(grid_dir, spec, cell.id)
+        except Exception as error:
+            failed[cell.id] = {"status": "failed", "reason": one_line(error)}
+            write_status(grid_dir, cell.id, **failed[cell.id])
+            log(f"grid: {cell.id} failed: {failed[cell.id]['reason']}")
+        write_manifest(grid_dir, spec, cells, "local")
+    return write_manifest(grid_dir, spec, cells, "local")
+
+
+def run_grid(grid: str | os.PathLike[str] | GridSpec, out: str | os.PathLike[str], *, ray: str | None = None,
+             progress: bool = True) -> GridResult:
+    """Run (or resume) a grid into ``out``: ``grid`` is a GRID.toml path or a ``GridSpec``; ``ray`` None runs the
+    cells here in order, ``"auto"`` or a cluster address runs them as Ray tasks (``run_ray``).
+    Writes grid.json, the summary and the heatmap; returns every cell's status and the summary."""
+    spec = grid if isinstance(grid, GridSpec) else load_grid(grid)
+    grid_dir = Path(out)
+    lock = lock_run_folder(grid_dir)  # one driver per grid folder
+    try:
+        _check_same_grid(grid_dir, spec)
+        cells = plan_cells(spec)
+        write_manifest(grid_dir, spec, cells, ray and "ray" or "local")
+
+        def log(line: str) -> None:
+            if progress:
+                print(line, file=sys.stderr, flush=True)
+
+        if ray is None:
+            status = run_local(grid_dir, spec, cells, log=log)
+        else:
+            status = run_ray(grid_dir, spec, cells, address=ray, log=log)
+        summary = write_summary(grid_dir, spec, cells, status)
+        return GridResult(grid_dir, cells, status, summary)
+    finally:
+        del lock
+
+
+# ------------------------------------------------------------------------------------------------- Ray executor
+# (``vrh grid --ray``; ``pip install 'vrh-interp[ray]'``; Ray is imported only here)
+
+RETRIED_ERRORS: tuple[type[BaseException], ...] = (RuntimeError, OSError)
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise RuntimeError("--ray needs Ray, an optional extra: pip install 'vrh-interp[ray]' (or run without --ray: "
+                           "the local executor)") from None
+    return ray
+
+
+def connect(address: str) -> bool:
+    """Join the Ray cluster at ``address`` (``auto``: the one this machine belongs to, ``RAY_ADDRESS``, or a new
+    local one), unless this process already has one; True when this call started the connection."""
+    ray = _import_ray()
+    if ray.is_initialized():
+        return False
+    try:
+        ray.init(address=None if address == "auto" else address, include_dashboard=False, log_to_driver=False,
+                 logging_level="WARNING")
+    except (ConnectionError, RuntimeError, ValueError) as error:
+        raise RuntimeError(f"cannot join the Ray cluster at {address!r} ({one_line(error)}): start one with "
+                           "`ray start --head` or pass its address, e.g. --ray 10.0.0.1:6379") from None
+    return True
+
+
+def _unavailable(needs: dict[str, float], total: dict[str, float]) -> str:
+    """Why no node of the cluster could ever run a task needing ``needs`` ('' when it fits the cluster's total)."""
+    names = {"num_cpus": ("CPU", "cpus"), "num_gpus": ("GPU", "gpus"), "memory": ("memory", "memory_gb")}
+    for key, amount in needs.items():
+        resource, field = names[key]
+        have = float(total.get(resource, 0.0))
+        if amount > have:
+            scale = 2 ** 30 if key == "memory" else 1
+            return (f"needs {amount / scale:g} {field} and the Ray cluster has {have / scale:g} in all: add nodes "
+                    f"with them, or lower {field} in GRID.toml")
+    return ""
+
+
+def _reason(ray: Any, error: BaseException, cell: Cell, failed: dict[str, Any]) -> str:
+    blocked = [d for d in cell.depends if d in failed]
+    if blocked:
+        return f"needs {blocked[0]}, which did not finish"
+    if isinstance(error, ray.exceptions.RayTaskError):
+        cause = getattr(error, "cause", None)
+        return one_line(cause) if isinstance(cause, BaseException) else one_line(error)
+    if isinstance(error, ray.exceptions.WorkerCrashedError):
+        return "the worker process died on every retry (WorkerCrashedError); see the Ray logs"
+    return one_line(error)
+
+
+def run_ray(grid_dir: Path, spec: GridSpec, cells: Sequence[Cell], *, address: str,
+            log: Callable[[str], None]) -> dict[str, dict[str, Any]]:
+    """Submit every cell not done yet as a Ray task and wait for all; grid.json is refreshed every 2 s (the
+    workers' running / done / failed statuses). Returns the statuses."""
+    ray = _import_ray()
+    started = connect(address)
+    try:
+        task = ray.remote(run_cell)
+        # the driver's NDIF timeouts reach the workers (remote cells time out as they would here)
+        forwarded = {name: os.environ[name] for name in REMOTE_TIMEOUT_ENV.values() if name in os.environ}
+        refs: dict[str, Any] = {}
+        failed: dict[str, Any] = {}
+        total = ray.cluster_resources()
+        for cell in cells:
+            if read_status(grid_dir, cell.id)["status"] == "done":
+                continue
+            missing = _unavailable(cell_resources(spec, cell), total)
+            blocked = [d for d in cell.depends if d in failed]
+            if missing or blocked:  # it would wait for ever: fail it now
+                failed[cell.id] = {"status": "failed", "reason": missing or f"needs {blocked[0]}, which did not finish"}
+                write_status(grid_dir, cell.id, **failed[cell.id])
+                log(f"grid: {cell.id} failed: {failed[cell.id]['reason']}")
+                continue
+            options = {**cell_resources(spec, cell), "max_retries": spec.options.retries,
+                       "retry_exceptions": list(RETRIED_ERRORS), "name": cell.id}
+            if forwarded:
+                options["runtime_env"] = {"env_vars": forwarded}
+            dependencies = [refs[d] for d in cell.depends if d in refs]
+            refs[cell.id] = task.options(**options).remote(str(grid_dir), spec.to_dict(), cell.id, *dependencies)
+        log(f"grid: {len(refs)} cells submitted to Ray ({len(cells) - len(refs)} already done)")
+        by_ref = {ref: {c.id: c for c in cells}[cid] for cid, ref in refs.items()}
+        while by_ref:
+            ready, _ = ray.wait(list(by_ref), num_returns=1, timeout=2.0)
+            for ref in ready:
+                cell = by_ref.pop(ref)
+                try:
+                    ray.get(ref)
+                    log(f"grid: {cell.id} done")
+                except Exception as error:  # a task error, a dead worker, a lost node: the cell failed
+                    failed[cell.id] = {"status": "failed", "reason": _reason(ray, error, cell, failed)}
+                    write_status(grid_dir, cell.id, **failed[cell.id])
+                    log(f"grid: {cell.id} failed: {failed[cell.id]['reason']}")
+            write_manifest(grid_dir, spec, cells, "ray")
+        return write_manifest(grid_dir, spec, cells, "ray")
+    finally:
+        if started:
+            ray.shutdown()
+
+
+# ---------------------------------------------------------------------------------------------------- summary
+
+def cell_verdicts(folder: Path, kind: str, benchmark: str | None = None) -> dict[int, tuple[str, str]]:
+    """``{k: (verdict, reason)}`` of one done cell, from its per-item records by the claims rules (sweep cells:
+    ``experiments.verdicts.sweep_claims``, Holm over the k values; VQA cells: the causal claim on one question
+    kind's items, ``verdicts.vqa_evidence``): the one place the grid asks for a verdict."""
+    from vrh_interp.evaluation.claims import judge
+    from vrh_interp.experiments import verdicts
+
+    if kind == "vqa":
+        from vrh_interp.experiments.vqa_sweep import vqa_sweep_from_run
+
+        result = vqa_sweep_from_run(folder)
+        out = {}
+        for k in sorted({c.k for c in result.conditions if c.kind == "top"}):
+            row = judge({"vqa": verdicts.vqa_evidence(result, [benchmark], k)}).iloc[0]
+            out[k] = (str(row["verdict"]), str(row["reason"]))
+        return out
+    from vrh_interp.experiments.sweep import sweep_from_run
+
+    table = verdicts.sweep_claims(sweep_from_run(folder))
+    return {int(i.split("=")[1]): (str(v), str(r)) for i, v, r in zip(table["id"], table["verdict"], table["reason"])}
+
+
+def _accuracy(summary: Any, condition: str, k: int) -> float:
+    rows = summary[(summary["condition"] == condition) & (summary["k"] == k)]
+    if condition in ("random", "matched"):
+        rows = rows[rows["seed"].astype(str) == "all"]
+    return float(rows["accuracy"].iloc[0]) if len(rows) == 1 else float("nan")
+
+
+def summary_rows(summary: Any, experiment: str, model: str, benchmark: str, ks: Sequence[int],
+                 judged: Mapping[int, tuple[str, str]]) -> list[dict[str, Any]]:
+    """Table 3 / A12 rows of one cell: per k > 0, baseline, VRH-k, random-k and matched-k accuracy (control
+    kinds: the mean over their sets), the drop of VRH-k and the verdict (``judged``: ``cell_verdicts``)."""
+    rows = []
+    for k in ks:
+        verdict, reason = judged.get(k, ("not measured", "no records"))
+        base, top = _accuracy(summary, "baseline", 0), _accuracy(summary, "top", k)
+        rows.append({"experiment": experiment, "model": model, "benchmark": benchmark, "k": k, "baseline": base,
+                     "vrh": top, "random": _accuracy(summary, "random", k), "matched": _accuracy(summary, "matched", k),
+                     "drop": base - top, "verdict": verdict, "reason": reason})
+    return rows
+
+
+SUMMARY_COLUMNS = ["experiment", "model", "benchmark", "k", "baseline", "vrh", "random", "matched", "drop", "verdict",
+                   "reason"]
+
+
+def grid_summary(grid_dir: Path, spec: GridSpec, cells: Sequence[Cell],
+                 status: Mapping[str, Mapping[str, Any]]) -> Any:
+    """The grid's summary table from the done cells' folders (sweep: every k > 0; VQA: k = vqa_k)."""
+    import pandas as pd
+
+    rows: list[dict[str, Any]] = []
+    for cell in cells:
+        if status[cell.id]["status"] != "done" or cell.kind not in ("sweep", "sweep-merge", "vqa"):
+            continue
+        folder = grid_dir / cell.folder
+        if cell.kind == "vqa":
+            frame = pd.read_csv(folder / "vqa_summary.csv")
+            for benchmark, part in frame.groupby("benchmark", sort=False):
+                k = int(part.loc[part["condition"] == "top", "k"].iloc[0])
+                rows += summary_rows(part.reset_index(drop=True), "vqa", cell.models[0],
+                                     f"{cell.benchmark}/{benchmark}", [k], cell_verdicts(folder, "vqa", benchmark))
+        else:
+            frame = pd.read_csv(folder / "sweep_summary.csv")
+            ks = sorted(int(k) for k in frame.loc[frame["condition"] == "top", "k"].unique())
+            rows += summary_rows(frame, "sweep", cell.models[0], cell.benchmark, ks, cell_verdicts(folder, "sweep"))
+    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+
+
+def write_summary(grid_dir: Path, spec: GridSpec, cells: Sequence[Cell],
+                  status: Mapping[str, Mapping[str, Any]]) -> Any:
+    """grid_summary.csv / .md and the heatmap grid_drop.png; the summary frame."""
+    from vrh_interp.viz.tables import markdown_table
+
+    summary = grid_summary(grid_dir, spec, cells, status)
+    write_atomic(grid_dir / SUMMARY_CSV, summary.to_csv(index=False))
+    lines = ["# Grid summary", "",
+             "Accuracy with nothing masked (baseline), the top-k VRHs masked (VRH-k), and the mean over the random "
+             "and layer-matched k-head control sets; drop = baseline - VRH-k; verdict: the claims rules on the "
+             "cell's per-item records (`experiments.grid.cell_verdicts`, `vrh_interp.evaluation.claims`).", ""]
+    if len(summary):
+        shown = summary.drop(columns=["reason"]).round(3)
+        lines += [markdown_table(shown), ""]
+    import pandas as pd
+
+    transfers = [pd.read_csv(grid_dir / c.folder / "transfer_drops.csv") for c in cells
+                 if c.kind == "transfer" and status[c.id]["status"] == "done"]
+    if transfers:
+        lines += ["## Transfer (cross-masking at the largest k)", "", markdown_table(pd.concat(transfers).round(3)), ""]
+    states = [{"cell": c.id, "status": status[c.id]["status"], "reason": status[c.id].get("reason", "")}
+              for c in cells]
+    lines += ["## Cells", "", markdown_table(pd.DataFrame(states)), ""]
+    write_atomic(grid_dir / SUMMARY_MD, "\n".join(lines))
+    grounding = summary[summary["experiment"] == "sweep"]
+    if len(grounding):
+        from vrh_interp.viz.plots import grid_drop_heatmap
+
+        k = spec.options.summary_k if spec.options.summary_k in set(grounding["k"]) else int(grounding["k"].max())
+        at_k = grounding[grounding["k"] == k]
+        drops = at_k.pivot(index="model", columns="benchmark", values="drop").reindex(
+            index=[m for m in spec.models if m in set(at_k["model"])],
+            columns=[b for b in spec.benchmarks if b in set(at_k["benchmark"])])
+        verdicts = at_k.pivot(index="model", columns="benchmark", values="verdict").reindex_like(drops)
+        figure = grid_drop_heatmap(drops, verdicts, title=f"grounding drop with the top-{k} VRHs masked")
+        figure.savefig(grid_dir / HEATMAP)
+    return summary
+
+
+def print_grid(result: GridResult, *, as_json: bool = False) -> int:
+    """What ``vrh grid`` prints: the summary table and every cell's status (``as_json``: one JSON object); 0 when
+    every cell is done, 1 otherwise (the failed cells' reasons are printed and kept in grid.json)."""
+    import pandas as pd
+
+    states = [{"cell": c.id, "status": result.status[c.id]["status"], "reason": result.status[c.id].get("reason", "")}
+              for c in result.cells]
+    if as_json:
+        print(json.dumps({"out": str(result.out), "cells": states,
+                          "summary": json.loads(result.summary.to_json(orient="records"))}))
+    else:
+        with pd.option_context("display.max_columns", 20, "display.precision", 3, "display.width", 120):
+            if len(result.summary):
+                print("\nGrid summary: accuracy (baseline, top-k VRHs masked, mean of the random / layer-matched "
+                      "control sets), drop and verdict")
+                print(result.summary.drop(columns=["reason"]).to_string(index=False))
+            done = sum(s["status"] == "done" for s in states)
+            print(f"\n{done} of {len(states)} cells done; folder {result.out} (grid.json, {SUMMARY_MD}, {HEATMAP})")
+            for state in states:
+                if state["status"] != "done":
+                    print(f"- {state['cell']}: {state['status']} {state['reason']}".rstrip())
+    return 0 if not result.failed else 1
