@@ -427,7 +427,8 @@ def run_demo(*, model_spec: str | None = None, out: Path = Path("runs/demo"), de
         evidence["positive_control"] = None if outcome is None else Evidence.categorical(
             "holds" if outcome["recovered"] and outcome["causal_verdict"] == "holds" else
             "does not hold" if not outcome["recovered"] or outcome["causal_verdict"] == "does not hold"
-            else "inconclusive", pc.describe(outcome))
+            else "inconclusive", pc.describe(outcome),
+            f"recovered: {outcome['recovered']}; causal claim on the planted heads: {outcome['causal_verdict']}")
     for claim in ("causal", "causal_curve", "specific", "ablation_kinds", "score_damage", "design_space", "sparse",
                   "stable"):
         if claim not in evidence and steps.skipped:

@@ -235,12 +235,13 @@ def claims_sections(table: pd.DataFrame) -> tuple[list[str], list[str]]:
         for row in part.to_dict(orient="records"):
             estimate = "" if pd.isna(row.get("estimate")) else (
                 f"{row['estimate']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}]")
-            why = str(row.get("reason") or "").replace("|", "/")
+            why = "" if pd.isna(row.get("reason")) else str(row.get("reason") or "").replace("|", "/")
             md.append(f"| **{str(row['verdict']).upper()}** | {row['claim']} | {estimate} | {why} |")
             colour = VERDICT_COLOURS.get(str(row["verdict"]), "#6e7781")
+            numbers = "" if pd.isna(row.get("numbers")) else str(row.get("numbers"))
             rows.append(f"<tr><td><span class='badge' style='background:{colour}'>{html.escape(str(row['verdict']))}"
                         f"</span></td><td>{html.escape(str(row['claim']))}</td><td>{html.escape(estimate)}</td>"
-                        f"<td>{html.escape(why)}<br><small>{html.escape(str(row.get('numbers') or ''))}</small>"
+                        f"<td>{html.escape(why)}<br><small>{html.escape(numbers)}</small>"
                         "</td></tr>")
         md.append("")
         body.append(f"<h2>{heading}</h2><table class='claims'><tr><th>verdict</th><th>claim</th>"
