@@ -9,6 +9,8 @@ checkout. The ends:
   its floor (``>=X`` becomes ``==X``) through a constraints file; the test tools are not pinned.
 * ``newest``: the same install with ``--upgrade --upgrade-strategy eager``: the newest releases the ranges allow.
 
+Both ends keep the torch installed first (a constraint), whatever the ranges allow.
+
 torch is installed first, from ``--torch`` (default ``torch==2.13.0``, the CPU wheel this project's machines hold
 locally: an unpinned torch pulls a multi-GB CUDA build), on both ends, so torch's own floor is not exercised.
 It takes 5-10 minutes per end on 2 cores (the installs, then the unit tier), so .ci/run does not run it by default;
@@ -62,12 +64,12 @@ def run_end(end: str, venv: Path, torch_requirement: str, tiers: str, pytest_arg
     result = {"end": end, "venv": str(venv), "log": str(log)}
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
     python = str(venv / "bin" / "python")
-    install = [python, "-m", "pip", "install", "-q", "-e", f"{ROOT}[tl,test]"]
-    if end == "lowest":
-        constraints = venv / "floors.txt"
-        constraints.write_text("\n".join(floor_constraints(runtime_requirements())) + "\n")
-        install += ["-c", str(constraints)]
-    else:
+    # torch stays the one installed first (an upgrade would pull a CUDA build); the lowest end pins every floor
+    constraints = venv / "constraints.txt"
+    floors = floor_constraints(runtime_requirements()) if end == "lowest" else []
+    constraints.write_text("\n".join([torch_requirement, *floors]) + "\n")
+    install = [python, "-m", "pip", "install", "--progress-bar", "off", "-e", f"{ROOT}[tl,test]", "-c", str(constraints)]
+    if end == "newest":
         install += ["--upgrade", "--upgrade-strategy", "eager"]
     if _run([python, "-m", "pip", "install", "-q", torch_requirement], log) or _run(install, log):
         return result | {"status": "install failed", "seconds": round(time.monotonic() - started)}

@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import torch
 from PIL import Image
 
-from vrh_interp.core.display import card_html, card_text
+from vrh_interp.core._display import card_html, card_text
 from vrh_interp.core.families import FamilyAdapter, adapter_for_config
 from vrh_interp.core.families.base import BoxFrame, VisualLayout
 from vrh_interp.core.heads import HeadGeometry

@@ -49,7 +49,7 @@ from tqdm.auto import tqdm
 from vrh_interp.core.backends.base import Backend, backend_config, check_ablation_kinds
 from vrh_interp.core.backends.select import get_backend
 from vrh_interp.core.boxes import Box
-from vrh_interp.core.display import card_html, card_text
+from vrh_interp.core._display import card_html, card_text
 from vrh_interp.evaluation.grounding import encode_samples, ground_batch, ground_conditions  # noqa: F401
 from vrh_interp.evaluation.statistics import (QUANTILES, bootstrap_ci, empirical_p_value, mcnemar_exact,
                                               random_set_distribution, set_level_verdict, two_level_bootstrap_ci)

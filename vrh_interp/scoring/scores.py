@@ -10,7 +10,7 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-from vrh_interp.core.display import card_html, card_text
+from vrh_interp.core._display import card_html, card_text
 from vrh_interp.core.heads import Head, HeadOutOfRangeError, HeadSet
 from vrh_interp.core.runs import write_atomic
 from vrh_interp.scoring.design import ScoringDesign
