@@ -68,7 +68,8 @@ def run_end(end: str, venv: Path, torch_requirement: str, tiers: str, pytest_arg
     constraints = venv / "constraints.txt"
     floors = floor_constraints(runtime_requirements()) if end == "lowest" else []
     constraints.write_text("\n".join([torch_requirement, *floors]) + "\n")
-    install = [python, "-m", "pip", "install", "--progress-bar", "off", "-e", f"{ROOT}[tl,test]", "-c", str(constraints)]
+    install = [python, "-m", "pip", "install", "--progress-bar", "off", "-e", f"{ROOT}[tl,test]",
+               "-c", str(constraints)]
     if end == "newest":
         install += ["--upgrade", "--upgrade-strategy", "eager"]
     if _run([python, "-m", "pip", "install", "-q", torch_requirement], log) or _run(install, log):
