@@ -20,6 +20,27 @@ def test_families_lists_every_adapter(capsys):
     assert {"qwen2_5_vl", "internvl", "llava", "idefics3"} <= {r["family"] for r in rows}
 
 
+@pytest.mark.parametrize("paper", [False, True], ids=["families", "paper"])
+def test_families_is_a_static_table_in_100_columns(paper):
+    """No model code is imported (the tables are registries: data), no line is wider than 100 columns and no
+    cell is cut: every box format / status appears whole once the wrapped lines are joined."""
+    import subprocess
+    import sys
+
+    from vrh_interp.core.families.paper_models import PAPER_MODELS
+    from vrh_interp.core.families.registry import FAMILIES
+
+    probe = ("import sys; from vrh_interp.apps.cli import main; main(['families'" + (", '--paper'" if paper else "")
+             + "]); print('IMPORTED', sorted(m for m in ('torch', 'transformers', 'pandas') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.rstrip().endswith("IMPORTED []")
+    table = out.rsplit("IMPORTED", 1)[0]
+    assert max(len(line) for line in table.splitlines()) <= 100
+    joined = " ".join(table.split())
+    for text in ([m.status for m in PAPER_MODELS] if paper else [row.box_format for row in FAMILIES]):
+        assert " ".join(text.split()) in joined
+
+
 def test_detect_sweep_report_pipeline(tmp_path, capsys):
     out = tmp_path / "run"
     common = ["--model", "tiny:qwen2_vl", "--batch-size", "4", "--max-new-tokens", "3"]

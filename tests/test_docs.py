@@ -314,3 +314,62 @@ def test_site_nav_lists_every_page():
     pages = {p.relative_to(DOCS).as_posix() for p in doc_files()}
     notebooks = {f"notebooks/{p.name}" for p in (ROOT / "notebooks").glob("*.ipynb")}
     assert sorted((pages | notebooks) - set(nav)) == [], "pages missing from mkdocs.yml's nav"
+
+
+BUDGET_MENTION = re.compile(r"(?:budget[^.]{0,60}?\(?default|default budget)\s+(\d+(?:\.\d+)?)(?: s\b|:|\)|,)")
+
+
+def test_no_page_quotes_a_default_demo_budget():
+    """The demo's sizes are fixed (``apps.demo.DEFAULT_SIZES``, never chosen from a clock); ``--budget-seconds`` is
+    an optional cap without a default, so no page may quote a default budget."""
+    from vrh_interp.apps import cli, demo
+
+    assert not hasattr(demo, "DEFAULT_BUDGET_SECONDS") and not hasattr(cli, "DEMO_BUDGET_SECONDS")
+    assert "fixed sizes" in cli.START_HERE
+    quoted = {}
+    for path in [*doc_files(), ROOT / "README.md"]:
+        if "results" in path.relative_to(ROOT).parts:  # results pages record the cap of the run they show
+            continue
+        for match in BUDGET_MENTION.finditer(path.read_text(encoding="utf-8")):
+            quoted.setdefault(match.group(1), []).append(path.relative_to(ROOT).as_posix())
+    assert not quoted, f"pages quote a default demo budget: {quoted}"
+
+
+NOTEBOOKS = ROOT / "notebooks"
+
+
+def notebook_links() -> list[tuple[str, str]]:
+    import json
+
+    found = []
+    for path in sorted(NOTEBOOKS.glob("*.ipynb")):
+        for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+            if cell["cell_type"] == "markdown":
+                found += [(path.name, m.group("target")) for m in LINK.finditer("".join(cell["source"]))]
+    return found
+
+
+def test_notebook_links_resolve_in_jupyter_and_on_the_site():
+    """A notebook's relative links resolve from notebooks/ (where Jupyter opens it); links into docs/ are written
+    ``../docs/PAGE.md``, which docs/_hooks.py rewrites to the page's URL on the site (it renders the notebooks
+    from docs/notebooks/)."""
+    links = notebook_links()
+    assert links, "the notebooks link no page: this test checks nothing"
+    hooks = _load_script("_hooks")
+    for name, target in links:
+        if re.match(r"^[a-z]+:", target):
+            continue
+        path = target.split("#")[0]
+        assert (NOTEBOOKS / path).resolve().exists(), f"notebooks/{name}: link to {target} does not resolve"
+        assert path.startswith("../docs/") and path.endswith(".md"), \
+            f"notebooks/{name}: link to {target}: link the docs as ../docs/PAGE.md (the site rewrites only those)"
+    html = '<a href="../docs/results/toy-a.md#claims">x</a> <a href="../docs/nowhere.md">y</a>'
+    rewritten, missing = hooks.rewrite_notebook_links(html, {"results/toy-a.md": "../../results/toy-a/"}.get)
+    assert rewritten == '<a href="../../results/toy-a/#claims">x</a> <a href="../docs/nowhere.md">y</a>'
+    assert missing == ["nowhere.md"]
+
+
+def test_ci_builds_the_docs_strict_and_shows_the_warnings():
+    """``--quiet`` hides the warnings that ``--strict`` turns into a failure: the gate must not pass it."""
+    lines = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if "mkdocs build" in line]
+    assert lines and all("--strict" in line and "--quiet" not in line and " -q" not in line for line in lines)

@@ -161,3 +161,27 @@ def test_nothing_listening_is_still_a_refused_connection() -> None:
     host = f"http://127.0.0.1:{free_port()}"
     with client_host(host), pytest.raises(RemoteExecutionError, match="could not reach an NDIF server at " + host):
         iv.run_forward(vlm, batch.encoding, remote=True)
+
+
+def test_the_installed_nnsight_has_every_private_name_the_timeouts_use() -> None:
+    """Run on both ends of the allowed nnsight range by tests/version_ends.py."""
+    from vrh_interp.core.remote import check_remote_backend
+
+    check_remote_backend()
+
+
+def test_an_nnsight_without_a_private_name_is_refused_in_one_line() -> None:
+    import types
+
+    from nnsight.intervention.backends import remote as module
+
+    from vrh_interp.core.remote import UnsupportedNnsightError, check_remote_backend
+
+    fake = types.SimpleNamespace(**{name: getattr(module, name) for name in dir(module) if name != "_REFRESH"})
+    with pytest.raises(UnsupportedNnsightError, match=r"has no _REFRESH .*pip install 'nnsight>=0.8.0,<0.9'") as info:
+        check_remote_backend(fake)
+    assert "\n" not in str(info.value)
+    backend = type("RemoteBackend", (), {})
+    fake.RemoteBackend, fake._REFRESH = backend, 1.0
+    with pytest.raises(UnsupportedNnsightError, match=r"RemoteBackend\._post, RemoteBackend\._serialize"):
+        check_remote_backend(fake)

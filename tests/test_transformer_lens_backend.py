@@ -187,3 +187,18 @@ def test_padding_after_eos_is_rewritten_to_the_generation_pad_id():
     repadded = transformer_lens_backend._repad_after_eos(ids, prompt_length=2, eos=[eos, 9], pad=pad)
     assert repadded.tolist() == [[5, 5, 3, eos, pad, pad], [5, 5, 3, 4, eos, pad], [5, 5, 3, 4, 4, 4]]
     assert transformer_lens_backend._repad_after_eos(ids, prompt_length=2, eos=eos, pad=None) is ids
+
+
+def test_without_transformer_lens_the_backend_names_the_extra(monkeypatch):
+    """TransformerLens is the optional ``[tl]`` extra: without it, one line naming the install, not an ImportError."""
+    import importlib.util
+
+    from vrh_interp.core.backends.base import BackendError
+    from vrh_interp.core.backends.select import get_backend
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "transformer_lens" else real(name, *a))
+    with pytest.raises(BackendError, match=r"pip install 'vrh-interp\[tl\]'") as info:
+        get_backend("transformer-lens", tiny_vlm(SUPPORTED_FAMILIES[0]))
+    assert "\n" not in str(info.value)

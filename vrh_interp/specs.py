@@ -9,7 +9,7 @@ from typing import Any
 
 from vrh_interp.core.families import FamilyAdapter
 from vrh_interp.core.model import VLM, load_pretrained, wrap
-from vrh_interp.core.model_source import check_device, parse_dtype
+from vrh_interp.core.model_source import check_device, loading_output, parse_dtype
 
 BUILTIN_PREFIXES = ("toy:", "tiny:")
 
@@ -17,18 +17,20 @@ BUILTIN_PREFIXES = ("toy:", "tiny:")
 def load(model_id_or_path: str | os.PathLike[str], *, device_map: Any = None, dtype: Any = None,
          revision: str | None = None, trust_remote_code: bool = False, adapter: FamilyAdapter | None = None,
          attn_implementation: str | None = None, remote_id: str | None = None, attention: Any = None,
-         **from_pretrained_kwargs: Any) -> VLM:
+         progress: bool = True, **from_pretrained_kwargs: Any) -> VLM:
     """Load a model spec and wrap it: a hub id or a local folder, ``toy:NAME`` (a shipped toy model) or
     ``tiny:FAMILY`` (a random-weight fixture, for trying the pipeline, not for results). Hub ids and folders go
-    to ``vrh_interp.core.model.load_pretrained`` (its docstring: attention implementation, remote code)."""
+    to ``vrh_interp.core.model.load_pretrained`` (its docstring: attention implementation, remote code).
+    ``progress=False``: no download or "Loading weights" bars and no transformers info lines."""
     spec = os.fspath(model_id_or_path)
     if not spec.startswith(BUILTIN_PREFIXES):
         return load_pretrained(spec, device_map=device_map, dtype=dtype, revision=revision,
                                trust_remote_code=trust_remote_code, adapter=adapter,
                                attn_implementation=attn_implementation, remote_id=remote_id, attention=attention,
-                               **from_pretrained_kwargs)
+                               progress=progress, **from_pretrained_kwargs)
     check_device(device_map)
-    vlm = _load_builtin(spec, device_map)
+    with loading_output(progress):
+        vlm = _load_builtin(spec, device_map)
     if dtype is None and adapter is None and attention is None:
         return vlm
     return wrap(vlm.hf_model if dtype is None else vlm.hf_model.to(dtype), vlm.processor, adapter=adapter,

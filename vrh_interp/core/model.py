@@ -26,10 +26,11 @@ from typing import Any, Sequence
 import torch
 from PIL import Image
 
+from vrh_interp.core._display import card_html, card_text
 from vrh_interp.core.families import FamilyAdapter, adapter_for_config
 from vrh_interp.core.families.base import BoxFrame, VisualLayout
 from vrh_interp.core.heads import HeadGeometry
-from vrh_interp.core.model_source import ModelLoadError, check_device, resolve_model_source
+from vrh_interp.core.model_source import ModelLoadError, check_device, loading_output, resolve_model_source
 
 
 @dataclass
@@ -96,6 +97,28 @@ class VLM:
     revision: str | None = None
     remote_id: str | None = None  # the hub id an NDIF server serves this model under (None: nnsight's default)
     _nnsight_model: Any = field(default=None, repr=False)
+
+    def _card(self) -> tuple[str, list[tuple[str, str]]]:
+        g = self.geometry
+        parameter = next(self.hf_model.parameters())
+        count = sum(p.numel() for p in self.hf_model.parameters())
+        size = f"{count / 1e9:.2f}B" if count >= 1e9 else f"{count / 1e6:.1f}M"
+        rows = [("family", f"{self.adapter.display_name} ({type(self.hf_model).__name__})"),
+                ("heads", f"{g.num_layers} layers x {g.num_heads} heads = {g.total_heads} ({g.num_kv_heads} KV heads, "
+                          f"head_dim {g.head_dim})"),
+                ("weights", f"{size} parameters, {str(parameter.dtype).removeprefix('torch.')} on {parameter.device}")]
+        if self.revision:
+            rows.append(("revision", self.revision))
+        if self.remote_id and self.remote_id != self.model_id:
+            rows.append(("remote id", self.remote_id))
+        return f"VLM {self.model_id or '(no id)'}", rows
+
+    def __repr__(self) -> str:
+        """A few lines (model, family, head grid, weights), not the module tree: that is ``vlm.hf_model``."""
+        return card_text(*self._card())
+
+    def _repr_html_(self) -> str:
+        return card_html(*self._card())
 
     @property
     def geometry(self) -> HeadGeometry:
@@ -225,8 +248,9 @@ def wrap(model: Any, processor: Any, *, adapter: FamilyAdapter | None = None, mo
 def load_pretrained(model_id_or_path: str | os.PathLike[str], *, device_map: Any = None, dtype: Any = None,
          revision: str | None = None, trust_remote_code: bool = False, adapter: FamilyAdapter | None = None,
          attn_implementation: str | None = None, remote_id: str | None = None, attention: Any = None,
-         **from_pretrained_kwargs: Any) -> VLM:
+         progress: bool = True, **from_pretrained_kwargs: Any) -> VLM:
     """Load a hub id or a local folder (``AutoModelForImageTextToText`` + ``AutoProcessor``) and wrap it.
+    ``progress=False``: no download or "Loading weights" bars and no transformers info lines.
     ``vrh_interp.load`` (``vrh_interp.specs.load``) takes these and the built-in ``toy:`` / ``tiny:`` specs.
 
     ``attn_implementation=None`` lets transformers choose per sub-model: sdpa where it exists, else eager (PaliGemma
@@ -241,13 +265,14 @@ def load_pretrained(model_id_or_path: str | os.PathLike[str], *, device_map: Any
     source = os.path.expanduser(spec)
     from_pretrained_kwargs = {**resolve_model_source(source, revision), **from_pretrained_kwargs}
     try:
-        model = AutoModelForImageTextToText.from_pretrained(
-            source, device_map=device_map, dtype=dtype, revision=revision, trust_remote_code=trust_remote_code,
-            attn_implementation=attn_implementation, **from_pretrained_kwargs,
-        )
-        processor = AutoProcessor.from_pretrained(
-            source, revision=revision, trust_remote_code=trust_remote_code,
-            local_files_only=from_pretrained_kwargs.get("local_files_only", False))
+        with loading_output(progress):
+            model = AutoModelForImageTextToText.from_pretrained(
+                source, device_map=device_map, dtype=dtype, revision=revision, trust_remote_code=trust_remote_code,
+                attn_implementation=attn_implementation, **from_pretrained_kwargs,
+            )
+            processor = AutoProcessor.from_pretrained(
+                source, revision=revision, trust_remote_code=trust_remote_code,
+                local_files_only=from_pretrained_kwargs.get("local_files_only", False))
     except OSError as error:  # missing weights, gated, a download cut off: transformers' text says which
         raise ModelLoadError(f"could not load model {spec!r}: {error}") from error
     return wrap(model, processor, adapter=adapter, model_id=source, revision=revision, remote_id=remote_id,

@@ -18,10 +18,11 @@ meant. ``resolve_model_source`` decides up front:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -105,6 +106,32 @@ def _ask_hub(repo_id: str, revision: str | None, not_local: str) -> dict[str, An
             f"({type(error).__name__}: {error}). Is it a local folder (check the path)? Is the hub reachable "
             "(network, proxy, HF_ENDPOINT)? Working offline: set HF_HUB_OFFLINE=1 and use a copy in the HF cache "
             "or a local folder") from None
+
+
+@contextlib.contextmanager
+def loading_output(progress: bool) -> Iterator[None]:
+    """``progress=False``: no transformers / huggingface_hub progress bar ("Loading weights", downloads) and no
+    transformers info or warning lines while loading; the global settings are restored afterwards."""
+    if progress:
+        yield
+        return
+    import huggingface_hub.utils as hub_utils
+    from transformers.utils import logging as hf_logging
+
+    bars, hub_bars, verbosity = hf_logging.is_progress_bar_enabled(), not hub_utils.are_progress_bars_disabled(), \
+        hf_logging.get_verbosity()
+    hf_logging.disable_progress_bar()  # transformers' bars and huggingface_hub's
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+        if hub_bars:
+            hub_utils.enable_progress_bars()
+        elif bars:
+            hub_utils.disable_progress_bars()
 
 
 def check_device(device: Any) -> None:

@@ -15,9 +15,13 @@ Set them with ``set_remote_timeouts(connect=..., read=...)`` or the environment 
 ``VRH_REMOTE_READ_TIMEOUT``, seconds; the CLI reads these). A timeout raises ``RemoteTimeoutError`` naming the
 host and the stage, which ``remote_errors`` turns into a ``RemoteExecutionError`` that says what to check.
 
-nnsight is pinned (``nnsight==0.8.1``); the swap replaces its module attributes ``RemoteBackend``,
-``_CONNECT_TIMEOUT`` and ``_READ_TIMEOUT`` for the duration of the call only, and
-``tests/test_remote_timeouts.py`` checks it against a socket that accepts and never answers.
+This is the one place that relies on a private detail of nnsight (the 0.8 series, ``nnsight>=0.8.0,<0.9`` in
+pyproject.toml): the swap replaces the module attributes ``RemoteBackend``, ``_CONNECT_TIMEOUT`` and
+``_READ_TIMEOUT`` for the duration of the call only, and the subclass uses the backend's private methods.
+``check_remote_backend`` names every private attribute used and refuses, in one line naming the installed
+version, a layout without them (rather than a deep ``AttributeError`` mid-run); ``tests/test_remote_timeouts.py``
+checks the swap against a socket that accepts and never answers, on both ends of the allowed range
+(``tests/version_ends.py``).
 """
 
 from __future__ import annotations
@@ -72,6 +76,32 @@ def remote_timeouts() -> tuple[float, float]:
         else:
             values.append(default)
     return values[0], values[1]
+
+
+# the private names of nnsight.intervention.backends.remote that the swap uses (module attributes, then methods
+# and attributes of RemoteBackend instances, the latter set in __init__ and so checked on the class's source)
+PRIVATE_MODULE_NAMES = ("RemoteBackend", "RemoteError", "_CONNECT_TIMEOUT", "_READ_TIMEOUT", "_REFRESH")
+PRIVATE_BACKEND_NAMES = ("_post", "_serialize", "send", "parse", "handle", "request")
+
+
+class UnsupportedNnsightError(RuntimeError):
+    """The installed nnsight's remote backend lacks a private name the timeouts rely on."""
+
+
+def check_remote_backend(module: Any = None) -> None:
+    """Refuse (``UnsupportedNnsightError``, one line) an nnsight whose remote backend lacks a name the swap uses."""
+    if module is None:
+        from nnsight.intervention.backends import remote as module
+    missing = [name for name in PRIVATE_MODULE_NAMES if not hasattr(module, name)]
+    backend = getattr(module, "RemoteBackend", None)
+    missing += [f"RemoteBackend.{name}" for name in PRIVATE_BACKEND_NAMES
+                if backend is not None and not callable(getattr(backend, name, None))]
+    if missing:
+        from importlib.metadata import version
+
+        raise UnsupportedNnsightError(
+            f"nnsight {version('nnsight')} has no {', '.join(missing)} in nnsight.intervention.backends.remote, "
+            "which vrh-interp's remote timeouts use: install a supported nnsight (pip install 'nnsight>=0.8.0,<0.9')")
 
 
 @functools.cache
@@ -137,6 +167,7 @@ def timed_remote_calls() -> Iterator[None]:
     """Within: every remote call nnsight makes has the connect and read timeouts of ``remote_timeouts``."""
     from nnsight.intervention.backends import remote as module
 
+    check_remote_backend(module)
     connect, read = remote_timeouts()
     saved = module.RemoteBackend, module._CONNECT_TIMEOUT, module._READ_TIMEOUT
     base = saved[0].__mro__[1] if saved[0].__name__ == "TimedRemoteBackend" else saved[0]  # nested calls

@@ -49,6 +49,7 @@ from tqdm.auto import tqdm
 from vrh_interp.core.backends.base import Backend, backend_config, check_ablation_kinds
 from vrh_interp.core.backends.select import get_backend
 from vrh_interp.core.boxes import Box
+from vrh_interp.core._display import card_html, card_text
 from vrh_interp.evaluation.grounding import encode_samples, ground_conditions
 from vrh_interp.evaluation.statistics import (QUANTILES, bootstrap_ci, empirical_p_value, mcnemar_exact,
                                               random_set_distribution, set_level_verdict, two_level_bootstrap_ci)
@@ -338,6 +339,38 @@ class SweepResult:
         rows = set_level_rows(rows, parts, self.conditions, pooled=self._rates, bootstrap_seed=bootstrap_seed,
                               resamples=resamples)
         return pd.DataFrame(rows)
+
+    def accuracy_table(self) -> pd.DataFrame:
+        """Plain accuracy (IoU >= the threshold) per k (rows) and condition kind (columns), control sets pooled: a
+        quick look, without the intervals and p-values of ``summary()``."""
+        df = self.records.assign(correct=self.records["iou"] >= self.iou_threshold)
+        table = df.pivot_table(index="k", columns="kind", values="correct", aggfunc="mean")
+        return table[[kind for kind in dict.fromkeys(c.kind for c in self.conditions) if kind in table]]
+
+    def _card(self) -> tuple[str, list[tuple[str, str]]]:
+        sets = {kind: len({c.seed for c in self.conditions if c.kind == kind}) for kind in ("random", "matched")}
+        table = self.accuracy_table()
+        rows = [(f"k={k}", ", ".join(f"{kind} {row[kind]:.2f}" + (f" ({sets[kind]} sets)" if sets.get(kind, 0) > 1
+                                                                   else "")
+                                     for kind in table if row[kind] == row[kind]))  # NaN: kind not run at this k
+                for k, row in table.iterrows()]
+        samples = self.records["sample_id"].nunique()
+        return (f"SweepResult: {samples} samples, {len(self.conditions)} conditions, accuracy = IoU >= "
+                f"{self.iou_threshold:g} (summary() for intervals and p-values)", rows[:8])
+
+    def __repr__(self) -> str:
+        """The accuracy per k and condition kind in a few lines, not the records frame (``records``)."""
+        return card_text(*self._card())
+
+    def _repr_html_(self) -> str:
+        title, _ = self._card()
+        return card_html(title, [], table=self.accuracy_table().to_html(float_format="{:.2f}".format))
+
+    def plot(self, title: str = "grounding accuracy vs masked heads") -> Any:
+        """Accuracy against k, controls as bands (``viz.plots.k_sweep_curve`` of ``summary()``; a ``Figure``)."""
+        from vrh_interp.viz.plots import k_sweep_curve
+
+        return k_sweep_curve(self.summary(), title=title)
 
     def _rates(self, part: pd.DataFrame) -> dict[str, Any]:
         counts = failure_counts(part, self.iou_threshold)

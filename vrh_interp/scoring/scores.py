@@ -10,6 +10,7 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
+from vrh_interp.core._display import card_html, card_text
 from vrh_interp.core.heads import Head, HeadOutOfRangeError, HeadSet
 from vrh_interp.core.runs import write_atomic
 from vrh_interp.scoring.design import ScoringDesign
@@ -52,6 +53,31 @@ class HeadScores:
 
     def score_of(self, head: Head) -> float:
         return float(self.scores[head.layer, head.head])
+
+    def _card(self, top: int = 5) -> tuple[str, list[tuple[str, str]]]:
+        model = (self.provenance.get("model") or {}).get("model_id") or "a model the provenance does not name"
+        best = self.top(min(top, self.scores.size))
+        positions = f", {self.per_position.shape[0]} answer positions" if self.per_position.size else ""
+        skipped = {reason: n for reason, n in self.skipped.items() if n}
+        rows = [("model", model), ("design", self.design.label),
+                ("samples", f"{len(self.sample_ids)} scored" + (f", skipped {skipped}" if skipped else "")
+                 + positions),
+                (f"top {len(best)}", ", ".join(f"{h} {self.score_of(h):.3g}" for h in best))]
+        return f"HeadScores {self.num_layers} layers x {self.num_heads} heads", rows
+
+    def __repr__(self) -> str:
+        """A few lines (model, design, samples, top heads), not the arrays: ``to_frame()`` and ``scores`` hold them."""
+        return card_text(*self._card())
+
+    def _repr_html_(self) -> str:
+        top = self.to_frame().head(10).to_html(index=False, float_format="{:.4g}".format)
+        return card_html(*self._card(), table=top)
+
+    def heatmap(self, title: str | None = None) -> Any:
+        """The layer x head heatmap of the scores (a matplotlib ``Figure``; a notebook cell ending in it shows it)."""
+        from vrh_interp.viz.plots import score_heatmap
+
+        return score_heatmap(self.scores, title or f"head scores ({self.design.label})")
 
     def to_frame(self) -> pd.DataFrame:
         ranking = {h: r for r, h in enumerate(self.ranking(), start=1)}

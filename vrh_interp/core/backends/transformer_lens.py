@@ -100,6 +100,10 @@ def _build_bridge(hf_model: Any) -> Any:
     return TransformerBridge(hf_model, adapter, None, driver=TransformersDriver(hf_model, adapter, None))
 
 
+MISSING_TRANSFORMER_LENS = ("the transformer-lens backend needs TransformerLens, an optional extra: pip install "
+                            "'vrh-interp[tl]' (or use --backend nnsight, which runs every family)")
+
+
 @dataclass
 class TransformerLensBackend:
     """The nnsight backend's head operations on a TransformerLens bridge of a copy of ``vlm.hf_model``."""
@@ -120,8 +124,7 @@ class TransformerLensBackend:
                 "(backend='nnsight'), which runs every family"
             )
         if importlib.util.find_spec("transformer_lens") is None:
-            raise BackendError("the transformer-lens backend needs the transformer-lens package: pip install "
-                               "'transformer-lens>=4.3', or use --backend nnsight")
+            raise BackendError(MISSING_TRANSFORMER_LENS)
         bridge = _build_bridge(copy.deepcopy(vlm.hf_model))
         bridge.tokenizer = copy.deepcopy(vlm.tokenizer)  # see the module docstring
         return cls(vlm=vlm, bridge=bridge)

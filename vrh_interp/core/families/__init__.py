@@ -10,14 +10,25 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from vrh_interp.core.families.base import (
-    BoxFrame,
-    FamilyAdapter,
-    UnsupportedModelError,
-    VisualBlock,
-    VisualLayout,
-)
+from typing import TYPE_CHECKING
+
 from vrh_interp.core.families.registry import FAMILIES, FamilyRow, row_for_model_type
+
+if TYPE_CHECKING:
+    from vrh_interp.core.families.base import BoxFrame, FamilyAdapter, UnsupportedModelError, VisualBlock, VisualLayout
+
+# imported on first use (PEP 562): the registry is data, and `vrh families` lists it without loading torch
+_BASE_EXPORTS = ("BoxFrame", "FamilyAdapter", "UnsupportedModelError", "VisualBlock", "VisualLayout")
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _BASE_EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from vrh_interp.core.families import base
+
+    value = getattr(base, name)
+    globals()[name] = value
+    return value
 
 # "module:Class" of every built-in adapter (its row's adapter in the module named after the key), in the order
 # `vrh families` lists them.
@@ -44,6 +55,8 @@ def adapter_for_config(config: Any) -> FamilyAdapter:
     row = row_for_model_type(model_type)
     if row is not None:
         return adapter_class(row)(config)
+    from vrh_interp.core.families.base import UnsupportedModelError
+
     listing = ", ".join(f"{row.display_name} ({'/'.join(row.model_types)})" for row in FAMILIES)
     raise UnsupportedModelError(
         f"no vrh_interp adapter for model_type {model_type!r} ({type(config).__name__}). "

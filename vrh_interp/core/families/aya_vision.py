@@ -24,7 +24,7 @@ experiment in ``tests/families/test_families.py -k aya_vision``):
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Mapping
+from typing import Any, Mapping
 
 from vrh_interp.core.families.base import VisualLayout
 from vrh_interp.core.families.internvl import tiled_visual_layout
@@ -32,8 +32,6 @@ from vrh_interp.core.families.prompts import RequestedRelativeBoxAdapter
 
 
 class AyaVisionAdapter(RequestedRelativeBoxAdapter, family="aya_vision"):
-    box_format: ClassVar[str] = ("[x1, y1, x2, y2], floats 0-1 (2 decimals) relative to the image "
-                                 "(requested, not trained)")
 
     def image_token(self, processor: Any) -> str:
         return processor.img_patch_token

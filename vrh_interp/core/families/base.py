@@ -154,12 +154,14 @@ class FamilyAdapter(ABC):
     answer_token_type_id: ClassVar[int] = 0
 
     def __init_subclass__(cls, family: str | None = None, **kwargs: Any) -> None:
-        """``class MyAdapter(FamilyAdapter, family=KEY)``: a built-in adapter takes ``name``, ``display_name`` and
-        ``model_types`` from its row of ``vrh_interp.core.families.registry``; other adapters set them as ClassVars."""
+        """``class MyAdapter(FamilyAdapter, family=KEY)``: a built-in adapter takes ``name``, ``display_name``,
+        ``model_types`` and ``box_format`` from its row of ``vrh_interp.core.families.registry``; other adapters set
+        them as ClassVars."""
         super().__init_subclass__(**kwargs)
         if family is not None:
             row = family_row(family)
             cls.name, cls.display_name, cls.model_types = row.name, row.display_name, row.model_types
+            cls.box_format = row.box_format
 
     # ------------------------------------------------------------------ architecture
     def text_config(self) -> Any:

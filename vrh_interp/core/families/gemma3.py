@@ -63,8 +63,6 @@ def pan_and_scan_crops(image_size: tuple[int, int], num_crops: int) -> list[Regi
 
 @dataclass
 class Gemma3Adapter(FamilyAdapter, family="gemma3"):
-    box_format: ClassVar[str] = ('{"box_2d": [y_min, x_min, y_max, x_max]}, integers 0-1000 of the original image '
-                                 "(Gemini convention, not a trained Gemma 3 format)")
     non_causal_image_attention: ClassVar[bool] = True
 
     do_pan_and_scan: bool = False

@@ -24,7 +24,7 @@ Facts (read in transformers 5.24: ``models/glm4v/modeling_glm4v.py``, ``models/g
 from __future__ import annotations
 
 import re
-from typing import Any, ClassVar
+from typing import Any
 
 from vrh_interp.core.boxes import Box, BoxParseFailure
 from vrh_interp.core.families.base import BoxFrame, UnsupportedModelError
@@ -48,7 +48,6 @@ def answer_part(text: str) -> str:
 
 
 class Glm4vAdapter(Qwen2VLAdapter, family="glm4v"):
-    box_format: ClassVar[str] = "<|begin_of_box|>[x1,y1,x2,y2]<|end_of_box|>, integers 0-1000 relative to the image"
 
     def __init__(self, config: Any) -> None:
         """Refuses a ``glm46v`` model whose language model is not the dense ``glm4v_text`` (GLM-4.6V's MoE backbone

@@ -94,8 +94,6 @@ def frame_blocks(positions: list[int], image_size: tuple[int, int], num_frames: 
 
 
 class Idefics3Adapter(RequestedRelativeBoxAdapter, family="idefics3"):
-    box_format: ClassVar[str] = ("[x1, y1, x2, y2], floats 0-1 (2 decimals) relative to the image "
-                                 "(requested, not trained)")
     layers_path: ClassVar[str] = "model.text_model.layers"
 
     def tokens_per_side(self) -> int:

@@ -109,7 +109,6 @@ def tiled_visual_layout(adapter: Any, encoding: Mapping[str, Any], image_size: t
 
 class InternVLAdapter(FamilyAdapter, family="internvl"):
     image_prefix_cache: ClassVar[bool] = True
-    box_format: ClassVar[str] = "<ref>EXPR</ref><box>[[x1, y1, x2, y2]]</box>, integers 0-1000 of the original image"
 
     def grounding_instruction(self, expression: str) -> str:
         return REFERRING_INSTRUCTION.format(f"<ref>{expression}</ref>")

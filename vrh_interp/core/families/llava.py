@@ -127,7 +127,6 @@ def split_class_token(positions: list[int], grid_tokens: int, strategy: str) -> 
 
 class LlavaAdapter(FamilyAdapter, family="llava"):
     image_prefix_cache: ClassVar[bool] = True
-    box_format: ClassVar[str] = "[x1, y1, x2, y2], floats 0-1 (2 decimals) relative to the square the model sees"
 
     def grounding_instruction(self, expression: str) -> str:
         return REFERRING_INSTRUCTION.format(expression)

@@ -30,7 +30,7 @@ experiment in ``tests/families/test_families.py -k llava_next``):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 import torch
@@ -107,7 +107,6 @@ def tile_blocks(grid_positions: list[list[int]], kept: KeptGrid, canvas: TiledCa
 
 
 class LlavaNextAdapter(LlavaAdapter, family="llava_next"):
-    box_format: ClassVar[str] = "[x1, y1, x2, y2], floats 0-1 (2 decimals) relative to the image"
 
     def packed_grid_shape(self, rows: int, cols: int, tile_tokens: int) -> tuple[int, int]:
         """Shape of the unpadded tile grid as packed into the sequence (LLaVA-NeXT keeps it as is)."""

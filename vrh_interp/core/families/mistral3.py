@@ -23,7 +23,7 @@ Facts (read in transformers 5.24: ``models/mistral3/modeling_mistral3.py`` (``Mi
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Mapping
+from typing import Any, Mapping
 
 from vrh_interp.core.families.base import VisualBlock, VisualLayout, image_token_positions
 from vrh_interp.core.families.coordinates import whole_image
@@ -31,7 +31,6 @@ from vrh_interp.core.families.prompts import RequestedRelativeBoxAdapter
 
 
 class Mistral3Adapter(RequestedRelativeBoxAdapter, family="mistral3"):
-    box_format: ClassVar[str] = "[x1, y1, x2, y2], floats 0-1 (2 decimals) relative to the image (requested)"
 
     def token_pixels(self) -> int:
         """Side of one merged token in resized-input pixels (vision patch x spatial merge)."""

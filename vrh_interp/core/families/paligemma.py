@@ -42,7 +42,6 @@ LOCATION_BOX = re.compile(r"<loc(\d{4})>\s*<loc(\d{4})>\s*<loc(\d{4})>\s*<loc(\d
 
 
 class PaliGemmaAdapter(FamilyAdapter, family="paligemma"):
-    box_format: ClassVar[str] = "<locY1><locX1><locY2><locX2> label, 1024 bins (0-1023) of the original image, y first"
     non_causal_image_attention: ClassVar[bool] = True
     answer_token_type_id: ClassVar[int] = 1  # type 0 is the bidirectional prefix: appended answers must be 1
 

@@ -23,7 +23,7 @@ Facts (read in transformers 5.24: ``models/qwen2_5_vl/modeling_qwen2_5_vl.py``,
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Mapping
+from typing import Any, Mapping
 
 from vrh_interp.core.boxes import Box, BoxParseFailure
 from vrh_interp.core.families.base import BoxFrame
@@ -33,10 +33,6 @@ from vrh_interp.core.families.qwen2_vl import Qwen2VLAdapter
 
 
 class Qwen25VLAdapter(Qwen2VLAdapter, family="qwen2_5_vl"):
-    box_format: ClassVar[str] = (
-        'JSON [{"bbox_2d": [x1, y1, x2, y2], "label": ...}], integer pixels of the RESIZED input '
-        "(image_grid_thw[1:] * patch)"
-    )
 
     def grounding_instruction(self, expression: str) -> str:
         return JSON_GROUNDING_INSTRUCTION.format(expression=expression)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
-from typing import Any, ClassVar, Mapping
+from typing import Any, Mapping
 
 from vrh_interp.core.boxes import Box, BoxParseFailure
 from vrh_interp.core.families.base import BoxFrame, FamilyAdapter, VisualBlock, VisualLayout, image_token_positions
@@ -69,7 +69,6 @@ def merged_grid_layout(encoding: Mapping[str, Any], image_size: tuple[int, int],
 
 
 class Qwen2VLAdapter(FamilyAdapter, family="qwen2_vl"):
-    box_format: ClassVar[str] = "<|box_start|>(x1,y1),(x2,y2)<|box_end|>, integers 0-1000 relative to the image"
 
     def geometry(self) -> HeadGeometry:
         text_config = self.text_config()

@@ -17,7 +17,6 @@ Facts (read in transformers 5.24: ``models/qwen3_vl/modeling_qwen3_vl.py``,
 
 from __future__ import annotations
 
-from typing import ClassVar
 
 from vrh_interp.core.boxes import Box, BoxParseFailure
 from vrh_interp.core.families.base import BoxFrame, FamilyAdapter
@@ -28,8 +27,6 @@ from vrh_interp.core.heads import HeadGeometry
 
 
 class Qwen3VLAdapter(Qwen2VLAdapter, family="qwen3_vl"):
-    box_format: ClassVar[str] = ('JSON [{"bbox_2d": [x1, y1, x2, y2], "label": ...}], integers 0-1000 relative to '
-                                 'the image')
 
     def geometry(self) -> HeadGeometry:
         return FamilyAdapter.geometry(self)

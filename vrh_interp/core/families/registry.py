@@ -77,6 +77,7 @@ class FamilyRow:
 
     name: str  # registry key: the adapter's ``name``, ``tiny:NAME``, the docs anchor
     display_name: str
+    box_format: str  # one-line description of the native grounding format (the adapter's ``box_format``)
     model_types: tuple[str, ...]  # config.model_type values the adapter serves
     model_classes: tuple[str, ...]  # transformers model classes of those model types
     adapter: str  # the adapter class, in the module named after the key: vrh_interp/core/families/<name>.py
@@ -197,7 +198,9 @@ def qwen_recipe(version: str, text: Mapping[str, Any], vision: Mapping[str, Any]
 QWEN_IMAGE_PROCESSOR = call("Qwen2VLImageProcessorPil", min_pixels=QWEN_MIN_PIXELS, max_pixels=QWEN2_VL_MAX_PIXELS)
 
 QWEN2_VL = FamilyRow(
-    name="qwen2_vl", display_name="Qwen2-VL", model_types=("qwen2_vl",),
+    name="qwen2_vl", display_name="Qwen2-VL",
+    box_format='<|box_start|>(x1,y1),(x2,y2)<|box_end|>, integers 0-1000 relative to the image',
+    model_types=("qwen2_vl",),
     model_classes=("Qwen2VLForConditionalGeneration",), adapter="Qwen2VLAdapter",
     transformer_lens=False,
     layout="whole image stretched (`smart_resize`, axes independent, no crop or pad) to multiples of 28 "
@@ -212,7 +215,10 @@ QWEN2_VL = FamilyRow(
 )
 
 QWEN2_5_VL = FamilyRow(
-    name="qwen2_5_vl", display_name="Qwen2.5-VL", model_types=("qwen2_5_vl",),
+    name="qwen2_5_vl", display_name="Qwen2.5-VL",
+    box_format=('JSON [{"bbox_2d": [x1, y1, x2, y2], "label": ...}], integer pixels of the RESIZED input '
+                '(image_grid_thw[1:] * patch)'),
+    model_types=("qwen2_5_vl",),
     model_classes=("Qwen2_5_VLForConditionalGeneration",),
     adapter="Qwen25VLAdapter", transformer_lens=True,
     layout="as Qwen2-VL",
@@ -226,7 +232,9 @@ QWEN2_5_VL = FamilyRow(
 )
 
 QWEN3_VL = FamilyRow(
-    name="qwen3_vl", display_name="Qwen3-VL", model_types=("qwen3_vl",),
+    name="qwen3_vl", display_name="Qwen3-VL",
+    box_format='JSON [{"bbox_2d": [x1, y1, x2, y2], "label": ...}], integers 0-1000 relative to the image',
+    model_types=("qwen3_vl",),
     model_classes=("Qwen3VLForConditionalGeneration",), adapter="Qwen3VLAdapter",
     transformer_lens=True,
     layout="as Qwen2-VL with factor 32 (patch 16 x merge 2)",
@@ -272,7 +280,9 @@ INTERNVL_TINY = TinyRecipe(
 )
 
 INTERNVL = FamilyRow(
-    name="internvl", display_name="InternVL (HF-native)", model_types=("internvl",),
+    name="internvl", display_name="InternVL (HF-native)",
+    box_format='<ref>EXPR</ref><box>[[x1, y1, x2, y2]]</box>, integers 0-1000 of the original image',
+    model_types=("internvl",),
     model_classes=("InternVLForConditionalGeneration",), adapter="InternVLAdapter",
     transformer_lens=False,
     layout="closest-aspect cols x rows tiles (within `min_patches`..`max_patches`), image stretched to "
@@ -321,7 +331,9 @@ LLAVA_TINY = TinyRecipe(
 )
 
 LLAVA = FamilyRow(
-    name="llava", display_name="LLaVA-1.5", model_types=("llava",), model_classes=("LlavaForConditionalGeneration",),
+    name="llava", display_name="LLaVA-1.5",
+    box_format='[x1, y1, x2, y2], floats 0-1 (2 decimals) relative to the square the model sees',
+    model_types=("llava",), model_classes=("LlavaForConditionalGeneration",),
     adapter="LlavaAdapter", transformer_lens=True,
     layout="one row-major (S/14)^2 grid over the processed view: pad-to-square (pad mode) or shortest-edge "
            "resize + centre crop (crop mode, the llava-hf processors), read from the processor's settings",
@@ -366,7 +378,9 @@ LLAVA_NEXT_TINY = TinyRecipe(
 )
 
 LLAVA_NEXT = FamilyRow(
-    name="llava_next", display_name="LLaVA-NeXT", model_types=("llava_next",),
+    name="llava_next", display_name="LLaVA-NeXT",
+    box_format='[x1, y1, x2, y2], floats 0-1 (2 decimals) relative to the image',
+    model_types=("llava_next",),
     model_classes=("LlavaNextForConditionalGeneration",), adapter="LlavaNextAdapter",
     transformer_lens=True,
     layout="base view (whole image stretched to the tile size) FIRST, then best-resolution tiles "
@@ -420,7 +434,9 @@ ONEVISION_TINY = TinyRecipe(
 )
 
 LLAVA_ONEVISION = FamilyRow(
-    name="llava_onevision", display_name="LLaVA-OneVision", model_types=("llava_onevision",),
+    name="llava_onevision", display_name="LLaVA-OneVision",
+    box_format='[x1, y1, x2, y2], floats 0-1 (2 decimals) relative to the image',
+    model_types=("llava_onevision",),
     model_classes=("LlavaOnevisionForConditionalGeneration",),
     adapter="LlavaOnevisionAdapter", transformer_lens=True,
     layout="LLaVA-NeXT's rule, plus bilinear downsampling of large grids (a downsampled token "
@@ -445,7 +461,9 @@ PALIGEMMA_TINY = TinyRecipe(
 )
 
 PALIGEMMA = FamilyRow(
-    name="paligemma", display_name="PaliGemma", model_types=("paligemma",),
+    name="paligemma", display_name="PaliGemma",
+    box_format='<locY1><locX1><locY2><locX2> label, 1024 bins (0-1023) of the original image, y first',
+    model_types=("paligemma",),
     model_classes=("PaliGemmaForConditionalGeneration",), adapter="PaliGemmaAdapter",
     transformer_lens=False,
     layout="image stretched to S x S, (S/14)^2 tokens row-major, FIRST in the sequence",
@@ -501,7 +519,10 @@ GEMMA3_TINY = TinyRecipe(
 )
 
 GEMMA3 = FamilyRow(
-    name="gemma3", display_name="Gemma 3", model_types=("gemma3",), model_classes=("Gemma3ForConditionalGeneration",),
+    name="gemma3", display_name="Gemma 3",
+    box_format=('{"box_2d": [y_min, x_min, y_max, x_max]}, integers 0-1000 of the original image (Gemini '
+                'convention, not a trained Gemma 3 format)'),
+    model_types=("gemma3",), model_classes=("Gemma3ForConditionalGeneration",),
     adapter="Gemma3Adapter", transformer_lens=True,
     layout="image stretched to S x S, patches average-pooled to a 16 x 16 row-major grid; with pan & scan "
            "(opt-in) one more block per crop",
@@ -541,7 +562,9 @@ IDEFICS3_TINY = TinyRecipe(
 )
 
 IDEFICS3 = FamilyRow(
-    name="idefics3", display_name="Idefics3 / SmolVLM", model_types=("idefics3", "smolvlm"),
+    name="idefics3", display_name="Idefics3 / SmolVLM",
+    box_format='[x1, y1, x2, y2], floats 0-1 (2 decimals) relative to the image (requested, not trained)',
+    model_types=("idefics3", "smolvlm"),
     model_classes=("Idefics3ForConditionalGeneration", "SmolVLMForConditionalGeneration"),
     adapter="Idefics3Adapter", transformer_lens=True,
     layout="longest edge resized to L, each side stretched up to a multiple of M, M x M tiles row-major, "
@@ -595,6 +618,7 @@ GLM4V_TINY = TinyRecipe(
 
 GLM4V = FamilyRow(
     name="glm4v", display_name="GLM-4V (GLM-4.1V)",
+    box_format='<|begin_of_box|>[x1,y1,x2,y2]<|end_of_box|>, integers 0-1000 relative to the image',
     # glm46v: transformers' GLM-4.6V classes (a Glm4v subclass with the same processor, layout and text attention)
     model_types=("glm4v", "glm46v"),
     model_classes=("Glm4vForConditionalGeneration", "Glm46VForConditionalGeneration"),
@@ -642,7 +666,9 @@ MISTRAL3_TINY = TinyRecipe(
 )
 
 MISTRAL3 = FamilyRow(
-    name="mistral3", display_name="Mistral3 (Mistral-Small-3.1)", model_types=("mistral3",),
+    name="mistral3", display_name="Mistral3 (Mistral-Small-3.1)",
+    box_format='[x1, y1, x2, y2], floats 0-1 (2 decimals) relative to the image (requested)',
+    model_types=("mistral3",),
     model_classes=("Mistral3ForConditionalGeneration",), adapter="Mistral3Adapter",
     transformer_lens=True,
     layout="downscaled to fit `longest_edge`, each side rounded up to a multiple of 28, rows x cols "
@@ -687,7 +713,9 @@ AYA_VISION_TINY = TinyRecipe(
 )
 
 AYA_VISION = FamilyRow(
-    name="aya_vision", display_name="Aya Vision", model_types=("aya_vision",),
+    name="aya_vision", display_name="Aya Vision",
+    box_format='[x1, y1, x2, y2], floats 0-1 (2 decimals) relative to the image (requested, not trained)',
+    model_types=("aya_vision",),
     model_classes=("AyaVisionForConditionalGeneration",), adapter="AyaVisionAdapter",
     transformer_lens=False,
     layout="InternVL's tiling rule (GOT-OCR2 processor), 364 px tiles, 13 x 13 tokens per tile, thumbnail LAST",
