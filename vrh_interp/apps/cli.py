@@ -599,7 +599,7 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
 
-START_HERE = f"""start here (a shipped toy whose retrieval heads are known; CPU, no network, 1-2 minutes each):
+START_HERE = """start here (a shipped toy whose retrieval heads are known; CPU, no network, 1-2 minutes each):
   vrh detect --model toy:planted --data synthetic:detect:20 --out runs/first --top 5
   vrh sweep --model toy:planted --scores runs/first/scores-vrh.json \\
       --data synthetic:eval:20 --ks 0,3 --out runs/first-sweep
