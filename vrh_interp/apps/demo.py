@@ -59,6 +59,8 @@ SEED_STRIDE = 1000  # --seed s draws control sets with seeds s*1000 .. s*1000 + 
 ANSWERS_VQA_MARGIN = 0.1  # a VQA kind counts as answered when the unmasked model beats the majority answer by this
 SCAN_ALL_HEADS, SCAN_SAMPLED_HEADS = 48, 32
 CONTROL_DETECT_SCENES = 20
+CLAIM_STEPS = {"positive_control": 1, "causal": 3, "causal_curve": 3, "specific": 3, "ablation_kinds": 4,
+               "score_damage": 5, "design_space": 6, "sparse": 7, "stable": 7, "shared": 8, "vqa": 9}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -365,6 +367,8 @@ def run_demo(*, model_spec: str | None = None, out: Path = Path("runs/demo"), de
                        "effect": e.estimate if e else float("nan"), "numbers": e.numbers if e else ""}
                       for kind, e in by_kind.items()]).to_csv(out / "ablation_kinds.csv", index=False)
         evidence["ablation_kinds"] = ev.kinds_agree(by_kind)
+    if result is None and 3 in steps.skipped:
+        steps.skipped.append(4)  # the ablation kinds compare with the k-sweep's zero-ablation records
     scanned = scan_heads(ranking, geometry, k_star, seed)
     if steps.open(5, f"single-head causal scan: {len(scanned)} of {geometry.total_heads} heads on {len(checks)} "
                      "fixed items"):
@@ -429,9 +433,8 @@ def run_demo(*, model_spec: str | None = None, out: Path = Path("runs/demo"), de
             "does not hold" if not outcome["recovered"] or outcome["causal_verdict"] == "does not hold"
             else "inconclusive", pc.describe(outcome),
             f"recovered: {outcome['recovered']}; causal claim on the planted heads: {outcome['causal_verdict']}")
-    for claim in ("causal", "causal_curve", "specific", "ablation_kinds", "score_damage", "design_space", "sparse",
-                  "stable"):
-        if claim not in evidence and steps.skipped:
+    for claim, step in CLAIM_STEPS.items():  # a claim whose step the cap skipped is undecided, never another verdict
+        if step in steps.skipped and (evidence.get(claim) is None) and (claim != "shared" or transfer_ready):
             evidence[claim] = Evidence.categorical("inconclusive", "", "not measured within --budget-seconds")
     table = judge(evidence)
     table.to_csv(out / "verdicts.csv", index=False)
