@@ -35,6 +35,8 @@ import weakref
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from vrh_interp.core import paths
+
 LOCK_FILE = "run.lock"
 # the unit each record log is keyed by (what a resumed run skips); other logs are keyed by their whole record
 RECORD_KEYS: dict[str, tuple[str, ...]] = {"detect_records": ("sample_id",),
@@ -106,8 +108,9 @@ def _holder(path: Path) -> str:
 
 def lock_run_folder(path: str | os.PathLike[str]) -> Any:
     """Take ``path``'s run lock (creating the folder) for as long as the returned handle is referenced;
-    ``RunLockedError`` when another process holds it."""
-    folder = Path(path)
+    ``RunLockedError`` when another process holds it, ``paths.PathOptionError`` for a path that cannot be a run
+    folder (empty, a file, a symlink loop, unwritable)."""
+    folder = paths.output_folder(path, "run_dir")
     folder.mkdir(parents=True, exist_ok=True)
     return _FolderLock.acquire(folder)
 
@@ -246,8 +249,8 @@ class RunFolder:
     """A folder holding a manifest and record logs for one configuration."""
 
     def __init__(self, path: str | os.PathLike[str], config: Mapping[str, Any]) -> None:
+        self._lock = lock_run_folder(path)  # before reading anything: another writer would race us
         self.path = Path(path)
-        self._lock = lock_run_folder(self.path)  # before reading anything: another writer would race us
         self.config = json.loads(json.dumps(dict(config), default=str))
         manifest = self.path / "manifest.json"
         if manifest.exists():

@@ -22,6 +22,7 @@ from vrh_interp.core.backends.select import get_backend
 from vrh_interp.core.model import VLM
 from vrh_interp.core.provenance import library_versions, model_provenance, now_utc, remote_provenance
 from vrh_interp.core.runs import RecordLog, RunFolder, whole_run_manifest, write_atomic
+from vrh_interp.core.limits import check_prompts_fit
 from vrh_interp.data.checks import GroundingSampleLike, check_samples
 from vrh_interp.scoring.aggregate import aggregate
 from vrh_interp.scoring.collect import SampleStats, collect_batch
@@ -95,6 +96,7 @@ def collect_detection_stats(vlm: VLM, samples: Sequence[GroundingSampleLike], *,
     nnsight: a run folder never mixes backends.
     """
     check_samples(samples, minimum=1, what="detection samples")
+    check_prompts_fit(vlm, samples, max_new_tokens)
     if batch_size < 1:
         raise ValueError("batch_size must be >= 1")
     runner = get_backend(backend, vlm, remote=remote)
