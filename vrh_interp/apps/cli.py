@@ -403,9 +403,15 @@ def cmd_design_space(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_manifest(path: Path) -> dict[str, Any]:
+    from vrh_interp.core.runs import read_manifest
+
+    return read_manifest(path)
+
+
 def _run_kind(folder: Path) -> str | None:
     manifest = folder / "manifest.json"
-    return json.loads(manifest.read_text(encoding="utf-8")).get("kind") if manifest.exists() else None
+    return _read_manifest(manifest).get("kind") if manifest.exists() else None
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
@@ -416,7 +422,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
         from vrh_interp.apps.reproduce import merge_reproduce_runs
 
         result = merge_reproduce_runs(out, shards)
-        _print_reproduce(result, json.loads((out / "manifest.json").read_text())["data"], args.json)
+        _print_reproduce(result, _read_manifest(out / "manifest.json")["data"], args.json)
         return 0
     if all((d / "design_space" / "manifest.json").exists() for d in shards):
         table = merge_design_space_runs(out, shards)

@@ -56,6 +56,24 @@ class RunRecordError(ValueError):
     """A record log holds an unreadable line (not the torn last one) or two different records of one unit."""
 
 
+class RunManifestError(ValueError):
+    """A run folder's ``manifest.json`` that cannot be read, or that describes another kind of run."""
+
+
+def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The JSON object in ``path`` (a run folder's manifest); ``RunManifestError`` naming the file when it is not
+    UTF-8 JSON holding an object (a manifest damaged by hand or by a copy cut short)."""
+    try:
+        config = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise RunManifestError(f"{path} is damaged ({type(error).__name__}: {error}): restore it from the run that "
+                               "wrote it, or start over in a new --out folder") from None
+    if not isinstance(config, dict):
+        raise RunManifestError(f"{path} is damaged: it holds {type(config).__name__}, not a JSON object; start over "
+                               "in a new --out folder")
+    return config
+
+
 class _FolderLock:
     """An exclusive ``flock`` on ``FOLDER/run.lock``, shared by every ``RunFolder`` on it in this process."""
 
@@ -254,7 +272,7 @@ class RunFolder:
         self.config = json.loads(json.dumps(dict(config), default=str))
         manifest = self.path / "manifest.json"
         if manifest.exists():
-            previous = json.loads(manifest.read_text(encoding="utf-8"))
+            previous = read_manifest(manifest)
             differing = sorted(k for k in set(previous) | set(self.config) if previous.get(k) != self.config.get(k))
             if differing:
                 details = "; ".join(f"{k}: folder has {previous.get(k)!r}, this run has {self.config.get(k)!r}"
@@ -275,10 +293,11 @@ def whole_run_manifest(run_dir: Path, kind: str, what: str) -> dict[str, Any]:
     manifest = Path(run_dir) / "manifest.json"
     if not manifest.exists():
         raise FileNotFoundError(f"{run_dir} is not a run folder (no manifest.json)")
-    config = json.loads(manifest.read_text(encoding="utf-8"))
+    config = read_manifest(manifest)
     if config.get("kind") != kind:
-        raise ValueError(f"{run_dir} holds a {config.get('kind')!r} run, not {what}")
+        raise RunManifestError(f"{run_dir} holds a {config.get('kind')!r} run, not {what}")
     if "shard" in config:
-        raise ValueError(f"{run_dir} holds shard {config['shard']['index']}/{config['shard']['count']} only: merge "
-                         "all shards first (vrh merge OUT SHARD_FOLDERS...) and read the merged folder")
+        shard = config["shard"] if isinstance(config["shard"], dict) else {}
+        raise RunManifestError(f"{run_dir} holds shard {shard.get('index', '?')}/{shard.get('count', '?')} only: "
+                               "merge all shards first (vrh merge OUT SHARD_FOLDERS...) and read the merged folder")
     return config

@@ -310,6 +310,11 @@ def check_paths(spec: str, option: str = "--data", *, vqa: bool = False) -> Pars
     if vqa and parsed.kind == "synthetic":
         return parsed
     positional, folder_options = _VQA_PATH_ROLES if vqa else _PATH_ROLES[parsed.kind]
+    if parsed.kind != "synthetic" and not sum(r is not None for r in positional) <= len(parsed.positional) \
+            <= len(positional):
+        raise DataSpecError(f"bad spec {spec!r}: {parsed.kind} takes {sum(r is not None for r in positional)}"
+                            f"{'' if None not in positional else ' or ' + str(len(positional))} ':'-separated "
+                            f"parts after {parsed.kind}:, got {len(parsed.positional)} (docs/datasets.md)")
     label = f"{option} {spec}:"
     for role, text in zip(positional, parsed.positional):
         if role is not None:
