@@ -764,7 +764,10 @@ WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPE
 def _resume_hint(args: argparse.Namespace, argv: Sequence[str]) -> str:
     """Where the work done is kept and the command that resumes it; nothing when the run folder is not there (a
     run that failed before its first result leaves none)."""
-    if args.command not in RESUMABLE or not Path(args.out).is_dir():
+    from vrh_interp.core.runs import LOCK_FILE
+
+    out = Path(args.out)
+    if args.command not in RESUMABLE or not out.is_dir() or not set(os.listdir(out)) - {LOCK_FILE}:
         return ""
     return f"; what is done is kept in {args.out}: rerun the same command to resume it: vrh {shlex.join(argv)}"
 
@@ -843,13 +846,12 @@ def _run(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     created = not out.exists()
-    lock = None
+    lock = lock_run_folder(out)  # outside the try: a folder another run holds is never cleaned up by this one
     try:
-        lock = lock_run_folder(out)
         return int(args.func(args))
     finally:
-        if created and out.is_dir() and os.listdir(out) in ([], [LOCK_FILE]):  # nothing written: leave no trace
-            (out / LOCK_FILE).unlink(missing_ok=True)
+        if created and os.listdir(out) == [LOCK_FILE]:  # failed before writing anything: leave no trace
+            (out / LOCK_FILE).unlink()
             out.rmdir()
         del lock
 
