@@ -83,6 +83,8 @@ def test_vqa_sweep_table_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPa
                         progress=False)
     assert resumed.records.sort_values(["condition", "sample_id"]).reset_index(drop=True).equals(
         records.sort_values(["condition", "sample_id"]).reset_index(drop=True))
+    with pytest.raises(AssertionError, match="must not generate again"):  # the guard fires where work is left
+        vqa_sweep(vlm, samples, heads, random_seeds=(0, 1), batch_size=2, run_dir=tmp_path / "fresh", progress=False)
 
 
 @pytest.mark.parametrize("family", ["llava", "qwen2_vl"])
