@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -244,3 +245,85 @@ def test_the_run_lock_is_reentrant_and_emptied_on_release(tmp_path: Path) -> Non
     assert not (tmp_path / "never").exists()
     del first
     assert (tmp_path / "run" / LOCK_FILE).read_text() == ""
+
+
+# ------------------------------------------------------------------ the box -> token rule's arithmetic
+def test_overlapping_spans_against_hand_computed_tilings() -> None:
+    from vrh_interp.core.families.base import overlapping_spans
+
+    assert overlapping_spans(0, 16, 2, 1, 10) == [0, 1]  # 2 px inside span 1: far above the rounding tolerance
+    assert overlapping_spans(10, 20, 2, 16, 20) == [1]  # the tiling starts at 10, not 0
+    assert overlapping_spans(0, 16, 2, 8, 12) == [1]  # touching span 0's edge is no overlap
+    assert overlapping_spans(0, 1, 0, 0, 1) == []  # no spans
+    assert overlapping_spans(0, 30, 3, 0, 30) == [0, 1, 2]
+    big = 1e6  # at a million pixels the tolerance is 1e-3: a 5e-4 sliver is float rounding, not overlap
+    assert overlapping_spans(big, big + 2, 2, big + 1 - 5e-4, big + 2) == [1]
+    assert overlapping_spans(big, big + 2, 2, big + 1 - 5e-3, big + 2) == [0, 1]
+
+
+def test_check_image_box_and_visual_blocks() -> None:
+    import torch
+
+    from vrh_interp.core.families.base import VisualBlock, check_image_box
+
+    box = Box(0, 0, 1, 1)
+    assert check_image_box(box, (1, 1)) is box
+    for size in [(0, 5), (5, 0), (-1, 5)]:
+        with pytest.raises(InvalidBoxError, match=re.escape(f"image size {size} is not positive")):
+            check_image_box(box, size)
+    block = VisualBlock("grid", [torch.tensor(3), 4], 1, 2, (0.0, 0.0, 10.0, 10.0))
+    assert block.positions == (3, 4) and all(type(p) is int for p in block.positions)
+    with pytest.raises(ValueError, match="block 'grid': 3 positions for a 1x2 grid"):
+        VisualBlock("grid", [1, 2, 3], 1, 2, (0.0, 0.0, 10.0, 10.0))
+
+
+def test_a_repeat_with_its_keys_in_another_order_is_the_same_record(tmp_path: Path) -> None:
+    log = _log(tmp_path, b'{"sample_id": "a", "x": 1}\n{"x": 1, "sample_id": "a"}\n')
+    assert log.read() == [{"sample_id": "a", "x": 1}]
+
+
+# ------------------------------------------------------------------ the JSONL reader: each refusal, exactly
+HELP = 'expected {"id": "a1", "image": "a.jpg", "expression": "the red cup", "box": [x1, y1, x2, y2]}'
+
+
+@pytest.mark.parametrize("row, reason", [
+    (b'{"id": "a", "id": "b", "image": "a.png", "expression": "x", "box": [1, 1, 9, 9]}',
+     "key 'id' is given twice in one object: keep one of them"),
+    (b'{"id": "a", "image": "a.png", "expression": "x", "box": [1, 1, 9, 9], "m": {"k": 1, "k": 1}}',
+     "key 'k' is given twice in one object: keep one of them"),
+    (b'{"id": "\xff"}', "not UTF-8 text (invalid start byte at byte 8): save the file as UTF-8"),
+    (b"[" * 100_000, "JSON nested too deeply"),
+    (b"[1]", f"a line must be one JSON object, got list; {HELP}"),
+    (b'{"id": "a"}', f"missing keys ['image', 'expression', 'box']: {HELP}"),
+    (b'{"id": true, "image": "a.png", "expression": "x", "box": [1, 1, 9, 9]}',
+     '"id" must be a non-empty string or an integer, got true'),
+    (b'{"id": "", "image": "a.png", "expression": "x", "box": [1, 1, 9, 9]}',
+     '"id" must be a non-empty string or an integer, got ""'),
+    (b'{"id": 1.5, "image": "a.png", "expression": "x", "box": [1, 1, 9, 9]}',
+     '"id" must be a non-empty string or an integer, got 1.5'),
+    (b'{"id": "a", "image": "a.png", "expression": "  ", "box": [1, 1, 9, 9]}',
+     f'"expression" must be a non-empty string, got "  "; {HELP}'),
+    (b'{"id": "a", "image": 7, "expression": "x", "box": [1, 1, 9, 9]}',
+     f'"image" must be a non-empty string, got 7; {HELP}'),
+    (b'{"id": "a", "image": "a.png", "expression": "' + b"y" * 100 + b'" , "box": [1, 1, 9, 9], "x": 1}', None),
+])
+def test_every_jsonl_refusal_names_the_line_and_the_reason(tmp_path: Path, row: bytes, reason: str | None) -> None:
+    from PIL import Image
+
+    from vrh_interp.data.datasets.errors import DatasetError
+    from vrh_interp.data.datasets.jsonl import load_jsonl
+
+    Image.new("RGB", (16, 16)).save(tmp_path / "a.png")
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b'\n{"id": 0, "image": "a.png", "expression": "the cup", "box": [1, 1, 9, 9]}\n' + row + b"\n")
+    if reason is None:  # a valid row: read as written, other keys in meta, ids as text
+        first, second = load_jsonl(path)
+        assert (first.sample_id, second.sample_id, second.expression) == ("0", "a", "y" * 100)
+        assert second.meta == {"row": f"{path} line 3", "x": 1} and second.image_size == (16, 16)
+        assert second.image_source.path == tmp_path / "a.png" and first.meta["row"] == f"{path} line 2"
+        return
+    with pytest.raises(DatasetError) as caught:
+        load_jsonl(path)
+    assert (caught.value.where, caught.value.reason) == (f"{path} line 3", reason)
+    skipped = load_jsonl(path, on_error="skip")
+    assert len(skipped) == 1 and [(s.where, s.reason) for s in skipped.skipped] == [(f"{path} line 3", reason)]
