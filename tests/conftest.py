@@ -50,9 +50,9 @@ def family(request: pytest.FixtureRequest) -> str:
 
 # Test tiers (markers in pyproject.toml), by file: `pytest -m unit` is the fast development loop, `pytest -m "not
 # e2e"` everything but whole programs; the README's `python -m pytest -q` runs all of them.
-E2E_FILES = {"test_cli.py", "test_cli_first_hour.py", "test_cli_hostile.py", "test_cli_parsing.py", "test_docs.py",
-             "test_ndif_server.py", "test_notebooks.py", "test_report_browser.py", "test_wheel.py", "test_lint.py",
-             "test_run_lock.py"}
+E2E_FILES = {"test_cli.py", "test_cli_first_hour.py", "test_cli_hostile.py", "test_cli_paths.py",
+             "test_cli_parsing.py", "test_docs.py", "test_ndif_server.py", "test_notebooks.py",
+             "test_report_browser.py", "test_wheel.py", "test_lint.py", "test_run_lock.py"}
 INTEGRATION_FILES = {"test_condition_batching.py", "test_cross_masking.py", "test_head_scan.py", "test_planted.py",
                      "test_resume.py", "test_shared_prefix.py", "test_toy_cd.py", "test_toy_models.py",
                      "test_toy_recipe.py", "test_set_statistics.py", "test_shards.py", "test_published.py",

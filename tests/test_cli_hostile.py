@@ -234,7 +234,7 @@ def test_a_folder_another_process_writes_is_refused_naming_it(tmp_path: Path,
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [LOCK_FILE]
 
 
-def test_a_read_only_run_folder_names_the_write_and_the_resume_command(tmp_path: Path,
+def test_a_read_only_run_folder_is_refused_before_any_work(tmp_path: Path,
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "run"
     out.mkdir()
@@ -250,8 +250,7 @@ def test_a_read_only_run_folder_names_the_write_and_the_resume_command(tmp_path:
         if immutable:
             subprocess.run(["chattr", "-i", str(out)], check=True)
         out.chmod(0o755)
-    assert_one_clear_error(code, err, f"cannot write {out / LOCK_FILE}", "make the folder writable",
-                           f"rerun the same command to resume it: vrh {' '.join(DETECT)} --out {out}")
+    assert_one_clear_error(code, err, f"--out '{out}': no permission to write in this folder", "make it writable")
     assert list(out.iterdir()) == []
 
 

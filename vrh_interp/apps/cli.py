@@ -168,7 +168,7 @@ def _head_spec(text: str) -> str:
 
 def _ks_spec(text: str) -> str:
     """argparse type: a k list (``0,1,5`` or ``0,1%,2.5%``), checked for syntax, kept as text."""
-    from vrh_interp.experiments.sweep import parse_ks
+    from vrh_interp.experiments.ks import parse_ks
 
     try:
         parse_ks(text, total_heads=1_000_000)
@@ -444,9 +444,15 @@ def cmd_design_space(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_manifest(path: Path) -> dict[str, Any]:
+    from vrh_interp.core.runs import read_manifest
+
+    return read_manifest(path)
+
+
 def _run_kind(folder: Path) -> str | None:
     manifest = folder / "manifest.json"
-    return json.loads(manifest.read_text(encoding="utf-8")).get("kind") if manifest.exists() else None
+    return _read_manifest(manifest).get("kind") if manifest.exists() else None
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
@@ -457,7 +463,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
         from vrh_interp.apps.reproduce import merge_reproduce_runs
 
         result = merge_reproduce_runs(out, shards)
-        _print_reproduce(result, json.loads((out / "manifest.json").read_text())["data"], args.json)
+        _print_reproduce(result, _read_manifest(out / "manifest.json")["data"], args.json)
         return 0
     if all((d / "design_space" / "manifest.json").exists() for d in shards):
         table = merge_design_space_runs(out, shards)
@@ -809,9 +815,80 @@ WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPE
 
 
 def _resume_hint(args: argparse.Namespace, argv: Sequence[str]) -> str:
-    if args.command not in RESUMABLE:
+    """Where the work done is kept and the command that resumes it; nothing when the run folder is not there (a
+    run that failed before its first result leaves none)."""
+    from vrh_interp.core.runs import LOCK_FILE
+
+    out = Path(args.out)
+    if args.command not in RESUMABLE or not out.is_dir() or not set(os.listdir(out)) - {LOCK_FILE}:
         return ""
     return f"; what is done is kept in {args.out}: rerun the same command to resume it: vrh {shlex.join(argv)}"
+
+
+def _path_options(args: argparse.Namespace) -> list[tuple[str, str, str]]:
+    """Every path the command was given, as (option, path or data spec, role): ``out`` a folder it writes,
+    ``file`` / ``folder`` one it reads, ``spec`` a --data-like spec (grounding), ``vqa`` a --vqa spec."""
+    command, found = args.command, []
+    if command in RESUMABLE:
+        found.append(("--out", args.out, "out"))
+    if command == "merge":
+        found += [("OUT", args.out, "out"), *(("SHARD_FOLDER", d, "folder") for d in args.shards)]
+    if command == "report":
+        found.append(("RUN", args.run, "folder"))
+    if getattr(args, "scores", None) is not None:
+        found.append(("--scores", args.scores, "file"))
+    if getattr(args, "data", None) is not None and command != "patch":
+        found.append(("--data", args.data, "spec"))
+    if getattr(args, "eval_data", None) is not None:
+        found.append(("--eval-data", args.eval_data, "spec"))
+    if getattr(args, "detect_data", None) is not None and args.ablation != "zero":  # read for mean/resample only
+        found.append(("--detect-data", args.detect_data, "spec"))
+    found += [("--vqa", spec, "vqa") for spec in getattr(args, "vqa", None) or ()]
+    return found
+
+
+def _check_inputs(args: argparse.Namespace) -> None:
+    """Everything that can be checked without a model, before anything heavy loads (a mistyped path fails in well
+    under a second, not after torch and the model): every path option (``core.paths``: empty, missing, a file
+    where a folder is needed and back, symlink loops, permissions), the paths in data specs, a model folder and
+    the device (``meta`` at once; CUDA's presence imports torch, still before the model loads)."""
+    from vrh_interp.core import paths
+    from vrh_interp.core.model_source import check_device, check_local_model
+    from vrh_interp.data.sources import check_paths
+
+    checks = {"out": paths.output_folder, "file": paths.input_file, "folder": paths.input_folder}
+    for option, path, role in _path_options(args):
+        if role in ("spec", "vqa"):
+            check_paths(path, option, vqa=role == "vqa")
+        else:
+            checks[role](path, option)
+    for option in ("model", "transfer_model"):
+        spec = getattr(args, option, None)
+        if spec is None or (option == "transfer_model" and spec in ("", "auto")) or spec.startswith(("toy:", "tiny:")):
+            continue
+        check_local_model(spec)
+    if getattr(args, "device", None) is not None:
+        check_device(args.device)
+
+
+def _option_of(filename: Any, args: argparse.Namespace) -> str:
+    """``" (--scores PATH)"``: the option whose path is ``filename`` or holds it, '' when none does."""
+    from vrh_interp.data.sources import parse_spec
+
+    if not filename:
+        return ""
+    target = os.path.abspath(os.fsdecode(filename))
+    for option, path, role in _path_options(args):
+        if role in ("spec", "vqa"):
+            parsed = parse_spec(path)
+            candidates = [*parsed.positional, *parsed.options.values()]
+        else:
+            candidates = [path]
+        for candidate in candidates:
+            if candidate.strip() and os.path.commonpath([target, os.path.abspath(candidate)]) == \
+                    os.path.abspath(candidate):
+                return f" ({option} {path})"
+    return ""
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -822,7 +899,7 @@ def _run(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     created = not out.exists()
-    lock = lock_run_folder(out)
+    lock = lock_run_folder(out)  # outside the try: a folder another run holds is never cleaned up by this one
     try:
         return int(args.func(args))
     finally:
@@ -849,6 +926,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with warnings.catch_warnings():  # a warning is one line too (e.g. scores of another model: a transfer)
             warnings.showwarning = lambda message, *_, **__: print(f"{name}: warning: {message}", file=sys.stderr)
+            _check_inputs(args)
             return _run(args)
     except KeyboardInterrupt:
         _close_progress_bars()
@@ -856,11 +934,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except OSError as error:
         _close_progress_bars()
+        option = _option_of(error.filename, args)
         if error.errno in WRITE_ERRNOS:
-            print(f"{name}: error: cannot write {error.filename or 'its output'} ({error.strerror}): free space, make "
-                  f"the folder writable or pick another --out{_resume_hint(args, argv)}", file=sys.stderr)
+            print(f"{name}: error: cannot write {error.filename or 'its output'}{option} ({error.strerror}): free "
+                  f"space, make the folder writable or pick another --out{_resume_hint(args, argv)}", file=sys.stderr)
+        elif error.strerror and error.filename:
+            print(f"{name}: error: {error.filename}{option}: {error.strerror}", file=sys.stderr)
         else:
-            print(f"{name}: error: {error}", file=sys.stderr)
+            print(f"{name}: error: {error}{option}", file=sys.stderr)
         return 2
     except (ValueError, RuntimeError) as error:
         _close_progress_bars()

@@ -13,7 +13,9 @@ meant. ``resolve_model_source`` decides up front:
   folder, is the hub reachable, should ``HF_HUB_OFFLINE`` be set. With ``HF_HUB_OFFLINE=1`` the hub is not
   asked at all.
 
-``check_device`` refuses a device this machine does not have (``cuda`` without CUDA) before any loading.
+``check_device`` refuses a device this machine does not have (``cuda`` without CUDA) or that cannot run a model
+(``meta``) before any loading. ``check_local_model`` is the file-system part alone (no hub, no torch): the CLI runs
+it before anything heavy loads.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ import contextlib
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
-import torch
+if TYPE_CHECKING:  # imported where used: the CLI checks specs and devices before torch loads
+    import torch
 
 HUB_TIMEOUT_S = 5.0  # one metadata request; a download that follows uses the hub library's own timeouts
 DEVICE_MAP_NAMES = ("auto", "balanced", "balanced_low_0", "sequential")
@@ -49,22 +52,9 @@ def _cached(repo_id: str, revision: str | None) -> bool:
 def resolve_model_source(spec: str, revision: str | None = None) -> dict[str, Any]:
     """Check ``spec`` (a local folder or a hub id); the extra ``from_pretrained`` keyword arguments it needs
     (``{"local_files_only": True}`` for a cached copy while the hub is unreachable or offline mode is set)."""
-    if not spec.strip():
-        raise ModelLoadError("the model spec is empty: pass a hub id (org/name), a local model folder, toy:NAME or "
-                             "tiny:FAMILY")
-    if "\x00" in spec:
-        raise ModelLoadError(f"model spec {spec!r} contains a NUL character: pass a hub id or a folder path")
-    path = Path(spec)
-    if path.exists():
-        if not path.is_dir():
-            raise ModelLoadError(f"model {spec!r} is a file, not a model folder: pass the folder save_pretrained "
-                                 "wrote (config.json, weights, processor files) or a hub id")
-        if not (path / "config.json").is_file():
-            raise ModelLoadError(f"model folder {spec!r} has no config.json: pass the folder save_pretrained wrote "
-                                 "(config.json, weights, processor files)")
+    if check_local_model(spec):
         return {}
-    if os.path.isabs(spec) or spec.startswith((".", "~")) or spec.count("/") > 1:
-        raise FileNotFoundError(f"model folder {spec!r} does not exist (pass a hub id or an existing folder)")
+    path = Path(spec)
     from huggingface_hub.errors import HFValidationError
     from huggingface_hub.utils import validate_repo_id
 
@@ -80,6 +70,37 @@ def resolve_model_source(spec: str, revision: str | None = None) -> dict[str, An
                              "local folder (check the path)? Otherwise download it on a machine with hub access "
                              "(hf download ID) into the same HF_HOME, or unset HF_HUB_OFFLINE")
     return _ask_hub(spec, revision, not_local)
+
+
+def check_local_model(spec: str) -> bool:
+    """True when ``spec`` is a local model folder, False when it can only be a hub id; ``ModelLoadError`` (or
+    ``FileNotFoundError`` for a missing path) when it is neither. File system only: no hub, no torch."""
+    if not spec.strip():
+        raise ModelLoadError("the model spec is empty: pass a hub id (org/name), a local model folder, toy:NAME or "
+                             "tiny:FAMILY")
+    if "\x00" in spec:
+        raise ModelLoadError(f"model spec {spec!r} contains a NUL character: pass a hub id or a folder path")
+    path = Path(spec)
+    try:
+        exists = os.stat(spec) is not None
+    except (FileNotFoundError, NotADirectoryError):
+        exists = False
+    except OSError as error:  # a symlink loop (ELOOP), a name too long: Path.exists() says False to these
+        raise ModelLoadError(f"model {spec!r}: cannot look it up ({error.strerror}): pass a model folder or a hub "
+                             "id") from None
+    if exists:
+        if not path.is_dir():
+            raise ModelLoadError(f"model {spec!r} is a file, not a model folder: pass the folder save_pretrained "
+                                 "wrote (config.json, weights, processor files) or a hub id")
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"model folder {spec!r} has no config.json: pass the folder save_pretrained wrote "
+                                 "(config.json, weights, processor files)")
+        return True
+    if os.path.islink(spec):
+        raise FileNotFoundError(f"model {spec!r} is a symlink to {os.readlink(spec)!r}, which does not exist")
+    if os.path.isabs(spec) or spec.startswith((".", "~")) or spec.count("/") > 1:
+        raise FileNotFoundError(f"model folder {spec!r} does not exist (pass a hub id or an existing folder)")
+    return False
 
 
 def _ask_hub(repo_id: str, revision: str | None, not_local: str) -> dict[str, Any]:
@@ -135,9 +156,15 @@ def loading_output(progress: bool) -> Iterator[None]:
 
 
 def check_device(device: Any) -> None:
-    """Refuse a device string this machine cannot use (``cuda`` without CUDA, ``cuda:3`` with 2 GPUs, ...)."""
+    """Refuse a device string this machine cannot use (``meta``, ``cuda`` without CUDA, ``cuda:3`` with 2 GPUs,
+    ...)."""
     if not isinstance(device, str) or device in DEVICE_MAP_NAMES:
         return  # None, a device_map dict, or accelerate's placement strategies
+    if device.split(":")[0].strip().lower() == "meta":  # checked before torch loads
+        raise ModelLoadError(f"device {device!r} cannot run a model: the meta device holds shapes, no weights, so "
+                             "every output would be empty. Use --device cpu, cuda or auto")
+    import torch
+
     try:
         parsed = torch.device(device)
     except (RuntimeError, TypeError):
@@ -159,6 +186,8 @@ def parse_dtype(name: str | None) -> torch.dtype | None:
     or ''; anything else (an unknown name, an integer or boolean type a model cannot run in) is refused."""
     if not name:
         return None
+    import torch
+
     dtype = getattr(torch, name, None) if isinstance(name, str) and name.isidentifier() else None
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ModelLoadError(f"unknown dtype {name!r}: use a floating-point torch dtype such as float32, float16 or "

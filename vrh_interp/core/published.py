@@ -46,9 +46,10 @@ import warnings
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
-import pandas as pd
+if TYPE_CHECKING:  # the tables import it: parsing a head spec (the CLI, before a model loads) does not
+    import pandas as pd
 
 from vrh_interp.core.heads import Head, HeadGeometry, HeadOutOfRangeError, HeadSet
 
@@ -272,6 +273,12 @@ def check_geometry(head_set: HeadSet, geometry: HeadGeometry) -> HeadSet:
     return head_set
 
 
+def _frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    import pandas as pd
+
+    return pd.DataFrame(rows)
+
+
 def catalog(*, per_head: bool = False) -> pd.DataFrame:
     """One row per published list (``model``, ``checkpoint``, ``backbone``, ``benchmark``, ``table``, ``layers``,
     ``heads_per_layer``, ``total_heads``, ``n_heads``, ``heads`` as ``L19H17,...``, ``spec``); with
@@ -287,7 +294,7 @@ def catalog(*, per_head: bool = False) -> pd.DataFrame:
                       "depth": h.layer / (src.model.num_layers - 1)} for rank, h in enumerate(head_set, 1)]
         else:
             rows.append({**base, "n_heads": len(head_set), "heads": str(head_set), "spec": src.spec})
-    return pd.DataFrame(rows)
+    return _frame(rows)
 
 
 # ----------------------------------------------------------------------------------------------- analyses
@@ -354,7 +361,7 @@ def same_backbone_overlap(top: int = 20) -> pd.DataFrame:
             rows.append({"pair": f"{first} / {second}", "backbone": model.backbone, "benchmark": bench.name,
                          "top": top, "total_heads": model.total_heads,
                          **overlap_row(a, b, model.num_layers, model.num_heads)})
-    return pd.DataFrame(rows)
+    return _frame(rows)
 
 
 def benchmark_stability(top: int = 20) -> pd.DataFrame:
@@ -366,7 +373,7 @@ def benchmark_stability(top: int = 20) -> pd.DataFrame:
             shared = len(a.intersection(b))
             rows.append({"model": model.name, "benchmark_a": first, "benchmark_b": second, "shared": shared,
                          "jaccard": shared / len(a.union(b))})
-    return pd.DataFrame(rows)
+    return _frame(rows)
 
 
 def stability_summary(top: int = 20) -> pd.DataFrame:
@@ -382,7 +389,7 @@ def stability_summary(top: int = 20) -> pd.DataFrame:
         jaccard = pairs.loc[pairs["model"] == model.name, "jaccard"]
         rows.append({"model": model.name, "core": len(core), "union": len(union), "jaccard_min": jaccard.min(),
                      "jaccard_mean": jaccard.mean(), "jaccard_max": jaccard.max(), "core_heads": str(core)})
-    return pd.DataFrame(rows)
+    return _frame(rows)
 
 
 def layer_histogram(*, pooled: bool = False) -> pd.DataFrame:
@@ -407,7 +414,7 @@ def depth_summary() -> pd.DataFrame:
                      "last_layer": int(part["layer"].max()), "depth_min": part["depth"].min(),
                      "depth_median": part["depth"].median(), "depth_max": part["depth"].max(),
                      "distinct_layers": int(part["layer"].nunique())})
-    return pd.DataFrame(rows)
+    return _frame(rows)
 
 
 def markdown_tables() -> str:

@@ -35,6 +35,8 @@ import weakref
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from vrh_interp.core import paths
+
 LOCK_FILE = "run.lock"
 # the unit each record log is keyed by (what a resumed run skips); other logs are keyed by their whole record
 RECORD_KEYS: dict[str, tuple[str, ...]] = {"detect_records": ("sample_id",),
@@ -52,6 +54,24 @@ class RunLockedError(RuntimeError):
 
 class RunRecordError(ValueError):
     """A record log holds an unreadable line (not the torn last one) or two different records of one unit."""
+
+
+class RunManifestError(ValueError):
+    """A run folder's ``manifest.json`` that cannot be read, or that describes another kind of run."""
+
+
+def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The JSON object in ``path`` (a run folder's manifest); ``RunManifestError`` naming the file when it is not
+    UTF-8 JSON holding an object (a manifest damaged by hand or by a copy cut short)."""
+    try:
+        config = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise RunManifestError(f"{path} is damaged ({type(error).__name__}: {error}): restore it from the run that "
+                               "wrote it, or start over in a new --out folder") from None
+    if not isinstance(config, dict):
+        raise RunManifestError(f"{path} is damaged: it holds {type(config).__name__}, not a JSON object; start over "
+                               "in a new --out folder")
+    return config
 
 
 class _FolderLock:
@@ -106,8 +126,9 @@ def _holder(path: Path) -> str:
 
 def lock_run_folder(path: str | os.PathLike[str]) -> Any:
     """Take ``path``'s run lock (creating the folder) for as long as the returned handle is referenced;
-    ``RunLockedError`` when another process holds it."""
-    folder = Path(path)
+    ``RunLockedError`` when another process holds it, ``paths.PathOptionError`` for a path that cannot be a run
+    folder (empty, a file, a symlink loop, unwritable)."""
+    folder = paths.output_folder(path, "run_dir")
     folder.mkdir(parents=True, exist_ok=True)
     return _FolderLock.acquire(folder)
 
@@ -246,12 +267,12 @@ class RunFolder:
     """A folder holding a manifest and record logs for one configuration."""
 
     def __init__(self, path: str | os.PathLike[str], config: Mapping[str, Any]) -> None:
+        self._lock = lock_run_folder(path)  # before reading anything: another writer would race us
         self.path = Path(path)
-        self._lock = lock_run_folder(self.path)  # before reading anything: another writer would race us
         self.config = json.loads(json.dumps(dict(config), default=str))
         manifest = self.path / "manifest.json"
         if manifest.exists():
-            previous = json.loads(manifest.read_text(encoding="utf-8"))
+            previous = read_manifest(manifest)
             differing = sorted(k for k in set(previous) | set(self.config) if previous.get(k) != self.config.get(k))
             if differing:
                 details = "; ".join(f"{k}: folder has {previous.get(k)!r}, this run has {self.config.get(k)!r}"
@@ -272,10 +293,11 @@ def whole_run_manifest(run_dir: Path, kind: str, what: str) -> dict[str, Any]:
     manifest = Path(run_dir) / "manifest.json"
     if not manifest.exists():
         raise FileNotFoundError(f"{run_dir} is not a run folder (no manifest.json)")
-    config = json.loads(manifest.read_text(encoding="utf-8"))
+    config = read_manifest(manifest)
     if config.get("kind") != kind:
-        raise ValueError(f"{run_dir} holds a {config.get('kind')!r} run, not {what}")
+        raise RunManifestError(f"{run_dir} holds a {config.get('kind')!r} run, not {what}")
     if "shard" in config:
-        raise ValueError(f"{run_dir} holds shard {config['shard']['index']}/{config['shard']['count']} only: merge "
-                         "all shards first (vrh merge OUT SHARD_FOLDERS...) and read the merged folder")
+        shard = config["shard"] if isinstance(config["shard"], dict) else {}
+        raise RunManifestError(f"{run_dir} holds shard {shard.get('index', '?')}/{shard.get('count', '?')} only: "
+                               "merge all shards first (vrh merge OUT SHARD_FOLDERS...) and read the merged folder")
     return config

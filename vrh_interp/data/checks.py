@@ -8,11 +8,12 @@ before any model time is spent.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol, Sequence
-
-from PIL import Image
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
 
 from vrh_interp.core.boxes import Box, InvalidBoxError
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 
 class GroundingSampleLike(Protocol):
@@ -25,6 +26,7 @@ class GroundingSampleLike(Protocol):
 # Longest referring expression accepted (characters). RefCOCOg's longest are a few hundred; the prompt of a
 # much longer one costs attention memory quadratic in its length (a 300k-character one asks for ~115 GB).
 MAX_EXPRESSION_CHARS = 2000
+DIFFICULTY_LEVELS: tuple[int, ...] = (0, 1, 2)  # the synthetic scenes' curriculum levels (scenes.make_scene)
 
 
 class InvalidSampleError(ValueError):

@@ -50,6 +50,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from vrh_interp.core.boxes import Box
+from vrh_interp.data.checks import DIFFICULTY_LEVELS
 from vrh_interp.data.datasets.images import LoadedImage
 from vrh_interp.data.datasets.samples import GroundingSample, VQASample
 
@@ -73,7 +74,6 @@ OBJECT_MARGIN_PX = 3
 MIN_ORDER_GAP_PX = 4
 
 Split = Literal["train", "detect", "eval"]
-DIFFICULTY_LEVELS: tuple[int, ...] = (0, 1, 2)  # the curriculum levels (make_scene)
 SPLIT_SEED_RANGES: dict[str, tuple[int, int]] = {
     "train": (0, 1_000_000_000),
     "detect": (1_000_000_000, 1_100_000_000),

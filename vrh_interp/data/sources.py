@@ -31,25 +31,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from vrh_interp.data.scenes import DIFFICULTY_LEVELS
-from vrh_interp.data.datasets.cvbench import load_cvbench
-from vrh_interp.data.datasets.countbench import load_countbench
-from vrh_interp.data.datasets.jsonl import load_jsonl as jsonl_samples
-from vrh_interp.data.datasets.jxu124_refcoco import load_jxu124_refcoco
-from vrh_interp.data.datasets.lmms_refcoco import load_lmms_refcoco
-from vrh_interp.data.datasets.mathvista import load_mathvista
-from vrh_interp.data.datasets.mmstar import load_mmstar
-from vrh_interp.data.datasets.refer import load_refer
-from vrh_interp.data.datasets.refspatial import load_refspatial
-from vrh_interp.data.datasets.samples import GroundingSample, SampleSet, VQASample
-from vrh_interp.data.datasets.spatial457 import load_spatial457
-from vrh_interp.data.datasets.spatialrgpt import load_spatialrgpt
-from vrh_interp.data.datasets.synthetic_vqa import synthetic_vqa
-from vrh_interp.data.datasets.toloka import load_toloka
-from vrh_interp.data.datasets.vaw import load_vaw
+from vrh_interp.core import paths
+from vrh_interp.data.checks import DIFFICULTY_LEVELS
 
+if TYPE_CHECKING:
+    from vrh_interp.data.datasets.samples import GroundingSample, SampleSet, VQASample
+
+# The loaders are imported by the kind that uses them (pyarrow, PIL and numpy cost ~0.5 s): parsing and checking a
+# spec, which the CLI does before anything heavy loads, imports none of them.
 COMMON_OPTIONS: tuple[str, ...] = ("on_error", "verify_images")
 SYNTHETIC_SPLITS: tuple[str, ...] = ("detect", "eval", "train")
 MAX_SYNTHETIC_SCENES = 100_000  # rendered while loading: ~1 ms each, so the largest spec loads in minutes
@@ -152,10 +143,14 @@ def _synthetic(spec: ParsedSpec) -> list[GroundingSample]:
 
 
 def _synthetic_vqa(spec: ParsedSpec) -> SampleSet[VQASample]:
+    from vrh_interp.data.datasets.synthetic_vqa import synthetic_vqa
+
     return synthetic_vqa(*_synthetic_args(spec))
 
 
 def _refer(spec: ParsedSpec) -> SampleSet:
+    from vrh_interp.data.datasets.refer import load_refer
+
     usage = f"{spec.kind}:ROOT[:SPLIT]"
     root, *split = spec.args(1, 2, usage)
     options = spec.checked_options(("per", "images", "split_by"), usage)
@@ -165,12 +160,16 @@ def _refer(spec: ParsedSpec) -> SampleSet:
 
 
 def _lmms(spec: ParsedSpec) -> SampleSet:
+    from vrh_interp.data.datasets.lmms_refcoco import load_lmms_refcoco
+
     usage = "lmms-refcoco:PARQUET_DIR_OR_FILE[:SPLIT]"
     path, *split = spec.args(1, 2, usage)
     return load_lmms_refcoco(path, split[0] if split else "val", **spec.checked_options(("per",), usage))
 
 
 def _jxu124(spec: ParsedSpec) -> SampleSet:
+    from vrh_interp.data.datasets.jxu124_refcoco import load_jxu124_refcoco
+
     usage = "jxu124-refcoco:PARQUET_DIR_OR_FILE[:SPLIT]:images=COCO_DIR"
     path, *split = spec.args(1, 2, usage)
     options = spec.checked_options(("images", "per"), usage, required=("images",))
@@ -178,21 +177,27 @@ def _jxu124(spec: ParsedSpec) -> SampleSet:
 
 
 def _toloka(spec: ParsedSpec) -> SampleSet:
+    from vrh_interp.data.datasets.toloka import load_toloka
+
     usage = "toloka:CSV:IMAGE_DIR"
     csv_path, image_dir = spec.args(2, 2, usage)
     return load_toloka(csv_path, image_dir, **spec.checked_options((), usage))
 
 
 def _refspatial(spec: ParsedSpec) -> SampleSet:
+    from vrh_interp.data.datasets.refspatial import load_refspatial
+
     usage = "refspatial:PATH[:SPLIT]"
     path, *split = spec.args(1, 2, usage)
     return load_refspatial(path, split[0] if split else "location", **spec.checked_options((), usage))
 
 
 def _jsonl(spec: ParsedSpec) -> SampleSet:
+    from vrh_interp.data.datasets.jsonl import load_jsonl
+
     usage = "jsonl:PATH"
     (path,) = spec.args(1, 1, usage)
-    return jsonl_samples(path, **spec.checked_options((), usage))
+    return load_jsonl(path, **spec.checked_options((), usage))
 
 
 GROUNDING_KINDS: Mapping[str, Callable[[ParsedSpec], Sequence[Any]]] = MappingProxyType({
@@ -225,11 +230,15 @@ def _comma_list(text: str) -> tuple[str, ...]:
     return parts
 
 
-def _vqa_loader(load: Callable[..., SampleSet[VQASample]], allowed: Sequence[str] = (), *,
+def _vqa_loader(module: str, allowed: Sequence[str] = (), *,
                 required: Sequence[str] = (), converters: Mapping[str, Callable[[str], Any]] | None = None
                 ) -> Callable[[ParsedSpec], SampleSet[VQASample]]:
-    """Spec -> ``load(PATH, **options)``; ``images=`` becomes ``image_dir=``, ``converters`` parse option text."""
+    """Spec -> ``vrh_interp.data.datasets.MODULE.load_MODULE(PATH, **options)`` (imported when used); ``images=``
+    becomes ``image_dir=``, ``converters`` parse option text."""
     def from_spec(spec: ParsedSpec) -> SampleSet[VQASample]:
+        import importlib
+
+        load = getattr(importlib.import_module(f"vrh_interp.data.datasets.{module}"), f"load_{module}")
         usage = f"{spec.kind}:PATH" + "".join(f":{r}=..." for r in required)
         (path,) = spec.args(1, 1, usage)
         options = spec.checked_options(allowed, usage, required=required)
@@ -246,14 +255,14 @@ def _vqa_loader(load: Callable[..., SampleSet[VQASample]], allowed: Sequence[str
 
 
 VQA_BENCHMARKS: Mapping[str, Callable[[ParsedSpec], SampleSet[VQASample]]] = MappingProxyType({
-    "cvbench": _vqa_loader(load_cvbench, ("part",)),
-    "mmstar": _vqa_loader(load_mmstar, ("split",)),
-    "countbench": _vqa_loader(load_countbench),
-    "mathvista": _vqa_loader(load_mathvista, ("subset",)),
-    "spatial457": _vqa_loader(load_spatial457, ("subset", "images")),
-    "spatialrgpt": _vqa_loader(load_spatialrgpt, ("images", "categories"), required=("images",),
+    "cvbench": _vqa_loader("cvbench", ("part",)),
+    "mmstar": _vqa_loader("mmstar", ("split",)),
+    "countbench": _vqa_loader("countbench"),
+    "mathvista": _vqa_loader("mathvista", ("subset",)),
+    "spatial457": _vqa_loader("spatial457", ("subset", "images")),
+    "spatialrgpt": _vqa_loader("spatialrgpt", ("images", "categories"), required=("images",),
                                converters={"categories": _comma_list}),
-    "vaw": _vqa_loader(load_vaw, ("images", "attribute_types", "seed"), required=("images",),
+    "vaw": _vqa_loader("vaw", ("images", "attribute_types", "seed"), required=("images",),
                        converters={"seed": int}),
     "synthetic": _synthetic_vqa,
 })
@@ -278,3 +287,40 @@ def check_spec(spec: str, *, vqa: bool = False) -> ParsedSpec:
     if parsed.kind == "synthetic":
         _synthetic_args(parsed)
     return parsed
+
+
+# the paths a spec names, checked up front by ``check_paths``: each positional part's role ("file", "folder",
+# "path": either; None: not a path), then the options that are folders. Synthetic specs name none.
+_PATH_ROLES: Mapping[str, tuple[tuple[str | None, ...], tuple[str, ...]]] = MappingProxyType({
+    "jsonl": (("file",), ()), "refcoco": (("folder", None), ("images",)), "refcoco+": (("folder", None), ("images",)),
+    "refcocog": (("folder", None), ("images",)), "lmms-refcoco": (("path", None), ()),
+    "jxu124-refcoco": (("path", None), ("images",)), "toloka": (("file", "folder"), ()),
+    "refspatial": (("path", None), ()), "synthetic": ((), ()),
+})
+_VQA_PATH_ROLES: tuple[tuple[str | None, ...], tuple[str, ...]] = (("path",), ("images",))
+_CHECKERS: Mapping[str, Callable[..., Any]] = MappingProxyType({
+    "file": paths.input_file, "folder": paths.input_folder, "path": paths.input_path})
+
+
+def check_paths(spec: str, option: str = "--data", *, vqa: bool = False) -> ParsedSpec:
+    """``check_spec``, then every path the spec names must exist and be readable, a file or a folder as its kind
+    needs (``paths.PathOptionError`` naming ``option``, the spec and the path). Only ``stat`` calls: nothing is
+    read, so the CLI runs it before the model loads."""
+    parsed = check_spec(spec, vqa=vqa)
+    if vqa and parsed.kind == "synthetic":
+        return parsed
+    positional, folder_options = _VQA_PATH_ROLES if vqa else _PATH_ROLES[parsed.kind]
+    if parsed.kind != "synthetic" and not sum(r is not None for r in positional) <= len(parsed.positional) \
+            <= len(positional):
+        raise DataSpecError(f"bad spec {spec!r}: {parsed.kind} takes {sum(r is not None for r in positional)}"
+                            f"{'' if None not in positional else ' or ' + str(len(positional))} ':'-separated "
+                            f"parts after {parsed.kind}:, got {len(parsed.positional)} (docs/datasets.md)")
+    label = f"{option} {spec}:"
+    for role, text in zip(positional, parsed.positional):
+        if role is not None:
+            _CHECKERS[role](text, label, "data file" if role == "file" else f"data {role}")
+    for name in folder_options:
+        if name in parsed.options:
+            paths.input_folder(parsed.options[name], f"{label} {name}=", "image folder")
+    return parsed
+

@@ -24,7 +24,6 @@ detection (``detect/``, identical in every shard) and its shard of the evaluatio
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -34,7 +33,7 @@ from typing import Any, Callable, Sequence
 import pandas as pd
 
 from vrh_interp.experiments.sweep import condition_order
-from vrh_interp.core.runs import RECORD_KEYS, RecordLog, RunFolder, check_not_running
+from vrh_interp.core.runs import RECORD_KEYS, RecordLog, RunFolder, check_not_running, read_manifest
 from vrh_interp.experiments.design_space import design_space_from_run
 from vrh_interp.scoring.detect import stats_from_run
 from vrh_interp.core.shards import Shard
@@ -70,7 +69,7 @@ def read_shard_folder(path: str | os.PathLike[str], kinds: Sequence[str] = tuple
     if not manifest.exists():
         raise ShardMergeError(f"{path} is not a run folder (no manifest.json): pass the --out folders of the "
                               "--shard runs")
-    config = json.loads(manifest.read_text(encoding="utf-8"))
+    config = read_manifest(manifest)
     entry = config.pop("shard", None)
     if entry is None:
         raise ShardMergeError(f"{path} is not a shard folder (its manifest has no 'shard' entry): pass the --out "
@@ -221,7 +220,7 @@ def merge_design_space_runs(out: str | os.PathLike[str],
         if not manifest.exists():
             raise ShardMergeError(f"{folder} has no detection run (detect/manifest.json): pass the --out folders "
                                   "of `vrh design-space --shard` runs")
-        manifests.append(json.loads(manifest.read_text(encoding="utf-8")))
+        manifests.append(read_manifest(manifest))
     for folder, manifest in zip(shard_dirs[1:], manifests[1:]):
         if manifest != manifests[0]:
             raise ShardMergeError(f"{shard_dirs[0]} and {folder} detected heads on different data or models: "

@@ -35,7 +35,6 @@ Scale-out. ``shard=Shard(i, n)`` grounds one shard's samples (``vrh_interp.core.
 from __future__ import annotations
 
 import json
-import math
 import os
 import warnings
 from dataclasses import dataclass
@@ -54,6 +53,8 @@ from vrh_interp.evaluation.grounding import encode_samples, ground_conditions
 from vrh_interp.evaluation.statistics import (QUANTILES, bootstrap_ci, empirical_p_value, mcnemar_exact,
                                               random_set_distribution, set_level_verdict, two_level_bootstrap_ci)
 from vrh_interp.core.heads import HeadGeometry, HeadSet
+from vrh_interp.core.limits import check_prompts_fit
+from vrh_interp.experiments.ks import KSpecError, parse_ks  # noqa: F401 - re-exported: sweep.parse_ks, KSpecError
 from vrh_interp.core.model import VLM, GroundingBatch
 from vrh_interp.core.provenance import library_versions, model_provenance
 from vrh_interp.core.published import PublishedHeadSet, check_geometry
@@ -129,45 +130,6 @@ def largest_usable_k(ranking: HeadSet, geometry: HeadGeometry, *, matched: bool 
             continue
         return k
     return 0
-
-
-class KSpecError(ValueError):
-    """A ``--ks`` list that cannot be read as head counts / percentages."""
-
-
-def parse_ks(text: str | Iterable[int | str], total_heads: int) -> list[int]:
-    """k values as head counts from counts and/or percentages of all heads: ``"0,1%,2.5%,5"``.
-
-    A percentage p of N heads becomes round(p / 100 * N) rounded half up (``floor(x + 0.5)``, not Python's
-    banker's rounding), but at least 1 for a positive percentage (a positive fraction never means "mask
-    nothing"); plain numbers are counts. Values that map to the same count are kept once; the result is
-    sorted. Percentages above 100, negative values and non-integer counts are errors.
-    """
-    items = [t.strip() for t in text.split(",")] if isinstance(text, str) else list(text)
-    if isinstance(text, str) and not any(items):
-        raise KSpecError(f"no k values in {text!r}: write head counts and/or percentages, e.g. 0,1,5 or 0,1%,2.5%")
-    counts = []
-    for item in items:
-        if isinstance(item, str) and item.endswith("%"):
-            try:
-                percent = float(item[:-1])
-            except ValueError:
-                raise KSpecError(f"k value {item!r} is not a percentage such as '2.5%'") from None
-            if not 0 <= percent <= 100:
-                raise KSpecError(f"k value {item!r} is not between 0% and 100% of the heads")
-            count = math.floor(percent / 100 * total_heads + 0.5)
-            counts.append(max(1, count) if percent > 0 else 0)
-        else:
-            try:
-                value = float(item)
-                int(value)  # inf: OverflowError, nan: ValueError
-            except (TypeError, ValueError, OverflowError):
-                raise KSpecError(f"k value {item!r} is neither a head count nor a percentage such as '2.5%'") from None
-            if value != int(value) or value < 0:
-                raise KSpecError(f"k value {item!r} is not a head count (a whole number >= 0); write fractions of "
-                                 "all heads as percentages, e.g. '2.5%'")
-            counts.append(int(value))
-    return sorted(set(counts))
 
 
 def sweep_conditions(ranking: HeadSet, geometry: HeadGeometry, ks: Sequence[int],
@@ -667,6 +629,7 @@ def run_conditions(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], condit
     nnsight is recorded in the manifest, so a run folder never mixes backends.
     """
     check_samples(eval_samples, minimum=1, what="evaluation samples")
+    check_prompts_fit(vlm, eval_samples, max_new_tokens)
     if not 0 < iou_threshold <= 1:
         raise ValueError("iou_threshold must be in (0, 1]")
     if batch_size < 1:

@@ -22,6 +22,7 @@ from vrh_interp.core.backends.select import get_backend
 from vrh_interp.core.model import VLM
 from vrh_interp.core.provenance import library_versions, model_provenance, now_utc, remote_provenance
 from vrh_interp.core.runs import RecordLog, RunFolder, whole_run_manifest, write_atomic
+from vrh_interp.core.limits import check_prompts_fit
 from vrh_interp.data.checks import GroundingSampleLike, check_samples
 from vrh_interp.scoring.aggregate import aggregate
 from vrh_interp.scoring.collect import SampleStats, batch_stats
@@ -105,6 +106,7 @@ def _detection_stats(runner: Backend, samples: Sequence[GroundingSampleLike], *,
     """``collect_detection_stats`` on a backend already built (``score_heads`` resolves its backend once)."""
     vlm = runner.vlm
     check_samples(samples, minimum=1, what="detection samples")
+    check_prompts_fit(vlm, samples, max_new_tokens)
     if batch_size < 1:
         raise ValueError("batch_size must be >= 1")
     config = shard_config({**detection_config(vlm, samples, output_source=output_source, max_new_tokens=max_new_tokens,

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
+import stat
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,13 +64,26 @@ def _named(data: ImageData) -> str:
     return "" if isinstance(data, bytes) else f" {data}"
 
 
+def _check_file(data: ImageData, where: str) -> None:
+    """An image path must be an existing file: a folder, a missing file or a symlink loop named as such."""
+    if not isinstance(data, Path):
+        return
+    try:
+        mode = os.stat(data).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        raise DatasetError(where, f"image file {data} does not exist") from None
+    except OSError as error:  # a symlink loop, a name too long (Path.is_file() says False to these)
+        raise DatasetError(where, f"image {data}: cannot look it up ({error.strerror})") from None
+    if stat.S_ISDIR(mode):
+        raise DatasetError(where, f"image {data} is a folder, not an image file")
+
+
 UNREADABLE = (UnidentifiedImageError, OSError, SyntaxError, ValueError)
 
 
 def decode_image(data: ImageData, where: str) -> Image.Image:
     """Fully decoded RGB image from bytes or a file; DatasetError if missing, unreadable or truncated."""
-    if isinstance(data, Path) and not data.is_file():
-        raise DatasetError(where, f"image file {data} does not exist")
+    _check_file(data, where)
     with _opened(data, where, "cannot decode image") as handle:
         handle.load()
         return handle.convert("RGB")
@@ -78,8 +93,7 @@ def probe_size(data: ImageData, where: str, *, full_decode: bool = False) -> tup
     """(width, height) from the image header; ``full_decode`` also decodes the pixels (catches truncation)."""
     if full_decode:
         return decode_image(data, where).size
-    if isinstance(data, Path) and not data.is_file():
-        raise DatasetError(where, f"image file {data} does not exist")
+    _check_file(data, where)
     with _opened(data, where, "not a readable image") as handle:
         return handle.size
 

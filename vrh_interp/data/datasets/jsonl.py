@@ -7,7 +7,8 @@ Relative image paths resolve against the JSONL file's folder. Blank lines are ig
 
 Rows are read strictly, so nothing is silently reinterpreted: ``id`` is a string or an integer, ``image`` and
 ``expression`` non-empty strings (an ``"expression": null`` is an error, not the text "None"), the box four
-numbers (``true`` is not 1, ``"12"`` is not 12) and an unknown ``box_format`` an error. Limits (docs/datasets.md):
+numbers (``true`` is not 1, ``"12"`` is not 12), an unknown ``box_format`` an error, and so is a key given twice
+in one object (plain JSON keeps the last one). Limits (docs/datasets.md):
 expressions of at most ``vrh_interp.data.checks.MAX_EXPRESSION_CHARS`` characters, images of at most
 ``images.MAX_IMAGE_PIXELS`` pixels, coordinates of at most ``boxes.MAX_COORDINATE``.
 """
@@ -34,10 +35,22 @@ def _text(row: dict[str, Any], key: str, where: str) -> str:
     return value
 
 
+def _unique_keys(where: str) -> Any:
+    """A ``json.loads`` object hook that refuses a key given twice (json keeps the last one, silently)."""
+    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        row: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in row:
+                raise DatasetError(where, f"key {key!r} is given twice in one object: keep one of them")
+            row[key] = value
+        return row
+    return hook
+
+
 def _row(line: bytes, where: str) -> dict[str, Any]:
     """One line as a JSON object with the required keys (DatasetError naming the problem otherwise)."""
     try:
-        row = json.loads(line.decode("utf-8"))
+        row = json.loads(line.decode("utf-8"), object_pairs_hook=_unique_keys(where))
     except UnicodeDecodeError as error:
         raise DatasetError(where, f"not UTF-8 text ({error.reason} at byte {error.start}): save the file as UTF-8")
     except RecursionError:

@@ -119,7 +119,8 @@ def finish(samples: Sequence[SampleT], errors: RowErrors, *, source: str,
         ids.add(sample.sample_id)
         kept.append(sample)
     if not kept:
-        detail = f" ({len(errors.skipped)} rows skipped, first: {errors.skipped[0].where}: " \
-                 f"{errors.skipped[0].reason})" if errors.skipped else ""
-        raise DatasetError(source, f"no samples for {dict(selection)}{detail}")
+        detail = f"{len(errors.skipped)} rows skipped, first: {errors.skipped[0].where}: " \
+                 f"{errors.skipped[0].reason}" if errors.skipped else ""
+        which = f" for {dict(selection)}" if selection else ""
+        raise DatasetError(source, f"no samples{which} ({detail or 'it holds no rows'})")
     return SampleSet(tuple(kept), source, dict(selection), tuple(errors.skipped))

@@ -1,0 +1,46 @@
+"""``--ks``: k values as head counts and/or percentages of all heads (``"0,1%,2.5%,5"``), parsed without torch (the
+CLI checks the syntax before a model loads; ``experiments.sweep`` re-exports both names)."""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+
+class KSpecError(ValueError):
+    """A ``--ks`` list that cannot be read as head counts / percentages."""
+
+
+def parse_ks(text: str | Iterable[int | str], total_heads: int) -> list[int]:
+    """k values as head counts from counts and/or percentages of all heads: ``"0,1%,2.5%,5"``.
+
+    A percentage p of N heads becomes round(p / 100 * N) rounded half up (``floor(x + 0.5)``, not Python's
+    banker's rounding), but at least 1 for a positive percentage (a positive fraction never means "mask
+    nothing"); plain numbers are counts. Values that map to the same count are kept once; the result is
+    sorted. Percentages above 100, negative values and non-integer counts are errors.
+    """
+    items = [t.strip() for t in text.split(",")] if isinstance(text, str) else list(text)
+    if isinstance(text, str) and not any(items):
+        raise KSpecError(f"no k values in {text!r}: write head counts and/or percentages, e.g. 0,1,5 or 0,1%,2.5%")
+    counts = []
+    for item in items:
+        if isinstance(item, str) and item.endswith("%"):
+            try:
+                percent = float(item[:-1])
+            except ValueError:
+                raise KSpecError(f"k value {item!r} is not a percentage such as '2.5%'") from None
+            if not 0 <= percent <= 100:
+                raise KSpecError(f"k value {item!r} is not between 0% and 100% of the heads")
+            count = math.floor(percent / 100 * total_heads + 0.5)
+            counts.append(max(1, count) if percent > 0 else 0)
+        else:
+            try:
+                value = float(item)
+                int(value)  # inf: OverflowError, nan: ValueError
+            except (TypeError, ValueError, OverflowError):
+                raise KSpecError(f"k value {item!r} is neither a head count nor a percentage such as '2.5%'") from None
+            if value != int(value) or value < 0:
+                raise KSpecError(f"k value {item!r} is not a head count (a whole number >= 0); write fractions of "
+                                 "all heads as percentages, e.g. '2.5%'")
+            counts.append(int(value))
+    return sorted(set(counts))
