@@ -1,6 +1,7 @@
 """Regenerate docs/results/verdict-stability.md: does the claims table depend on the seed or on a time cap?
 
-    python docs/_generate_stability.py [--models c,a] [--seeds 1,2,3,4,5] [--budgets 180,540] [--out runs/stability]
+    python docs/_generate_stability.py [--models c,a] [--seeds 1,2,3,4,5] [--budgets 180,540] [--budget-models c,a]
+        [--no-full] [--out runs/stability]
 
 For each organism, the default ``vrh demo`` (fixed sizes) with every seed, and with seed 0 capped by each
 ``--budget-seconds``, then the full-size run (``FULL``: 3.8x the evaluation items, 2x the control sets), each
@@ -58,11 +59,23 @@ def table(model: str, runs: dict[str, dict]) -> tuple[pd.DataFrame, list[str]]:
     return frame, notes
 
 
+def agreement(frame: pd.DataFrame, labels: list[str]) -> str:
+    """One line: how many claims read the same in every run, and which differ (and how)."""
+    differ = [f"{row['claim']} ({', '.join(f'{label}: {row[label]}' for label in labels)})"
+              for _, row in frame.iterrows() if len({row[label] for label in labels}) > 1]
+    opposite = [row["claim"] for _, row in frame.iterrows()
+                if {"holds", "does not hold"} <= {row[label] for label in labels}]
+    return (f"Same verdict in every run: {len(frame) - len(differ)} of {len(frame)} claims; opposite decisive "
+            f"verdicts (holds in one run, does not hold in another): {len(opposite)}"
+            + (f". Differing: {'; '.join(differ)}." if differ else "."))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--models", default="c,a")
     parser.add_argument("--seeds", default="1,2,3,4,5")
     parser.add_argument("--budgets", default="180,540")
+    parser.add_argument("--budget-models", default=None, help="the models the capped runs are made for (default all)")
     parser.add_argument("--no-full", action="store_true", help="leave out the full-size run")
     parser.add_argument("--out", type=Path, default=Path("runs/stability"))
     args = parser.parse_args()
@@ -78,7 +91,8 @@ def main() -> None:
         runs = {}
         for seed in [int(s) for s in args.seeds.split(",") if s]:
             runs[f"seed {seed}"] = run(args.out / f"{model}-seed{seed}", model, ["--seed", str(seed)])
-        for budget in [b for b in args.budgets.split(",") if b]:
+        capped = args.budget_models is None or model in args.budget_models.split(",")
+        for budget in [b for b in args.budgets.split(",") if b and capped]:
             runs[f"cap {budget} s"] = run(args.out / f"{model}-cap{budget}", model, ["--budget-seconds", budget])
         if not args.no_full:
             runs["full size"] = run(args.out / f"{model}-full", model, FULL)
@@ -90,7 +104,8 @@ def main() -> None:
         lines += [f"## toy {model.upper()} (transfer partner toy {TRANSFER[model].upper()})", "",
                   f"Head census: {census['live']} of {census['heads']} heads live ({census['inert_by_norm']} inert by "
                   f"output norm, {census['inert_by_effect']} by single-head effect).", "",
-                  shown.to_markdown(index=False), "", "Seconds per run on this machine: " + "; ".join(notes) + ".", ""]
+                  shown.to_markdown(index=False), "", "Seconds per run on this machine: " + "; ".join(notes) + ".", "",
+                  agreement(frame, list(runs)), ""]
     page = HERE / "results" / "verdict-stability.md"
     page.write_text("\n".join(lines))
     print(page)
