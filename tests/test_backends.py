@@ -200,7 +200,7 @@ def test_demo_on_transformer_lens_equals_the_nnsight_demo(tmp_path, capsys):
     capsys.readouterr()
     got = _demo(tmp_path / "lens", "--backend", "transformer-lens")
     printed = " ".join(capsys.readouterr().out.split())
-    assert "backend transformer-lens: calibration" in printed and "on nnsight: 4 mean / resample" in printed
+    assert "backend transformer-lens: 1 positive control" in printed and "on nnsight: 2 the head census" in printed
     assert got["backend"] == "transformer-lens" and want["backend"] == "nnsight" and got["backend_steps"]
     scores = [json.loads((tmp_path / run / "scores-vrh.json").read_text())["scores"] for run in ("nnsight", "lens")]
     assert np.abs(np.array(scores[0]) - np.array(scores[1])).max() <= STATS_ATOL
@@ -273,9 +273,11 @@ def test_refusals_come_before_any_work_in_one_line(tmp_path, capsys, monkeypatch
     sweep = ["sweep", "--model", "toy:a", "--vrhs", "L0H0", "--data", "synthetic:eval:2", "--backend",
              "transformer-lens"]
     patch = ["patch", "--model", "toy:a", "--backend", "transformer-lens"]
+    scores = tmp_path / "s.json"  # it exists: the path checks (which come first) pass, the backend is refused next
+    scores.write_text("{}")
     for argv, words in ((sweep + ["--ablation", "mean"], "zero ablation only, not mean"),
                         (sweep + ["--ablation", "resample"], "zero ablation only, not resample"),
-                        (["scan", "--model", "toy:a", "--scores", "s.json", "--ablation", "mean", "--backend",
+                        (["scan", "--model", "toy:a", "--scores", str(scores), "--ablation", "mean", "--backend",
                           "transformer-lens"], "zero ablation only, not mean"),
                         (patch, "does not run activation patching")):
         out = tmp_path / "-".join(argv[:1] + argv[-2:])

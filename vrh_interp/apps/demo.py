@@ -59,6 +59,13 @@ SEED_STRIDE = 1000  # --seed s draws control sets with seeds s*1000 .. s*1000 + 
 ANSWERS_VQA_MARGIN = 0.1  # a VQA kind counts as answered when the unmasked model beats the majority answer by this
 SCAN_ALL_HEADS, SCAN_SAMPLED_HEADS = 48, 32
 CONTROL_DETECT_SCENES = 20
+# with --backend transformer-lens: what runs on it, and what stays on nnsight and why (printed, and in demo.json)
+BACKEND_STEPS = {
+    "transformer-lens": "1 positive control, 2 detection, 3 k-sweep, 4 zero ablation, 5 single-head scan, "
+                        "6 design space",
+    "nnsight": "2 the head census, 4 mean / resample ablation (the bridge refuses them), 8 transfer (TransformerLens "
+               "4.3 has no InternVL adapter), 9 VQA and 10 overlays (not routed through the backend seam yet)",
+}
 CLAIM_STEPS = {"positive_control": 1, "causal": 3, "causal_curve": 3, "specific": 3, "ablation_kinds": 4,
                "score_damage": 5, "design_space": 6, "sparse": 7, "stable": 7, "shared": 8, "vqa": 9}
 
@@ -316,6 +323,10 @@ def run_demo(*, model_spec: str | None = None, out: Path = Path("runs/demo"), de
         outcome = positive_control_step(out, device, batch_size, sizes.control_scenes, backend=backend)
     vlm = _load(model_spec, device, dtype)
     runner = get_backend(backend, vlm)
+    if backend != "nnsight":
+        print(textwrap.fill(f"backend {backend}: {BACKEND_STEPS.get(backend, 'every step')}; on nnsight: "
+                            f"{BACKEND_STEPS['nnsight']}", TERMINAL_WIDTH, initial_indent="      ",
+                            subsequent_indent="      "), flush=True)
     geometry = vlm.geometry
     detect = synthetic_samples("detect", sizes.detect_scenes)
     evals = evaluation_items(sizes.eval_scenes)
@@ -446,7 +457,8 @@ def run_demo(*, model_spec: str | None = None, out: Path = Path("runs/demo"), de
     elapsed = time.perf_counter() - started
     (out / "demo.json").write_text(json.dumps({
         "model": model_spec, "transfer_model": transfer_model if transfer_ready else None, "model_choice": why,
-        "backend": backend, "seconds": elapsed, "budget_seconds": budget, "seed": seed, "k_star": k_star, "ks": ks,
+        "backend": backend, "backend_steps": dict(BACKEND_STEPS) if backend != "nnsight" else None,
+        "seconds": elapsed, "budget_seconds": budget, "seed": seed, "k_star": k_star, "ks": ks,
         "sizes": dataclasses.asdict(sizes), "evaluation_items": len(evals), "census": pool.summary(),
         "steps": timing.to_dict(orient="records"), "top_heads": scores.top(k_star).to_list(),
         "positive_control": outcome, "verdicts": table.to_dict(orient="records")}, indent=2, default=str))
