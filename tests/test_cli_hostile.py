@@ -386,4 +386,10 @@ def test_every_module_the_library_imports_is_a_core_dependency() -> None:
                 dists = {d.lower().replace("_", "-") for d in providers.get(top, [top])}
                 if not dists & installed:
                     missing.setdefault(top, set()).add(str(path.relative_to(ROOT)))
+    # optional extras: imported only by the module that needs them, which refuses in one line naming the extra
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    optional = {"transformer_lens": "tl", "ray": "ray"}
+    for top, extra in optional.items():
+        assert any(Requirement(r).name.replace("-", "_") == top for r in extras[extra]), (top, extra)
+        missing.pop(top, None)
     assert not missing, f"imported but not installed with vrh-interp's core dependencies: {missing}"

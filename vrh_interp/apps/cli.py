@@ -247,9 +247,11 @@ def _print_sweep(result: Any, as_json: bool, out: str | Path) -> None:
         return
     _print_table(compact_sweep_table(summary), "k-sweep: top-k heads vs control head sets "
                                                "(control rows: their sets' distribution)")
-    print("\nVerdict (evaluation.claims: HOLDS = control sets' accuracy minus top-k's significantly > 0 and >= 0.05; "
-          f"DOES NOT HOLD = bounded below 0.05; else INCONCLUSIVE; Holm over the k values; >= {MIN_INFORMATIVE} "
-          "informative items for either decision):")
+    import textwrap
+
+    print("\n" + textwrap.fill("Verdict (evaluation.claims: HOLDS = control sets' accuracy minus top-k's significantly "
+                               f"> 0 and >= 0.05; DOES NOT HOLD = bounded below 0.05; else INCONCLUSIVE; Holm over the "
+                               f"k values; >= {MIN_INFORMATIVE} informative items for either decision):", 100))
     _print_bullets(verdict_lines(result))
     print(f"\nfull table (per-set rows, failure decomposition):\n  {Path(out) / 'sweep_summary.csv'}")
 
@@ -611,8 +613,9 @@ START_HERE = """start here (a shipped toy whose retrieval heads are known; CPU, 
       --data synthetic:eval:20 --ks 0,3 --out runs/first-sweep
   vrh report runs/first-sweep
 then the same on your own model: --model Qwen/Qwen2.5-VL-3B-Instruct (a hub id) or a folder,
---data jsonl:PATH or refcoco:ROOT (docs/datasets.md). The whole pipeline at fixed sizes (no clock in any verdict; \
-~17 minutes on a busy 2-core machine): vrh demo"""
+--data jsonl:PATH or refcoco:ROOT (docs/datasets.md).
+The whole pipeline at fixed sizes (no clock in any verdict; ~17 minutes on a busy 2-core
+machine): vrh demo"""
 
 
 def build_parser() -> argparse.ArgumentParser:

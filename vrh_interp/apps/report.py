@@ -197,7 +197,7 @@ def sweep_result(run: Path) -> Any:
     from vrh_interp.experiments.sweep import sweep_from_run
 
     for folder in (Path(run) / "sweep", Path(run)):
-        if (folder / "manifest.json").exists() and (folder / "records.jsonl").exists():
+        if (folder / "manifest.json").exists() and (folder / "sweep_records.jsonl").exists():
             try:
                 return sweep_from_run(folder)
             except (ValueError, KeyError):

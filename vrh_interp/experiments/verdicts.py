@@ -270,7 +270,7 @@ def sweep_claims(result: Any, *, seed: int = 0) -> pd.DataFrame:
         found = causal_evidence(result.records, result.conditions, k, kinds=kinds,
                                 iou_threshold=result.iou_threshold, seed=seed) if kinds else None
         key = f"causal:k={k}"
-        specs[key] = replace(CLAIMS["causal"], id=key, claim=f"k={k}: masking the top-{k} hurts more than the "
+        specs[key] = replace(CLAIMS["causal"], id=key, claim=f"k={k}: the top-{k} masked hurts more than the "
                                                             f"{', '.join(kinds) or 'no'} control sets")
         evidence[key] = found
     return judge(evidence, specs=specs)
