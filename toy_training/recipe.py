@@ -110,7 +110,12 @@ RECIPES: dict[str, tuple[RecipeStage, ...]] = {
     # ancestry exactly as A and B do (B's backbone was fine-tuned from A's first stage). Putting B's vision stack
     # on C's text-pre-trained backbone was tried first and failed: after 200 steps D boxed no object (0.9 %)
     # and parsed 72 % of its answers (docs/toy-models.md)
-    "c": (_CD_TEXT, RecipeStage("c", "c", "warm", dict(seed=1), "held_out")),
+    # 0.3 (issue 31): the 0.2 C's 96 inert heads revived (toy_training.grow.revive: function-preserving splits in the
+    # donor layers, scaled-up heads in the inserted ones), then 500 more steps with more head dropout, in fp32
+    # (bf16 autocast is ~6x slower on CPUs without native bf16)
+    "c": (_CD_TEXT, RecipeStage("c", "c", "warm", dict(seed=1)),
+          RecipeStage("c-revive", "c", "warm", dict(seed=0, grounding_steps=500, eval_every=100, bf16=False,
+                                                    head_dropout=0.15, revive_floor=0.25), "held_out")),
     "d": (RecipeStage("d", "d", "scratch", dict(seed=2, grounding_steps=400), "held_out"),),
 }
 
