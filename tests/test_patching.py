@@ -344,7 +344,7 @@ def test_value_position_patch_equals_eager_reference():
     base = baseline(vlm, pairs)
     got = frame.set_index("region").loc["clean_referent", "recovery"]
     want = float(np.mean(expected - base.corrupted) / np.mean(base.clean - base.corrupted))
-    assert got == pytest.approx(want, abs=1e-4)
+    assert got == pytest.approx(want, abs=5e-4)  # 5e-4: 2.3e-4 measured on an AVX2-only CPU
 
 
 def test_key_position_patch_equals_a_two_pass_hook_reference():
@@ -401,8 +401,9 @@ def test_visual_positions_cannot_matter_in_expression_swaps():
     frame = position_patching(vlm, pairs, [Head(1, 0)], regions=["clean_referent", "background", "text"])
     by_region = frame.set_index("region")["recovery"]
     # 0 up to the recomputation's float32 rounding (the head output is recomputed outside the sdpa kernel)
-    assert by_region["clean_referent"] == pytest.approx(0.0, abs=5e-5)
-    assert by_region["background"] == pytest.approx(0.0, abs=5e-5)
+    # 5e-4: 1.8e-4 measured on an AVX2-only CPU (no avx512; the landed 0.2 code alike); a leak is of order 1e-2
+    assert by_region["clean_referent"] == pytest.approx(0.0, abs=5e-4)
+    assert by_region["background"] == pytest.approx(0.0, abs=5e-4)
     assert abs(by_region["text"]) > 1e-4  # the expression differs, so text keys/values do matter
 
 

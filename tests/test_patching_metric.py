@@ -127,11 +127,12 @@ def test_patched_coordinates_equal_hooks_and_their_shares_sum_to_the_recovery():
     patched = _reference_parts(vlm, pairs, encoding, 1, "llava", {h.layer: edit_for(h) for h in heads})
     gap = (base.clean_parts - base.corrupted_parts).mean(axis=0)
     gain = (patched - base.corrupted_parts).mean(axis=0)
-    assert result["recovery"] == pytest.approx(gain.sum() / gap.sum(), abs=1e-4)
+    # 5e-4: 1.7e-4 measured on an AVX2-only CPU (no avx512; the landed 0.2 code alike)
+    assert result["recovery"] == pytest.approx(gain.sum() / gap.sum(), abs=5e-4)
     for g, name in enumerate(GROUPS):
-        assert result[f"share_{name}"] == pytest.approx(gain[g] / gap.sum(), abs=1e-4)
+        assert result[f"share_{name}"] == pytest.approx(gain[g] / gap.sum(), abs=5e-4)
         # the group's own recovery: its gain over its own gap (compared as a product: some gaps are small)
-        assert result[f"recovery_{name}"] * gap[g] == pytest.approx(gain[g], abs=1e-4 * float(abs(gap.sum())))
+        assert result[f"recovery_{name}"] * gap[g] == pytest.approx(gain[g], abs=5e-4 * float(abs(gap.sum())))
     assert sum(result[f"share_{name}"] for name in GROUPS) == pytest.approx(result["recovery"], abs=1e-9)
 
 
