@@ -62,7 +62,9 @@ PROBE_DIR_ENV = "VRH_NDIF_PROBE_DIR"
 SERVER_REQUIREMENTS: tuple[tuple[str, ...], ...] = (
     ("torch==2.13.0",),
     ("transformers==5.24.0", "nnsight==0.8.1", "pillow", "moto[server]"),
-    ("--ignore-requires-python", "ndif[api,ray]==0.1.2"),
+    # ray pinned: Ray 2.60 (resolved unpinned on 2026-12-02) turns on token authentication by default and the
+    # controller then fails to reach the GCS ("InvalidAuthToken"); 2.49.2 predates that
+    ("--ignore-requires-python", "ndif[api,ray]==0.1.2", "ray==2.49.2"),
 )
 _SERVER_IMPORTS = ("ndif", "ray", "moto", "nnsight", "transformers", "torch", "gunicorn", "PIL")
 
