@@ -62,6 +62,7 @@ def single_head_effects(vlm: VLM, samples: Sequence, *, max_new_tokens: int = 24
     for i, n in enumerate(lengths):
         mask[i, :n] = 1.0
     base = torch.log_softmax(run_forward(vlm, encoding).logits[:, start:start + width].float(), dim=-1)
+    base_p = base.exp()  # once, not per head
     heads = list(geometry.all_heads())
     effects = np.zeros(len(heads))
     for first in range(0, len(heads), heads_per_pass):
@@ -71,7 +72,7 @@ def single_head_effects(vlm: VLM, samples: Sequence, *, max_new_tokens: int = 24
         logits = run_forward(vlm, replicate_encoding(encoding, len(chunk)), [template]).logits
         masked = torch.log_softmax(logits[:, start:start + width].float(), dim=-1).split(rows, dim=0)
         for j, part in enumerate(masked):
-            kl = (base.exp() * (base - part)).sum(-1)  # [rows, width]
+            kl = (base_p * (base - part)).sum(-1)  # [rows, width]
             effects[first + j] = float((kl * mask).sum() / mask.sum())
     return effects.reshape(geometry.num_layers, geometry.num_heads)
 
