@@ -3,7 +3,7 @@
 A real run folder is made by ``vrh demo`` on the shipped toy model A (transfer partner: toy A itself, so
 the cross-masking section is present with the same backbone grid; the positive control on toy:planted
 where its checkpoint is shipped), then ``vrh report`` writes the page. In the browser: the page loads and
-leads with the positive control (when run) and the figures, every figure decodes to a non-empty image of
+leads with the positive control line (when run), the two claims tables and the figures, every figure decodes to a non-empty image of
 the PNG's size, the figure count, order and captions are the ones the folder's artifacts call for, every
 table sits in a collapsible block and every cell shows the value of its CSV. The browser pieces are Debian's ``chromium`` and ``chromium-driver`` (``.ci/run`` installs them when
 it runs as root) and the ``selenium`` package (``test`` extra); without them the test skips, saying which.
@@ -126,24 +126,40 @@ def test_page_loads_with_every_figure_decoded(report_page):
     assert all(f"(figures/{''.join(c if c.isalnum() else '_' for c in name)}.png)" in markdown for name in expected)
 
 
-def test_page_leads_with_the_positive_control_then_figures(report_page):
+def test_page_leads_with_the_positive_control_then_the_claims(report_page):
     run, browser = report_page
-    headings = [h.text for h in browser.find_elements("tag name", "h2")]
     ran = (run / "positive_control" / "positive_control.json").exists()
-    assert headings == (["Positive control: the pipeline on a model whose retrieval heads are known"] if ran else []) \
-        + ["Verdict: top-k heads vs random head sets", "Figures", "Tables"]
+    # the first thing on the page after the title: the positive control's one line (when it ran), then the two
+    # claims tables with a verdict badge a row, then the figures, then the tables
+    first = browser.find_element("css selector", "h1 + *")
     if ran:
-        section = browser.find_element("id", "positive-control")
+        assert first.get_attribute("id") == "positive-control"
+        assert first.text.startswith("Positive control (toy:planted): ")
+    headings = [h.text for h in browser.find_elements("tag name", "h2")]
+    assert headings == ["The paper's claims", "Checks of the method", "Figures", "Tables"]
+    claims = pd.read_csv(run / "verdicts.csv")
+    for table, part in zip(browser.find_elements("css selector", "table.claims"), ("paper", "method")):
+        rows = [[c.text for c in r.find_elements("tag name", "td")] for r in table.find_elements("tag name", "tr")[1:]]
+        expected = claims[claims["table"] == part]
+        assert [row[0] for row in rows] == expected["verdict"].tolist()
+        assert [row[1] for row in rows] == expected["claim"].tolist()
+        assert all(row[0] in ("holds", "does not hold", "inconclusive", "not measured") for row in rows)
+    # every table below is collapsible and starts closed: the answer is above
+    summaries = browser.execute_script(
+        "return [...document.querySelectorAll('details')].map(d => [d.querySelector('summary').textContent, d.open])")
+    assert summaries and not any(opened for _, opened in summaries)
+    if ran:
+        assert summaries[0][0] == "Positive control: details"
+        section = browser.find_elements("tag name", "details")[0]
+        browser.execute_script("arguments[0].open = true", section)
         assert "toy:planted" in section.text and section.find_elements("tag name", "table")
-    # every table is collapsible; the claims table starts open, the rest closed
-    opened = browser.execute_script("return [...document.querySelectorAll('details')].map(d => d.open)")
-    assert opened[0] and not any(opened[1:])
 
 
 def test_tables_show_the_run_folders_numbers(report_page):
     run, browser = report_page
     tables = browser.execute_script(
-        "return [...document.querySelectorAll('details')].map(d => { d.open = true;"
+        "return [...document.querySelectorAll('details')].filter(d => d.querySelector('summary').textContent"
+        " !== 'Positive control: details').map(d => { d.open = true;"
         " const t = d.querySelector('table'); return [d.querySelector('summary').textContent,"
         " [...t.querySelectorAll('thead th')].map(c => c.innerText.trim()),"
         " [...t.querySelectorAll('tbody tr')].map(r => [...r.cells].map(c => c.innerText.trim()))]; })")
