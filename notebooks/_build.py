@@ -76,21 +76,23 @@ shown = summary[~summary["condition"].isin(["random", "matched"]) | (summary["se
 shown[["condition", "k", "sets", "n", "accuracy", "accuracy_ci_low", "accuracy_ci_high", "p_value_vs_baseline",
        "p_vs_random", "p_vs_matched"]]'''),
         ("code", '''from IPython.display import Markdown
-from vrh_interp.experiments.sweep import summary_verdict
+from vrh_interp.experiments.verdicts import sweep_claims
 
-judged = summary_verdict(summary, K)
-top, controls = judged["target"], judged["controls"]
+claims = sweep_claims(result)  # the claims rules: holds / does not hold / inconclusive, with the items that decide
+verdict = claims.iloc[0]
+top = summary[(summary["condition"] == "top") & (summary["k"] == K)].iloc[0]
+controls = {kind: summary[(summary["condition"] == kind) & (summary["k"] == K) & (summary["seed"].astype(str) == "all")]
+            .iloc[0] for kind in ("random", "matched")}
 found = scores.top(K)
 recovered = "" if planted is None else (
     f"The top-{K} heads by score are {found}: {'exactly' if set(found) == set(planted) else 'NOT'} the planted "
     f"heads {planted}. ")
 Markdown(f"{recovered}Masking them takes grounding accuracy from "
          f"{summary.loc[summary['condition'] == 'baseline', 'accuracy'].iloc[0]:.2f} to {top['accuracy']:.2f} "
-         f"(95 % CI {top['accuracy_ci_low']:.2f}-{top['accuracy_ci_high']:.2f}, n = {top['n']}, McNemar p = "
-         f"{top['p_value_vs_baseline']:.2g}); {int(controls['random']['sets'])} random sets of {K} heads leave "
-         f"{controls['random']['accuracy']:.2f} on average and {int(controls['matched']['sets'])} layer-matched sets "
-         f"{controls['matched']['accuracy']:.2f}. **The causal claim {judged['verdict'].upper()}** "
-         f"({judged['reason']}).")'''),
+         f"(95 % CI {top['accuracy_ci_low']:.2f}-{top['accuracy_ci_high']:.2f}, n = {top['n']}); "
+         f"{int(controls['random']['sets'])} random sets of {K} heads leave {controls['random']['accuracy']:.2f} on "
+         f"average and {int(controls['matched']['sets'])} layer-matched sets {controls['matched']['accuracy']:.2f}. "
+         f"**The causal claim: {verdict['verdict'].upper()}** ({verdict['reason']}; {verdict['numbers']}).")'''),
         ("code", '''plots.k_sweep_curve(summary)'''),
         ("markdown", "What the heads look at: the mean attention of the top heads' answer rows over the image, for "
                      "one evaluation scene, with the referent's box and the model's answer box drawn in the "
@@ -178,10 +180,15 @@ lines = [f"The two score maps share {shared[3]} of their top-3 heads, {shared[5]
 for _, row in drops.iterrows():
     lines.append(f"{row['direction']} at k = {row['k']}: accuracy drops by " + ", ".join(
         f"{row[name]:.2f} ({name.removesuffix('_drop')} heads)" for name in drops.columns if name.endswith("_drop"))
-        + f"; verdict for the transferred heads: {row['transferred_verdict']}.")
+        + ".")
+from vrh_interp.evaluation.claims import CLAIMS, decide
+from vrh_interp.experiments.verdicts import transfer_evidence
+
+verdict, reason = decide(CLAIMS["shared"], transfer_evidence(result.results, k_star))
+lines.append(f"**Transfer (the claims rule, both directions): {verdict.upper()}** ({reason}).")
 Markdown("\\n\\n".join(lines) + "\\n\\nThe heads transfer when the transferred heads hurt about as much as the "
-         "model's own and more than random sets (empirical p <= 0.05 needs at least 19 sets; one set per k here keeps "
-         "the notebook fast, so this notebook cannot show transfer, only how to measure it). `vrh demo` runs the "
+         "model's own and more than random sets; one random set per k here keeps the notebook fast, so this notebook "
+         "cannot show transfer (the rule says inconclusive), only how to measure it. `vrh demo` runs the "
          "same analysis with 20 random sets and writes it into its report ([A vs B on the toys](../docs/results/"
          "toy-a.md)).")'''),
         ("markdown", "## The paper's own pairs, from its published lists\n\n"

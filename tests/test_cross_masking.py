@@ -125,7 +125,8 @@ def test_masking_drops_and_figure_read_the_summary(pair):
         sets = [rows[f"random:k=2:seed={seed}"] for seed in SEEDS]  # set-level p-value against the random sets
         assert row.transferred_p_vs_random == pytest.approx(
             (1 + sum(a <= rows["transferred:k=2"] for a in sets)) / (1 + len(SEEDS)))
-        assert row.random_sets == len(SEEDS) and row.transferred_verdict != "holds"  # too few sets to hold
+        assert row.random_sets == len(SEEDS)
+    assert "transferred_verdict" not in drops  # the verdict is the claims rule's (transfer_evidence), one place
     fig = plots.cross_masking_curves(summary)
     axes = fig.get_axes()
     assert [ax.get_title() for ax in axes] == ["heads masked in A", "heads masked in B"]

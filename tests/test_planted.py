@@ -233,3 +233,83 @@ def test_the_organism_starts_as_an_exact_copy_of_toy_a() -> None:
         assert head.head in new_slots  # every planted/decoy head is made by the planting, not inherited
     o_proj = model.model.language_model.layers[2].self_attn.o_proj.weight.detach()
     assert float(o_proj.unflatten(1, (16, 16))[:, new_slots].abs().max()) == 0.0
+
+
+def test_relabelling_keeps_the_function_and_moves_each_head_to_its_slot() -> None:
+    """``relabel_heads`` (the negative transfer control) against the unrelabelled model with plain hooks: same
+    logits, and masking head h before equals masking ``relabel_slot(h)`` after."""
+    config = trainer.TrainConfig(model="planted-b", **{**TINY_SHAPE, "text_shape": TextBackboneShape(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=8)})
+    processor = trainer.build_processor("planted-b")
+    model = trainer.build_model(config, processor).eval()
+    with torch.no_grad():  # non-zero biases, so a bias left in place would show
+        for layer in model.model.language_model.layers:
+            for projection in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                projection.bias.normal_()
+    samples, inputs = _batch(processor)
+    inputs = {k: v for k, v in inputs.items() if k != "labels"}
+    before = {}
+    with torch.no_grad():
+        before["all"] = model(**inputs).logits
+        for head in ("L0H1", "L1H2"):
+            with planted.head_multipliers(model, planted.mask_multipliers(model, HeadSet([head]))):
+                before[head] = model(**inputs).logits
+        planted.relabel_heads(model)
+        assert torch.allclose(model(**inputs).logits, before["all"], atol=1e-5)
+        for head in ("L0H1", "L1H2"):
+            moved = planted.relabelled([head], 4, 2)
+            assert moved != [head]
+            with planted.head_multipliers(model, planted.mask_multipliers(model, HeadSet(moved))):
+                assert torch.allclose(model(**inputs).logits, before[head], atol=1e-5), head
+            with planted.head_multipliers(model, planted.mask_multipliers(model, HeadSet([head]))):
+                assert not torch.allclose(model(**inputs).logits, before[head], atol=1e-3), head
+
+
+def test_relabelling_sends_every_special_head_to_an_ordinary_slot() -> None:
+    """At the planted backbone's shape (16 heads, 4 KV heads) no planted or decoy index is planted or decoy after
+    relabelling, and the relabelling is an involution."""
+    special = set(PLANTED_HEADS) | set(DECOY_HEADS)
+    moved = planted.relabelled(list(special), 16, 4)
+    assert not special & set(moved)
+    assert set(planted.relabelled(moved, 16, 4)) == special
+
+
+def test_transfer_control_rule() -> None:
+    """``transfer_control``: holds only when the shared pair holds and the relabelled pair does not; a pair that
+    reads against its construction fails it; anything undecided (or a partner missing) is inconclusive."""
+    from vrh_interp.experiments.positive_control import transfer_verdict
+
+    def rows(shared: str, relabelled: str | None) -> list[dict]:
+        out = [{"shares_backbone": True, "verdict": shared}]
+        return out + ([{"shares_backbone": False, "verdict": relabelled}] if relabelled else [])
+
+    assert transfer_verdict(rows("holds", "does not hold")) == "holds"
+    assert transfer_verdict(rows("holds", "inconclusive")) == "holds"  # the negative control never holding is enough
+    assert transfer_verdict(rows("holds", "holds")) == "does not hold"
+    assert transfer_verdict(rows("does not hold", "does not hold")) == "does not hold"
+    assert transfer_verdict(rows("inconclusive", "does not hold")) == "inconclusive"
+    assert transfer_verdict(rows("holds", None)) == "inconclusive"
+
+
+PAIR_SHIPPED = all((checkpoint_dir(name) / "model.safetensors").exists() for name in ("planted-b", "planted-x"))
+
+
+@pytest.mark.skipif(not PAIR_SHIPPED, reason="toy:planted-b / toy:planted-x are not shipped in this installation")
+def test_planted_pairs_transfer_as_constructed_through_plain_hooks() -> None:
+    """Independently of the library (the trainer's plain forward pre-hooks, greedy decoding): masking toy:planted's
+    declared heads BY INDEX collapses toy:planted-b's grounding (the same backbone) and leaves toy:planted-x's (the
+    relabelled copy) near its baseline, where masking planted-x's own declared heads collapses it."""
+    samples = trainer.held_out_samples(16, 1, 300)  # scenes no shipping choice looked at
+    source, _ = declared_heads(checkpoint_dir("planted"))
+    accuracies = {}
+    for name in ("planted-b", "planted-x"):
+        model, processor = load(name)
+        own, _ = declared_heads(checkpoint_dir(name))
+        accuracies[name] = {which: planted.masked_accuracy(model, processor, samples, heads, name)
+                            for which, heads in (("none", HeadSet()), ("source", source), ("own", own))}
+    b, x = accuracies["planted-b"], accuracies["planted-x"]
+    assert b["none"] >= 0.6 and x["none"] >= 0.6, accuracies
+    assert b["source"] <= b["none"] - 0.4, accuracies  # transfer where the indices are shared
+    assert x["source"] >= x["none"] - 0.15, accuracies  # none where they are not
+    assert x["own"] <= x["none"] - 0.4, accuracies  # ... although planted-x has the heads, elsewhere

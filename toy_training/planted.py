@@ -205,6 +205,50 @@ def embed_donor(model, donor) -> None:
     model.load_state_dict(target)
 
 
+def relabel_slot(head: int, num_heads: int, num_kv_heads: int) -> int:
+    """The negative transfer control's fixed head relabelling (an involution): KV group ``g`` moves to group
+    ``g + groups / 2`` (mod groups) and the query heads of a group are reversed. Every planted and decoy index
+    lands on a slot that held neither (tested), so a ranking carried over by index finds ordinary heads."""
+    size = num_heads // num_kv_heads
+    group, position = divmod(head, size)
+    return ((group + num_kv_heads // 2) % num_kv_heads) * size + (size - 1 - position)
+
+
+def relabel_heads(model) -> None:
+    """Move every layer's query head ``h`` to slot ``relabel_slot(h)`` and its KV head with it (rows of
+    q/k/v projections and biases, columns of the output projection): the function is unchanged (up to the
+    summation order of the output projection), only the head indices differ (``toy:planted-x``)."""
+    config = model.config.get_text_config()
+    heads, kv_heads, head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    size = heads // kv_heads
+    query = [relabel_slot(h, heads, kv_heads) for h in range(heads)]
+    groups = [query[g * size] // size for g in range(kv_heads)]
+    if any(query[h] // size != groups[h // size] for h in range(heads)):
+        raise ValueError("the relabelling must keep each KV group's query heads together")
+
+    def rows(slots: list[int]) -> torch.Tensor:  # new row r holds old row index[r]
+        index = torch.empty(len(slots) * head_dim, dtype=torch.long)
+        for old, new in enumerate(slots):
+            index[new * head_dim:(new + 1) * head_dim] = torch.arange(old * head_dim, (old + 1) * head_dim)
+        return index
+
+    with torch.no_grad():
+        for layer in model.model.language_model.layers:
+            attention = layer.self_attn
+            for projection, slots in ((attention.q_proj, query), (attention.k_proj, groups),
+                                      (attention.v_proj, groups)):
+                index = rows(slots)
+                projection.weight.copy_(projection.weight[index])
+                if projection.bias is not None:
+                    projection.bias.copy_(projection.bias[index])
+            attention.o_proj.weight.copy_(attention.o_proj.weight[:, rows(query)])
+
+
+def relabelled(heads: Sequence[str], num_heads: int, num_kv_heads: int) -> list[str]:
+    """Head names after ``relabel_heads``."""
+    return [str(Head(h.layer, relabel_slot(h.head, num_heads, num_kv_heads))) for h in HeadSet(heads)]
+
+
 def _output_projections(model) -> list[torch.nn.Module]:
     return [layer.self_attn.o_proj for layer in model.model.language_model.layers]
 

@@ -124,6 +124,9 @@ class TrainConfig:
     # with warm_start: revive the heads whose output-projection norm is under this share of the 90th-percentile
     # head's (toy_training.grow.revive: function-preserving splits, scaled-up heads) before training; 0: off
     revive_floor: float = 0.0
+    # with warm_start: a trained toy checkpoint whose language model (same shape) then replaces the warm start's
+    # (the planted transfer pair: toy B's vision stack, toy:planted's backbone)
+    language_from: str | None = None
 
     @property
     def total_steps(self) -> int:
@@ -183,6 +186,15 @@ MODEL_PRESETS: dict[str, dict] = {
 }
 MODEL_PRESETS["d"] = {**MODEL_PRESETS["c"], "warm_start": str(checkpoint_dir("b")),
                       "vision_shape": MODEL_PRESETS["b"]["vision_shape"]}
+# the positive control's transfer partner: toy B's InternVL-class vision stack (tower frozen) in front of the SHIPPED
+# toy:planted language backbone (same weights, same planted and decoy heads), trained with the same attention loss
+# and head dropout so the planted heads keep their job while projector and backbone learn B's format
+MODEL_PRESETS["planted-b"] = {**MODEL_PRESETS["planted"], "warm_start": str(checkpoint_dir("b")),
+                              "language_from": str(checkpoint_dir("planted")),
+                              "vision_shape": MODEL_PRESETS["b"]["vision_shape"], "grounding_steps": 1000,
+                              "grounding_lr": 5e-4, "leak_loss_weight": 500.0, "eval_every": 200}
+# the negative transfer control: never trained, made from a planted-b run by relabel_run (heads permuted)
+MODEL_PRESETS["planted-x"] = MODEL_PRESETS["planted-b"]
 
 # A warm-started run continues a trained model on the harder levels only (no level-0 scenes).
 WARM_START_LEVELS = ((1.0, ((1, 0.6), (2, 0.4))),)
@@ -644,6 +656,8 @@ def train(config: TrainConfig, out_dir: Path, resume: bool) -> list[dict]:
         if step == config.vision_steps:
             if config.warm_start is not None:
                 load_whole_model(model, config.warm_start)
+                if config.language_from is not None:
+                    load_language_backbone(model, config.language_from)
                 if config.revive_floor > 0:
                     revived = grow.revive(model, floor=config.revive_floor, seed=config.seed)
                     (out_dir / "revived.json").write_text(json.dumps(revived, indent=1))
@@ -718,6 +732,27 @@ def export_final(run_dir: Path) -> Path:
                          "its best checkpoint")
     export_checkpoint(model, processor, run_dir / "final", {"config": dataclasses.asdict(config), **history[-1]})
     return run_dir / "final"
+
+
+def relabel_run(run_dir: Path, out_dir: Path) -> Path:
+    """``out_dir``: a run folder for ``planted-x`` (the negative transfer control) made from a ``planted-b`` run
+    without training: its best weights with every head moved by ``planted.relabel_heads`` (a permutation, exact
+    in fp16), its history, and the declared heads moved with them; ``ship(out_dir, "planted-x", ...)`` then
+    measures it like any run."""
+    source = run_dir / "best"
+    log = json.loads((source / "training_log.json").read_text())
+    text = TextBackboneShape(**log["config"]["text_shape"])
+    model = AutoModelForImageTextToText.from_pretrained(source, dtype=torch.float32, local_files_only=True)
+    planted.relabel_heads(model)
+    config = dict(log["config"], model="planted-x",
+                  planted=planted.relabelled(log["config"]["planted"], text.num_attention_heads,
+                                             text.num_key_value_heads),
+                  decoys=planted.relabelled(log["config"]["decoys"], text.num_attention_heads,
+                                            text.num_key_value_heads))
+    export_checkpoint(model, build_processor("planted-x"), out_dir / "best",
+                      {**log, "config": config, "relabelled_from": str(run_dir)})
+    shutil.copy2(run_dir / "history.json", out_dir / "history.json")
+    return out_dir
 
 
 def ship(run_dir: Path, name: ModelName, dest: Path, lineage: str = "", checkpoint: str = "best") -> dict:
@@ -798,6 +833,9 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--vqa-query-probe", action="store_true",
                         help="apply the query-probe scaffold to one-object VQA rows too")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes and step counts (tests)")
+    parser.add_argument("--relabel", type=Path, default=None,
+                        help="with --model planted-x and --out: make the negative transfer control's run folder from "
+                             "this planted-b run (heads relabelled, no training), then --ship it")
     parser.add_argument("--ship", type=Path, default=None,
                         help="copy RUN/best into DEST/<model> (--dest) and measure it")
     parser.add_argument("--dest", type=Path, default=None,
@@ -824,6 +862,11 @@ def main() -> None:
     if args.evaluate:
         model, processor = load(args.model, folder=args.folder)
         print(json.dumps(measure_held_out(model, processor, args.model), indent=1))
+        return
+    if args.relabel is not None:
+        if args.model != "planted-x" or args.out is None:
+            raise SystemExit("--relabel makes toy planted-x's run folder: use it with --model planted-x --out RUN")
+        print(relabel_run(args.relabel, args.out))
         return
     if args.ship is not None:
         if args.dest is None:

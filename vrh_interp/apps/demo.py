@@ -66,8 +66,9 @@ BACKEND_STEPS = {
     "nnsight": "2 the head census, 4 mean / resample ablation (the bridge refuses them), 8 transfer (TransformerLens "
                "4.3 has no InternVL adapter), 9 VQA and 10 overlays (not routed through the backend seam yet)",
 }
-CLAIM_STEPS = {"positive_control": 1, "causal": 3, "causal_curve": 3, "specific": 3, "ablation_kinds": 4,
-               "score_damage": 5, "design_space": 6, "sparse": 7, "stable": 7, "shared": 8, "vqa": 9}
+CLAIM_STEPS = {"positive_control": 1, "transfer_control": 1, "causal": 3, "causal_curve": 3, "specific": 3,
+               "ablation_kinds": 4, "score_damage": 5, "design_space": 6, "sparse": 7, "stable": 7, "shared": 8,
+               "vqa": 9}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,18 +143,20 @@ def restrict(result: SweepResult, sample_ids: Sequence[str], keep: Callable[[Con
     return SweepResult(records.reset_index(drop=True), conditions, result.iou_threshold, result.total_heads)
 
 
-def scan_heads(ranking: Any, geometry: Any, k_star: int, seed: int = 0) -> Any:
-    """All heads, or on models over ``SCAN_ALL_HEADS`` the top ``k_star`` and a seeded uniform sample of the rest
-    (``SCAN_SAMPLED_HEADS`` in all), in (layer, head) order."""
+def scan_heads(ranking: Any, geometry: Any, k_star: int) -> Any:
+    """All heads, or on models over ``SCAN_ALL_HEADS`` the top ``k_star`` and the rest sampled at evenly spaced
+    score ranks (``SCAN_SAMPLED_HEADS`` in all), in (layer, head) order. Rank-stratified, not a seeded uniform
+    draw: "score predicts damage" is a correlation over the score range, which a uniform draw covers unevenly
+    (mostly low scores), and a draw that moves with ``--seed`` made the claim's verdict move with it."""
     from vrh_interp.core.heads import HeadSet
 
     everything = geometry.all_heads()
     if len(everything) <= SCAN_ALL_HEADS:
         return everything
-    top = list(ranking[:k_star])
-    rest = [h for h in everything if h not in set(top)]
-    drawn = np.random.default_rng(seed).choice(len(rest), SCAN_SAMPLED_HEADS - len(top), replace=False)
-    return HeadSet(sorted(top + [rest[i] for i in drawn], key=lambda h: (h.layer, h.head)))
+    ranked = list(ranking)
+    top, rest = ranked[:k_star], ranked[k_star:]
+    picked = np.unique(np.linspace(0, len(rest) - 1, SCAN_SAMPLED_HEADS - len(top)).round().astype(int))
+    return HeadSet(sorted(top + [rest[i] for i in picked], key=lambda h: (h.layer, h.head)))
 
 
 MODEL_PAIRS = {"toy:a": "toy:b", "toy:b": "toy:a", "toy:c": "toy:d", "toy:d": "toy:c"}
@@ -380,7 +383,7 @@ def run_demo(*, model_spec: str | None = None, out: Path = Path("runs/demo"), de
         evidence["ablation_kinds"] = ev.kinds_agree(by_kind)
     if result is None and 3 in steps.skipped:
         steps.skipped.append(4)  # the ablation kinds compare with the k-sweep's zero-ablation records
-    scanned = scan_heads(ranking, geometry, k_star, seed)
+    scanned = scan_heads(ranking, geometry, k_star)
     if steps.open(5, f"single-head causal scan: {len(scanned)} of {geometry.total_heads} heads on {len(checks)} "
                      "fixed items"):
         from vrh_interp.experiments.head_scan import head_scan, write_head_scan
@@ -444,6 +447,12 @@ def run_demo(*, model_spec: str | None = None, out: Path = Path("runs/demo"), de
             "does not hold" if not outcome["recovered"] or outcome["causal_verdict"] == "does not hold"
             else "inconclusive", pc.describe(outcome),
             f"recovered: {outcome['recovered']}; causal claim on the planted heads: {outcome['causal_verdict']}")
+        rows = [] if outcome is None else outcome.get("transfer", [])
+        evidence["transfer_control"] = None if not rows else Evidence.categorical(
+            pc.transfer_verdict(rows), "; ".join(pc.transfer_line(row) for row in rows),
+            "as constructed" if all(row["as_expected"] for row in rows) else "a planted pair reads against its "
+            "construction" if any(row["verdict"] != "inconclusive" and not row["as_expected"] for row in rows)
+            else "a planted pair is undecided")
     for claim, step in CLAIM_STEPS.items():  # a claim whose step the cap skipped is undecided, never another verdict
         if step in steps.skipped and (evidence.get(claim) is None) and (claim != "shared" or transfer_ready):
             evidence[claim] = Evidence.categorical("inconclusive", "", "not measured within --budget-seconds")
@@ -469,6 +478,8 @@ def run_demo(*, model_spec: str | None = None, out: Path = Path("runs/demo"), de
         return 0
     if outcome is not None:
         print("\n" + textwrap.fill("Positive control: " + pc.describe(outcome), TERMINAL_WIDTH))
+        for row in outcome.get("transfer", []):
+            print(textwrap.fill(pc.transfer_line(row), TERMINAL_WIDTH, subsequent_indent="    "))
     print("\n" + pool.line())
     print(f"\n{claims_text(table, TERMINAL_WIDTH)}")
     print(f"\nreport: {paths['html']}  ({elapsed:.0f} s" + (f" of a {budget:.0f} s cap)" if budget else ")"))

@@ -126,8 +126,12 @@ def write_report(run: Path) -> dict[str, Path]:
         outcome = json.loads((run / "positive_control" / "positive_control.json").read_text(encoding="utf-8"))
         line = (f"Positive control ({outcome['model']}): {outcome['verdict']} (causal claim on the planted heads: "
                 f"{outcome['causal_verdict']}).")
-        md += [f"**{line}**", ""]
-        body.append(f"<p id='positive-control'><b>{html.escape(line)}</b></p>")
+        from vrh_interp.experiments.positive_control import transfer_line
+
+        transfers = [transfer_line(row) for row in outcome.get("transfer", [])]
+        md += [f"**{line}**", "", *[f"- {t}" for t in transfers], *([""] if transfers else [])]
+        body.append(f"<p id='positive-control'><b>{html.escape(line)}</b>"
+                    + "".join(f"<br>{html.escape(t)}" for t in transfers) + "</p>")
     claims = run / "verdicts.csv"
     if claims.exists():
         claim_md, claim_html = claims_sections(pd.read_csv(claims))

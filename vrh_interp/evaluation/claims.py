@@ -92,6 +92,9 @@ CLAIMS: dict[str, ClaimSpec] = _specs(
               "the controls)", 0.0, 0.05),
     ClaimSpec("positive_control", METHOD, "positive control recovered: the pipeline finds toy:planted's planted "
               "heads and masking them collapses grounding", "categorical", 0.0, 0.0, unit="control scenes"),
+    ClaimSpec("transfer_control", METHOD, "transfer test calibrated: on the planted pairs it reports transfer where "
+              "the backbone is shared (toy:planted-b) and never where no head index is shared (toy:planted-x)",
+              "categorical", 0.0, 0.0, unit="control scenes"),
     ClaimSpec("ablation_kinds", METHOD, "ablation kinds agree: the causal claim at k* holds under zero, mean and "
               "resample ablation alike", "categorical", 0.0, 0.0),
     ClaimSpec("score_damage", METHOD, "score predicts causal importance: Spearman(score, single-head accuracy "

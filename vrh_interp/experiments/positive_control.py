@@ -8,7 +8,11 @@ against its declared heads:
 * detection: every scoring design (the paper's design space and the published presets) from one detection
   pass, graded by precision/recall at |P| and by where the decoys rank (``vrh_interp.scoring.grading``);
 * causal: masking the default scorer's top-|P| vs many random sets and layer-matched sets of |P| heads drawn
-  outside the detected set, and vs masking the decoys.
+  outside the detected set, and vs masking the decoys;
+* transfer (``TRANSFER_PARTNERS``, where shipped): the demo's cross-masking test between toy:planted and
+  toy:planted-b (the same planted backbone behind an InternVL-class vision stack, trained so the planted heads
+  keep their job: transfer must hold) and toy:planted-x (toy:planted-b with every head relabelled, the same
+  function with no head index in common: transfer must never read "holds").
 
 Nothing is tuned here: the organism was built with its heads declared before training, and the scorer and
 sweep are the library's defaults.
@@ -33,6 +37,9 @@ from vrh_interp.data.sources import synthetic_samples
 
 SPEC = "toy:planted"
 ANSWER_TOKENS = 24
+# (partner, does it share toy:planted's backbone with the same head indices?): the transfer test's positive and
+# negative control
+TRANSFER_PARTNERS = (("toy:planted-b", True), ("toy:planted-x", False))
 
 
 def available() -> bool:
@@ -49,19 +56,80 @@ def declared() -> tuple[HeadSet, HeadSet]:
     return declared_heads(checkpoint_dir("planted"))
 
 
-def load_planted(device: str | None = None) -> Any:
+def load_planted(device: str | None = None, name: str = "planted") -> Any:
     from vrh_interp.core.model import wrap
     from vrh_interp.toy import load
 
-    model, processor = load("planted", device=device or "cpu")
-    return wrap(model, processor, model_id="vrh-interp/toy-planted", remote_id="vrh-interp/toy-planted")
+    model, processor = load(name, device=device or "cpu")
+    return wrap(model, processor, model_id=f"vrh-interp/toy-{name}", remote_id=f"vrh-interp/toy-{name}")
+
+
+def shipped_partners() -> list[tuple[str, bool]]:
+    """The ``TRANSFER_PARTNERS`` whose checkpoints are in this installation."""
+    from vrh_interp.toy import checkpoint_dir
+
+    return [(spec, shared) for spec, shared in TRANSFER_PARTNERS
+            if (checkpoint_dir(spec.split(":", 1)[1]) / "model.safetensors").exists()]
+
+
+def transfer_control(out: Path, vlm: Any, scores: Any, detect: list, evals: list, k: int, random_sets: int, *,
+                     batch_size: int, device: str | None, progress: bool, backend: str = "nnsight",
+                     seed: int = 0) -> list[dict[str, Any]]:
+    """The demo's transfer test (``experiments.transfer.cross_masking`` at k = |P|, ``verdicts.transfer_evidence``,
+    the ``shared`` claim's rule) between toy:planted and each shipped partner; one row per partner."""
+    from vrh_interp.evaluation.claims import CLAIMS, decide
+    from vrh_interp.experiments.transfer import cross_masking
+    from vrh_interp.experiments.verdicts import transfer_evidence
+
+    rows = []
+    for spec, shared in shipped_partners():
+        name = spec.split(":", 1)[1]
+        partner = load_planted(device, name)
+        stats = collect_detection_stats(partner, detect, batch_size=batch_size, max_new_tokens=ANSWER_TOKENS,
+                                        run_dir=out / f"detect_{name}", dataset=f"synthetic:detect:{len(detect)}",
+                                        progress=progress, backend=get_backend(backend, partner))
+        partner_scores = scores_from_stats(stats, "vrh", {"model": model_provenance(partner),
+                                                          "sample_ids": [s.sample_id for s in detect]})
+        crossed = cross_masking(vlm, partner, scores, partner_scores, evals, ks=[0, k],
+                                random_seeds=list(range(random_sets)), labels=(SPEC, spec), batch_size=batch_size,
+                                max_new_tokens=ANSWER_TOKENS, run_dir=out / f"cross_{name}", progress=progress)
+        evidence = transfer_evidence(crossed.results, k, seed=seed)
+        verdict, reason = ("inconclusive", "no random sets in a direction") if evidence is None else decide(
+            CLAIMS["shared"], evidence)
+        low, high = evidence.interval() if evidence is not None else (float("nan"), float("nan"))
+        rows.append({"partner": spec, "shares_backbone": shared, "expected": "holds" if shared else "never holds",
+                     "verdict": verdict, "as_expected": verdict == "holds" if shared else verdict != "holds",
+                     "partner_top": partner_scores.top(k).to_list(), "reason": reason,
+                     "effect": float("nan") if evidence is None else evidence.estimate, "ci_low": low, "ci_high": high,
+                     "numbers": "" if evidence is None else evidence.numbers})
+    return rows
+
+
+def transfer_line(row: dict[str, Any]) -> str:
+    relation = "shares the planted backbone" if row["shares_backbone"] else "no head index shared (relabelled heads)"
+    effect = "" if row["effect"] != row["effect"] else (
+        f"effect {row['effect']:+.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}]; ")
+    return (f"transfer {SPEC} <-> {row['partner']} ({relation}; expected: {row['expected']}): "
+            f"{row['verdict'].upper()} ({effect}{row['reason']})")
+
+
+def transfer_verdict(rows: list[dict[str, Any]]) -> str:
+    """The ``transfer_control`` claim: holds when the shared pair holds and the relabelled one does not; does not
+    hold when either says the opposite of its construction; otherwise (or with a partner missing) inconclusive."""
+    by_kind = {row["shares_backbone"]: row["verdict"] for row in rows}
+    if len(by_kind) < 2:
+        return "inconclusive"
+    if by_kind[False] == "holds" or by_kind[True] == "does not hold":
+        return "does not hold"
+    return "holds" if by_kind[True] == "holds" else "inconclusive"
 
 
 def run_positive_control(out: Path, *, detect_scenes: int = 20, eval_scenes: int = 30, random_sets: int = 20,
                          batch_size: int = 60, device: str | None = None, progress: bool = True,
-                         backend: str = "nnsight") -> dict[str, Any]:
-    """Detect, grade and sweep on ``toy:planted``; writes ``out/{grading.csv, sweep_summary.csv,
-    positive_control.json}`` (resumable through ``out/detect`` and ``out/sweep``) and returns the summary.
+                         backend: str = "nnsight", transfer: bool = True) -> dict[str, Any]:
+    """Detect, grade and sweep on ``toy:planted``, then (``transfer``) the transfer test against each shipped
+    partner; writes ``out/{grading.csv, sweep_summary.csv, transfer_control.csv, positive_control.json}``
+    (resumable through ``out/detect``, ``out/sweep`` and each partner's folders) and returns the summary.
     ``backend``: the backend name both run on (``vrh_interp.core.backends.select.get_backend``)."""
     started = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
@@ -88,6 +156,10 @@ def run_positive_control(out: Path, *, detect_scenes: int = 20, eval_scenes: int
     summary.to_csv(out / "sweep_summary.csv", index=False)
     default = grading[grading["design"] == "Q=output, Phi=sum, Omega=mean"].iloc[0]
     outcome = _outcome(summary, k, default, planted, decoys, result)
+    outcome["transfer"] = transfer_control(out, vlm, scores, detect, evals, k, random_sets, batch_size=batch_size,
+                                           device=device, progress=progress, backend=backend) if transfer else []
+    if outcome["transfer"]:
+        pd.DataFrame(outcome["transfer"]).to_csv(out / "transfer_control.csv", index=False)
     outcome.update(seconds=time.perf_counter() - started, detect_scenes=detect_scenes, eval_scenes=eval_scenes)
     (out / "positive_control.json").write_text(json.dumps(outcome, indent=2))
     return outcome
@@ -139,7 +211,8 @@ def describe(outcome: dict[str, Any]) -> str:
             f"{outcome['top_p_value_vs_baseline']:.2g}); "
             f"{controls}; causal claim: {outcome['causal_verdict']} ({outcome.get('causal_reason', '')}). Masking "
             "the decoys "
-            f"{', '.join(outcome['decoys'])}: {outcome['decoys_accuracy']:.3f}.")
+            f"{', '.join(outcome['decoys'])}: {outcome['decoys_accuracy']:.3f}."
+            + "".join(f" {transfer_line(row)}." for row in outcome.get("transfer", [])))
 
 
 def grading_table(grading: pd.DataFrame) -> pd.DataFrame:

@@ -178,19 +178,17 @@ def cross_masking(vlm_a: VLM, vlm_b: VLM, scores_a: HeadScores | HeadSet, scores
 
 def masking_drops(summary: pd.DataFrame, k: int) -> pd.DataFrame:
     """Accuracy drop from each model's baseline at one k, for own, transferred and random heads (the mean over
-    the random sets), with the set-level empirical p-values of own and transferred against the random sets
-    and the transferred set's verdict (``experiments.sweep.summary_verdict``: significant drop and p <= 0.05).
+    the random sets), with the set-level empirical p-values of own and transferred against the random sets.
+    The verdict on transfer is the claims rule on the per-item records (``experiments.verdicts.transfer_evidence``
+    and ``evaluation.claims.decide(CLAIMS["shared"], ...)``), not a column here.
 
     ``summary`` is ``CrossMaskingResult.summary()`` (or its CSV read back); one row per masked model.
     """
-    from vrh_interp.experiments.sweep import summary_verdict
-
     rows = []
     for model, part in summary.groupby("model", sort=False):
         base = _accuracy(part, "baseline", 0)
         source = part.loc[part["condition"] == "transferred", "heads_from"].iloc[0]
         random = part[(part["condition"] == "random") & (part["k"] == k) & (part["seed"].astype(str) == "all")]
-        judged = summary_verdict(part, k, target="transferred", controls=("random",))
         rows.append({"direction": f"{source}'s heads masked in {model}", "k": k, "baseline": base,
                      "own_drop": base - _accuracy(part, "own", k),
                      "transferred_drop": base - _accuracy(part, "transferred", k),
@@ -198,8 +196,7 @@ def masking_drops(summary: pd.DataFrame, k: int) -> pd.DataFrame:
                      "random_sets": int(random["sets"].iloc[0]) if len(random) else 0,
                      "own_p_vs_random": float(_row(part, "own", k)["p_vs_random"]),
                      "transferred_p_vs_random": float(_row(part, "transferred", k)["p_vs_random"]),
-                     "transferred_p_vs_baseline": float(_row(part, "transferred", k)["p_value_vs_baseline"]),
-                     "transferred_verdict": judged["verdict"]})
+                     "transferred_p_vs_baseline": float(_row(part, "transferred", k)["p_value_vs_baseline"])})
     return pd.DataFrame(rows)
 
 

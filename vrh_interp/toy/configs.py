@@ -33,12 +33,15 @@ from transformers import InternVLProcessor
 
 from vrh_interp.data.scenes import IMAGE_SIZE
 
-ModelName = Literal["a", "b", "planted", "c", "d"]
+ModelName = Literal["a", "b", "planted", "planted-b", "planted-x", "c", "d"]
 Family = Literal["a", "b"]
 # each toy model's family: its model class, processor, prompt and native box format ("planted", the positive
 # control of docs/results/planted.md, is a LLaVA-class model like "a" with a wider-headed backbone)
-# "c" and "d" are the paper-regime pair (128-head backbone shared by a LLaVA-class and an InternVL-class model)
-FAMILIES: dict[str, Family] = {"a": "a", "b": "b", "planted": "a", "c": "a", "d": "b"}
+# "c" and "d" are the paper-regime pair (128-head backbone shared by a LLaVA-class and an InternVL-class model);
+# "planted-b" is the planted backbone behind an InternVL-class vision stack (the positive control's transfer pair),
+# "planted-x" the same model with its heads relabelled (the negative transfer control: no index is shared)
+FAMILIES: dict[str, Family] = {"a": "a", "b": "b", "planted": "a", "planted-b": "b", "planted-x": "b", "c": "a",
+                               "d": "b"}
 
 
 def family(name: str) -> Family:
