@@ -21,6 +21,7 @@ from PIL import Image
 
 from tests.test_cli_hostile import assert_one_clear_error, run_main, scores_file
 from vrh_interp.apps.cli import _option_of, build_parser
+from vrh_interp.toy import CHECKPOINT_ROOT
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--model", "tiny:qwen2_vl", "--batch-size", "2", "--max-new-tokens", "3"]
@@ -101,6 +102,16 @@ def test_a_path_option_that_cannot_be_used_is_one_line_naming_it(case: str, tmp_
     assert code == 2, err
     assert_one_clear_error(code, err, *(_fill(w, tmp_path) for w in words))
     assert sorted(os.listdir(tmp_path)) == before  # nothing created: no run folder, no lock in the cwd
+
+
+def test_a_toy_internvl_folder_by_path_is_one_line_before_its_weights_load(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """A shipped InternVL-class toy's folder passed as a path: its processor class is vrh-interp's, not a
+    transformers class, so AutoProcessor falls back to the tokenizer; one line naming that and toy:NAME."""
+    code, err = run_main(["detect", "--model", str(CHECKPOINT_ROOT / "b"), "--out", str(tmp_path / "run")], capsys,
+                         limit_s=30)
+    assert_one_clear_error(code, err, "has no image processor transformers can build",
+                           "'InternVLImageOnlyProcessor' is not a transformers class", "toy:NAME")
 
 
 def _immutable(folder: Path) -> Callable[[], None]:

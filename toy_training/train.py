@@ -127,6 +127,9 @@ class TrainConfig:
     # with warm_start: a trained toy checkpoint whose language model (same shape) then replaces the warm start's
     # (the planted transfer pair: toy B's vision stack, toy:planted's backbone)
     language_from: str | None = None
+    # with language_from: start each InternVL coordinate token ("230") as the LLaVA token of the same value ("0.23"),
+    # which the donated backbone already reads and writes (the embedding is tied, so its output row too)
+    coordinates_from_llava: bool = False
 
     @property
     def total_steps(self) -> int:
@@ -192,7 +195,8 @@ MODEL_PRESETS["d"] = {**MODEL_PRESETS["c"], "warm_start": str(checkpoint_dir("b"
 MODEL_PRESETS["planted-b"] = {**MODEL_PRESETS["planted"], "warm_start": str(checkpoint_dir("b")),
                               "language_from": str(checkpoint_dir("planted")),
                               "vision_shape": MODEL_PRESETS["b"]["vision_shape"], "grounding_steps": 1000,
-                              "grounding_lr": 5e-4, "leak_loss_weight": 500.0, "eval_every": 200}
+                              "grounding_lr": 5e-4, "leak_loss_weight": 500.0, "eval_every": 200,
+                              "coordinates_from_llava": True}
 # the negative transfer control: never trained, made from a planted-b run by relabel_run (heads permuted)
 MODEL_PRESETS["planted-x"] = MODEL_PRESETS["planted-b"]
 
@@ -466,6 +470,18 @@ def load_language_backbone(model: PreTrainedModel, checkpoint_folder: str) -> No
     model.model.language_model.load_state_dict(donor.model.language_model.state_dict(), strict=True)
 
 
+def copy_coordinate_embeddings(model: PreTrainedModel, tokenizer) -> None:
+    """Each InternVL-format coordinate token (``str(10 * v)``) starts as the LLaVA-format token of the same value
+    (``f"{v / 100:.2f}"``): a backbone trained on LLaVA's box format then starts out able to write B's."""
+    embedding = model.get_input_embeddings().weight
+    with torch.no_grad():
+        for value in range(COORDINATE_BINS):
+            target, source = tokenizer.convert_tokens_to_ids([str(10 * value), f"{value / 100:.2f}"])
+            if tokenizer.unk_token_id in (target, source):
+                raise ValueError(f"the toy tokenizer lacks coordinate token {10 * value} or {value / 100:.2f}")
+            embedding[target] = embedding[source]
+
+
 def load_whole_model(model: PreTrainedModel, checkpoint_folder: str) -> None:
     """Copy every weight of a trained toy checkpoint of the same family and shape into ``model`` (into the
     positive control's wider-headed backbone, ``planted.embed_donor`` embeds a toy A checkpoint exactly)."""
@@ -658,6 +674,8 @@ def train(config: TrainConfig, out_dir: Path, resume: bool) -> list[dict]:
                 load_whole_model(model, config.warm_start)
                 if config.language_from is not None:
                     load_language_backbone(model, config.language_from)
+                if config.coordinates_from_llava:
+                    copy_coordinate_embeddings(model, processor.tokenizer)
                 if config.revive_floor > 0:
                     revived = grow.revive(model, floor=config.revive_floor, seed=config.seed)
                     (out_dir / "revived.json").write_text(json.dumps(revived, indent=1))

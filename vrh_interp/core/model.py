@@ -21,6 +21,7 @@ import functools
 import json
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Sequence
 
 import torch
@@ -245,6 +246,19 @@ def wrap(model: Any, processor: Any, *, adapter: FamilyAdapter | None = None, mo
                remote_id=remote_id)
 
 
+def _no_image_processor(spec: str, source: str) -> str:
+    """Why a model folder has no usable processor: its ``processor_config.json`` names a class transformers lacks
+    (a vrh-interp toy's ``InternVLImageOnlyProcessor``), or it has no image processor at all."""
+    try:
+        named = json.loads((Path(source) / "processor_config.json").read_text(encoding="utf-8")).get("processor_class")
+    except (OSError, ValueError, AttributeError):
+        named = None
+    return (f"{spec!r} has no image processor transformers can build"
+            + (f" (its processor class {named!r} is not a transformers class)" if isinstance(named, str) else "")
+            + ": a vision-language model needs one. For a vrh-interp toy checkpoint folder use "
+              "vrh_interp.toy.load(NAME, folder=...) and core.model.wrap, or the shipped one as toy:NAME")
+
+
 def load_pretrained(model_id_or_path: str | os.PathLike[str], *, device_map: Any = None, dtype: Any = None,
          revision: str | None = None, trust_remote_code: bool = False, adapter: FamilyAdapter | None = None,
          attn_implementation: str | None = None, remote_id: str | None = None, attention: Any = None,
@@ -265,14 +279,16 @@ def load_pretrained(model_id_or_path: str | os.PathLike[str], *, device_map: Any
     source = os.path.expanduser(spec)
     from_pretrained_kwargs = {**resolve_model_source(source, revision), **from_pretrained_kwargs}
     try:
-        with loading_output(progress):
+        with loading_output(progress):  # the processor first: a folder without one fails before the weights load
+            processor = AutoProcessor.from_pretrained(
+                source, revision=revision, trust_remote_code=trust_remote_code,
+                local_files_only=from_pretrained_kwargs.get("local_files_only", False))
+            if not hasattr(processor, "image_processor"):  # AutoProcessor fell back to the tokenizer alone
+                raise ModelLoadError(_no_image_processor(spec, source))
             model = AutoModelForImageTextToText.from_pretrained(
                 source, device_map=device_map, dtype=dtype, revision=revision, trust_remote_code=trust_remote_code,
                 attn_implementation=attn_implementation, **from_pretrained_kwargs,
             )
-            processor = AutoProcessor.from_pretrained(
-                source, revision=revision, trust_remote_code=trust_remote_code,
-                local_files_only=from_pretrained_kwargs.get("local_files_only", False))
     except OSError as error:  # missing weights, gated, a download cut off: transformers' text says which
         raise ModelLoadError(f"could not load model {spec!r}: {error}") from error
     return wrap(model, processor, adapter=adapter, model_id=source, revision=revision, remote_id=remote_id,
