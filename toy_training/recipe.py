@@ -117,6 +117,10 @@ RECIPES: dict[str, tuple[RecipeStage, ...]] = {
           RecipeStage("c-revive", "c", "warm", dict(seed=0, grounding_steps=500, eval_every=100, bf16=False,
                                                     head_dropout=0.15, revive_floor=0.25), "held_out")),
     "d": (RecipeStage("d", "d", "scratch", dict(seed=2, grounding_steps=400), "held_out"),),
+    # the positive control's transfer partner (MODEL_PRESETS["planted-b"]: the SHIPPED toy:planted's backbone behind
+    # the shipped toy B's vision stack, one stage); toy:planted-x is made from it without training
+    # (``--model planted-x --relabel RUN --out RUN_X``)
+    "planted-b": (RecipeStage("planted-b", "planted-b", "scratch", dict(seed=0, bf16=False), "held_out"),),
 }
 
 

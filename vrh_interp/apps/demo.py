@@ -324,7 +324,8 @@ def run_demo(*, model_spec: str | None = None, out: Path = Path("runs/demo"), de
     outcome = None
     if run_control and steps.open(1, "positive control: the same pipeline on toy:planted, whose retrieval heads "
                                      "are known"):
-        outcome = positive_control_step(out, device, batch_size, sizes.control_scenes, backend=backend)
+        outcome = positive_control_step(out, device, batch_size, sizes.control_scenes, backend=backend,
+                                        random_sets=sizes.random_sets)
     vlm = _load(model_spec, device, dtype)
     runner = get_backend(backend, vlm)
     if backend != "nnsight":
