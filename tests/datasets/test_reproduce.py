@@ -87,6 +87,10 @@ def test_reproduce_end_to_end_and_resume(tmp_path: Path, request: pytest.Fixture
     assert set(result.vqa_summary["benchmark"]) == {"cvbench", "countbench"}
     report = json.loads((out / "reproduce.json").read_text())
     assert report["used_ks"] == [0, 1, 3] and len(report["top_heads"]) == 3 and report["total_heads"] == 8
+    # the verdicts are the claims rules' (one row per k > 0): 8 items cannot decide anything
+    claims = pd.read_csv(out / "claims.csv")
+    assert claims["id"].tolist() == ["causal:k=1", "causal:k=3"] and set(claims["verdict"]) == {"inconclusive"}
+    assert "claims.csv" in report["tables"]
 
     for stage in _STAGE_LOGS:  # copies left with one stage unfinished, for the firing check below
         shutil.copytree(out, tmp_path / f"unfinished-{stage}")

@@ -517,7 +517,8 @@ def _print_reproduce(result: Any, data: str, as_json: bool) -> None:
         print(json.dumps({"out": str(result.out), "ks": result.ks, "vqa_k": result.vqa_k,
                           "sweep": result.sweep_summary.to_dict(orient="records"),
                           "failure_split": result.failure_split.to_dict(orient="records"),
-                          "vqa": None if result.vqa_summary is None else result.vqa_summary.to_dict(orient="records")},
+                          "vqa": None if result.vqa_summary is None else result.vqa_summary.to_dict(orient="records"),
+                          "claims": None if result.claims is None else result.claims.to_dict(orient="records")},
                          default=str))
         return
     _print_table(result.sweep_summary.drop(columns=["key"]), f"k-sweep on {data} (ks {result.ks})")
@@ -526,6 +527,11 @@ def _print_reproduce(result: Any, data: str, as_json: bool) -> None:
     if result.vqa_table is not None:
         _print_table(result.vqa_table.xs("accuracy", axis=1, level="stat").round(1).reset_index(names="condition"),
                      f"Cross-task VQA accuracy (%), top-{result.vqa_k} VRHs vs {result.vqa_k} random heads")
+    if result.claims is not None:
+        from vrh_interp.apps.report import claim_lines
+
+        print("\nVerdict (evaluation.claims, Holm over the k values):")
+        _print_bullets(claim_lines(result.claims))
     print(f"\nrun folder: {result.out}")
 
 

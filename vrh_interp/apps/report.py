@@ -217,9 +217,12 @@ def verdict_lines(result: Any) -> list[str]:
 
     if result is None:
         return []
-    table = sweep_claims(result)
-    return [f"{row.claim} -> {str(row.verdict).upper()} ({row.reason}; {row.numbers})"
-            for row in table.itertuples()]
+    return claim_lines(sweep_claims(result))
+
+
+def claim_lines(table: pd.DataFrame) -> list[str]:
+    """One line per row of a claims table (``claims.judge``): claim, verdict, why, the numbers."""
+    return [f"{row.claim} -> {str(row.verdict).upper()} ({row.reason}; {row.numbers})" for row in table.itertuples()]
 
 
 VERDICT_COLOURS = {"holds": "#1a7f37", "does not hold": "#cf222e", "inconclusive": "#9a6700",

@@ -89,6 +89,7 @@ class ReproduceResult:
     failure_split: pd.DataFrame
     vqa_summary: pd.DataFrame | None
     vqa_table: pd.DataFrame | None
+    claims: pd.DataFrame | None = None  # the causal claim per k > 0 (``experiments.verdicts.sweep_claims``)
 
 
 def load_vqa_suite(vqa_specs: Sequence[str], limit: int | None) -> list[VQASample]:
@@ -155,21 +156,25 @@ def run_reproduce(model_spec: str, data_spec: str, vqa_specs: Sequence[str] = ()
         say("[3/4] no VQA benchmarks given: Table 3 skipped")
     if shard is not None:
         say(f"[4/4] shard {shard} done: merge all {shard.count} shard folders with vrh merge")
-        return _tables(out, arguments, total, result, vqa_result, vqa_table=False)
+        return _tables(out, arguments, total, result, vqa_result, complete=False)
     say("[4/4] tables")
     return write_tables(out, arguments, scores, json.loads((out / "split.json").read_text(encoding="utf-8")),
                         result, vqa_result, seconds=time.perf_counter() - started)
 
 
 def _tables(out: Path, arguments: dict[str, Any], total_heads: int, result: SweepResult,
-            vqa_result: VQASweepResult | None, *, vqa_table: bool = True) -> ReproduceResult:
-    """The tables in memory; a shard's cover its samples only and have no Table 3 (which may have no rows)."""
+            vqa_result: VQASweepResult | None, *, complete: bool = True) -> ReproduceResult:
+    """The tables in memory; a shard's (``complete=False``) cover its samples only and have no Table 3 (which may
+    have no rows) and no verdicts (a shard's items are not the run's)."""
+    from vrh_interp.experiments.verdicts import sweep_claims
+
     used_ks = sorted({c.k for c in result.conditions})
     return ReproduceResult(
         out=out, ks=used_ks, vqa_k=min(arguments["vqa_k"], max(used_ks)) if arguments["vqa"] else None,
         sweep_summary=result.summary(), failure_split=failure_split(result),
         vqa_summary=None if vqa_result is None else vqa_result.summary(),
-        vqa_table=None if vqa_result is None or not vqa_table else vqa_result.table())
+        vqa_table=None if vqa_result is None or not complete else vqa_result.table(),
+        claims=sweep_claims(result) if complete else None)
 
 
 def write_tables(out: Path, arguments: dict[str, Any], scores: HeadScores, split: dict[str, Any],
@@ -179,6 +184,9 @@ def write_tables(out: Path, arguments: dict[str, Any], scores: HeadScores, split
     tables.sweep_summary.to_csv(out / "sweep_summary.csv", index=False)
     tables.failure_split.to_csv(out / "failure_split.csv", index=False)
     names = ["sweep_summary.csv", "failure_split.csv"]
+    if tables.claims is not None:
+        tables.claims.to_csv(out / "claims.csv", index=False)
+        names.append("claims.csv")
     if tables.vqa_summary is not None and tables.vqa_table is not None:
         tables.vqa_summary.to_csv(out / "vqa_summary.csv", index=False)
         tables.vqa_table.to_csv(out / "vqa_table.csv")
