@@ -13,7 +13,7 @@ from vrh_interp.core.boxes import Box
 from toy_training import train as trainer
 from vrh_interp.toy import checkpoint_dir, load
 
-SHIPPED = [name for name in ("a", "b", "c", "d") if (checkpoint_dir(name) / "model.safetensors").exists()]
+SHIPPED = [name for name in ("a", "b", "c", "d", "planted-b") if (checkpoint_dir(name) / "model.safetensors").exists()]
 ACCURACY_MARGIN = 0.03
 
 

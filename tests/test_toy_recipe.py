@@ -26,7 +26,7 @@ TINY_STAGES = (
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-@pytest.mark.parametrize("name", ["a", "b", "c"])
+@pytest.mark.parametrize("name", ["a", "b", "c", "planted-b"])
 def test_last_recipe_stage_is_the_shipped_run(name: str) -> None:
     log = json.loads((checkpoint_dir(name) / "training_log.json").read_text())
     shipped = trainer.config_from_json(log["config"])

@@ -4,7 +4,9 @@
 ``load("b")`` -> InternVL-class model (InternViT tower + pixel-shuffle projector, same backbone
 architecture, initialised from model a's backbone); ``load("c")`` / ``load("d")`` -> the same two classes with a
 128-head backbone in the paper's regime (spare capacity: ``toy_training.regime``); ``load("planted")`` -> the
-positive control with known heads. Checkpoints ship in ``checkpoints/<name>/``
+positive control with known heads; ``load("planted-b")`` -> its backbone behind an InternVL-class vision stack
+(same planted heads: transfer must hold) and ``load("planted-x")`` -> that model with its heads relabelled (no head
+index shared: transfer must not hold). Checkpoints ship in ``checkpoints/<name>/``
 (fp16 safetensors, loaded back to fp32) and load fully offline from that folder. The trainer that made them
 is ``toy_training`` at the repository root (dev tooling, not in the wheel).
 """
