@@ -45,6 +45,9 @@ def generate(out: Path, *, model: str = "a", reuse: bool = False, extra: list[st
     # a rerun over a finished folder resumes it: quote the run that measured, and the resume's own time
     timing = (f"{before['seconds']:.0f} s for the run that measured, resumed in {demo['seconds']:.0f} s"
               if rerun and before is not None else f"{demo['seconds']:.0f} s on this machine")
+    if (out / "demo.before-resume.json").exists():  # a finished run resumed with newer code (new steps only)
+        first = json.loads((out / "demo.before-resume.json").read_text())["seconds"]
+        timing = f"{first:.0f} s for the first run, resumed with newer code in {demo['seconds']:.0f} s"
     header = [
         f"# Results: the paper's claims on the shipped toy model {model.upper()}",
         "",
