@@ -45,6 +45,10 @@ class PaperModel:
     geometry: HeadGeometry | None = None  # the language backbone's head grid, where known
     note: str = ""
     described: bool = False  # remote code: docs/recipes/remote-code-models.md gives the AttentionDescription
+    # the checkpoint's preprocessor_config.json: (transformers image processor class, its kwargs), and the
+    # processor's own kwargs; what benchmarks/real_shape.py builds locally (native models it measures)
+    image_processor: tuple[str, Mapping[str, Any]] | None = None
+    processor_kwargs: Mapping[str, Any] | None = None
 
     @property
     def status(self) -> str:
@@ -78,6 +82,15 @@ INTERN_VIT_300M = {  # InternViT-300M-448px-V2.5, the vision tower of InternVL3 
     "image_size": [448, 448], "patch_size": [14, 14],
 }
 
+# Qwen2.5-VL's preprocessor_config.json (all sizes): Qwen2-VL's image processor, patch 14, merge 2, OpenAI CLIP
+# mean / std (the class defaults), min_pixels 3136, max_pixels 12845056
+QWEN2_5_VL_IMAGE_PROCESSOR = ("Qwen2VLImageProcessorPil", {"min_pixels": 3136, "max_pixels": 12845056})
+# InternVL3-hf: GotOcr2 tiles of 448 px, 1..12 tiles plus a thumbnail, ImageNet mean / std; 256 tokens per tile
+INTERNVL3_IMAGE_PROCESSOR = ("GotOcr2ImageProcessorPil", {
+    "size": {"height": 448, "width": 448}, "crop_to_patches": True, "min_patches": 1, "max_patches": 12,
+    "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225]})
+INTERNVL3_PROCESSOR = {"image_seq_length": 256}
+
 # what InternVL3-8B and InternVL3.5-8B share around their different Qwen language models
 INTERNVL_8B_TOP = {"vision_config": INTERN_VIT_300M, "downsample_ratio": 0.5, "projector_hidden_act": "gelu",
                    "vision_feature_layer": -1, "tie_word_embeddings": False}
@@ -100,6 +113,7 @@ PAPER_MODELS: tuple[PaperModel, ...] = (
             },
         },
         HeadGeometry(28, 28, 4, 128),  # head_dim = 3584 / 28 (the text config has none)
+        image_processor=QWEN2_5_VL_IMAGE_PROCESSOR,
     ),
     PaperModel(
         "Qwen3-VL-8B", "Qwen/Qwen3-VL-8B-Instruct", "Qwen3-8B", NATIVE, "qwen3_vl", "qwen3_vl",
@@ -130,6 +144,7 @@ PAPER_MODELS: tuple[PaperModel, ...] = (
         },
         HeadGeometry(28, 28, 4, 128),
         "the paper's checkpoint is the remote-code OpenGVLab/InternVL3-8B; -hf is its transformers conversion",
+        image_processor=INTERNVL3_IMAGE_PROCESSOR, processor_kwargs=INTERNVL3_PROCESSOR,
     ),
     PaperModel(
         "InternVL3.5-8B", "OpenGVLab/InternVL3_5-8B-HF", "Qwen3-8B", NATIVE, "internvl", "internvl",
@@ -223,6 +238,28 @@ PAPER_MODELS: tuple[PaperModel, ...] = (
         geometry=HeadGeometry(40, 40, 10, 128),  # Phi-4 (14B) language model, model_type phi4-siglip [WEB]
         note="model_type phi4-siglip (Phi4ForCausalLMV, auto_map code); released after the paper's main experiments",
     ),
+)
+
+# Not one of the paper's models: the smallest Qwen2.5-VL (Qwen/Qwen2.5-VL-3B-Instruct config.json), the first
+# model benchmarks/real_shape.py measures (it fits this project's 24 GB development machine in bf16).
+QWEN2_5_VL_3B = PaperModel(
+    "Qwen2.5-VL-3B", "Qwen/Qwen2.5-VL-3B-Instruct", "Qwen2.5-3B", NATIVE, "qwen2_5_vl", "qwen2_5_vl",
+    {
+        "text_config": {  # tie_word_embeddings true (the 7B's are separate)
+            "hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36, "num_attention_heads": 16,
+            "num_key_value_heads": 2, "max_position_embeddings": 128000, "vocab_size": 151936,
+            "rms_norm_eps": 1e-6, "use_sliding_window": False, "rope_parameters": _mrope([16, 24, 24], 1e6),
+        },
+        "vision_config": {
+            "depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16, "out_hidden_size": 2048,
+            "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "window_size": 112,
+            "fullatt_block_indexes": [7, 15, 23, 31],
+        },
+        "tie_word_embeddings": True,
+    },
+    HeadGeometry(36, 16, 2, 128),  # head_dim = 2048 / 16
+    "not in the paper: the smallest Qwen2.5-VL, measured by benchmarks/real_shape.py",
+    image_processor=QWEN2_5_VL_IMAGE_PROCESSOR,
 )
 
 
