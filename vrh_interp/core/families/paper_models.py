@@ -73,6 +73,13 @@ class PaperModel:
         return AutoConfig.for_model(self.model_type, **self.config)
 
 
+def _qwen2_5_vl_vision(out_hidden_size: int) -> dict:
+    """Qwen2.5-VL's vision tower (the same in the 3B and 7B checkpoints but for the projector's output width)."""
+    return {"depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16,
+            "out_hidden_size": out_hidden_size, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2,
+            "window_size": 112, "fullatt_block_indexes": [7, 15, 23, 31]}
+
+
 def _mrope(sections: list[int], theta: float, **extra: Any) -> dict[str, Any]:
     return {"rope_type": "default", "rope_theta": theta, "mrope_section": sections, **extra}
 
@@ -106,11 +113,7 @@ PAPER_MODELS: tuple[PaperModel, ...] = (
                 "num_key_value_heads": 4, "max_position_embeddings": 128000, "vocab_size": 152064,
                 "rms_norm_eps": 1e-6, "use_sliding_window": False, "rope_parameters": _mrope([16, 24, 24], 1e6),
             },
-            "vision_config": {
-                "depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16, "out_hidden_size": 3584,
-                "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "window_size": 112,
-                "fullatt_block_indexes": [7, 15, 23, 31],
-            },
+            "vision_config": _qwen2_5_vl_vision(3584),
         },
         HeadGeometry(28, 28, 4, 128),  # head_dim = 3584 / 28 (the text config has none)
         image_processor=QWEN2_5_VL_IMAGE_PROCESSOR,
@@ -250,11 +253,7 @@ QWEN2_5_VL_3B = PaperModel(
             "num_key_value_heads": 2, "max_position_embeddings": 128000, "vocab_size": 151936,
             "rms_norm_eps": 1e-6, "use_sliding_window": False, "rope_parameters": _mrope([16, 24, 24], 1e6),
         },
-        "vision_config": {
-            "depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16, "out_hidden_size": 2048,
-            "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "window_size": 112,
-            "fullatt_block_indexes": [7, 15, 23, 31],
-        },
+        "vision_config": _qwen2_5_vl_vision(2048),
         "tie_word_embeddings": True,
     },
     HeadGeometry(36, 16, 2, 128),  # head_dim = 2048 / 16
