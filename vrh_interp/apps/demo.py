@@ -166,9 +166,10 @@ def shipped(spec: str) -> bool:
     """A toy model whose checkpoint is in this installation (any non-toy spec counts as available)."""
     if not spec.startswith("toy:"):
         return True
-    from vrh_interp.toy import CHECKPOINT_ROOT
+    from vrh_interp.toy import FAMILIES, is_shipped
 
-    return (CHECKPOINT_ROOT / spec.split(":", 1)[1] / "model.safetensors").exists()
+    name = spec.split(":", 1)[1]
+    return name in FAMILIES and is_shipped(name)
 
 
 def resolve_models(model_spec: str | None, transfer_model: str | None = "auto") -> tuple[str, str | None, str]:

@@ -43,9 +43,9 @@ TRANSFER_PARTNERS = (("toy:planted-b", True), ("toy:planted-x", False))
 
 
 def available() -> bool:
-    from vrh_interp.toy import checkpoint_dir
+    from vrh_interp.toy import is_shipped
 
-    return (checkpoint_dir("planted") / "model.safetensors").exists()
+    return is_shipped("planted")
 
 
 def declared() -> tuple[HeadSet, HeadSet]:
@@ -66,10 +66,9 @@ def load_planted(device: str | None = None, name: str = "planted") -> Any:
 
 def shipped_partners() -> list[tuple[str, bool]]:
     """The ``TRANSFER_PARTNERS`` whose checkpoints are in this installation."""
-    from vrh_interp.toy import checkpoint_dir
+    from vrh_interp.toy import is_shipped
 
-    return [(spec, shared) for spec, shared in TRANSFER_PARTNERS
-            if (checkpoint_dir(spec.split(":", 1)[1]) / "model.safetensors").exists()]
+    return [(spec, shared) for spec, shared in TRANSFER_PARTNERS if is_shipped(spec.split(":", 1)[1])]
 
 
 def transfer_control(out: Path, vlm: Any, scores: Any, detect: list, evals: list, k: int, random_sets: int, *,

@@ -31,6 +31,11 @@ def checkpoint_dir(name: str) -> Path:
     return CHECKPOINT_ROOT / name
 
 
+def is_shipped(name: str) -> bool:
+    """Whether toy model ``name``'s checkpoint is in this installation (the one test for it)."""
+    return (checkpoint_dir(name) / "model.safetensors").exists()
+
+
 def load(name: str = "a", device: str | torch.device = "cpu",
          folder: str | Path | None = None) -> tuple[PreTrainedModel, ProcessorMixin]:
     """Load shipped toy model ``name`` in fp32, eval mode, with its processor (no network access).
