@@ -19,7 +19,8 @@ STEPS = (
     ("What is there, and where to start", "vrh --help"),
     ("Score every head of the positive control, a toy VLM whose three retrieval heads were planted",
      "vrh detect --model toy:planted --data synthetic:detect:20 --out runs/first --top 5"),
-    ("Mask the top-3 heads on 20 disjoint scenes, against 20 random and 20 layer-matched sets of 3 heads",
+    ("Mask the top-3 heads on 20 disjoint scenes, against 20 random, 20 layer-matched and 20 live-head sets of 3 "
+     "heads (the census on stderr says which heads act)",
      "vrh sweep --model toy:planted --scores runs/first/scores-vrh.json --data synthetic:eval:20 --ks 0,3 "
      "--out runs/first-sweep"),
     ("A report with figures (HTML and Markdown)", "vrh report runs/first-sweep"),

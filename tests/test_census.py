@@ -15,7 +15,7 @@ from tests.conftest import tiny_vlm
 from tests.reference import zeroed_heads
 from vrh_interp.core.heads import Head, HeadSet
 from vrh_interp.data.sources import synthetic_samples
-from vrh_interp.evaluation.census import census, output_norms, single_head_effects
+from vrh_interp.evaluation.census import CENSUS_CSV, Census, census, output_norms, run_census, single_head_effects
 from vrh_interp.evaluation.controls import live_control
 
 TOKENS = 4
@@ -89,3 +89,59 @@ def test_a_dead_head_is_inert_by_both_rules_and_never_drawn_by_the_live_control(
 def test_live_control_refuses_a_pool_too_small():
     with pytest.raises(ValueError, match="only 1 live heads"):
         live_control(HeadSet([Head(0, 0), Head(0, 1)]), HeadSet([Head(0, 0)]), 2, 0)
+
+
+def test_a_run_keeps_its_census_and_a_rerun_reads_it_back(tmp_path):
+    """``run_census`` measures once and saves; a rerun reads the file (here edited to mark L0H0 inert: the read-back
+    pool must say so, which a re-measurement would not); a census of another head count is refused."""
+    vlm = tiny_vlm("llava")
+    samples = synthetic_samples("detect", 2)
+    first = run_census(vlm, samples, tmp_path, items=2, max_new_tokens=TOKENS)
+    expected = census(vlm, samples, max_new_tokens=TOKENS)
+    np.testing.assert_allclose(first.table["effect"], expected.table["effect"], rtol=1e-6)
+    assert first.items == 2 and Head(0, 0) in first.live
+    saved = (tmp_path / CENSUS_CSV).read_text()
+    lines = saved.splitlines()
+    row = lines[1].split(",")
+    row[-2] = "False"  # live
+    (tmp_path / CENSUS_CSV).write_text("\n".join([lines[0], ",".join(row), *lines[2:]]) + "\n")
+    again = run_census(vlm, samples, tmp_path, items=2, max_new_tokens=TOKENS)
+    assert Head(0, 0) not in again.live and again.items == 2
+    assert again.control_pool(HeadSet([Head(0, 1)]), 1) == again.live
+    assert again.control_pool(HeadSet(), len(again.live) + 1) is None
+    (tmp_path / CENSUS_CSV).write_text("\n".join(lines[:3]) + "\n")
+    with pytest.raises(ValueError, match="census of 2 heads, but the model has"):
+        run_census(vlm, samples, tmp_path)
+    (tmp_path / CENSUS_CSV).write_text("not,a\ncensus,1\n")
+    with pytest.raises(ValueError, match="not a head census"):
+        Census.load(tmp_path / CENSUS_CSV, vlm.geometry.total_heads)
+
+
+def test_vrh_sweep_draws_its_live_control_from_the_census(tmp_path, capsys):
+    """``vrh sweep``: the census on the first evaluation samples (census.csv in --out), live-head sets drawn only
+    from its live heads outside the top k, judged with the other controls; ``--no-live`` leaves them out."""
+    import json
+
+    import pandas as pd
+
+    from vrh_interp.apps.cli import main
+
+    out = tmp_path / "sweep"
+    args = ["sweep", "--model", "tiny:llava", "--vrhs", "L0H1,L1H0", "--data", "synthetic:eval:3", "--ks", "0,2",
+            "--random-sets", "3", "--max-new-tokens", "3"]
+    assert main([*args, "--out", str(out), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert "head census:" in captured.err
+    pool = Census.load(out / CENSUS_CSV, tiny_vlm("llava").geometry.total_heads)
+    summary = pd.DataFrame(json.loads(captured.out))
+    assert {"live", "random", "matched"} <= set(summary["condition"]) and "p_vs_live" in summary
+    conditions = json.loads((out / "manifest.json").read_text())["conditions"]
+    live_sets = [heads for key, heads in conditions.items() if key.startswith("live:")]
+    assert len(live_sets) == 3
+    for heads in live_sets:
+        drawn = {Head.parse(h) for h in heads}
+        assert len(drawn) == 2 and drawn <= set(pool.live) and not drawn & {Head(0, 1), Head(1, 0)}
+    bare = tmp_path / "bare"
+    assert main([*args, "--out", str(bare), "--json", "--no-live"]) == 0
+    assert "live" not in set(pd.DataFrame(json.loads(capsys.readouterr().out))["condition"])
+    assert not (bare / CENSUS_CSV).exists()

@@ -52,7 +52,7 @@ def test_detect_sweep_report_pipeline(tmp_path, capsys):
     assert main(["sweep", *common, "--data", "synthetic:eval:3", "--scores", detected["scores_file"], "--ks",
                  "0,12.5%,2", "--random-sets", "2", "--out", str(out / "sweep"), "--json"]) == 0
     summary = pd.DataFrame(json.loads(capsys.readouterr().out))
-    assert set(summary["condition"]) == {"baseline", "top", "random", "matched"} and (summary["n"] >= 3).all()
+    assert set(summary["condition"]) == {"baseline", "top", "random", "matched", "live"} and (summary["n"] >= 3).all()
     assert set(zip(summary["k"], summary["k_fraction"])) == {(0, 0.0), (1, 0.125), (2, 0.25)}  # 12.5% of 8 heads
     assert set(summary["seed"].dropna().astype(str)) == {"0", "1", "all"}
     (out / "sweep" / "sweep_summary.csv").replace(out / "sweep_summary.csv")

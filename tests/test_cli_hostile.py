@@ -339,7 +339,7 @@ def test_an_unreachable_hub_falls_back_to_the_cached_copy_at_once(tmp_path: Path
     from vrh_interp.core.tiny import build_tiny
 
     no_hub(monkeypatch, tmp_path)
-    tiny = build_tiny("qwen2_vl")
+    tiny = build_tiny("llava")  # its processor rebuilds through AutoProcessor (the image-only fixtures' do not)
     snapshot = tmp_path / "hf-cache" / "models--org--tiny" / "snapshots" / ("a" * 40)
     tiny.model.save_pretrained(snapshot)
     tiny.processor.save_pretrained(snapshot)

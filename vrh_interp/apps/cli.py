@@ -350,6 +350,29 @@ def _saved_ablation_values(args: argparse.Namespace, vlm: Any, detection: Any) -
     return values
 
 
+def _live_pool(args: argparse.Namespace, vlm: Any, samples: Any, ranking: Any, ks: str) -> Any:
+    """The live heads for the live-head control (``evaluation.census.run_census`` on the first evaluation samples,
+    kept in the run folder), with the census line on stderr; None with ``--no-live``, on ``--remote`` (the census
+    runs the model here) or when too few live heads lie outside the top k (each said)."""
+    if args.no_live:
+        return None
+    if args.remote:
+        print("note: no live-head control on --remote (the head census runs the model locally)", file=sys.stderr)
+        return None
+    from vrh_interp.evaluation.census import run_census
+    from vrh_interp.experiments.ks import parse_ks
+
+    largest = max(parse_ks(ks, vlm.geometry.total_heads), default=0)
+    if largest == 0:
+        return None
+    pool = run_census(vlm, samples, args.out, max_new_tokens=args.max_new_tokens)
+    print(pool.line(), file=sys.stderr)
+    live = pool.control_pool(ranking[:largest], largest)
+    if live is None:
+        print(f"note: too few live heads outside the top {largest}: no live-head control", file=sys.stderr)
+    return live
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     from vrh_interp.experiments.sweep import sweep
     from vrh_interp.core.published import parse_heads
@@ -363,11 +386,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     samples = load_data(args.data)
     values = _ablation_values(args, vlm, scores)
     ranking = vrhs if vrhs is not None else scores
-    ks = _fitted_ks(args, vrhs if vrhs is not None else scores.ranking(), vlm.geometry)
+    head_ranking = vrhs if vrhs is not None else scores.ranking()
+    ks = _fitted_ks(args, head_ranking, vlm.geometry)
+    live = _live_pool(args, vlm, samples, head_ranking, ks)
     result = sweep(vlm, samples, ranking, ks=ks, random_seeds=_control_seeds(args), matched=not args.no_matched,
                    exclude_first_layer=args.exclude_first_layer, iou_threshold=args.iou, batch_size=args.batch_size,
                    max_new_tokens=args.max_new_tokens, run_dir=args.out, shard=args.shard, remote=args.remote,
-                   ablation=args.ablation, ablation_values=values, backend=args.backend)
+                   ablation=args.ablation, ablation_values=values, backend=args.backend, live=live)
     if args.shard is not None:
         return _shard_done(args, len(result.records))
     write_atomic(Path(args.out) / "sweep_summary.csv", result.summary().to_csv(index=False))
@@ -679,6 +704,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="explicit control seeds, e.g. 0,1,2 (overrides --random-sets)")
     p.add_argument("--no-matched", action="store_true",
                    help="leave out the layer-matched control (only the uniform random sets)")
+    p.add_argument("--no-live", action="store_true",
+                   help="leave out the live-head control (random sets of the heads a census on the first "
+                        "evaluation samples finds acting; census.csv in --out)")
     iou_option(p)
     p.add_argument("--exclude-first-layer", action="store_true", help="random controls avoid layer 0")
     ablation_options(p)

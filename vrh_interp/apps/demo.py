@@ -345,18 +345,14 @@ def run_demo(*, model_spec: str | None = None, out: Path = Path("runs/demo"), de
     overlap = sorted({s.sample_id for s in detect} & {s.sample_id for s in evals})
     if overlap:
         raise ValueError(f"detection and evaluation items overlap (e.g. {overlap[:3]})")
-    from vrh_interp.evaluation.census import census
+    from vrh_interp.evaluation.census import run_census
 
-    pool = census(vlm, detect[:sizes.census_items], max_new_tokens=ANSWER_TOKENS)
-    pool.table.to_csv(out / "census.csv", index=False)
+    pool = run_census(vlm, detect, out, items=sizes.census_items, max_new_tokens=ANSWER_TOKENS)
     print("      " + pool.line(), flush=True)
     ranking = scores.ranking()
-    detected = ranking[:max(ks)]
-    live = pool.live
-    outside = [h for h in live if h not in set(detected)]
-    if len(outside) < max(ks):
-        print(f"      only {len(outside)} live heads outside the top {max(ks)}: no live-head control", flush=True)
-        live = None
+    live = pool.control_pool(ranking[:max(ks)], max(ks))
+    if live is None:
+        print(f"      too few live heads outside the top {max(ks)}: no live-head control", flush=True)
     conditions = main_conditions(ranking, geometry, ks, k_star, seeds, sizes.curve_sets, live)
     result = None
     if steps.open(3, f"k-sweep on all {len(evals)} referents of {sizes.eval_scenes} disjoint scenes, ks={ks} "

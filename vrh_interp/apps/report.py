@@ -192,7 +192,7 @@ def _read_table(path: Path) -> pd.DataFrame:
     return table
 
 
-CONTROL_NAMES = {"random": "random", "matched": "layer-matched"}
+CONTROL_NAMES = {"random": "random", "matched": "layer-matched", "live": "live-head"}
 
 
 def sweep_result(run: Path) -> Any:
@@ -257,7 +257,7 @@ def claims_sections(table: pd.DataFrame) -> tuple[list[str], list[str]]:
 
 
 SWEEP_COLUMNS = ("condition", "k", "seed", "sets", "n", "accuracy", "accuracy_ci_low", "accuracy_ci_high",
-                 "p_value_vs_baseline", "p_vs_random", "p_vs_matched")
+                 "p_value_vs_baseline", "p_vs_random", "p_vs_matched", "p_vs_live")
 
 
 def compact_sweep_table(summary: pd.DataFrame) -> pd.DataFrame:
@@ -268,6 +268,7 @@ def compact_sweep_table(summary: pd.DataFrame) -> pd.DataFrame:
     table["seed"] = table["seed"].map(lambda v: "-" if v is None or pd.isna(v) else v)
     table["sets"] = table["sets"].map(lambda v: "-" if pd.isna(v) else str(int(v)))
     return table.rename(columns={"condition": "heads masked", "accuracy_ci_low": "ci_low",
-                                 "accuracy_ci_high": "ci_high", "p_value_vs_baseline": "p_vs_base"})
+                                 "accuracy_ci_high": "ci_high", "p_value_vs_baseline": "p_base",
+                                 "p_vs_random": "p_random", "p_vs_matched": "p_matched", "p_vs_live": "p_live"})
 
 

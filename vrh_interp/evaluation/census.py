@@ -17,6 +17,7 @@ Live heads are those inert by neither rule: the pool of the live-head control (`
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -26,10 +27,13 @@ import torch
 from vrh_interp.core.heads import Head, HeadSet
 from vrh_interp.core.interventions import condition_ablation, generate_conditions, replicate_encoding, run_forward
 from vrh_interp.core.model import VLM
+from vrh_interp.core.runs import write_atomic
 from vrh_interp.core.templates.ablation import ZERO_ABLATION
 
 NORM_FLOOR = 0.25
 EFFECT_FLOOR = 0.01
+CENSUS_ITEMS = 6  # one small batch: the effects rank heads by orders of magnitude, not by fine differences
+CENSUS_CSV = "census.csv"
 
 
 def output_norms(vlm: VLM) -> np.ndarray:
@@ -100,6 +104,34 @@ class Census:
                 "inert": [h for h in t.loc[~t["live"], "head"]],
                 "norm_floor": NORM_FLOOR, "effect_floor": EFFECT_FLOOR}
 
+    def control_pool(self, detected: HeadSet, k: int) -> HeadSet | None:
+        """The live heads, when at least ``k`` of them lie outside ``detected`` (a live-head control of size k can
+        be drawn); else None."""
+        outside = [h for h in self.live if h not in set(detected)]
+        return self.live if len(outside) >= k else None
+
+    def save(self, path: str | Path) -> None:
+        write_atomic(path, self.table.assign(items=self.items).to_csv(index=False))
+
+    @classmethod
+    def load(cls, path: str | Path, num_heads: int) -> "Census":
+        """A census saved by ``save``; refused (``ValueError`` naming the file) when it is damaged or counts
+        another number of heads than the model's ``num_heads``."""
+        try:
+            table = pd.read_csv(path)
+            items = int(table.pop("items").iloc[0])
+            table["live"] = table["live"].astype(bool)
+            table["inert_norm"] = table["inert_norm"].astype(bool)
+            table["inert_effect"] = table["inert_effect"].astype(bool)
+            [Head.parse(h) for h in table["head"]]
+        except (OSError, ValueError, KeyError, IndexError, pd.errors.ParserError) as error:
+            raise ValueError(f"{path}: not a head census written by vrh-interp ({error}); remove it to measure "
+                             "the census again") from None
+        if len(table) != num_heads:
+            raise ValueError(f"{path}: a census of {len(table)} heads, but the model has {num_heads}: this run "
+                             "folder belongs to another model (use another --out)")
+        return cls(table, items)
+
     def line(self) -> str:
         s = self.summary()
         return (f"head census: {s['live']} of {s['heads']} heads live; inert by output norm (< {NORM_FLOOR:g} of the "
@@ -124,3 +156,18 @@ def census(vlm: VLM, samples: Sequence, *, max_new_tokens: int = 24) -> Census:
                          "effect_ratio": float(effect_ratio[layer, h]), "inert_norm": inert_norm,
                          "inert_effect": inert_effect, "live": not (inert_norm or inert_effect)})
     return Census(pd.DataFrame(rows), len(samples))
+
+
+def run_census(vlm: VLM, samples: Sequence, run_dir: str | Path | None = None, *, items: int = CENSUS_ITEMS,
+               max_new_tokens: int = 24) -> Census:
+    """The census of a run on its first ``items`` samples, kept in ``run_dir/census.csv``: a rerun reads it back
+    instead of measuring again, so a resumed run draws its live-head controls from the same pool on any machine
+    (a head near a floor could otherwise flip with float rounding and change the run's conditions)."""
+    path = Path(run_dir) / CENSUS_CSV if run_dir is not None else None
+    if path is not None and path.exists():
+        return Census.load(path, vlm.geometry.total_heads)
+    pool = census(vlm, list(samples)[:items], max_new_tokens=max_new_tokens)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pool.save(path)
+    return pool

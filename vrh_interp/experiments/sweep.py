@@ -370,9 +370,10 @@ def sweep(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], ranking: HeadSc
           run_dir: str | Path | None = None, progress: bool = True, remote: bool | str = False,
           shard: Shard | None = None, ablation: str = "zero",
           ablation_values: AblationValues | None = None, max_batch_rows: int | None = None,
-          backend: str | Backend = "nnsight") -> SweepResult:
+          backend: str | Backend = "nnsight", live: HeadSet | None = None) -> SweepResult:
     """Mask the top-k heads of ``ranking``, ``len(random_seeds)`` random sets and (``matched``) as many
-    layer-matched sets per k; ``ks`` are counts or percentages of all heads (``parse_ks``); ``shard`` runs one
+    layer-matched sets per k, and with ``live`` (the live heads of ``evaluation.census.run_census``) as many
+    sets drawn from the live heads: a control that inert heads cannot carry; ``ks`` are counts or percentages of all heads (``parse_ks``); ``shard`` runs one
     shard (``run_conditions``). ``ablation``: "zero" (the paper's), "mean" or "resample", the latter two with
     ``ablation_values`` (``evaluation.grounding.ablation_values`` on the detection samples). Conditions are
     batched ``max_batch_rows`` rows per generation (``run_conditions``). A published ranking
@@ -398,7 +399,8 @@ def sweep(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], ranking: HeadSc
     counts = parse_ks(ks, geometry.total_heads) if isinstance(ks, str) or any(isinstance(k, str) for k in ks) \
         else list(ks)
     conditions = sweep_conditions(head_ranking, geometry, counts, list(random_seeds),
-                                  exclude_first_layer=exclude_first_layer, matched=matched, ablation=ablation)
+                                  exclude_first_layer=exclude_first_layer, matched=matched, ablation=ablation,
+                                  live=live)
     return run_conditions(vlm, eval_samples, conditions, iou_threshold=iou_threshold, batch_size=batch_size,
                           max_new_tokens=max_new_tokens, run_dir=run_dir, progress=progress, remote=remote,
                           shard=shard, ablation_values=ablation_values, max_batch_rows=max_batch_rows,
