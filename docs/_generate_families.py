@@ -89,6 +89,12 @@ TINY_CHECK: dict[str, str] = {
 }
 
 
+# Remote-code models whose language model transformers ships (``PaperModel.backbone_config``)
+BACKBONE_CHECK = ("language model built on the meta device from the recorded facts (its hub parameter count, head "
+                  "grid, the description fits every layer); tiny random `{type}` language model: described masking, "
+                  "capture and readout vs o_proj pre-hooks and attention computed by hand")
+
+
 def _paper_models() -> list[str]:
     lines = [
         "## The paper's eleven models",
@@ -113,6 +119,8 @@ def _paper_models() -> list[str]:
         grid = "not recorded" if g is None else f"{g.num_layers} x {g.num_heads} ({g.num_kv_heads}, {g.head_dim})"
         check = f"{META_CHECK}; {TINY_CHECK[m.name]}" if m.name in TINY_CHECK else (
             f"{m.note}; description not run on the checkpoint" if m.described else f"not yet: {m.note}")
+        if m.backbone_type is not None:
+            check += "; " + BACKBONE_CHECK.format(type=m.backbone_type)
         lines.append(f"| {m.name} | {m.backbone} | [`{m.checkpoint}`]({m.source}) | {grid} | {m.status} | "
                      f"{_cell(check)} |")
     return lines + [""]

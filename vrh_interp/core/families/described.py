@@ -9,15 +9,16 @@ not know: InternLM2's fused ``wqkv`` / ``wo``, other layer paths, attention writ
   projection inside them: per-head ablation, capture and patching act on the ``head_dim`` slices of that
   projection's INPUT, exactly as for built-in families (the same templates, given other paths);
 * the head grid (layers, query heads, KV heads, head_dim), stated, not guessed from hidden sizes;
-* how queries and keys are made: separate ``q``/``k`` projections (optionally per-head q/k norms) or one fused
-  projection with its packing layout (``FusedQKV``), then rotary position embedding (``Rotary``, or the
-  ``(cos, sin)`` the model passes to the module), the softmax scaling and any logit soft-capping.
+* how queries and keys are made: separate ``q``/``k`` projections (optionally per-head q/k norms), one fused
+  projection with its packing layout (``FusedQKV``) or multi-head latent attention (``LatentQKV``), then rotary
+  position embedding (``Rotary``, or the ``(cos, sin)`` the model passes to the module), the softmax scaling and
+  any logit soft-capping.
 
 The memory-efficient readout (``DescribedRowsReadout``) then needs nothing from inside the attention forward:
 it reads the projections' outputs and the module's inputs (positions, mask), recomputes post-rotary queries
 and keys, keeps each layer's keys across generation steps itself, and computes softmax(q K^T) for the
-requested rows only. What it cannot recompute honestly it refuses (see ``Rotary``): multi-head latent
-attention, rope scalings that change frequencies, ALiBi and relative biases have no description.
+requested rows only. What it cannot recompute honestly it refuses (see ``Rotary``): rope scalings that change
+frequencies (YaRN included, hence MLA checkpoints that use it), ALiBi and relative biases have no description.
 
 The visual side (image tokens, layouts, prompts, box formats) is not described here: a ``DescribedAdapter``
 takes it from a ``FamilyAdapter`` (a built-in one, or the user's subclass for a processor the library does
@@ -84,6 +85,35 @@ class FusedQKV:
 
 
 @dataclass(frozen=True)
+class LatentQKV:
+    """Multi-head latent attention (DeepSeek-V2 / V3; DeepSeek-VL2-Small's language model).
+
+    Queries: ``q`` (``q_proj``, or ``q_b_proj`` with a query LoRA rank), per head ``qk_nope_head_dim`` then
+    ``qk_rope_head_dim``. Keys and values come from ONE latent shared by all heads: ``kv_a`` outputs the latent
+    (``kv_lora_rank``) and a single rotary key part (``qk_rope_head_dim``, shared by every head); ``kv_norm`` is
+    the latent's norm and ``kv_b`` expands it per head into the key's non-rotary part and the value
+    (``qk_nope_head_dim + head_dim`` per head). A head is still one of the ``num_heads`` query heads and its
+    output the ``head_dim`` (``v_head_dim``) slice of the output projection's input; the latent is not per head.
+    Keys are recomputed from ``kv_norm``'s output (this forward's tokens) and ``kv_b``'s weight, so it does not
+    matter whether the model caches the latent or the expanded keys. The rotary part is the last
+    ``qk_rope_head_dim`` of each query / key head; describe it with ``Rotary(theta, rotary_dim=qk_rope_head_dim,
+    interleaved=True)`` (DeepSeek rotates pairs (2i, 2i + 1)).
+    """
+
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    kv_lora_rank: int
+    q: str = "q_proj"
+    kv_a: str = "kv_a_proj_with_mqa"
+    kv_norm: str = "kv_a_layernorm"
+    kv_b: str = "kv_b_proj"
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+
+@dataclass(frozen=True)
 class Rotary:
     """Rotary position embedding computed from the ``position_ids`` the attention module receives.
 
@@ -140,8 +170,9 @@ class AttentionDescription:
 
     ``attention``: dotted path of layer ``{layer}``'s attention module on the model passed to ``wrap``
     (e.g. ``"language_model.model.layers.{layer}.attention"``); ``output_projection``: its output projection's
-    name inside that module. ``rotary``: a ``Rotary``, ``MODULE_ROTARY``, or None (no position encoding in
-    the attention). ``scaling``: the softmax scale (default ``head_dim ** -0.5``); ``softcap``: tanh logit
+    name inside that module; ``head_dim`` is a head's width there (MLA: ``v_head_dim``). ``rotary``: a ``Rotary``,
+    ``MODULE_ROTARY``, or None (no position encoding in the attention). ``scaling``: the softmax scale (default
+    ``head_dim ** -0.5``; MLA: ``(qk_nope_head_dim + qk_rope_head_dim) ** -0.5``); ``softcap``: tanh logit
     soft-capping. ``mask``: the argument carrying the attention mask (``[b, 1, q, k]`` boolean or additive,
     or None for plain causal attention), ``position_ids``: the argument carrying positions, as the module's
     forward names them. ``source``: where these facts were read (shown in provenance and docs).
@@ -152,7 +183,7 @@ class AttentionDescription:
     num_heads: int
     num_kv_heads: int
     head_dim: int
-    qkv: SeparateQKV | FusedQKV = field(default_factory=SeparateQKV)
+    qkv: SeparateQKV | FusedQKV | LatentQKV = field(default_factory=SeparateQKV)
     output_projection: str = "o_proj"
     rotary: Rotary | str | None = MODULE_ROTARY
     scaling: float | None = None
@@ -171,8 +202,20 @@ class AttentionDescription:
             raise AttentionDescriptionError(f"attention description: {err}") from err
         if isinstance(self.rotary, str) and self.rotary != MODULE_ROTARY:
             raise AttentionDescriptionError(f"rotary must be a Rotary, {MODULE_ROTARY!r} or None, not {self.rotary!r}")
-        if isinstance(self.rotary, Rotary) and (self.rotary.rotary_dim or self.head_dim) > self.head_dim:
+        if isinstance(self.qkv, LatentQKV):
+            self._check_latent(self.qkv)
+        elif isinstance(self.rotary, Rotary) and (self.rotary.rotary_dim or self.head_dim) > self.head_dim:
             raise AttentionDescriptionError(f"rotary_dim {self.rotary.rotary_dim} exceeds head_dim {self.head_dim}")
+
+    def _check_latent(self, latent: LatentQKV) -> None:
+        if self.num_kv_heads != self.num_heads:
+            raise AttentionDescriptionError(
+                f"multi-head latent attention expands its shared latent into one key per query head: num_kv_heads "
+                f"must equal num_heads ({self.num_heads}), not {self.num_kv_heads}")
+        if not isinstance(self.rotary, Rotary) or self.rotary.rotary_dim != latent.qk_rope_head_dim:
+            raise AttentionDescriptionError(
+                f"multi-head latent attention needs rotary=Rotary(theta, rotary_dim={latent.qk_rope_head_dim}, "
+                f"interleaved=True) (its qk_rope_head_dim), not {self.rotary!r}")
 
     def geometry(self) -> HeadGeometry:
         return HeadGeometry(self.num_layers, self.num_heads, self.num_kv_heads, self.head_dim)
@@ -181,7 +224,9 @@ class AttentionDescription:
         return self.attention.format(layer=layer)
 
     def softmax_scaling(self) -> float:
-        return self.scaling if self.scaling is not None else self.head_dim ** -0.5
+        if self.scaling is not None:
+            return self.scaling
+        return (self.qkv.qk_head_dim if isinstance(self.qkv, LatentQKV) else self.head_dim) ** -0.5
 
     def check(self, model: Any) -> None:
         """Resolve every layer's modules on ``model`` and check their shapes against the stated head grid;
@@ -197,6 +242,11 @@ class AttentionDescription:
                                             f"has {found}: fix num_layers")
         if isinstance(self.qkv, FusedQKV):
             expected = {self.qkv.name: (None, width_q + 2 * width_kv)}
+        elif isinstance(self.qkv, LatentQKV):
+            latent = self.qkv
+            expected = {latent.q: (None, self.num_heads * latent.qk_head_dim),
+                        latent.kv_a: (None, latent.kv_lora_rank + latent.qk_rope_head_dim),
+                        latent.kv_b: (latent.kv_lora_rank, self.num_heads * (latent.qk_nope_head_dim + self.head_dim))}
         else:
             expected = {self.qkv.q: (None, width_q), self.qkv.k: (None, width_kv), self.qkv.v: (None, width_kv)}
         expected[self.output_projection] = (width_q, None)
@@ -220,10 +270,17 @@ class AttentionDescription:
                     raise AttentionDescriptionError(
                         f"{path}.{name} has {linear.out_features} outputs but the description implies {outputs} "
                         f"({self.num_heads} heads, {self.num_kv_heads} KV heads, head_dim {self.head_dim}): fix them")
+            if isinstance(self.qkv, LatentQKV) and not isinstance(getattr(attention, self.qkv.kv_norm, None),
+                                                                  torch.nn.Module):
+                raise AttentionDescriptionError(f"{path} has no module {self.qkv.kv_norm!r} (the latent's norm): the "
+                                                f"module has {_children(attention)}; fix LatentQKV.kv_norm")
 
     def queries_and_keys(self, attention: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """Pre-rotary queries ``[b, heads, s, head_dim]`` and keys ``[b, kv_heads, s, head_dim]`` from the outputs
-        of ``attention``'s projections (a module envoy inside a trace; read in the order the forward runs them)."""
+        of ``attention``'s projections (a module envoy inside a trace; read in the order the forward runs them).
+        MLA: ``[b, heads, s, qk_head_dim]`` both, the rotary part FIRST (a permutation that leaves q . k as is)."""
+        if isinstance(self.qkv, LatentQKV):
+            return self._latent_queries_and_keys(attention, self.qkv)
         if isinstance(self.qkv, FusedQKV):
             packed = module_at(attention, self.qkv.name).output
             b, s, _ = packed.shape
@@ -243,6 +300,21 @@ class AttentionDescription:
         b, s = query.shape[:2]
         return (query.view(b, s, -1, self.head_dim).transpose(1, 2),
                 key.view(b, s, -1, self.head_dim).transpose(1, 2))
+
+    def _latent_queries_and_keys(self, attention: Any, latent: LatentQKV) -> tuple[torch.Tensor, torch.Tensor]:
+        nope, rope, heads = latent.qk_nope_head_dim, latent.qk_rope_head_dim, self.num_heads
+        query = module_at(attention, latent.q).output
+        b, s = query.shape[:2]
+        q_nope, q_rope = query.view(b, s, heads, latent.qk_head_dim).split([nope, rope], dim=-1)
+        k_rope = module_at(attention, latent.kv_a).output[..., latent.kv_lora_rank:]
+        normed = module_at(attention, latent.kv_norm).output
+        expand = module_at(attention, latent.kv_b)
+        rows = expand.weight.view(heads, nope + self.head_dim, latent.kv_lora_rank)[:, :nope]
+        bias = None if expand.bias is None else expand.bias.view(heads, -1)[:, :nope].reshape(-1)
+        k_nope = torch.nn.functional.linear(normed, rows.reshape(heads * nope, -1), bias).view(b, s, heads, nope)
+        query = torch.cat([q_rope, q_nope], dim=-1)
+        key = torch.cat([k_rope[:, :, None].expand(b, s, heads, rope), k_nope], dim=-1)
+        return query.transpose(1, 2), key.transpose(1, 2)
 
     def rotate(self, query: torch.Tensor, key: torch.Tensor, kwargs: Mapping[str, Any]) -> tuple[torch.Tensor, ...]:
         """Apply the described position encoding, from the attention module's keyword inputs ``kwargs``."""

@@ -11,7 +11,10 @@ head grid does not depend on (token ids, vocabulary sizes) are transformers' def
 
 The other four need their authors' code (``trust_remote_code``, never enabled on the user's behalf): their
 attention is stated with ``vrh_interp.core.families.described.AttentionDescription``; docs/recipes/remote-code-models.md
-gives the description for those it could read (``described``).
+gives the description for each (``described``). Where transformers ships the language model's architecture
+(DeepSeek-VL2-Small: ``deepseek_v2``; Phi-4-Reasoning-Vision: Phi-4, ``phi3``), ``backbone_config`` records its
+facts, those of the hub checkpoint ``backbone_checkpoint``, so the tests build that language model on the meta
+device and check its size, head grid and description. [GK]: written from memory of the public files, not read here.
 
 Checkpoints. Where the paper used OpenGVLab's remote-code InternVL3 / InternVL3.5 releases, the transformers-native
 conversions (``-hf`` / ``-HF``) hold the same weights in ``InternVLForConditionalGeneration``; the language
@@ -49,6 +52,11 @@ class PaperModel:
     # processor's own kwargs; what benchmarks/real_shape.py builds locally (native models it measures)
     image_processor: tuple[str, Mapping[str, Any]] | None = None
     processor_kwargs: Mapping[str, Any] | None = None
+    # remote code: the language model's transformers model_type and configuration facts (a meta build), and the
+    # hub id whose config.json / parameter count they are
+    backbone_type: str | None = None
+    backbone_config: Mapping[str, Any] | None = None
+    backbone_checkpoint: str | None = None
 
     @property
     def status(self) -> str:
@@ -71,6 +79,14 @@ class PaperModel:
         from transformers import AutoConfig
 
         return AutoConfig.for_model(self.model_type, **self.config)
+
+    def build_backbone_config(self) -> Any:
+        """The transformers config of this remote-code model's language model, from ``backbone_config``."""
+        if self.backbone_config is None or self.backbone_type is None:
+            raise ValueError(f"{self.name}: no language-model facts recorded")
+        from transformers import AutoConfig
+
+        return AutoConfig.for_model(self.backbone_type, **self.backbone_config)
 
 
 def _qwen2_5_vl_vision(out_hidden_size: int) -> dict:
@@ -211,8 +227,18 @@ PAPER_MODELS: tuple[PaperModel, ...] = (
     ),
     PaperModel(
         "DeepSeek-VL2-Small", "deepseek-ai/deepseek-vl2-small", "DeepSeekMoE", REMOTE_CODE,
-        note="needs the deepseek_vl2 package (transformers ships DeepSeek-VL v1 and VL-Hybrid, not VL2); "
-             "its head grid is not recorded here",
+        geometry=HeadGeometry(27, 16, 16, 128),  # MLA: 16 query heads, v_head_dim 128 (o_proj input 16 x 128) [GK]
+        note="deepseek_vl2 package (transformers 4.38); multi-head latent attention (MLA) and MoE MLPs, as "
+             "transformers' deepseek_v2", described=True,
+        backbone_type="deepseek_v2",
+        backbone_config={  # language_config of deepseek-vl2-small = DeepSeek-V2-Lite's shape [GK]
+            "vocab_size": 102400, "hidden_size": 2048, "intermediate_size": 10944, "num_hidden_layers": 27,
+            "num_attention_heads": 16, "num_key_value_heads": 16, "kv_lora_rank": 512, "q_lora_rank": None,
+            "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 64,
+            "n_shared_experts": 2, "num_experts_per_tok": 6, "moe_intermediate_size": 1408, "first_k_dense_replace": 1,
+            "max_position_embeddings": 4096, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+        backbone_checkpoint="deepseek-ai/DeepSeek-V2-Lite",
     ),
     PaperModel(
         "InternVL2.5-8B", "OpenGVLab/InternVL2_5-8B", "InternLM2.5", REMOTE_CODE,
@@ -239,7 +265,16 @@ PAPER_MODELS: tuple[PaperModel, ...] = (
     PaperModel(
         "Phi-4-Reasoning-Vision", "microsoft/Phi-4-reasoning-vision-15B", "Phi", REMOTE_CODE,
         geometry=HeadGeometry(40, 40, 10, 128),  # Phi-4 (14B) language model, model_type phi4-siglip [WEB]
-        note="model_type phi4-siglip (Phi4ForCausalLMV, auto_map code); released after the paper's main experiments",
+        note="model_type phi4-siglip (Phi4ForCausalLMV, auto_map code); Phi-3-style fused qkv_proj; released after "
+             "the paper's main experiments", described=True,
+        backbone_type="phi3",
+        backbone_config={  # microsoft/phi-4 config.json (Phi3ForCausalLM), the reasoning models' base [GK]
+            "vocab_size": 100352, "hidden_size": 5120, "intermediate_size": 17920, "num_hidden_layers": 40,
+            "num_attention_heads": 40, "num_key_value_heads": 10, "max_position_embeddings": 16384,
+            "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 250000.0},
+        },
+        backbone_checkpoint="microsoft/phi-4",
     ),
 )
 
