@@ -57,7 +57,7 @@ INTEGRATION_FILES = {"test_condition_batching.py", "test_cross_masking.py", "tes
                      "test_resume.py", "test_shared_prefix.py", "test_toy_cd.py", "test_toy_models.py",
                      "test_toy_recipe.py", "test_set_statistics.py", "test_shards.py", "test_published.py",
                      "test_patching.py", "test_patching_metric.py", "test_patching_remote.py", "test_probes.py",
-                     "test_real_shape_benchmark.py",
+                     "test_real_shape_benchmark.py", "test_protocol_speed_benchmark.py",
                      "test_reproduce.py", "test_backends.py", "test_grid.py", "test_display.py"}
 
 
