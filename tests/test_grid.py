@@ -186,6 +186,147 @@ def test_ray_executor_without_ray_says_how_to_install(tmp_path: Path, monkeypatc
         run_grid(parse_grid(MODEL + BENCH), tmp_path / "grid", ray="auto", progress=False)
 
 
+# ------------------------------------------------------------------------------------------------ patching cells
+
+PATCH_GRID = """
+experiments = ["patching"]
+
+[options]
+batch_size = 4
+
+[models.l]
+model = "tiny:llava"
+
+[benchmarks.x]
+detect = "synthetic:detect:2"
+eval = "synthetic:eval:2"
+
+[patching]
+top = 2
+pairs = 2
+probe_scenes = 12
+random_sets = 1
+targets = "ground_truth"
+"""
+PATCH_ARGS = ["--top", "2", "--pairs", "2", "--probe-scenes", "12", "--seeds", "0", "--targets", "ground_truth"]
+
+
+def _folder(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name != "run.lock"}
+
+
+def _same_study(a: dict[str, bytes], b: dict[str, bytes]) -> None:
+    """Every file byte for byte, patching.json but for the seconds the study took."""
+    assert sorted(a) == sorted(b)
+    assert {k: v for k, v in a.items() if k != "patching.json"} == {k: v for k, v in b.items() if k != "patching.json"}
+    manifests = [json.loads(files["patching.json"]) for files in (a, b)]
+    for manifest in manifests:
+        manifest["facts"].pop("seconds")
+    assert manifests[0] == manifests[1]
+
+
+@pytest.fixture(scope="module")
+def patching_grid(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("patching") / "grid"
+    result = run_grid(parse_grid(PATCH_GRID), out, progress=False)
+    assert not result.failed, result.status
+    assert [c.id for c in result.cells] == ["detect:l:x", "patching:l:x"]
+    return out
+
+
+def test_patching_cell_holds_what_vrh_patch_writes(patching_grid: Path, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from vrh_interp.apps.cli import main
+    from vrh_interp.experiments.patching_study import PatchingStudy, headline
+    from vrh_interp.scoring.detect import scores_from_run
+
+    heads = [str(h) for h in scores_from_run(patching_grid / "cells/l/x/detect", "vrh").top(2)]
+    assert read_status(patching_grid, "patching:l:x")["heads"] == heads
+    direct = tmp_path / "patch"
+    assert main(["patch", "--model", "tiny:llava", "--vrhs", ",".join(heads), *PATCH_ARGS, "--out", str(direct)]) == 0
+    assert "**Location** (referent_moved" in capsys.readouterr().out
+    _same_study(_folder(patching_grid / "cells/l/patching"), _folder(direct))
+    # the grid's patching table is the study's own headline, read back from vrh patch's folder here
+    table = pd.read_csv(patching_grid / "grid_patching.csv")
+    expected = headline(PatchingStudy.load(direct))
+    assert list(table["kind"]) == list(expected["kind"]) == ["referent_moved", "referent_recoloured",
+                                                              "expression_swap", "different_image"]
+    for column in ("recovery", "ci_low", "all_heads", "random_mean", "random_rank", "matched_p"):
+        assert table[column].tolist() == pytest.approx(expected[column].tolist(), nan_ok=True)
+    assert (table["model"] == "l").all() and (table["random_sets"] == 1).all()
+    assert "## Patching" in (patching_grid / "grid_summary.md").read_text()
+
+
+def test_patching_rerun_repeats_no_work_and_a_killed_cell_resumes_from_its_parts(
+        patching_grid: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from vrh_interp.experiments import patching_study
+    from vrh_interp.experiments.grid import print_grid, write_status
+
+    cell = patching_grid / "cells/l/patching"
+    before = _folder(cell)
+    result = run_grid(parse_grid(PATCH_GRID), patching_grid, progress=False)
+    assert not result.failed
+    assert _folder(cell) == before and len(_attempts(patching_grid, "patching:l:x")) == 1
+    assert print_grid(result) == 0 and "Patching: recovery of the studied heads" in capsys.readouterr().out
+    assert print_grid(result, as_json=True) == 0
+    assert len(json.loads(capsys.readouterr().out)["patching"]) == 4  # one row per pair kind
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("a finished part was computed again")
+
+    monkeypatch.setattr(patching_study, "_kind_tables", no_work)
+    monkeypatch.setattr(patching_study, "readout_probes", no_work)
+    # killed while saving: every part done, the tables and patching.json not written
+    for name in [n for n in before if "/" not in n]:
+        (cell / name).unlink()
+    write_status(patching_grid, "patching:l:x", "running", pid=0, host="gone")
+    assert not run_grid(parse_grid(PATCH_GRID), patching_grid, progress=False).failed
+    _same_study(_folder(cell), before)
+    attempts = _attempts(patching_grid, "patching:l:x")
+    assert len(attempts) == 2 and attempts[1]["records_before"] == 5  # four pair kinds and the probes
+
+
+def test_patching_plan_and_spec_round_trip() -> None:
+    from vrh_interp.experiments.grid import GridSpec, PatchingOptions
+
+    spec = parse_grid("experiments = ['sweep', 'patching']\n" + GRID + "[patching]\nheads_from = 'hard'\n")
+    assert spec.patching == PatchingOptions(heads_from="hard", random_sets=2)  # the grid's random_sets by default
+    assert GridSpec.from_dict(spec.to_dict()) == spec  # what a Ray task gets
+    patching = [c for c in plan_cells(spec) if c.kind == "patching"]
+    assert [(c.id, c.folder, c.depends) for c in patching] == [
+        ("patching:a:hard", "cells/a/patching", ("detect:a:hard",)),
+        ("patching:b:hard", "cells/b/patching", ("detect:b:hard",))]
+    assert "patching" not in parse_grid(GRID).to_dict()  # grids without it keep their grid.json
+
+
+@pytest.mark.parametrize("table, message", [
+    ("[patching]\npairs = 0\n", "GRID.toml [patching]: pairs = 0 must be >= 1"),
+    ("[patching]\ntop = 'many'\n", "[patching]: top = 'many' is not a whole number"),
+    ("[patching]\nmetric = 'logit'\n", "[patching]: metric = 'logit': use \"answer\" or \"first_token\""),
+    ("[patching]\ntargets = 'best'\n", "[patching]: targets = 'best': use \"greedy\" or \"ground_truth\""),
+    ("[patching]\nheads_from = 'nope'\n", "[patching]: heads_from = 'nope' is not a benchmark of the grid (x)"),
+    ("[patching]\nseeds = 3\n", "[patching]: unknown key 'seeds'; the keys are heads_from, top, pairs"),
+    ("[models.r]\nmodel = 'toy:b'\nremote = true\n", "[models.r]: remote = true: the patching study runs only here"),
+    ("[models.r]\nmodel = 'toy:b'\nremote = 'local'\n", "set remote = false, or remove \"patching\" from experiments"),
+])
+def test_bad_patching_options_are_refused_before_any_work(table: str, message: str, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from vrh_interp.apps.cli import main
+
+    with pytest.raises(GridSpecError) as caught:
+        parse_grid("experiments = ['patching']\n" + MODEL + BENCH + table)
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+    grid = tmp_path / "GRID.toml"
+    grid.write_text("experiments = ['patching']\n" + MODEL + BENCH + table)
+    assert main(["grid", str(grid), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vrh grid: error: GRID.toml") and message in err and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(GridSpecError, match='a \\[patching\\] table but experiments has no "patching"'):
+        parse_grid(MODEL + BENCH + "[patching]\ntop = 2\n")
+
+
 # ------------------------------------------------------------------------------------------------- Ray executor
 
 @pytest.fixture(scope="module")

@@ -11,14 +11,20 @@ A grid is a plan of *cells*, each an ordinary resumable run folder made by the l
 * ``vqa`` (model x VQA benchmark): ``experiments.vqa_sweep.vqa_sweep`` of the top ``vqa_k`` heads detected on
   the benchmark named by ``heads_from``, into ``cells/MODEL/vqa-NAME``;
 * ``transfer`` (a named pair of models on one grounding benchmark): ``experiments.transfer.cross_masking`` of
-  both models' detected heads, into ``transfer/A__B__BENCHMARK``.
+  both models' detected heads, into ``transfer/A__B__BENCHMARK``;
+* ``patching`` (model): ``experiments.patching_study.detect_and_study`` (what ``vrh patch`` runs) on the top
+  ``top`` heads detected on the benchmark named by ``[patching] heads_from``, into ``cells/MODEL/patching``: the
+  folder ``vrh patch --vrhs HEADS --top N ...`` writes. Local models only (the study has no remote path), on the
+  nnsight backend (the grid has no backend option; the study refuses TransformerLens).
 
 A cell's dependencies (a sweep needs its detection, ...) are part of the plan; the executors run a cell only
 after them. The grid folder holds ``grid.json`` (the parsed grid, every cell with its folder, dependencies and
 status: pending, running, done, failed with a one-line reason), ``status/`` (one file per cell, written by
 whoever runs it, so workers on other machines report through the shared folder), the summary
 (``grid_summary.csv`` / ``.md``: the paper's Table 3 / A12 layout, baseline, VRH-k, random-k and matched-k
-accuracy per model x benchmark with the set-level verdict) and ``grid_drop.png`` (the drop of VRH-k per cell).
+accuracy per model x benchmark with the set-level verdict; patching cells: ``grid_patching.csv``, the study's own
+recovery of the heads and their rank among the control sets per pair kind) and ``grid_drop.png`` (the drop of
+VRH-k per cell).
 
 Executors. ``local`` runs the cells in plan order in this process (one model loaded at a time). ``ray`` (``run_ray``,
 ``pip install 'vrh-interp[ray]'``; Ray is imported only there) submits every cell not done yet as one Ray task
@@ -50,9 +56,10 @@ from typing import Any, Callable, Mapping, Sequence
 from vrh_interp.core.remote import ENV as REMOTE_TIMEOUT_ENV
 from vrh_interp.core.runs import RunLockedError, lock_run_folder, write_atomic, write_json_atomic
 
-EXPERIMENTS: tuple[str, ...] = ("detect", "sweep", "vqa", "transfer")
+EXPERIMENTS: tuple[str, ...] = ("detect", "sweep", "vqa", "transfer", "patching")
 GRID_FILE, STATUS_DIR, SUMMARY_CSV, SUMMARY_MD, HEATMAP = ("grid.json", "status", "grid_summary.csv",
                                                             "grid_summary.md", "grid_drop.png")
+PATCHING_CSV = "grid_patching.csv"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -94,6 +101,19 @@ class TransferPair:
 
 
 @dataclass(frozen=True)
+class PatchingOptions:
+    """``[patching]``: the arguments of ``detect_and_study`` (``vrh patch``) in every patching cell."""
+
+    heads_from: str  # the grounding benchmark whose detected heads are studied
+    top: int = 3  # how many of its top-scored heads (``vrh patch --top``)
+    pairs: int = 48  # clean/corrupted pairs per kind (``--pairs``)
+    probe_scenes: int = 120  # ``--probe-scenes``
+    random_sets: int = 20  # control seeds 0 .. N-1 (``--seeds``); default: [options] random_sets
+    targets: str = "greedy"  # ``--targets``
+    metric: str = "answer"  # ``--metric``
+
+
+@dataclass(frozen=True)
 class GridOptions:
     """Options of every cell (the runners' own arguments, as ``vrh sweep`` takes them)."""
 
@@ -120,9 +140,13 @@ class GridSpec:
     transfer: tuple[TransferPair, ...] = ()
     experiments: tuple[str, ...] = ("detect", "sweep")
     options: GridOptions = GridOptions()
+    patching: PatchingOptions | None = None  # set when "patching" is an experiment
 
     def to_dict(self) -> dict[str, Any]:
-        return json.loads(json.dumps(dataclasses.asdict(self)))
+        data = json.loads(json.dumps(dataclasses.asdict(self)))
+        if data["patching"] is None:  # grids without patching keep the grid.json they had before it existed
+            del data["patching"]
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "GridSpec":
@@ -130,7 +154,8 @@ class GridSpec:
                    benchmarks={k: GroundingBenchmark(**v) for k, v in data["benchmarks"].items()},
                    vqa={k: VQABenchmark(**v) for k, v in data["vqa"].items()},
                    transfer=tuple(TransferPair(tuple(t["models"]), t["benchmark"]) for t in data["transfer"]),
-                   experiments=tuple(data["experiments"]), options=GridOptions(**data["options"]))
+                   experiments=tuple(data["experiments"]), options=GridOptions(**data["options"]),
+                   patching=PatchingOptions(**data["patching"]) if data.get("patching") else None)
 
 
 # ---------------------------------------------------------------------------------------------- parsing GRID.toml
@@ -256,7 +281,7 @@ def parse_grid(text: str) -> GridSpec:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise GridSpecError(f"GRID.toml is not valid TOML: {error}") from None
-    _check_keys(data, "top level", ("experiments", "options", "models", "benchmarks", "vqa", "transfer"),
+    _check_keys(data, "top level", ("experiments", "options", "models", "benchmarks", "vqa", "transfer", "patching"),
                 ("models",))
     experiments = data.get("experiments", ["detect", "sweep"])
     if not isinstance(experiments, list) or not experiments or not all(isinstance(e, str) for e in experiments):
@@ -294,8 +319,54 @@ def parse_grid(text: str) -> GridSpec:
         raise GridSpecError("GRID.toml: experiments has \"vqa\" but there is no [vqa.NAME] table")
     if "transfer" in experiments and not transfer:
         raise GridSpecError("GRID.toml: experiments has \"transfer\" but there is no [[transfer]] pair")
+    patching = None
+    if "patching" in experiments:
+        patching = _patching(data.get("patching", {}), models, benchmarks, options)
+    elif "patching" in data:
+        raise GridSpecError("GRID.toml: there is a [patching] table but experiments has no \"patching\": add it to "
+                            "experiments, or remove the table")
     return GridSpec(models=models, benchmarks=benchmarks, vqa=vqa if "vqa" in experiments else {},
-                    transfer=transfer if "transfer" in experiments else (), experiments=experiments, options=options)
+                    transfer=transfer if "transfer" in experiments else (), experiments=experiments, options=options,
+                    patching=patching)
+
+
+def _patching(table: Any, models: Mapping[str, GridModel], benchmarks: Mapping[str, GroundingBenchmark],
+              options: GridOptions) -> PatchingOptions:
+    """``[patching]``, checked as ``vrh patch`` checks its options; remote models are refused (the study runs
+    only here)."""
+    from vrh_interp.data.sources import MAX_SYNTHETIC_SCENES
+
+    section = "patching"
+    choices = {"targets": ("greedy", "ground_truth"), "metric": ("answer", "first_token")}
+    fields = [f.name for f in dataclasses.fields(PatchingOptions)]
+    _check_keys(table, section, fields)
+    values: dict[str, Any] = {"heads_from": table.get("heads_from", next(iter(benchmarks))),
+                              "random_sets": options.random_sets}
+    if not isinstance(values["heads_from"], str) or values["heads_from"] not in benchmarks:
+        raise GridSpecError(f"{_where(section)}: heads_from = {values['heads_from']!r} is not a benchmark of the grid "
+                            f"({', '.join(benchmarks)})")
+    for key in ("top", "pairs", "probe_scenes", "random_sets"):
+        if key in table:
+            value = _typed(table, key, section, (int,), "a whole number")
+            if value < 1:
+                raise GridSpecError(f"{_where(section)}: {key} = {value} must be >= 1")
+            if key in ("pairs", "probe_scenes") and value > MAX_SYNTHETIC_SCENES:
+                raise GridSpecError(f"{_where(section)}: {key} = {value} is above the limit of "
+                                    f"{MAX_SYNTHETIC_SCENES} scenes")
+            values[key] = value
+    for key, allowed in choices.items():
+        if key in table:
+            if table[key] not in allowed:
+                raise GridSpecError(f"{_where(section)}: {key} = {table[key]!r}: use "
+                                    + " or ".join(f'"{a}"' for a in allowed))
+            values[key] = table[key]
+    remote = [m for m in models.values() if m.remote]
+    if remote:
+        shown = "true" if remote[0].remote is True else f'"{remote[0].remote}"'
+        raise GridSpecError(f"{_where('models.' + remote[0].name)}: remote = {shown}: the patching study "
+                            "runs only here (vrh patch has no --remote): set remote = false, or remove \"patching\" "
+                            "from experiments")
+    return PatchingOptions(**values)
 
 
 def _tables(data: Mapping[str, Any], section: str) -> list[tuple[str, Any]]:
@@ -345,7 +416,7 @@ class Cell:
     ``...#i/n``; transfer: ``transfer:A+B:BENCHMARK``)."""
 
     id: str
-    kind: str  # detect | sweep | sweep-shard | sweep-merge | vqa | transfer
+    kind: str  # detect | sweep | sweep-shard | sweep-merge | vqa | transfer | patching
     models: tuple[str, ...]
     benchmark: str
     folder: str  # relative to the grid folder
@@ -375,6 +446,10 @@ def plan_cells(spec: GridSpec) -> list[Cell]:
         for v, bench in spec.vqa.items():
             cells.append(Cell(f"vqa:{m}:{v}", "vqa", (m,), v, f"cells/{m}/vqa-{v}",
                               (f"detect:{m}:{bench.heads_from}",)))
+        if spec.patching is not None:
+            heads_from = spec.patching.heads_from
+            cells.append(Cell(f"patching:{m}:{heads_from}", "patching", (m,), heads_from, f"cells/{m}/patching",
+                              (f"detect:{m}:{heads_from}",)))
     for pair in spec.transfer:
         a, b = pair.models
         cells.append(Cell(f"transfer:{a}+{b}:{pair.benchmark}", "transfer", (a, b), pair.benchmark,
@@ -493,9 +568,24 @@ def _run_transfer(grid_dir: Path, spec: GridSpec, cell: Cell) -> dict[str, Any]:
     return {"ks": ks}
 
 
+def _run_patching(grid_dir: Path, spec: GridSpec, cell: Cell) -> dict[str, Any]:
+    """``detect_and_study`` as ``vrh patch --vrhs HEADS --top N --pairs ... --out FOLDER`` calls it, with the top
+    heads of the cell's detection: it resumes an interrupted study part by part and returns a finished one."""
+    from vrh_interp.experiments.patching_study import detect_and_study
+
+    p, model = spec.patching, spec.models[cell.models[0]]
+    if p is None:
+        raise ValueError("this grid has no [patching] options")
+    heads = _scores(grid_dir, spec, model.name, p.heads_from).top(p.top)
+    detect_and_study(_load(model), grid_dir / cell.folder, top=p.top, vrhs=heads, pairs_per_kind=p.pairs,
+                     probe_scenes=p.probe_scenes, random_seeds=list(range(p.random_sets)), targets=p.targets,
+                     metric=p.metric, progress=False)
+    return {"heads": [str(h) for h in heads]}
+
+
 RUNNERS: dict[str, Callable[[Path, GridSpec, Cell], dict[str, Any]]] = {
     "detect": _run_detect, "sweep": _run_sweep, "sweep-shard": _run_sweep, "sweep-merge": _run_merge,
-    "vqa": _run_vqa, "transfer": _run_transfer}
+    "vqa": _run_vqa, "transfer": _run_transfer, "patching": _run_patching}
 
 RECORD_LOGS: dict[str, str] = {"detect": "detect_records.jsonl", "sweep": "sweep_records.jsonl",
                                "sweep-shard": "sweep_records.jsonl", "sweep-merge": "sweep_records.jsonl",
@@ -527,6 +617,10 @@ def one_line(error: BaseException) -> str:
 
 
 def _records_in(folder: Path, kind: str) -> int:
+    if kind == "patching":  # the study's finished parts (pair kinds, probes)
+        from vrh_interp.experiments.patching_study import PART_DONE
+
+        return len(list(folder.glob(f"parts/*/{PART_DONE}")))
     name = RECORD_LOGS.get(kind)
     paths = [folder / name] if name else sorted(folder.glob("masked_in_*/sweep_records.jsonl"))
     return sum(p.read_bytes().count(b"\n") for p in paths if p.exists())
@@ -585,6 +679,7 @@ class GridResult:
     cells: list[Cell]
     status: dict[str, dict[str, Any]]
     summary: Any  # pandas DataFrame (grid_summary.csv)
+    patching: Any = None  # pandas DataFrame (grid_patching.csv), for grids with patching cells
 
     @property
     def failed(self) -> list[str]:
@@ -675,7 +770,8 @@ def run_grid(grid: str | os.PathLike[str] | GridSpec, out: str | os.PathLike[str
         else:
             status = run_ray(grid_dir, spec, cells, address=ray, log=log)
         summary = write_summary(grid_dir, spec, cells, status)
-        return GridResult(grid_dir, cells, status, summary)
+        patching = patching_summary(grid_dir, cells, status) if spec.patching is not None else None
+        return GridResult(grid_dir, cells, status, summary, patching)
     finally:
         del lock
 
@@ -856,9 +952,28 @@ def grid_summary(grid_dir: Path, spec: GridSpec, cells: Sequence[Cell],
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
 
 
+PATCHING_COLUMNS = ["model", "heads_from", "kind", "metric", "heads", "n_pairs", "recovery", "ci_low", "ci_high",
+                    "all_heads", "random_mean", "random_rank", "random_sets", "random_p", "matched_mean",
+                    "matched_rank", "matched_sets", "matched_p", "verdict"]
+
+
+def patching_summary(grid_dir: Path, cells: Sequence[Cell], status: Mapping[str, Mapping[str, Any]]) -> Any:
+    """One row per done patching cell and pair kind: the study's own headline (``patching_study.headline``: the
+    studied heads' recovery with its CI, all heads', their rank among the random and layer-matched sets, the
+    study's verdict), read from the cell folder."""
+    import pandas as pd
+
+    from vrh_interp.experiments.patching_study import PatchingStudy, headline
+
+    frames = [headline(PatchingStudy.load(grid_dir / c.folder)).assign(model=c.models[0], heads_from=c.benchmark)
+              for c in cells if c.kind == "patching" and status[c.id]["status"] == "done"]
+    return pd.concat(frames, ignore_index=True)[PATCHING_COLUMNS] if frames else pd.DataFrame(columns=PATCHING_COLUMNS)
+
+
 def write_summary(grid_dir: Path, spec: GridSpec, cells: Sequence[Cell],
                   status: Mapping[str, Mapping[str, Any]]) -> Any:
-    """grid_summary.csv / .md and the heatmap grid_drop.png; the summary frame."""
+    """grid_summary.csv / .md, grid_patching.csv (grids with patching cells) and the heatmap grid_drop.png; the
+    summary frame."""
     from vrh_interp.viz.tables import markdown_table
 
     summary = grid_summary(grid_dir, spec, cells, status)
@@ -876,6 +991,16 @@ def write_summary(grid_dir: Path, spec: GridSpec, cells: Sequence[Cell],
                  if c.kind == "transfer" and status[c.id]["status"] == "done"]
     if transfers:
         lines += ["## Transfer (cross-masking at the largest k)", "", markdown_table(pd.concat(transfers).round(3)), ""]
+    if spec.patching is not None:
+        patching = patching_summary(grid_dir, cells, status)
+        write_atomic(grid_dir / PATCHING_CSV, patching.to_csv(index=False))
+        if len(patching):
+            lines += ["## Patching (the studied heads' outputs patched clean -> corrupted)", "",
+                      f"Recovery of the metric (`{spec.patching.metric}`) with the top {spec.patching.top} heads of "
+                      "`heads_from` patched, its 95% CI, all heads patched, and the heads' rank among the random "
+                      "and layer-matched same-size sets (rank 1 = none recovers as much; p: their tail) with the "
+                      "study's verdict (`experiments.patching_study`; the cell's patching.md has every table).", "",
+                      markdown_table(patching.drop(columns=["heads"]).round(3)), ""]
     states = [{"cell": c.id, "status": status[c.id]["status"], "reason": status[c.id].get("reason", "")}
               for c in cells]
     lines += ["## Cells", "", markdown_table(pd.DataFrame(states)), ""]
@@ -903,14 +1028,20 @@ def print_grid(result: GridResult, *, as_json: bool = False) -> int:
     states = [{"cell": c.id, "status": result.status[c.id]["status"], "reason": result.status[c.id].get("reason", "")}
               for c in result.cells]
     if as_json:
+        extra = ({"patching": json.loads(result.patching.to_json(orient="records"))}
+                 if result.patching is not None else {})
         print(json.dumps({"out": str(result.out), "cells": states,
-                          "summary": json.loads(result.summary.to_json(orient="records"))}))
+                          "summary": json.loads(result.summary.to_json(orient="records")), **extra}))
     else:
         with pd.option_context("display.max_columns", 20, "display.precision", 3, "display.width", 120):
             if len(result.summary):
                 print("\nGrid summary: accuracy (baseline, top-k VRHs masked, mean of the random / layer-matched "
                       "control sets), drop and verdict")
                 print(result.summary.drop(columns=["reason"]).to_string(index=False))
+            if result.patching is not None and len(result.patching):
+                print("\nPatching: recovery of the studied heads, all heads, their rank among the random / "
+                      "layer-matched sets, verdict")
+                print(result.patching.drop(columns=["heads", "verdict"]).to_string(index=False))
             done = sum(s["status"] == "done" for s in states)
             print(f"\n{done} of {len(states)} cells done; folder {result.out} (grid.json, {SUMMARY_MD}, {HEATMAP})")
             for state in states:

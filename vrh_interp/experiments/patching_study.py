@@ -215,6 +215,31 @@ def _exceeds(summary: pd.DataFrame) -> str:
             else "NOT more than the controls: " + "; ".join(failing))
 
 
+def headline(study: PatchingStudy) -> pd.DataFrame:
+    """One row per pair kind, numbers of the study's own tables: the VRH set's recovery and its CI, all heads'
+    recovery, the random and layer-matched populations' mean, the VRHs' rank among them (1 + sets recovering at
+    least as much, of ``sets``) and tail p, and the verdict of the fixed rule of ``answers``."""
+    sets, dist = study.tables["head_set_patching"], study.tables["set_distribution"]
+    rows = []
+    for kind in sets["kind"].unique():
+        part = sets[sets["kind"] == kind]
+        vrh, every = part[part["head_set"] == "vrh"].iloc[0], part[part["head_set"] == "all"].iloc[0]
+        populations = dist[dist["kind"] == kind]
+        row = {"kind": kind, "metric": vrh["metric"], "heads": vrh["heads"], "n_pairs": int(vrh["n_pairs"]),
+               "recovery": float(vrh["recovery"]), "ci_low": float(vrh["ci_low"]), "ci_high": float(vrh["ci_high"]),
+               "all_heads": float(every["recovery"])}
+        for control in ("random", "matched"):
+            found = populations[populations["population"] == control]
+            population = found.iloc[0] if len(found) else None
+            row[f"{control}_mean"] = float(population["mean"]) if population is not None else float("nan")
+            row[f"{control}_rank"] = int(population["rank"]) if population is not None else None
+            row[f"{control}_sets"] = int(population["sets"]) if population is not None else 0
+            row[f"{control}_p"] = float(population["tail_p"]) if population is not None else float("nan")
+        row["verdict"] = _exceeds(populations)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def answers(study: PatchingStudy) -> list[str]:
     """One numeric sentence per question of the module docstring, worded by fixed rules (tail probabilities
     against the control populations, attribution's agreement on the top exact heads)."""
