@@ -220,6 +220,16 @@ def test_manifests_are_read_strictly_and_compared_whole(tmp_path: Path) -> None:
         RunFolder(tmp_path / "run", {"kind": "detect", "seed": 2, "path": "p"})
     with pytest.raises(RunMismatchError, match="extra: folder has None, this run has 1"):
         RunFolder(tmp_path / "run", {"kind": "detect", "seed": 1, "path": "p", "extra": 1})
+    conditions = {f"random:k=1:seed={i}": [f"L0H{i}"] for i in range(40)}
+    RunFolder(tmp_path / "conds", {"conditions": conditions})
+    grown = {**conditions, "live:k=1:seed=0": ["L1H0"], "random:k=1:seed=3": ["L1H1"]}
+    del grown["random:k=1:seed=9"]
+    with pytest.raises(RunMismatchError) as refused:
+        RunFolder(tmp_path / "conds", {"conditions": grown})
+    assert ("conditions: 1 only in the folder (e.g. random:k=1:seed=9), 1 only in this run (e.g. live:k=1:seed=0), "
+            "1 different (e.g. random:k=1:seed=3)") in str(refused.value) and len(str(refused.value)) < 400
+    with pytest.raises(RunMismatchError, match=r"model: folder has 'x{196}\.\.\., this run has 'y'"):
+        RunFolder(tmp_path / "long", {"model": "x" * 300}) and RunFolder(tmp_path / "long", {"model": "y"})
     assert whole_run_manifest(tmp_path / "run", "detect", "a detection run")["seed"] == 1
     with pytest.raises(RunManifestError, match="holds a 'detect' run, not a sweep"):
         whole_run_manifest(tmp_path / "run", "sweep", "a sweep")

@@ -263,6 +263,22 @@ class RecordLog:
             raise _naming(error, self.path)
 
 
+def _difference(key: str, old: Any, new: Any) -> str:
+    """One manifest entry's difference in a line: for mappings (a run's conditions), the keys only on one side and
+    the keys whose values differ, a few of each named, instead of both mappings printed whole."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        sides = (("only in the folder", sorted(set(old) - set(new))), ("only in this run", sorted(set(new) - set(old))),
+                 ("different", sorted(k for k in set(old) & set(new) if old[k] != new[k])))
+        return f"{key}: " + ", ".join(f"{len(keys)} {label} (e.g. {', '.join(map(str, keys[:3]))})"
+                                      for label, keys in sides if keys)
+
+    def shown(value: Any) -> str:
+        text = repr(value)
+        return text if len(text) <= 200 else text[:197] + "..."
+
+    return f"{key}: folder has {shown(old)}, this run has {shown(new)}"
+
+
 class RunFolder:
     """A folder holding a manifest and record logs for one configuration."""
 
@@ -275,8 +291,7 @@ class RunFolder:
             previous = read_manifest(manifest)
             differing = sorted(k for k in set(previous) | set(self.config) if previous.get(k) != self.config.get(k))
             if differing:
-                details = "; ".join(f"{k}: folder has {previous.get(k)!r}, this run has {self.config.get(k)!r}"
-                                    for k in differing[:5])
+                details = "; ".join(_difference(k, previous.get(k), self.config.get(k)) for k in differing[:5])
                 raise RunMismatchError(
                     f"run folder {self.path} was made by a different configuration ({details}). "
                     "Refusing to resume into it: use a new --out folder, or delete this one to start over."
