@@ -371,8 +371,8 @@ def sweep(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], ranking: HeadSc
           shard: Shard | None = None, ablation: str = "zero",
           ablation_values: AblationValues | None = None, max_batch_rows: int | None = None,
           backend: str | Backend = "nnsight", live: HeadSet | None = None) -> SweepResult:
-    """Mask the top-k heads of ``ranking``, ``len(random_seeds)`` random sets and (``matched``) as many layer-matched sets
-    per k, and with ``live`` (the live heads of ``evaluation.census.run_census``) as many sets drawn from the live
+    """Mask the top-k heads of ``ranking``, ``len(random_seeds)`` random sets and (``matched``) as many
+    layer-matched sets per k, and with ``live`` (the live heads of ``evaluation.census.run_census``) as many sets drawn from the live
     heads: a control that inert heads cannot carry; ``ks`` are counts or percentages of all heads (``parse_ks``);
     ``shard`` runs one shard (``run_conditions``). ``ablation``: "zero" (the paper's), "mean" or "resample", the
     latter two with ``ablation_values`` (``evaluation.grounding.ablation_values`` on the detection samples).
