@@ -372,13 +372,14 @@ def sweep(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], ranking: HeadSc
           ablation_values: AblationValues | None = None, max_batch_rows: int | None = None,
           backend: str | Backend = "nnsight", live: HeadSet | None = None) -> SweepResult:
     """Mask the top-k heads of ``ranking``, ``len(random_seeds)`` random sets and (``matched``) as many
-    layer-matched sets per k, and with ``live`` (the live heads of ``evaluation.census.run_census``) as many sets drawn from the live
-    heads: a control that inert heads cannot carry; ``ks`` are counts or percentages of all heads (``parse_ks``);
-    ``shard`` runs one shard (``run_conditions``). ``ablation``: "zero" (the paper's), "mean" or "resample", the
-    latter two with ``ablation_values`` (``evaluation.grounding.ablation_values`` on the detection samples).
-    Conditions are batched ``max_batch_rows`` rows per generation (``run_conditions``). A published ranking
-    (``vrh_interp.core.published``) is checked against the model's grid (``published.check_geometry``) and its
-    source is recorded as ``heads_source`` in the run folder's manifest. ``backend``: ``run_conditions``."""
+    layer-matched sets per k, and with ``live`` (the live heads of ``evaluation.census.run_census``) as many sets
+    drawn from the live heads: a control that inert heads cannot carry. ``ks`` are counts or percentages of all
+    heads (``parse_ks``); ``shard`` runs one shard (``run_conditions``). ``ablation``: "zero" (the paper's), "mean"
+    or "resample", the latter two with ``ablation_values`` (``evaluation.grounding.ablation_values`` on the
+    detection samples). Conditions are batched ``max_batch_rows`` rows per generation (``run_conditions``). A
+    published ranking (``vrh_interp.core.published``) is checked against the model's grid
+    (``published.check_geometry``) and its source is recorded as ``heads_source`` in the run folder's manifest.
+    ``backend``: ``run_conditions``."""
     if isinstance(ranking, HeadScores):
         detection_ids = list(detection_ids or []) + list(ranking.sample_ids)
         head_ranking = ranking.ranking()
