@@ -316,7 +316,7 @@ def test_cli_sweep_with_a_published_set_records_its_source(grid_7b, tmp_path, ca
     monkeypatch.setattr(cli, "_load_model", lambda spec, device, dtype: grid_7b if spec == "grid-7b" else None)
     out = tmp_path / "sweep"
     status = cli.main(["sweep", "--model", "grid-7b", "--vrhs", "published:qwen2.5-vl-7b/refcoco", "--data",
-                   "synthetic:eval:3", "--ks", "0,20", "--seeds", "0", "--no-matched", "--batch-size", "3",
+                   "synthetic:eval:3", "--ks", "0,20", "--seeds", "0", "--no-matched", "--no-live", "--batch-size", "3",
                    "--max-new-tokens", "2", "--out", str(out), "--json"])
     assert status == 0, capsys.readouterr().err
     manifest = json.loads((out / "manifest.json").read_text())

@@ -361,10 +361,17 @@ def _live_pool(args: argparse.Namespace, vlm: Any, samples: Any, ranking: Any, k
         return None
     from vrh_interp.evaluation.census import run_census
     from vrh_interp.experiments.ks import parse_ks
+    from vrh_interp.experiments.sweep import check_geometry, sweep_conditions
 
-    largest = max(parse_ks(ks, vlm.geometry.total_heads), default=0)
+    counts = parse_ks(ks, vlm.geometry.total_heads)
+    largest = max(counts, default=0)
     if largest == 0:
         return None
+    # heads off the model's grid, or a k whose random / matched sets cannot be drawn, fail here as in `sweep`,
+    # before the census runs or writes anything
+    check_geometry(ranking, vlm.geometry)
+    sweep_conditions(ranking, vlm.geometry, counts, _control_seeds(args), matched=not args.no_matched,
+                     exclude_first_layer=args.exclude_first_layer)
     pool = run_census(vlm, samples, args.out, max_new_tokens=args.max_new_tokens)
     print(pool.line(), file=sys.stderr)
     live = pool.control_pool(ranking[:largest], largest)

@@ -144,6 +144,10 @@ def sweep_conditions(ranking: HeadSet, geometry: HeadGeometry, ks: Sequence[int]
         raise ValueError(f"k values {bad} out of range: the model has {total} heads")
     if len(set(ks)) != len(ks):
         raise ValueError(f"duplicate k values in {list(ks)}")
+    short = [k for k in ks if k > len(ranking)]
+    if short:  # ranking[:k] would mask fewer heads than its label says
+        raise ValueError(f"k values {short} exceed the ranking's {len(ranking)} heads: pass ks up to "
+                         f"{len(ranking)} (--ks), or a longer ranking")
     detected = ranking[: max(ks)] if ks else HeadSet()
     conditions = [Condition("baseline", 0, None, HeadSet())]  # masks nothing: the same under every ablation kind
     for k in sorted(k for k in ks if k > 0):
