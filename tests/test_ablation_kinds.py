@@ -234,3 +234,44 @@ def test_mean_ablation_is_remote_safe():
         remote = ground_batch(vlm, samples, heads=heads, ablation=Ablation(kind, values), max_new_tokens=4,
                               remote="local")
         assert local == remote
+
+
+def test_a_new_ablation_kind_is_one_class(monkeypatch):
+    """Issue 32: kinds are objects. One registered class is a working kind: ``Ablation``, ``ablation_for`` and both
+    templates use it through its methods (here: twice the pooled mean), with no name switch anywhere."""
+    from vrh_interp.core import ablation_kinds
+    from vrh_interp.core.heads import HeadGeometry
+    from vrh_interp.core.templates.ablation import HeadAblation, RowHeadAblation
+    from vrh_interp.experiments.sweep import ablation_for
+
+    class DoubleMeanAblation(ablation_kinds.AblationMethod):
+        name = "double-mean"
+
+        def replacement(self, values, sample_id=None):
+            return 2 * values.mean()
+
+    monkeypatch.setitem(ablation_kinds.ABLATION_METHODS, "double-mean", DoubleMeanAblation())
+    geometry = HeadGeometry(num_layers=2, num_heads=2, num_kv_heads=2, head_dim=4)
+    values = AblationValues(("a", "b"), torch.randn(2, 2, 3, 8), torch.ones(2, 3, dtype=torch.long))
+    ablation = ablation_for("double-mean", values, geometry)
+    assert ablation.replaces_by_segment and ablation.manifest()["kind"] == "double-mean"
+    segments = torch.tensor([[VISUAL, PROMPT, ANSWER]])
+    heads = HeadSet([Head(1, 0)])
+    single = HeadAblation.build(heads, geometry, str, ablation, segments=segments)
+    expected = (2 * values.mean()[1]).view(3, 2, 4)[:, [0]]
+    assert single.kind == "double-mean" and torch.equal(single.tables[1][0], expected)
+    rows = RowHeadAblation.build([heads], [ablation], geometry, str, segments=segments)
+    assert torch.equal(rows.tables[1][0], expected) and bool(rows.keep_padding[0])
+    with pytest.raises(ValueError, match="must be one of"):
+        Ablation("triple-mean", values)
+
+
+def test_kinds_declare_what_they_need():
+    from vrh_interp.core.ablation_kinds import ABLATION_KINDS, ABLATION_METHODS, DEFAULT_ABLATION_KIND
+    from vrh_interp.core.backends.base import NnsightBackend
+    from vrh_interp.core.backends.transformer_lens import TransformerLensBackend
+
+    assert ABLATION_KINDS == ("zero", "mean", "resample") and DEFAULT_ABLATION_KIND == "zero"  # names records keep
+    assert [(m.needs_reference_values, m.per_sample) for m in ABLATION_METHODS.values()] == [
+        (False, False), (True, False), (True, True)]
+    assert NnsightBackend.ablation_kinds == ABLATION_KINDS and TransformerLensBackend.ablation_kinds == ("zero",)

@@ -156,3 +156,43 @@ def test_the_checker_sees_imports_inside_functions_and_their_loops():
     assert "toy_training.regime" in GRAPH["toy_training.train"], "imports inside functions are not parsed"
     looped = {**GRAPH, "toy_training.grounding": {**GRAPH["toy_training.grounding"], "toy_training.train": 1}}
     assert any({"toy_training.grounding", "toy_training.train"} <= set(c) for c in _cycles(looped))
+
+
+# issue 32: an app is a composition of named steps; a function over this many lines hides steps that want names
+APPS = PACKAGE / "apps"
+MAX_APP_FUNCTION_LINES = 80
+
+
+def long_functions(source: str, limit: int = MAX_APP_FUNCTION_LINES) -> list[tuple[str, int]]:
+    """``(qualified name, lines)`` of every function (methods and nested ones too) longer than ``limit`` lines,
+    decorators and docstring included."""
+    found: list[tuple[str, int]] = []
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            name = f"{prefix}{getattr(child, 'name', '')}"
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                first = min([child.lineno, *(d.lineno for d in child.decorator_list)])
+                if child.end_lineno - first + 1 > limit:
+                    found.append((name, child.end_lineno - first + 1))
+            visit(child, f"{name}." if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                  else prefix)
+
+    visit(ast.parse(source), "")
+    return found
+
+
+def test_no_function_in_vrh_interp_apps_over_80_lines():
+    too_long = {f"{path.relative_to(ROOT)}::{name}": lines for path in sorted(APPS.rglob("*.py"))
+                for name, lines in long_functions(path.read_text())}
+    assert not too_long, (f"functions over {MAX_APP_FUNCTION_LINES} lines in vrh_interp/apps (split them into named "
+                          f"steps or helpers): {too_long}")
+
+
+def test_the_function_length_guard_fires():
+    # guards the guard: a synthetic 81-line function (and a long method nested in a class) must be reported
+    body = "".join(f"    x{i} = {i}\n" for i in range(80))
+    source = f"def short():\n    return 1\n\n\ndef long():\n{body}\n\nclass C:\n    def m(self):\n" + \
+        "".join(f"        y{i} = {i}\n" for i in range(80))
+    assert long_functions(source) == [("long", 81), ("C.m", 81)]
+    assert long_functions("def f():\n" + "".join(f"    x{i} = {i}\n" for i in range(79))) == []

@@ -321,11 +321,18 @@ def _control_seeds(args: argparse.Namespace) -> list[int]:
     return list(range(args.random_sets))
 
 
+def _needs_reference_values(kind: str) -> bool:
+    """Whether ablation ``kind`` replaces heads by reference outputs (mean, resample) rather than zeroing them."""
+    from vrh_interp.core.ablation_kinds import ablation_method
+
+    return ablation_method(kind).needs_reference_values
+
+
 def _ablation_values(args: argparse.Namespace, vlm: Any, scores: Any) -> Any:
     """``--ablation mean|resample``: the reference outputs on the detection samples the scores were computed on
     (those of ``--detect-data`` whose ids the scores file lists; all of them with ``--vrhs``, which has no scores
     file), saved as ``OUT/ablation_values.pt``; None for zero ablation."""
-    if args.ablation == "zero":
+    if not _needs_reference_values(args.ablation):
         return None
     from vrh_interp.data.sources import load_data
 
@@ -457,7 +464,7 @@ def cmd_design_space(args: argparse.Namespace) -> int:
                                     run_dir=out / "detect", dataset=args.data, remote=args.remote,
                                     backend=args.backend)
     values = None
-    if args.ablation != "zero":  # reference outputs from the same detection samples
+    if _needs_reference_values(args.ablation):  # reference outputs from the same detection samples
         from vrh_interp.evaluation.grounding import ablation_values
 
         values = ablation_values(vlm, detect, batch_size=args.batch_size, remote=args.remote, progress=not args.json)
@@ -607,7 +614,9 @@ def cmd_grid(args: argparse.Namespace) -> int:
 
 
 def ablation_options(p: argparse.ArgumentParser, *, detect_data: bool = True) -> None:
-    p.add_argument("--ablation", choices=("zero", "mean", "resample"), default="zero",
+    from vrh_interp.core.ablation_kinds import ABLATION_KINDS, DEFAULT_ABLATION_KIND  # no torch: --help stays fast
+
+    p.add_argument("--ablation", choices=ABLATION_KINDS, default=DEFAULT_ABLATION_KIND,
                    help="how masked heads are removed: zero (the paper's), mean (the head's mean output per position "
                         "segment over the detection samples) or resample (another detection sample's)")
     if detect_data:
@@ -656,35 +665,38 @@ The whole pipeline at fixed sizes (no clock in any verdict; ~17 minutes on a bus
 machine): vrh demo"""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="vrh", description="Find and test Visual Retrieval Heads in VLMs.", epilog=START_HERE)
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+def common(p: argparse.ArgumentParser, *, data: bool = True) -> None:
+    """The options every model-running command shares (``data``: also ``--data``)."""
+    p.add_argument("--model", default="toy:a",
+                   help="hub id, local folder, toy:a / toy:b / toy:c / toy:d / toy:planted (shipped toy models) "
+                        "or tiny:FAMILY (random fixture)")
+    if data:
+        p.add_argument("--data", type=_data_spec, default="synthetic:detect:200",
+                       help="synthetic:SPLIT:N, jsonl:PATH, refcoco:ROOT[:SPLIT], lmms-refcoco:DIR, "
+                            "toloka:CSV:IMAGES, ... (docs/datasets.md)")
+    p.add_argument("--out", default="runs/vrh", help="run folder (rerun to resume)")
+    p.add_argument("--device", default=None, help="device or device_map, e.g. cpu, cuda, auto")
+    p.add_argument("--dtype", default=None, help="torch dtype name, e.g. bfloat16")
+    p.add_argument("--batch-size", type=_positive_int, default=16, help="samples per forward pass")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=24, help="greedy answer tokens per sample")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    p.add_argument("--shard", type=_shard, default=None, metavar="I/N",
+                   help="run shard I (0-based) of N, into its own --out; join them with `vrh merge`")
+    p.add_argument("--remote", action="store_true",
+                   help="run the model on NDIF (nnsight's configured host and API key; docs/recipes/remote.md)")
 
-    def common(p: argparse.ArgumentParser, *, data: bool = True) -> None:
-        p.add_argument("--model", default="toy:a",
-                       help="hub id, local folder, toy:a / toy:b / toy:c / toy:d / toy:planted (shipped toy models) "
-                            "or tiny:FAMILY (random fixture)")
-        if data:
-            p.add_argument("--data", type=_data_spec, default="synthetic:detect:200",
-                           help="synthetic:SPLIT:N, jsonl:PATH, refcoco:ROOT[:SPLIT], lmms-refcoco:DIR, "
-                                "toloka:CSV:IMAGES, ... (docs/datasets.md)")
-        p.add_argument("--out", default="runs/vrh", help="run folder (rerun to resume)")
-        p.add_argument("--device", default=None, help="device or device_map, e.g. cpu, cuda, auto")
-        p.add_argument("--dtype", default=None, help="torch dtype name, e.g. bfloat16")
-        p.add_argument("--batch-size", type=_positive_int, default=16, help="samples per forward pass")
-        p.add_argument("--max-new-tokens", type=_positive_int, default=24, help="greedy answer tokens per sample")
-        p.add_argument("--json", action="store_true", help="print machine-readable JSON")
-        p.add_argument("--shard", type=_shard, default=None, metavar="I/N",
-                       help="run shard I (0-based) of N, into its own --out; join them with `vrh merge`")
-        p.add_argument("--remote", action="store_true",
-                       help="run the model on NDIF (nnsight's configured host and API key; docs/recipes/remote.md)")
 
+def _families_parser(sub: Any) -> None:
+    """``vrh families``."""
     p = sub.add_parser("families", help="list supported VLM families")
     p.add_argument("--paper", action="store_true",
                    help="list the paper's eleven models instead: backbone, checkpoint, head grid, support status")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.set_defaults(func=cmd_families)
 
+
+def _detect_parser(sub: Any) -> None:
+    """``vrh detect``."""
     p = sub.add_parser("detect", help="score every head on grounding samples")
     common(p)
     p.add_argument("--preset", type=_preset, default="vrh", help="scoring preset (vrh, retrieval_heads, qrhead, ...)")
@@ -693,6 +705,9 @@ def build_parser() -> argparse.ArgumentParser:
     backend_option(p)
     p.set_defaults(func=cmd_detect)
 
+
+def _sweep_parser(sub: Any) -> None:
+    """``vrh sweep``."""
     p = sub.add_parser("sweep", help="mask top-k vs random heads and measure grounding")
     common(p)
     p.set_defaults(data="synthetic:eval:200")
@@ -720,6 +735,9 @@ def build_parser() -> argparse.ArgumentParser:
     backend_option(p)
     p.set_defaults(func=cmd_sweep)
 
+
+def _scan_parser(sub: Any) -> None:
+    """``vrh scan``."""
     p = sub.add_parser("scan", help="single-head causal scan: each head masked alone; does its score predict damage?")
     common(p)
     p.set_defaults(data="synthetic:eval:200", out="runs/scan")
@@ -732,6 +750,9 @@ def build_parser() -> argparse.ArgumentParser:
     backend_option(p)
     p.set_defaults(func=cmd_scan)
 
+
+def _design_space_parser(sub: Any) -> None:
+    """``vrh design-space``."""
     p = sub.add_parser("design-space", help="rank the scoring variants by the drop their top-k causes")
     common(p)
     p.add_argument("--eval-data", type=_data_spec, default="synthetic:eval:200",
@@ -744,6 +765,9 @@ def build_parser() -> argparse.ArgumentParser:
     backend_option(p)
     p.set_defaults(func=cmd_design_space)
 
+
+def _merge_parser(sub: Any) -> None:
+    """``vrh merge``."""
     p = sub.add_parser("merge", help="join the --out folders of a sharded detect, sweep, design-space or reproduce run")
     p.add_argument("out", help="new folder for the merged run")
     p.add_argument("shards", nargs="+", help="the --out folders of every shard 0/N .. N-1/N")
@@ -754,6 +778,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.set_defaults(func=cmd_merge)
 
+
+def _reproduce_parser(sub: Any) -> None:
+    """``vrh reproduce``."""
     p = sub.add_parser("reproduce", help="the paper's protocol on benchmark files: detect, k-sweep, failure split, VQA")
     common(p, data=False)
     p.set_defaults(out="runs/reproduce")
@@ -772,10 +799,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vqa-limit", type=_positive_int, default=None, help="first N questions of each VQA benchmark")
     p.set_defaults(func=cmd_reproduce)
 
+
+def _report_parser(sub: Any) -> None:
+    """``vrh report``."""
     p = sub.add_parser("report", help="write an HTML + Markdown report for a run folder")
     p.add_argument("run", help="run folder")
     p.set_defaults(func=cmd_report)
 
+
+def _demo_parser(sub: Any) -> None:
+    """``vrh demo``."""
     p = sub.add_parser("demo", help="the whole pipeline on the shipped toy model (no network), at fixed sizes")
     p.add_argument("--model", default=None,
                    help="main model (default: toy:c, 128 heads, where its checkpoint is shipped, else toy:a; toy:a and "
@@ -815,6 +848,9 @@ def build_parser() -> argparse.ArgumentParser:
     backend_option(p)
     p.set_defaults(func=cmd_demo)
 
+
+def _patch_parser(sub: Any) -> None:
+    """``vrh patch``."""
     p = sub.add_parser("patch", help="activation patching: what the VRHs read out and write (synthetic pairs)")
     p.add_argument("--model", default="toy:a", help="hub id, local folder, toy:NAME or tiny:FAMILY")
     p.add_argument("--out", default="runs/patching", help="run folder")
@@ -840,6 +876,9 @@ def build_parser() -> argparse.ArgumentParser:
     backend_option(p)
     p.set_defaults(func=cmd_patch)
 
+
+def _grid_parser(sub: Any) -> None:
+    """``vrh grid``."""
     p = sub.add_parser("grid", help="models x benchmarks x experiments from GRID.toml, here or on a Ray cluster")
     p.add_argument("grid", help="the grid file (docs/recipes/grid.md): models, benchmarks, experiments, options")
     p.add_argument("--out", default="runs/grid", help="grid folder: a run folder per cell, grid.json, the summary "
@@ -849,6 +888,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "address; needs pip install 'vrh-interp[ray]' (default: every cell here, in order)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.set_defaults(func=cmd_grid)
+
+# one function per subcommand's parser; `vrh --help` lists them in this order
+SUBCOMMAND_PARSERS = (_families_parser, _detect_parser, _sweep_parser, _scan_parser, _design_space_parser,
+                      _merge_parser, _reproduce_parser, _report_parser, _demo_parser, _patch_parser, _grid_parser)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``vrh`` parser: one subparser per ``SUBCOMMAND_PARSERS`` entry."""
+    parser = _Parser(prog="vrh", description="Find and test Visual Retrieval Heads in VLMs.", epilog=START_HERE)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for add in SUBCOMMAND_PARSERS:
+        add(sub)
     return parser
 
 
@@ -885,7 +936,7 @@ def _path_options(args: argparse.Namespace) -> list[tuple[str, str, str]]:
         found.append(("--data", args.data, "spec"))
     if getattr(args, "eval_data", None) is not None:
         found.append(("--eval-data", args.eval_data, "spec"))
-    if getattr(args, "detect_data", None) is not None and args.ablation != "zero":  # read for mean/resample only
+    if getattr(args, "detect_data", None) is not None and _needs_reference_values(args.ablation):  # mean, resample
         found.append(("--detect-data", args.detect_data, "spec"))
     found += [("--vqa", spec, "vqa") for spec in getattr(args, "vqa", None) or ()]
     return found

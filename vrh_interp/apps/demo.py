@@ -27,37 +27,34 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import textwrap
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
-import numpy as np
 import pandas as pd
 
+from vrh_interp.apps.demo_plan import (ANSWER_TOKENS, DEFAULT_SIZES, PLAN_FILE, SEED_STRIDE, TERMINAL_WIDTH, Sizes,
+                                       Steps, check_subset, demo_ks, evaluation_items, main_conditions, restrict,
+                                       scan_heads, vqa_answered)
+from vrh_interp.apps.demo_plan import ANSWERS_VQA_MARGIN as ANSWERS_VQA_MARGIN  # re-exported: apps.demo's names
+from vrh_interp.apps.demo_plan import DEMO_GRID as DEMO_GRID
+from vrh_interp.apps.demo_plan import PAPER_FRACTION_RANGE as PAPER_FRACTION_RANGE
+from vrh_interp.apps.demo_plan import SCAN_ALL_HEADS as SCAN_ALL_HEADS
+from vrh_interp.apps.demo_plan import SCAN_SAMPLED_HEADS as SCAN_SAMPLED_HEADS
+from vrh_interp.apps.demo_plan import STEPS as STEPS
 from vrh_interp.core.backends.base import Backend
 from vrh_interp.core.backends.select import get_backend
 from vrh_interp.core.provenance import library_versions, model_provenance, now_utc
 from vrh_interp.apps.report import read_grading, write_report
 from vrh_interp.evaluation.claims import Evidence, claims_text, judge
 from vrh_interp.experiments import verdicts as ev
-from vrh_interp.experiments.sweep import CONTROL_KINDS, Condition, SweepResult, parse_ks, run_conditions, \
-    sweep_conditions
+from vrh_interp.experiments.sweep import Condition, SweepResult, run_conditions
 from vrh_interp.experiments.design_space import design_space, stability, token_choice_stability
 from vrh_interp.scoring.detect import collect_detection_stats, scores_from_stats
 from vrh_interp.data.sources import synthetic_samples
 from vrh_interp.experiments.transfer import compare_scores, cross_masking, masking_drops, same_grid
 
-ANSWER_TOKENS = 24
-PAPER_FRACTION_RANGE = (0.017, 0.026)  # 20 of 1152 .. 20 of 784 heads
-DEMO_GRID = ("0.5%", "1%", "1.7%", "2.6%", "5%", "10%")
-TERMINAL_WIDTH = 100
-STEPS = 10
-PLAN_FILE = "plan.json"
-SEED_STRIDE = 1000  # --seed s draws control sets with seeds s*1000 .. s*1000 + sets - 1
-ANSWERS_VQA_MARGIN = 0.1  # a VQA kind counts as answered when the unmasked model beats the majority answer by this
-SCAN_ALL_HEADS, SCAN_SAMPLED_HEADS = 48, 32
 CONTROL_DETECT_SCENES = 20
 # with --backend transformer-lens: what runs on it, and what stays on nnsight and why (printed, and in demo.json)
 BACKEND_STEPS = {
@@ -69,94 +66,6 @@ BACKEND_STEPS = {
 CLAIM_STEPS = {"positive_control": 1, "transfer_control": 1, "causal": 3, "causal_curve": 3, "specific": 3,
                "ablation_kinds": 4, "score_damage": 5, "design_space": 6, "sparse": 7, "stable": 7, "shared": 8,
                "vqa": 9}
-
-
-@dataclasses.dataclass(frozen=True)
-class Sizes:
-    """What the demo runs on (``DEFAULT_SIZES`` unless given)."""
-
-    detect_scenes: int = 200
-    eval_scenes: int = 40
-    check_items: int = 40
-    vqa_scenes: int = 20
-    control_scenes: int = 30
-    census_items: int = 6
-    random_sets: int = 20
-    curve_sets: int = 4
-
-
-DEFAULT_SIZES = Sizes()
-
-
-def demo_ks(total_heads: int) -> tuple[list[int], int]:
-    """``(ks, k_star)`` for a model with ``total_heads`` heads (module doc)."""
-    low = math.ceil(PAPER_FRACTION_RANGE[0] * total_heads)
-    high = math.floor(PAPER_FRACTION_RANGE[1] * total_heads)
-    middle = sum(PAPER_FRACTION_RANGE) / 2 * total_heads
-    if low <= high:
-        k_star = min(range(low, high + 1), key=lambda k: (abs(k - middle), k))
-    else:
-        k_star = max(1, math.floor(middle + 0.5))
-    cap = max(1, total_heads // 4)
-    ks = sorted({0, k_star, *(k for k in parse_ks(DEMO_GRID, total_heads) if k <= cap)})
-    return ks, k_star
-
-
-def evaluation_items(scenes: int) -> list[Any]:
-    """Every referent of the first ``scenes`` evaluation scenes (level 1; disjoint from the ``detect-`` scenes)."""
-    from vrh_interp.data import grounding_samples
-
-    return [sample for index in range(scenes) for sample in grounding_samples("eval", index, 1)]
-
-
-def check_subset(items: Sequence[Any], count: int) -> list[Any]:
-    """``count`` items in whole scenes spread evenly over ``items`` (a scene's referents share their image prefix
-    in a generation); the last scene cut to make ``count``. Fixed, spread over the scenes."""
-    if count >= len(items):
-        return list(items)
-    scenes: list[list[Any]] = []
-    for item in items:
-        image = getattr(item, "image", None)
-        if scenes and image is not None and getattr(scenes[-1][0], "image", None) is image:
-            scenes[-1].append(item)
-        else:
-            scenes.append([item])
-    wanted = min(len(scenes), math.ceil(count * len(scenes) / len(items)))
-    picked = [item for i in range(wanted) for item in scenes[math.floor(i * len(scenes) / wanted)]]
-    return picked[:count]
-
-
-def main_conditions(ranking: Any, geometry: Any, ks: Sequence[int], k_star: int, seeds: Sequence[int],
-                    curve_sets: int, live: Any = None) -> list[Condition]:
-    """``sweep_conditions`` with every control set at k* and the first ``curve_sets`` seeds at every other k."""
-    conditions = sweep_conditions(ranking, geometry, ks, list(seeds), live=live)
-    first = set(list(seeds)[:curve_sets])
-    return [c for c in conditions if c.kind not in CONTROL_KINDS or c.k == k_star or c.seed in first]
-
-
-def restrict(result: SweepResult, sample_ids: Sequence[str], keep: Callable[[Condition], bool]) -> SweepResult:
-    """The records of ``result`` on ``sample_ids`` under the conditions ``keep`` accepts (the baseline always)."""
-    conditions = [c for c in result.conditions if c.kind == "baseline" or keep(c)]
-    keys = {c.key for c in conditions}
-    records = result.records
-    records = records[records["sample_id"].isin(set(sample_ids)) & records["condition"].isin(keys)]
-    return SweepResult(records.reset_index(drop=True), conditions, result.iou_threshold, result.total_heads)
-
-
-def scan_heads(ranking: Any, geometry: Any, k_star: int) -> Any:
-    """All heads, or on models over ``SCAN_ALL_HEADS`` the top ``k_star`` and the rest sampled at evenly spaced
-    score ranks (``SCAN_SAMPLED_HEADS`` in all), in (layer, head) order. Rank-stratified, not a seeded uniform
-    draw: "score predicts damage" is a correlation over the score range, which a uniform draw covers unevenly
-    (mostly low scores), and a draw that moves with ``--seed`` made the claim's verdict move with it."""
-    from vrh_interp.core.heads import HeadSet
-
-    everything = geometry.all_heads()
-    if len(everything) <= SCAN_ALL_HEADS:
-        return everything
-    ranked = list(ranking)
-    top, rest = ranked[:k_star], ranked[k_star:]
-    picked = np.unique(np.linspace(0, len(rest) - 1, SCAN_SAMPLED_HEADS - len(top)).round().astype(int))
-    return HeadSet(sorted(top + [rest[i] for i in picked], key=lambda h: (h.layer, h.head)))
 
 
 MODEL_PAIRS = {"toy:a": "toy:b", "toy:b": "toy:a", "toy:c": "toy:d", "toy:d": "toy:c"}
@@ -242,38 +151,6 @@ def positive_control_step(out: Path, device: str | None, batch_size: int, eval_s
     return outcome
 
 
-class Steps:
-    """Step progress (elapsed time per step) and the optional cap: ``open(n, text)`` is False, and the step is
-    skipped, once ``budget`` seconds have passed."""
-
-    def __init__(self, started: float, budget: float | None) -> None:
-        self.started, self.budget, self.rows, self.skipped = started, budget, [], []
-        self._current: dict | None = None
-
-    def open(self, number: int, text: str) -> bool:
-        self.close()
-        elapsed = time.perf_counter() - self.started
-        if self.budget is not None and elapsed >= self.budget:
-            print(f"[{number}/{STEPS}] skipped: --budget-seconds {self.budget:.0f} reached ({text})", flush=True)
-            self.skipped.append(number)
-            return False
-        print(f"[{number}/{STEPS}] {text}  ({elapsed:.0f} s elapsed)", flush=True)
-        self._current = {"step": number, "name": text, "began": time.perf_counter()}
-        return True
-
-    def close(self) -> None:
-        if self._current is not None:
-            seconds = time.perf_counter() - self._current.pop("began")
-            self.rows.append({**self._current, "seconds": round(seconds, 1)})
-            print(f"      step {self._current['step']} took {seconds:.1f} s", flush=True)
-            self._current = None
-
-    def table(self) -> pd.DataFrame:
-        self.close()
-        total = {"step": "total", "name": "all steps", "seconds": round(time.perf_counter() - self.started, 1)}
-        return pd.DataFrame([*self.rows, total]).astype({"step": str})
-
-
 def _request(out: Path, request: dict[str, Any]) -> None:
     """Refuse a folder planned for another request (its step folders would not resume), else record this one."""
     path = out / PLAN_FILE
@@ -287,29 +164,53 @@ def _request(out: Path, request: dict[str, Any]) -> None:
     path.write_text(json.dumps({"request": request}, indent=2))
 
 
-def vqa_answered(summary: pd.DataFrame) -> list[str]:
-    """The VQA kinds whose unmasked accuracy beats the majority answer by ``ANSWERS_VQA_MARGIN``."""
-    base = summary[summary["condition"] == "baseline"]
-    return [r.benchmark for r in base.itertuples() if r.accuracy >= r.majority_baseline + ANSWERS_VQA_MARGIN]
+@dataclasses.dataclass
+class DemoRun:
+    """What the demo's steps share: the request (``plan_demo``) and what each step leaves for the later ones."""
+
+    out: Path
+    model_spec: str
+    transfer_model: str | None
+    why: str
+    sizes: Sizes
+    seed: int
+    batch_size: int
+    device: str | None
+    dtype: str | None
+    backend: str
+    run_control: bool
+    transfer_ready: bool
+    budget: float | None
+    steps: Steps
+    evidence: dict[str, Evidence | None] = dataclasses.field(default_factory=dict)
+    outcome: dict[str, Any] | None = None
+    vlm: Any = None
+    runner: Any = None
+    detect: list[Any] = dataclasses.field(default_factory=list)
+    evals: list[Any] = dataclasses.field(default_factory=list)
+    checks: list[Any] = dataclasses.field(default_factory=list)
+    ks: list[int] = dataclasses.field(default_factory=list)
+    k_star: int = 0
+    stats: Any = None
+    scores: Any = None
+    pool: Any = None
+    ranking: Any = None
+    conditions: list[Condition] = dataclasses.field(default_factory=list)
+    result: SweepResult | None = None
+
+    @property
+    def seeds(self) -> range:
+        return range(self.seed * SEED_STRIDE, self.seed * SEED_STRIDE + self.sizes.random_sets)
 
 
-def run_demo(*, model_spec: str | None = None, out: Path = Path("runs/demo"), detect_scenes: int | None = None,
-             eval_scenes: int | None = None, device: str | None = None, dtype: str | None = None,
-             transfer_model: str | None = "auto", as_json: bool = False, batch_size: int = 256,
-             random_sets: int | None = None, curve_sets: int | None = None, check_items: int | None = None,
-             vqa_scenes: int | None = None, control_scenes: int | None = None, overlay_items: int = 3,
-             positive_control: bool = True, budget_seconds: float | None = None, seed: int = 0,
-             backend: str = "nnsight") -> int:
-    """The whole demo into ``out`` (module doc). Returns the exit status."""
-    started = time.perf_counter()
-    model_spec, transfer_model, why = resolve_models(model_spec, transfer_model)
-    print(f"main model {model_spec}: {why}", flush=True)
+def plan_demo(model_spec: str | None, transfer_model: str | None, out: Path, sizes: Sizes, *, seed: int,
+              batch_size: int, device: str | None, dtype: str | None, backend: str, positive_control: bool,
+              overlay_items: int, budget_seconds: float | None, started: float) -> DemoRun:
+    """The models, sizes and cap of a demo; the request recorded in (or checked against) ``out``."""
     from vrh_interp.experiments import positive_control as pc
 
-    given = {"detect_scenes": detect_scenes, "eval_scenes": eval_scenes, "check_items": check_items,
-             "vqa_scenes": vqa_scenes, "control_scenes": control_scenes, "random_sets": random_sets,
-             "curve_sets": curve_sets}
-    sizes = dataclasses.replace(DEFAULT_SIZES, **{k: v for k, v in given.items() if v is not None})
+    model_spec, transfer_model, why = resolve_models(model_spec, transfer_model)
+    print(f"main model {model_spec}: {why}", flush=True)
     run_control = positive_control and pc.available()
     transfer_ready = bool(transfer_model) and shipped(transfer_model)
     budget = float(budget_seconds) if budget_seconds and budget_seconds > 0 else None
@@ -317,130 +218,181 @@ def run_demo(*, model_spec: str | None = None, out: Path = Path("runs/demo"), de
                "positive_control": run_control, "sizes": dataclasses.asdict(sizes), "seed": seed,
                "overlay_items": overlay_items, **({"backend": backend} if backend != "nnsight" else {})}
     _request(out, request)
-    seeds = range(seed * SEED_STRIDE, seed * SEED_STRIDE + sizes.random_sets)
     print(f"      sizes (fixed, not from a clock): {dataclasses.asdict(sizes)}; seed {seed}"
           + (f"; capped at {budget:.0f} s (claims of skipped steps: inconclusive)" if budget else ""), flush=True)
-    steps = Steps(started, budget)
-    evidence: dict[str, Evidence | None] = {}
-    outcome = None
-    if run_control and steps.open(1, "positive control: the same pipeline on toy:planted, whose retrieval heads "
-                                     "are known"):
-        outcome = positive_control_step(out, device, batch_size, sizes.control_scenes, backend=backend,
-                                        random_sets=sizes.random_sets)
-    vlm = _load(model_spec, device, dtype)
-    runner = get_backend(backend, vlm)
-    if backend != "nnsight":
-        print(textwrap.fill(f"backend {backend}: {BACKEND_STEPS.get(backend, 'every step')}; on nnsight: "
+    return DemoRun(out, model_spec, transfer_model, why, sizes, seed, batch_size, device, dtype, backend, run_control,
+                   transfer_ready, budget, Steps(started, budget))
+
+
+def load_main_model(run: DemoRun) -> None:
+    """The main model, its backend and the fixed items: detection scenes, evaluation items, check subset, ks."""
+    run.vlm = _load(run.model_spec, run.device, run.dtype)
+    run.runner = get_backend(run.backend, run.vlm)
+    if run.backend != "nnsight":
+        print(textwrap.fill(f"backend {run.backend}: {BACKEND_STEPS.get(run.backend, 'every step')}; on nnsight: "
                             f"{BACKEND_STEPS['nnsight']}", TERMINAL_WIDTH, initial_indent="      ",
                             subsequent_indent="      "), flush=True)
-    geometry = vlm.geometry
-    detect = synthetic_samples("detect", sizes.detect_scenes)
-    evals = evaluation_items(sizes.eval_scenes)
-    checks = check_subset(evals, sizes.check_items)
-    check_ids = [s.sample_id for s in checks]
-    ks, k_star = demo_ks(geometry.total_heads)
-    steps.open(2, f"detecting heads of {model_spec} on {len(detect)} held-out scenes; head census")
-    stats, scores = _detect(vlm, detect, out / "detect", batch_size, backend=runner)
-    scores.save(out / "scores-vrh.json")
-    overlap = sorted({s.sample_id for s in detect} & {s.sample_id for s in evals})
+    run.detect = synthetic_samples("detect", run.sizes.detect_scenes)
+    run.evals = evaluation_items(run.sizes.eval_scenes)
+    run.checks = check_subset(run.evals, run.sizes.check_items)
+    run.ks, run.k_star = demo_ks(run.vlm.geometry.total_heads)
+
+
+def detect_step(run: DemoRun) -> None:
+    """Step 2: detection, the paper's scores, the head census and the main sweep's conditions."""
+    run.steps.open(2, f"detecting heads of {run.model_spec} on {len(run.detect)} held-out scenes; head census")
+    run.stats, run.scores = _detect(run.vlm, run.detect, run.out / "detect", run.batch_size, backend=run.runner)
+    run.scores.save(run.out / "scores-vrh.json")
+    overlap = sorted({s.sample_id for s in run.detect} & {s.sample_id for s in run.evals})
     if overlap:
         raise ValueError(f"detection and evaluation items overlap (e.g. {overlap[:3]})")
     from vrh_interp.evaluation.census import run_census
 
-    pool = run_census(vlm, detect, out, items=sizes.census_items, max_new_tokens=ANSWER_TOKENS)
-    print("      " + pool.line(), flush=True)
-    ranking = scores.ranking()
-    live = pool.control_pool(ranking[:max(ks)], max(ks))
+    run.pool = run_census(run.vlm, run.detect, run.out, items=run.sizes.census_items, max_new_tokens=ANSWER_TOKENS)
+    print("      " + run.pool.line(), flush=True)
+    run.ranking = run.scores.ranking()
+    live = run.pool.control_pool(run.ranking[:max(run.ks)], max(run.ks))
     if live is None:
-        print(f"      too few live heads outside the top {max(ks)}: no live-head control", flush=True)
-    conditions = main_conditions(ranking, geometry, ks, k_star, seeds, sizes.curve_sets, live)
-    result = None
-    if steps.open(3, f"k-sweep on all {len(evals)} referents of {sizes.eval_scenes} disjoint scenes, ks={ks} "
-                     f"(k*={k_star}), {len(conditions)} conditions"):
-        result = run_conditions(vlm, evals, conditions, batch_size=batch_size, max_new_tokens=ANSWER_TOKENS,
-                                run_dir=out / "sweep", backend=runner)
-        result.summary(bootstrap_seed=seed).to_csv(out / "sweep_summary.csv", index=False)
-        evidence["causal"] = ev.causal_evidence(result.records, conditions, k_star, seed=seed)
-        evidence["causal_curve"] = ev.curve_evidence(result.records, conditions, seed=seed)
-        evidence["specific"] = ev.specificity_evidence(result.records, k_star)
-    if result is not None and steps.open(4, f"ablation kinds at k*={k_star} on {len(checks)} fixed items"):
-        from vrh_interp.evaluation.grounding import ablation_values
+        print(f"      too few live heads outside the top {max(run.ks)}: no live-head control", flush=True)
+    run.conditions = main_conditions(run.ranking, run.vlm.geometry, run.ks, run.k_star, run.seeds,
+                                     run.sizes.curve_sets, live)
 
-        values = ablation_values(vlm, detect, batch_size=batch_size)
-        values.save(out / "ablation_values.pt")
-        at_k = [c for c in conditions if c.k in (0, k_star)]
-        kinds = {"zero": restrict(result, check_ids, lambda c: c.k == k_star)}
-        for kind in ("mean", "resample"):
-            masked = [c if c.kind == "baseline" else dataclasses.replace(c, ablation=kind) for c in at_k]
-            kinds[kind] = run_conditions(vlm, checks, masked, batch_size=batch_size, max_new_tokens=ANSWER_TOKENS,
-                                         run_dir=out / f"ablation_{kind}", ablation_values=values)
-        by_kind = {kind: ev.causal_evidence(r.records, r.conditions, k_star, ablation=kind, seed=seed)
-                   for kind, r in kinds.items()}
-        pd.DataFrame([{"ablation": kind, "k": k_star, "n": e.n if e else 0,
-                       "effect": e.estimate if e else float("nan"), "numbers": e.numbers if e else ""}
-                      for kind, e in by_kind.items()]).to_csv(out / "ablation_kinds.csv", index=False)
-        evidence["ablation_kinds"] = ev.kinds_agree(by_kind)
-    if result is None and 3 in steps.skipped:
-        steps.skipped.append(4)  # the ablation kinds compare with the k-sweep's zero-ablation records
-    scanned = scan_heads(ranking, geometry, k_star)
-    if steps.open(5, f"single-head causal scan: {len(scanned)} of {geometry.total_heads} heads on {len(checks)} "
-                     "fixed items"):
-        from vrh_interp.experiments.head_scan import head_scan, write_head_scan
 
-        write_head_scan(head_scan(vlm, checks, scores, heads=scanned, batch_size=batch_size,
-                                  max_new_tokens=ANSWER_TOKENS, run_dir=out / "scan", backend=runner), out)
-        table = pd.read_csv(out / "head_scan.csv")
-        evidence["score_damage"] = ev.score_damage_evidence(table["score"], table["drop"], seed=seed)
-    if steps.open(6, f"design space at k={k_star} on the {len(checks)} fixed items"):
-        design = design_space(vlm, stats, checks, k=k_star, random_seeds=seeds, batch_size=batch_size,
-                              max_new_tokens=ANSWER_TOKENS, run_dir=out, backend=runner)
-        design.to_csv(out / "design_space.csv", index=False)
-        from vrh_interp.experiments.design_space import design_space_plan
-        from vrh_interp.experiments.sweep import sweep_from_run
+def sweep_step(run: DemoRun) -> None:
+    """Step 3: the causal k-sweep; evidence of the causal, k-curve and specificity claims."""
+    if not run.steps.open(3, f"k-sweep on all {len(run.evals)} referents of {run.sizes.eval_scenes} disjoint scenes, "
+                             f"ks={run.ks} (k*={run.k_star}), {len(run.conditions)} conditions"):
+        return
+    result = run.result = run_conditions(run.vlm, run.evals, run.conditions, batch_size=run.batch_size,
+                                         max_new_tokens=ANSWER_TOKENS, run_dir=run.out / "sweep", backend=run.runner)
+    result.summary(bootstrap_seed=run.seed).to_csv(run.out / "sweep_summary.csv", index=False)
+    run.evidence["causal"] = ev.causal_evidence(result.records, run.conditions, run.k_star, seed=run.seed)
+    run.evidence["causal_curve"] = ev.curve_evidence(result.records, run.conditions, seed=run.seed)
+    run.evidence["specific"] = ev.specificity_evidence(result.records, run.k_star)
 
-        plan = design_space_plan(stats, k=k_star, random_seeds=seeds)
-        evidence["design_space"] = ev.design_evidence(sweep_from_run(out / "design_space").records, plan.key_of,
-                                                      "Q=output, Phi=sum, Omega=mean", seed=seed)
-    if steps.open(7, "sparsity and stability"):
-        scores.sparsity().to_csv(out / "sparsity.csv", index=False)
-        stability(stats, k=k_star, sizes=(2, 5, 10, 20, 50, 100, 200)).to_csv(out / "stability.csv", index=False)
-        token_choice_stability(stats, k=k_star).to_csv(out / "token_stability.csv", index=False)
-        evidence["sparse"] = ev.sparse_evidence(stats, seed=seed)
-        evidence["stable"] = ev.stability_evidence(stats, k_star, seed=seed)
-    evidence["shared"] = None
-    if transfer_ready and steps.open(8, f"transfer to {transfer_model}: cross-masking at k*={k_star}"):
-        vlm_b = _load(transfer_model, device, dtype)
-        if same_grid(geometry, vlm_b.geometry):
-            _, scores_b = _detect(vlm_b, detect, out / "detect_b", batch_size)
-            scores_b.save(out / "scores-vrh-b.json")
-            transfer = compare_scores(scores, scores_b, ks=sorted({k_star, 2 * k_star, 3 * k_star}))
-            transfer.to_csv(out / "transfer.csv", index=False)
-            crossed = cross_masking(vlm, vlm_b, scores, scores_b, checks, ks=[0, k_star], random_seeds=seeds,
-                                    labels=(f"A ({model_spec})", f"B ({transfer_model})"), batch_size=batch_size,
-                                    max_new_tokens=ANSWER_TOKENS, run_dir=out / "cross")
-            curves = crossed.summary()
-            curves.to_csv(out / "cross_masking.csv", index=False)
-            masking_drops(curves, k_star).to_csv(out / "transfer_masking.csv", index=False)
-            evidence["shared"] = ev.transfer_evidence(crossed.results, k_star, seed=seed)
-        else:
-            print("      the two models do not share a head grid: transfer skipped")
-        del vlm_b
-    evidence["vqa"] = None
-    if steps.open(9, f"cross-task VQA on the questions of {sizes.vqa_scenes} eval scenes"):
-        from vrh_interp.data.datasets.synthetic_vqa import majority_answer_rate, synthetic_vqa
-        from vrh_interp.experiments.vqa_sweep import vqa_sweep
 
-        items = synthetic_vqa("eval", sizes.vqa_scenes)
-        vqa = vqa_sweep(vlm, items, scores.top(k_star), random_seeds=seeds, batch_size=batch_size,
-                        run_dir=out / "vqa")
-        summary = vqa.summary(bootstrap_seed=seed)
-        majority = {b: majority_answer_rate([s for s in items if s.benchmark == b]) for b in vqa.benchmarks}
-        summary["majority_baseline"] = summary["benchmark"].map(majority)
-        summary.to_csv(out / "vqa_summary.csv", index=False)
-        answered = vqa_answered(summary)
-        evidence["vqa"] = ev.vqa_evidence(vqa, answered, k_star, seed=seed) if answered else Evidence.categorical(
-            "not measured", "the model answers no VQA kind above the majority-answer level")
-    if run_control:
+def ablation_kinds_step(run: DemoRun) -> None:
+    """Step 4: the causal claim at k* under every ablation kind (zero from the k-sweep's records)."""
+    if run.result is None:
+        if 3 in run.steps.skipped:
+            run.steps.skipped.append(4)  # the ablation kinds compare with the k-sweep's zero-ablation records
+        return
+    if not run.steps.open(4, f"ablation kinds at k*={run.k_star} on {len(run.checks)} fixed items"):
+        return
+    from vrh_interp.core.ablation_kinds import ABLATION_KINDS, DEFAULT_ABLATION_KIND
+    from vrh_interp.evaluation.grounding import ablation_values
+
+    values = ablation_values(run.vlm, run.detect, batch_size=run.batch_size)
+    values.save(run.out / "ablation_values.pt")
+    at_k = [c for c in run.conditions if c.k in (0, run.k_star)]
+    # the k-sweep ran the default kind (zero); every other registered kind runs here
+    check_ids = [s.sample_id for s in run.checks]
+    kinds = {DEFAULT_ABLATION_KIND: restrict(run.result, check_ids, lambda c: c.k == run.k_star)}
+    for kind in (k for k in ABLATION_KINDS if k != DEFAULT_ABLATION_KIND):
+        masked = [c if c.kind == "baseline" else dataclasses.replace(c, ablation=kind) for c in at_k]
+        kinds[kind] = run_conditions(run.vlm, run.checks, masked, batch_size=run.batch_size,
+                                     max_new_tokens=ANSWER_TOKENS, run_dir=run.out / f"ablation_{kind}",
+                                     ablation_values=values)
+    by_kind = {kind: ev.causal_evidence(r.records, r.conditions, run.k_star, ablation=kind, seed=run.seed)
+               for kind, r in kinds.items()}
+    pd.DataFrame([{"ablation": kind, "k": run.k_star, "n": e.n if e else 0,
+                   "effect": e.estimate if e else float("nan"), "numbers": e.numbers if e else ""}
+                  for kind, e in by_kind.items()]).to_csv(run.out / "ablation_kinds.csv", index=False)
+    run.evidence["ablation_kinds"] = ev.kinds_agree(by_kind)
+
+
+def scan_step(run: DemoRun) -> None:
+    """Step 5: the single-head causal scan; evidence that a head's score predicts its damage."""
+    scanned = scan_heads(run.ranking, run.vlm.geometry, run.k_star)
+    if not run.steps.open(5, f"single-head causal scan: {len(scanned)} of {run.vlm.geometry.total_heads} heads on "
+                             f"{len(run.checks)} fixed items"):
+        return
+    from vrh_interp.experiments.head_scan import head_scan, write_head_scan
+
+    write_head_scan(head_scan(run.vlm, run.checks, run.scores, heads=scanned, batch_size=run.batch_size,
+                              max_new_tokens=ANSWER_TOKENS, run_dir=run.out / "scan", backend=run.runner), run.out)
+    table = pd.read_csv(run.out / "head_scan.csv")
+    run.evidence["score_damage"] = ev.score_damage_evidence(table["score"], table["drop"], seed=run.seed)
+
+
+def design_space_step(run: DemoRun) -> None:
+    """Step 6: the scoring design space at k*."""
+    if not run.steps.open(6, f"design space at k={run.k_star} on the {len(run.checks)} fixed items"):
+        return
+    design = design_space(run.vlm, run.stats, run.checks, k=run.k_star, random_seeds=run.seeds,
+                          batch_size=run.batch_size, max_new_tokens=ANSWER_TOKENS, run_dir=run.out, backend=run.runner)
+    design.to_csv(run.out / "design_space.csv", index=False)
+    from vrh_interp.experiments.design_space import design_space_plan
+    from vrh_interp.experiments.sweep import sweep_from_run
+
+    plan = design_space_plan(run.stats, k=run.k_star, random_seeds=run.seeds)
+    run.evidence["design_space"] = ev.design_evidence(sweep_from_run(run.out / "design_space").records, plan.key_of,
+                                                      "Q=output, Phi=sum, Omega=mean", seed=run.seed)
+
+
+def sparsity_step(run: DemoRun) -> None:
+    """Step 7: sparsity and stability of the scores."""
+    if not run.steps.open(7, "sparsity and stability"):
+        return
+    stats, out, k_star = run.stats, run.out, run.k_star
+    run.scores.sparsity().to_csv(out / "sparsity.csv", index=False)
+    stability(stats, k=k_star, sizes=(2, 5, 10, 20, 50, 100, 200)).to_csv(out / "stability.csv", index=False)
+    token_choice_stability(stats, k=k_star).to_csv(out / "token_stability.csv", index=False)
+    run.evidence["sparse"] = ev.sparse_evidence(stats, seed=run.seed)
+    run.evidence["stable"] = ev.stability_evidence(stats, k_star, seed=run.seed)
+
+
+def transfer_step(run: DemoRun) -> None:
+    """Step 8: transfer to the second model (cross-masking at k*), where it shares the head grid."""
+    run.evidence["shared"] = None
+    if not (run.transfer_ready and run.steps.open(8, f"transfer to {run.transfer_model}: cross-masking at "
+                                                     f"k*={run.k_star}")):
+        return
+    k_star, out = run.k_star, run.out
+    vlm_b = _load(run.transfer_model, run.device, run.dtype)
+    if same_grid(run.vlm.geometry, vlm_b.geometry):
+        _, scores_b = _detect(vlm_b, run.detect, out / "detect_b", run.batch_size)
+        scores_b.save(out / "scores-vrh-b.json")
+        transfer = compare_scores(run.scores, scores_b, ks=sorted({k_star, 2 * k_star, 3 * k_star}))
+        transfer.to_csv(out / "transfer.csv", index=False)
+        crossed = cross_masking(run.vlm, vlm_b, run.scores, scores_b, run.checks, ks=[0, k_star],
+                                random_seeds=run.seeds, labels=(f"A ({run.model_spec})", f"B ({run.transfer_model})"),
+                                batch_size=run.batch_size, max_new_tokens=ANSWER_TOKENS, run_dir=out / "cross")
+        curves = crossed.summary()
+        curves.to_csv(out / "cross_masking.csv", index=False)
+        masking_drops(curves, k_star).to_csv(out / "transfer_masking.csv", index=False)
+        run.evidence["shared"] = ev.transfer_evidence(crossed.results, k_star, seed=run.seed)
+    else:
+        print("      the two models do not share a head grid: transfer skipped")
+    del vlm_b
+
+
+def vqa_step(run: DemoRun) -> None:
+    """Step 9: cross-task VQA with the top k* heads masked."""
+    run.evidence["vqa"] = None
+    if not run.steps.open(9, f"cross-task VQA on the questions of {run.sizes.vqa_scenes} eval scenes"):
+        return
+    from vrh_interp.data.datasets.synthetic_vqa import majority_answer_rate, synthetic_vqa
+    from vrh_interp.experiments.vqa_sweep import vqa_sweep
+
+    items = synthetic_vqa("eval", run.sizes.vqa_scenes)
+    vqa = vqa_sweep(run.vlm, items, run.scores.top(run.k_star), random_seeds=run.seeds, batch_size=run.batch_size,
+                    run_dir=run.out / "vqa")
+    summary = vqa.summary(bootstrap_seed=run.seed)
+    majority = {b: majority_answer_rate([s for s in items if s.benchmark == b]) for b in vqa.benchmarks}
+    summary["majority_baseline"] = summary["benchmark"].map(majority)
+    summary.to_csv(run.out / "vqa_summary.csv", index=False)
+    answered = vqa_answered(summary)
+    run.evidence["vqa"] = ev.vqa_evidence(vqa, answered, run.k_star, seed=run.seed) if answered else \
+        Evidence.categorical("not measured", "the model answers no VQA kind above the majority-answer level")
+
+
+def judge_claims(run: DemoRun) -> pd.DataFrame:
+    """The positive control's evidence, "inconclusive" for the claims of skipped steps, and the verdicts table."""
+    from vrh_interp.experiments import positive_control as pc
+
+    evidence, outcome = run.evidence, run.outcome
+    if run.run_control:
         evidence["positive_control"] = None if outcome is None else Evidence.categorical(
             "holds" if outcome["recovered"] and outcome["causal_verdict"] == "holds" else
             "does not hold" if not outcome["recovered"] or outcome["causal_verdict"] == "does not hold"
@@ -453,33 +405,72 @@ def run_demo(*, model_spec: str | None = None, out: Path = Path("runs/demo"), de
             "construction" if any(row["verdict"] != "inconclusive" and not row["as_expected"] for row in rows)
             else "a planted pair is undecided")
     for claim, step in CLAIM_STEPS.items():  # a claim whose step the cap skipped is undecided, never another verdict
-        if step in steps.skipped and (evidence.get(claim) is None) and (claim != "shared" or transfer_ready):
+        if step in run.steps.skipped and (evidence.get(claim) is None) and (claim != "shared" or run.transfer_ready):
             evidence[claim] = Evidence.categorical("inconclusive", "", "not measured within --budget-seconds")
     table = judge(evidence)
-    table.to_csv(out / "verdicts.csv", index=False)
-    if steps.open(10, f"attention overlays of the top {max(k_star, 3)} heads on {overlay_items} images; report"):
-        write_overlays(vlm, check_subset(evals, overlay_items), scores.top(max(k_star, 3)), out)
-    timing = steps.table()
+    table.to_csv(run.out / "verdicts.csv", index=False)
+    return table
+
+
+def report_step(run: DemoRun, table: pd.DataFrame, overlay_items: int, started: float, as_json: bool) -> int:
+    """Step 10: overlays of the top heads, the timing, the report, demo.json and what is printed."""
+    from vrh_interp.experiments import positive_control as pc
+
+    out, k_star, outcome = run.out, run.k_star, run.outcome
+    if run.steps.open(10, f"attention overlays of the top {max(k_star, 3)} heads on {overlay_items} images; report"):
+        write_overlays(run.vlm, check_subset(run.evals, overlay_items), run.scores.top(max(k_star, 3)), out)
+    timing = run.steps.table()
     timing.to_csv(out / "timing.csv", index=False)
     paths = write_report(out)
     elapsed = time.perf_counter() - started
     (out / "demo.json").write_text(json.dumps({
-        "model": model_spec, "transfer_model": transfer_model if transfer_ready else None, "model_choice": why,
-        "backend": backend, "backend_steps": dict(BACKEND_STEPS) if backend != "nnsight" else None,
-        "seconds": elapsed, "budget_seconds": budget, "seed": seed, "k_star": k_star, "ks": ks,
-        "sizes": dataclasses.asdict(sizes), "evaluation_items": len(evals), "census": pool.summary(),
-        "steps": timing.to_dict(orient="records"), "top_heads": scores.top(k_star).to_list(),
+        "model": run.model_spec, "transfer_model": run.transfer_model if run.transfer_ready else None,
+        "model_choice": run.why, "backend": run.backend,
+        "backend_steps": dict(BACKEND_STEPS) if run.backend != "nnsight" else None, "seconds": elapsed,
+        "budget_seconds": run.budget, "seed": run.seed, "k_star": k_star, "ks": run.ks,
+        "sizes": dataclasses.asdict(run.sizes), "evaluation_items": len(run.evals), "census": run.pool.summary(),
+        "steps": timing.to_dict(orient="records"), "top_heads": run.scores.top(k_star).to_list(),
         "positive_control": outcome, "verdicts": table.to_dict(orient="records")}, indent=2, default=str))
     if as_json:
         print(json.dumps({"verdicts": table.to_dict(orient="records"), "report": str(paths["html"]),
                           "positive_control": None if outcome is None else outcome["verdict"],
-                          "census": pool.summary(), "seconds": round(elapsed, 1)}, default=str))
+                          "census": run.pool.summary(), "seconds": round(elapsed, 1)}, default=str))
         return 0
     if outcome is not None:
         print("\n" + textwrap.fill("Positive control: " + pc.describe(outcome), TERMINAL_WIDTH))
         for row in outcome.get("transfer", []):
             print(textwrap.fill(pc.transfer_line(row), TERMINAL_WIDTH, subsequent_indent="    "))
-    print("\n" + pool.line())
+    print("\n" + run.pool.line())
     print(f"\n{claims_text(table, TERMINAL_WIDTH)}")
-    print(f"\nreport: {paths['html']}  ({elapsed:.0f} s" + (f" of a {budget:.0f} s cap)" if budget else ")"))
+    print(f"\nreport: {paths['html']}  ({elapsed:.0f} s" + (f" of a {run.budget:.0f} s cap)" if run.budget else ")"))
     return 0
+
+
+DEMO_STEPS = (detect_step, sweep_step, ablation_kinds_step, scan_step, design_space_step, sparsity_step,
+              transfer_step, vqa_step)  # steps 2-9, in order, after the positive control and the model load
+
+
+def run_demo(*, model_spec: str | None = None, out: Path = Path("runs/demo"), detect_scenes: int | None = None,
+             eval_scenes: int | None = None, device: str | None = None, dtype: str | None = None,
+             transfer_model: str | None = "auto", as_json: bool = False, batch_size: int = 256,
+             random_sets: int | None = None, curve_sets: int | None = None, check_items: int | None = None,
+             vqa_scenes: int | None = None, control_scenes: int | None = None, overlay_items: int = 3,
+             positive_control: bool = True, budget_seconds: float | None = None, seed: int = 0,
+             backend: str = "nnsight") -> int:
+    """The whole demo into ``out`` (module doc): ``plan_demo``, then one function per step. Returns the exit status."""
+    started = time.perf_counter()
+    given = {"detect_scenes": detect_scenes, "eval_scenes": eval_scenes, "check_items": check_items,
+             "vqa_scenes": vqa_scenes, "control_scenes": control_scenes, "random_sets": random_sets,
+             "curve_sets": curve_sets}
+    sizes = dataclasses.replace(DEFAULT_SIZES, **{k: v for k, v in given.items() if v is not None})
+    run = plan_demo(model_spec, transfer_model, out, sizes, seed=seed, batch_size=batch_size, device=device,
+                    dtype=dtype, backend=backend, positive_control=positive_control, overlay_items=overlay_items,
+                    budget_seconds=budget_seconds, started=started)
+    if run.run_control and run.steps.open(1, "positive control: the same pipeline on toy:planted, whose retrieval "
+                                             "heads are known"):
+        run.outcome = positive_control_step(out, device, batch_size, sizes.control_scenes, backend=backend,
+                                            random_sets=sizes.random_sets)
+    load_main_model(run)
+    for step in DEMO_STEPS:
+        step(run)
+    return report_step(run, judge_claims(run), overlay_items, started, as_json)

@@ -192,8 +192,9 @@ def generate_conditions(vlm: VLM, encoding: Mapping[str, Any], conditions: Seque
         raise ValueError("generate_conditions needs at least one condition")
     rows = int(encoding["input_ids"].shape[0])
     masked = [(h, a) for h, a in conditions if h is not None and len(h)]
-    # resample gives each row its own donor's values, so rows that share an image differ in the prefix
-    if shared_prefix and not remote and all(a.kind == "zero" or (a.kind == "mean" and segments is not None)
+    # a per-sample kind (resample) gives each row its own values, so rows that share an image differ in the prefix
+    if shared_prefix and not remote and all(not a.method.per_sample and (segments is not None or
+                                                                         not a.replaces_by_segment)
                                             for _, a in masked):
         prefix = shared_image_prefix(vlm, encoding)
         if prefix is not None:

@@ -59,7 +59,7 @@ def ground_conditions(vlm: VLM, samples: Sequence[GroundingSampleLike],
     runner = get_backend(backend, vlm, remote=remote)
     if batch is None:
         batch = encode_samples(vlm, samples)
-    needs_segments = any(h is not None and len(h) and a.kind != "zero" for h, a in conditions)
+    needs_segments = any(h is not None and len(h) and a.replaces_by_segment for h, a in conditions)
     ids = runner.generate_conditions(batch.encoding, conditions, max_new_tokens=max_new_tokens,
                                      segments=iv.batch_segments(batch) if needs_segments else None,
                                      sample_ids=[s.sample_id for s in samples], shared_prefix=shared_prefix)

@@ -21,6 +21,7 @@ import pandas as pd
 from vrh_interp.core.backends.base import Backend
 from vrh_interp.experiments.sweep import Condition, SweepResult, control_conditions, run_conditions
 from vrh_interp.evaluation.controls import DEFAULT_RANDOM_SEEDS
+from vrh_interp.core.ablation_kinds import DEFAULT_ABLATION_KIND
 from vrh_interp.core.heads import HeadGeometry, HeadSet
 from vrh_interp.core.model import VLM
 from vrh_interp.data.checks import GroundingSampleLike
@@ -105,7 +106,7 @@ def design_space_table(plan: DesignSpacePlan, result: SweepResult) -> pd.DataFra
     summary = result.summary().set_index("key")
     baseline = float(summary.loc["baseline:k=0", "accuracy"])
     ablation = next((c.ablation for c in plan.conditions if c.kind != "baseline"), "zero")
-    random_key = f"random:k={plan.k}:seed=all" + (f":ablation={ablation}" if ablation != "zero" else "")
+    random_key = f"random:k={plan.k}:seed=all" + (f":ablation={ablation}" if ablation != DEFAULT_ABLATION_KIND else "")
     random_mean = float(summary.loc[random_key, "accuracy"]) if random_key in summary.index else float("nan")
     random_sets = int(summary.loc[random_key, "sets"]) if random_key in summary.index else 0
     rows = []

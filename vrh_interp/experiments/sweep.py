@@ -62,7 +62,8 @@ from vrh_interp.core.runs import RecordLog, RunFolder, whole_run_manifest
 from vrh_interp.data.checks import GroundingSampleLike, as_box, check_samples
 from vrh_interp.scoring.scores import HeadScores, ScoresTransferWarning
 from vrh_interp.core.shards import Shard, shard_config
-from vrh_interp.core.templates.ablation import ABLATION_KINDS, ZERO_ABLATION, Ablation, AblationValues
+from vrh_interp.core.ablation_kinds import ABLATION_METHODS, DEFAULT_ABLATION_KIND, ablation_method
+from vrh_interp.core.templates.ablation import ZERO_ABLATION, Ablation, AblationValues
 from vrh_interp.evaluation.controls import DEFAULT_RANDOM_SEEDS, layer_matched_control, live_control, random_control
 
 RECORD_COLUMNS: list[str] = ["sample_id", "condition", "kind", "k", "seed", "answer", "parsed", "box", "iou",
@@ -86,7 +87,7 @@ class Condition:
     @property
     def key(self) -> str:
         return (f"{self.kind}:k={self.k}" + (f":seed={self.seed}" if self.seed is not None else "")
-                + (f":ablation={self.ablation}" if self.ablation != "zero" else ""))
+                + (f":ablation={self.ablation}" if self.ablation != DEFAULT_ABLATION_KIND else ""))
 
     @classmethod
     def from_key(cls, key: str, heads: HeadSet) -> "Condition":
@@ -96,7 +97,7 @@ class Condition:
         if k.startswith("k=") and names in ([], ["seed"], ["ablation"], ["seed", "ablation"]):
             fields = dict(part.split("=", 1) for part in rest)
             return cls(kind, int(k[2:]), int(fields["seed"]) if "seed" in fields else None, heads,
-                       fields.get("ablation", "zero"))
+                       fields.get("ablation", DEFAULT_ABLATION_KIND))
         raise ValueError(f"{key!r} is not a condition key such as 'random:k=5:seed=1'")
 
 
@@ -241,7 +242,8 @@ def set_level_rows(rows: list[dict[str, Any]], parts: Mapping[str, pd.DataFrame]
         aggregate.update({c: template[c] for c in ("condition", "k", "k_fraction", "ablation", "benchmark")
                           if c in template})
         aggregate.update(pooled(pd.concat([parts[c.key] for c in members])))
-        aggregate.update({"key": f"{kind}:k={k}:seed=all" + (f":ablation={ablation}" if ablation != "zero" else ""),
+        suffix = f":ablation={ablation}" if ablation != DEFAULT_ABLATION_KIND else ""
+        aggregate.update({"key": f"{kind}:k={k}:seed=all{suffix}",
                           "seed": "all", "sets": dist["sets"], "accuracy": dist["mean"], "accuracy_ci_low": low,
                           "accuracy_ci_high": high, "accuracy_sd": dist["sd"],
                           **{column: dist[column[len("accuracy_"):]] for column in QUANTILE_COLUMNS}})
@@ -413,18 +415,18 @@ def sweep(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], ranking: HeadSc
 
 
 def ablation_for(kind: str, values: AblationValues | None, geometry: HeadGeometry | None = None) -> Ablation:
-    """The ``Ablation`` of ``kind``: "zero" ignores ``values``; "mean" and "resample" need them (checked against
-    ``geometry`` when given)."""
-    if kind not in ABLATION_KINDS:
-        raise ValueError(f"unknown ablation kind {kind!r}: use one of {', '.join(ABLATION_KINDS)}")
-    if kind == "zero":
-        return ZERO_ABLATION
+    """The ``Ablation`` of ``kind`` (a name of the registry, ``core.ablation_kinds``): a kind without reference
+    values ("zero") ignores ``values``; "mean" and "resample" need them (checked against ``geometry`` when given)."""
+    if kind not in ABLATION_METHODS:
+        raise ValueError(f"unknown ablation kind {kind!r}: use one of {', '.join(ABLATION_METHODS)}")
+    if not ablation_method(kind).needs_reference_values:
+        return ZERO_ABLATION if kind == ZERO_ABLATION.kind else Ablation(kind)
     if values is None:
         raise ValueError(f"{kind} ablation needs reference outputs: pass ablation_values=ablation_values(vlm, "
                          "detection_samples) (vrh_interp.evaluation.grounding; the CLI computes them for --ablation)")
     if geometry is not None:
         values.check(geometry)
-    return Ablation(kind, values)  # type: ignore[arg-type]
+    return Ablation(kind, values)
 
 
 def head_signature(cond: Condition) -> tuple[Any, ...]:

@@ -33,6 +33,7 @@ from vrh_interp.core.model import VLM
 from vrh_interp.core.published import PublishedHeadSet, check_geometry
 from vrh_interp.data.checks import GroundingSampleLike
 from vrh_interp.scoring.scores import HeadScores
+from vrh_interp.core.ablation_kinds import ablation_method
 from vrh_interp.core.templates.ablation import AblationValues
 from vrh_interp.core.head_mapping import IncompatibleHeadGridError, TransferMapping, transfer_heads
 from vrh_interp.evaluation.statistics import spearman, kendall_tau_b
@@ -166,10 +167,11 @@ def cross_masking(vlm_a: VLM, vlm_b: VLM, scores_a: HeadScores | HeadSet, scores
         plan.append((target, label, other_label, folder, values, published or None,
                      cross_conditions(own, transferred, target.geometry, ks, random_seeds, ablation=ablation)))
     results, sources = {}, {}
+    needs_values = ablation_method(ablation).needs_reference_values
     for target, label, other_label, folder, values, heads_source, conditions in plan:
         results[label] = run_conditions(target, eval_samples, conditions, iou_threshold=iou_threshold,
                                         batch_size=batch_size, max_new_tokens=max_new_tokens, progress=progress,
-                                        remote=remote, ablation_values=values if ablation != "zero" else None,
+                                        remote=remote, ablation_values=values if needs_values else None,
                                         run_dir=None if run_dir is None else Path(run_dir) / f"masked_in_{folder}",
                                         heads_source=heads_source)
         sources[label] = other_label

@@ -95,7 +95,7 @@ def answer_conditions(vlm: VLM, samples: Sequence[VQASample], conditions: Sequen
     if encoding is None:
         encoding = encode_vqa(vlm, samples)
     segments = None
-    if any(len(h) and a.kind != "zero" for h, a in conditions):
+    if any(len(h) and a.replaces_by_segment for h, a in conditions):
         segments = iv.encoding_segments(vlm, encoding, [s.image.size for s in samples])
     ids = iv.generate_conditions(vlm, encoding, conditions, max_new_tokens=max_new_tokens, remote=remote,
                                  segments=segments, sample_ids=[s.sample_id for s in samples])

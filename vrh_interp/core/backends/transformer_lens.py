@@ -59,6 +59,7 @@ from vrh_interp.core.backends.base import (BackendError, Condition, RegionStats,
 from vrh_interp.core.families.registry import FAMILIES
 from vrh_interp.core.heads import HeadSet
 from vrh_interp.core.model import VLM
+from vrh_interp.core.ablation_kinds import ABLATION_METHODS
 from vrh_interp.core.templates.ablation import ZERO_ABLATION
 
 # Registry keys (``FamilyAdapter.name``) of the families whose HF class has a TransformerLens 4.3 adapter.
@@ -111,7 +112,10 @@ class TransformerLensBackend:
     vlm: VLM
     bridge: Any  # transformer_lens.model_bridge.TransformerBridge
     name: ClassVar[str] = "transformer-lens"
-    ablation_kinds: ClassVar[tuple[str, ...]] = ("zero",)
+    # the bridge's hooks zero heads; the kinds that replace them by reference outputs (mean, resample) need the
+    # per-segment templates of the nnsight backend, so they are refused before any work (``check_ablation_kinds``)
+    ablation_kinds: ClassVar[tuple[str, ...]] = tuple(name for name, kind in ABLATION_METHODS.items()
+                                                      if not kind.needs_reference_values)
     operations: ClassVar[frozenset[str]] = frozenset()  # no patching study: its templates are nnsight's
 
     @classmethod

@@ -6,7 +6,7 @@ OCR_Head and pyvene do the same). Zeroing pre-softmax scores or queries instead 
 uniformly (it still writes the mean of V), and splitting the o_proj OUTPUT into "heads" isolates
 nothing: both are mistakes found in peer code.
 
-Three kinds (``Ablation.kind``):
+Three kinds (``Ablation.kind``; each a class in ``core.ablation_kinds``, where a new kind is one more class):
 
 * ``zero``: the slice is set to 0 (the paper's masking).
 * ``mean``: the slice is set to the head's mean output over a reference set (the detection samples), taken
@@ -40,16 +40,17 @@ import hashlib
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
+from vrh_interp.core.ablation_kinds import ABLATION_KINDS as ABLATION_KINDS  # re-exported (the registry's names)
+from vrh_interp.core.ablation_kinds import AblationMethod, ablation_method
 from vrh_interp.core.heads import HeadGeometry, HeadSet
 from vrh_interp.core.templates import ProjectionTemplate
 from vrh_interp.core.templates.head_outputs import HeadOutputCapture
 
-AblationKind = Literal["zero", "mean", "resample"]
-ABLATION_KINDS: tuple[str, ...] = ("zero", "mean", "resample")
+AblationKind = str  # a registered kind's name (``core.ablation_kinds.ABLATION_KINDS``: "zero", "mean", "resample")
 SEGMENTS: tuple[str, ...] = ("visual", "prompt", "answer")
 PAD, VISUAL, PROMPT, ANSWER = -1, 0, 1, 2
 
@@ -167,30 +168,45 @@ class Ablation:
     values: AblationValues | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in ABLATION_KINDS:
-            raise ValueError(f"ablation kind must be one of {ABLATION_KINDS}, got {self.kind!r}")
-        if self.kind != "zero" and self.values is None:
+        method = ablation_method(self.kind)
+        if method.needs_reference_values and self.values is None:
             raise ValueError(f"{self.kind} ablation needs reference values: Ablation({self.kind!r}, "
                              "ablation_values(vlm, detection_samples)) (vrh_interp.evaluation.grounding)")
-        if self.kind == "zero" and self.values is not None:
-            raise ValueError("zero ablation takes no reference values")
+        if not method.needs_reference_values and self.values is not None:
+            raise ValueError(f"{self.kind} ablation takes no reference values")
+
+    @property
+    def method(self) -> AblationMethod:
+        """The kind as an object (``core.ablation_kinds``): what replaces the heads' outputs, what it needs."""
+        return ablation_method(self.kind)
+
+    @property
+    def replaces_by_segment(self) -> bool:
+        """Replacement values per position segment (the kind has reference values): masking then needs the
+        batch's ``segment_ids``."""
+        return self.method.needs_reference_values
 
     def manifest(self) -> dict[str, Any]:
         """What a run folder records about the ablation (kind and a digest of the values)."""
         return {"kind": self.kind, "values": self.values.fingerprint() if self.values is not None else None}
 
+    def replacement(self, sample_id: str | None = None) -> torch.Tensor:
+        """``[layers, segments, width]``: what replaces the masked heads' outputs (of ``sample_id`` for a
+        per-sample kind such as ``resample``)."""
+        if self.values is None:
+            raise ValueError(f"{self.kind} ablation has no replacement values (it sets the heads' outputs to 0)")
+        return self.method.values_for(self.values, sample_id)
+
     def tables(self, layers: Sequence[int], sample_ids: Sequence[str] | None = None) -> dict[int, torch.Tensor]:
         """``{layer: [rows, segments, width]}``: one row shared by all samples (``mean``) or one per sample in
-        ``sample_ids`` order (``resample``); empty for ``zero``."""
+        ``sample_ids`` order (a per-sample kind: ``resample``); empty for ``zero``."""
         if self.values is None:
             return {}
-        if self.kind == "mean":
-            mean = self.values.mean()
-            return {layer: mean[layer][None] for layer in layers}
-        if sample_ids is None:
-            raise ValueError("resample ablation needs the batch's sample_ids (each row gets its donor's outputs)")
-        donors = torch.stack([self.values.donor_mean(sample_id) for sample_id in sample_ids])
-        return {layer: donors[:, layer] for layer in layers}
+        if not self.method.per_sample or sample_ids is None:
+            shared = self.replacement()  # a per-sample kind refuses: it needs the sample ids
+            return {layer: shared[layer][None] for layer in layers}
+        rows = torch.stack([self.replacement(sample_id) for sample_id in sample_ids])
+        return {layer: rows[:, layer] for layer in layers}
 
 
 ZERO_ABLATION = Ablation()
@@ -217,8 +233,8 @@ class HeadAblation(ProjectionTemplate):
         heads = geometry.validate(heads)
         by_layer = {layer: tuple(idx) for layer, idx in heads.by_layer().items()}
         paths = {layer: projection_path(layer) for layer in by_layer}
-        if ablation.kind == "zero":
-            return cls(paths, by_layer, geometry.num_heads, geometry.head_dim)
+        if not ablation.replaces_by_segment:
+            return cls(paths, by_layer, geometry.num_heads, geometry.head_dim, ablation.kind)
         assert ablation.values is not None
         ablation.values.check(geometry)
         if segments is None:
@@ -236,7 +252,7 @@ class HeadAblation(ProjectionTemplate):
     def at_output_projection(self, model: Any, layer: int) -> None:
         per_head = self.per_head(model, layer)
         heads = list(self.heads_by_layer[layer])
-        if self.kind == "zero":
+        if not self.tables:  # a kind without reference values (zero): every position, padding too
             per_head[:, :, heads] = 0
             return
         assert self.segments is not None
@@ -317,7 +333,7 @@ class RowHeadAblation(ProjectionTemplate):
                 for h in head_set.by_layer().get(layer, ()):
                     mask[r, column[h]] = True
             masks[layer] = mask
-        replacing = [r for r in range(rows) if ablations[r].kind != "zero" and len(sets[r])]
+        replacing = [r for r in range(rows) if ablations[r].replaces_by_segment and len(sets[r])]
         if not replacing:
             return cls(paths, by_layer, masks, geometry.num_heads, geometry.head_dim)
         if segments is None:
@@ -332,12 +348,7 @@ class RowHeadAblation(ProjectionTemplate):
             ablation = ablations[r]
             assert ablation.values is not None
             ablation.values.check(geometry)
-            if ablation.kind == "mean":
-                sources[r] = ablation.values.mean()
-            elif sample_ids is None:
-                raise ValueError("resample ablation needs the batch's sample_ids (each row gets its donor's outputs)")
-            else:
-                sources[r] = ablation.values.donor_mean(sample_ids[r])
+            sources[r] = ablation.replacement(sample_ids[r] if sample_ids is not None else None)
         filled = list(sources)
         stacked = torch.stack([sources[r] for r in filled])  # [filled rows, layers, segments, width]
         stacked = stacked.view(len(filled), geometry.num_layers, len(SEGMENTS), geometry.num_heads, geometry.head_dim)
@@ -346,7 +357,7 @@ class RowHeadAblation(ProjectionTemplate):
             table = torch.zeros(rows, len(SEGMENTS), len(layer_heads), geometry.head_dim, dtype=stacked.dtype)
             table[filled] = stacked[:, layer][:, :, list(layer_heads)]
             tables[layer] = table
-        keep = torch.tensor([a.kind != "zero" for a in ablations], dtype=torch.bool)
+        keep = torch.tensor([a.replaces_by_segment for a in ablations], dtype=torch.bool)
         return cls(paths, by_layer, masks, geometry.num_heads, geometry.head_dim, tables,
                    segments.detach().cpu().long(), keep)
 

@@ -1,0 +1,150 @@
+"""The demo's fixed plan (``apps.demo``): its sizes, the k grid and k*, the evaluation and check items, the sweep's
+conditions, the scanned heads, and the step progress with the optional time cap. No model is loaded here."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from vrh_interp.experiments.sweep import CONTROL_KINDS, Condition, SweepResult, parse_ks, sweep_conditions
+
+ANSWER_TOKENS = 24
+PAPER_FRACTION_RANGE = (0.017, 0.026)  # 20 of 1152 .. 20 of 784 heads
+DEMO_GRID = ("0.5%", "1%", "1.7%", "2.6%", "5%", "10%")
+TERMINAL_WIDTH = 100
+STEPS = 10
+PLAN_FILE = "plan.json"
+SEED_STRIDE = 1000  # --seed s draws control sets with seeds s*1000 .. s*1000 + sets - 1
+ANSWERS_VQA_MARGIN = 0.1  # a VQA kind counts as answered when the unmasked model beats the majority answer by this
+SCAN_ALL_HEADS, SCAN_SAMPLED_HEADS = 48, 32
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    """What the demo runs on (``DEFAULT_SIZES`` unless given)."""
+
+    detect_scenes: int = 200
+    eval_scenes: int = 40
+    check_items: int = 40
+    vqa_scenes: int = 20
+    control_scenes: int = 30
+    census_items: int = 6
+    random_sets: int = 20
+    curve_sets: int = 4
+
+
+DEFAULT_SIZES = Sizes()
+
+
+def demo_ks(total_heads: int) -> tuple[list[int], int]:
+    """``(ks, k_star)`` for a model with ``total_heads`` heads (module doc)."""
+    low = math.ceil(PAPER_FRACTION_RANGE[0] * total_heads)
+    high = math.floor(PAPER_FRACTION_RANGE[1] * total_heads)
+    middle = sum(PAPER_FRACTION_RANGE) / 2 * total_heads
+    if low <= high:
+        k_star = min(range(low, high + 1), key=lambda k: (abs(k - middle), k))
+    else:
+        k_star = max(1, math.floor(middle + 0.5))
+    cap = max(1, total_heads // 4)
+    ks = sorted({0, k_star, *(k for k in parse_ks(DEMO_GRID, total_heads) if k <= cap)})
+    return ks, k_star
+
+
+def evaluation_items(scenes: int) -> list[Any]:
+    """Every referent of the first ``scenes`` evaluation scenes (level 1; disjoint from the ``detect-`` scenes)."""
+    from vrh_interp.data import grounding_samples
+
+    return [sample for index in range(scenes) for sample in grounding_samples("eval", index, 1)]
+
+
+def check_subset(items: Sequence[Any], count: int) -> list[Any]:
+    """``count`` items in whole scenes spread evenly over ``items`` (a scene's referents share their image prefix
+    in a generation); the last scene cut to make ``count``. Fixed, spread over the scenes."""
+    if count >= len(items):
+        return list(items)
+    scenes: list[list[Any]] = []
+    for item in items:
+        image = getattr(item, "image", None)
+        if scenes and image is not None and getattr(scenes[-1][0], "image", None) is image:
+            scenes[-1].append(item)
+        else:
+            scenes.append([item])
+    wanted = min(len(scenes), math.ceil(count * len(scenes) / len(items)))
+    picked = [item for i in range(wanted) for item in scenes[math.floor(i * len(scenes) / wanted)]]
+    return picked[:count]
+
+
+def main_conditions(ranking: Any, geometry: Any, ks: Sequence[int], k_star: int, seeds: Sequence[int],
+                    curve_sets: int, live: Any = None) -> list[Condition]:
+    """``sweep_conditions`` with every control set at k* and the first ``curve_sets`` seeds at every other k."""
+    conditions = sweep_conditions(ranking, geometry, ks, list(seeds), live=live)
+    first = set(list(seeds)[:curve_sets])
+    return [c for c in conditions if c.kind not in CONTROL_KINDS or c.k == k_star or c.seed in first]
+
+
+def restrict(result: SweepResult, sample_ids: Sequence[str], keep: Callable[[Condition], bool]) -> SweepResult:
+    """The records of ``result`` on ``sample_ids`` under the conditions ``keep`` accepts (the baseline always)."""
+    conditions = [c for c in result.conditions if c.kind == "baseline" or keep(c)]
+    keys = {c.key for c in conditions}
+    records = result.records
+    records = records[records["sample_id"].isin(set(sample_ids)) & records["condition"].isin(keys)]
+    return SweepResult(records.reset_index(drop=True), conditions, result.iou_threshold, result.total_heads)
+
+
+def scan_heads(ranking: Any, geometry: Any, k_star: int) -> Any:
+    """All heads, or on models over ``SCAN_ALL_HEADS`` the top ``k_star`` and the rest sampled at evenly spaced
+    score ranks (``SCAN_SAMPLED_HEADS`` in all), in (layer, head) order. Rank-stratified, not a seeded uniform
+    draw: "score predicts damage" is a correlation over the score range, which a uniform draw covers unevenly
+    (mostly low scores), and a draw that moves with ``--seed`` made the claim's verdict move with it."""
+    from vrh_interp.core.heads import HeadSet
+
+    everything = geometry.all_heads()
+    if len(everything) <= SCAN_ALL_HEADS:
+        return everything
+    ranked = list(ranking)
+    top, rest = ranked[:k_star], ranked[k_star:]
+    picked = np.unique(np.linspace(0, len(rest) - 1, SCAN_SAMPLED_HEADS - len(top)).round().astype(int))
+    return HeadSet(sorted(top + [rest[i] for i in picked], key=lambda h: (h.layer, h.head)))
+
+
+class Steps:
+    """Step progress (elapsed time per step) and the optional cap: ``open(n, text)`` is False, and the step is
+    skipped, once ``budget`` seconds have passed."""
+
+    def __init__(self, started: float, budget: float | None) -> None:
+        self.started, self.budget, self.rows, self.skipped = started, budget, [], []
+        self._current: dict | None = None
+
+    def open(self, number: int, text: str) -> bool:
+        self.close()
+        elapsed = time.perf_counter() - self.started
+        if self.budget is not None and elapsed >= self.budget:
+            print(f"[{number}/{STEPS}] skipped: --budget-seconds {self.budget:.0f} reached ({text})", flush=True)
+            self.skipped.append(number)
+            return False
+        print(f"[{number}/{STEPS}] {text}  ({elapsed:.0f} s elapsed)", flush=True)
+        self._current = {"step": number, "name": text, "began": time.perf_counter()}
+        return True
+
+    def close(self) -> None:
+        if self._current is not None:
+            seconds = time.perf_counter() - self._current.pop("began")
+            self.rows.append({**self._current, "seconds": round(seconds, 1)})
+            print(f"      step {self._current['step']} took {seconds:.1f} s", flush=True)
+            self._current = None
+
+    def table(self) -> pd.DataFrame:
+        self.close()
+        total = {"step": "total", "name": "all steps", "seconds": round(time.perf_counter() - self.started, 1)}
+        return pd.DataFrame([*self.rows, total]).astype({"step": str})
+
+
+def vqa_answered(summary: pd.DataFrame) -> list[str]:
+    """The VQA kinds whose unmasked accuracy beats the majority answer by ``ANSWERS_VQA_MARGIN``."""
+    base = summary[summary["condition"] == "baseline"]
+    return [r.benchmark for r in base.itertuples() if r.accuracy >= r.majority_baseline + ANSWERS_VQA_MARGIN]
