@@ -66,6 +66,7 @@ def test_sweep_defaults_fit_toy_a(tmp_path, capsys):
     note = " ".join(printed.err.split())
     assert "default --ks 0,1,3,5,10,20 trimmed to" in note and "pass --ks" in note
     assert "-> DOES NOT HOLD" in printed.out or "-> INCONCLUSIVE" in printed.out or "-> HOLDS" in printed.out
+    assert "among 1 sets of each kind, so no smaller than 1/2 = 0.500" in " ".join(printed.out.split())
     assert max(len(line) for line in printed.out.splitlines() if str(tmp_path) not in line) <= 100
     summary = pd.read_csv(tmp_path / "s" / "sweep_summary.csv")
     assert 20 not in set(summary["k"]) and {0, 1, 3} <= set(summary["k"])

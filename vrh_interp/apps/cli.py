@@ -239,7 +239,7 @@ def _print_sweep(result: Any, as_json: bool, out: str | Path) -> None:
     """A compact table (each control's distribution row stands for its per-set rows), then one verdict line per
     k (``report.verdict_lines``: the claims rules); the full summary is ``OUT/sweep_summary.csv``."""
     from vrh_interp.apps.report import compact_sweep_table, verdict_lines
-    from vrh_interp.evaluation.claims import MIN_INFORMATIVE
+    from vrh_interp.evaluation.claims import MIN_INFORMATIVE, RESAMPLES
 
     summary = result.summary()
     if as_json:
@@ -249,6 +249,13 @@ def _print_sweep(result: Any, as_json: bool, out: str | Path) -> None:
                                                "(control rows: their sets' distribution)")
     import textwrap
 
+    pooled = summary[summary["seed"].astype(str) == "all"]
+    if len(pooled):
+        sets = int(pooled["sets"].min())
+        floor = (f"p_random / p_matched / p_live: the top-k's rank among {sets} sets of each kind, so no smaller "
+                 f"than 1/{sets + 1} = {1 / (sets + 1):.3f} (more --random-sets lower that floor); the verdict's "
+                 f"bootstrap resamples items and sets (floor 1/{RESAMPLES + 1}).")
+        print(textwrap.fill(floor, 100))
     print("\n" + textwrap.fill("Verdict (evaluation.claims: HOLDS = control sets' accuracy minus top-k's significantly "
                                f"> 0 and >= 0.05; DOES NOT HOLD = bounded below 0.05; else INCONCLUSIVE; Holm over the "
                                f"k values; >= {MIN_INFORMATIVE} informative items for either decision):", 100))
