@@ -381,9 +381,11 @@ def _live_pool(args: argparse.Namespace, vlm: Any, samples: Any, ranking: Any, k
     largest = max(counts, default=0)
     if largest == 0:
         return None
-    # heads off the model's grid, or a k whose random / matched sets cannot be drawn, fail here as in `sweep`,
-    # before the census runs or writes anything
-    check_geometry(ranking, vlm.geometry)
+    try:
+        check_geometry(ranking, vlm.geometry)
+    except ValueError:  # heads off the model's grid: `sweep` refuses them with its own message (scores of another
+        return None     # model, a published set for another grid), before any work; no census needed
+    # a k whose random / matched sets cannot be drawn fails here as in `sweep`, before the census runs or writes
     sweep_conditions(ranking, vlm.geometry, counts, _control_seeds(args), matched=not args.no_matched,
                      exclude_first_layer=args.exclude_first_layer)
     pool = run_census(vlm, samples, args.out, max_new_tokens=args.max_new_tokens)
