@@ -31,9 +31,8 @@ import argparse
 import math
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -41,34 +40,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from tests.reference import zeroed_heads  # noqa: E402  (the independent plain-PyTorch hooks: the naive loop's mask)
+
 GOAL = 5.0
 ANSWER_TOKENS = 24  # the demo's
 DEMO_BATCH_SIZE = 256  # the demo's default --batch-size
 SMALL = {"items": 8, "sets": 2, "curve_sets": 1, "detect_scenes": 20}
-
-
-@contextmanager
-def zeroed_heads(model: Any, heads_by_layer: dict[int, list[int]]) -> Iterator[None]:
-    """Zero heads' slices of each attention's ``o_proj`` input with plain forward pre-hooks (``tests/reference.py``:
-    the decoder found through transformers' ``get_decoder()``, nothing of the library's)."""
-    text = model.config.get_text_config()
-    num_heads = text.num_attention_heads
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // num_heads
-    layers = model.get_decoder().layers
-    handles = []
-    for layer, heads in heads_by_layer.items():
-        def pre_hook(_module: Any, args: tuple[Any, ...], heads: list[int] = heads) -> tuple[Any, ...]:
-            x = args[0].clone()
-            b, s, _ = x.shape
-            x.view(b, s, num_heads, head_dim)[:, :, heads] = 0
-            return (x, *args[1:])
-
-        handles.append(layers[layer].self_attn.o_proj.register_forward_pre_hook(pre_hook))
-    try:
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def by_layer(heads: Any) -> dict[int, list[int]]:
