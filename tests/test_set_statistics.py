@@ -380,3 +380,13 @@ def test_demo_keeps_every_control_set_at_k_star_and_the_same_draws_elsewhere():
     part = restrict(SweepResult(frame, conditions, 0.5), ["s1", "s3"], lambda c: c.k == 1)
     assert [c.key for c in part.conditions] == ["baseline:k=0", "top:k=1"]
     assert part.summary().set_index("key")["accuracy"].to_dict() == {"baseline:k=0": 1.0, "top:k=1": 0.0}
+
+
+def test_sweep_conditions_refuse_a_k_longer_than_the_ranking():
+    """ranking[:k] of a 2-head ranking at k=3 would mask 2 heads under the label top:k=3: refused, naming the k."""
+    geometry = HeadGeometry(4, 8, 8, 16)
+    ranking = HeadSet([Head(2, 0), Head(3, 1)])
+    with pytest.raises(ValueError, match=r"k values \[3\] exceed the ranking's 2 heads"):
+        sweep_module.sweep_conditions(ranking, geometry, [0, 3], [0])
+    conditions = sweep_module.sweep_conditions(ranking, geometry, [0, 2], [0])
+    assert [len(c.heads) for c in conditions if c.kind == "top"] == [2]
