@@ -81,16 +81,22 @@ Z_POWER = 0.8416212335729143  # the 80 % quantile
 def test_items_needed_by_the_formula() -> None:
     spec = ClaimSpec("t", "paper", "w", "s", 0.0, 0.05)
     replicates = np.array([0.1, 0.3])  # spread (population sd) 0.1
-    # at least the minimum: distance to null (0.2); 10 * (2.4865 * 0.1 / 0.2)^2 = 15.46 -> 16
-    assert items_needed(spec, Evidence(0.2, replicates, 10), 0.05) == math.ceil(
-        10 * ((Z[0.05] + Z_POWER) * 0.1 / 0.2) ** 2) == 16
+    # at least the minimum: distance to null (0.2); 40 * (2.4865 * 0.1 / 0.2)^2 = 61.83 -> 62
+    assert items_needed(spec, Evidence(0.2, replicates, 40), 0.05) == math.ceil(
+        40 * ((Z[0.05] + Z_POWER) * 0.1 / 0.2) ** 2) == 62
     # below the minimum: distance to the minimum (0.05 - 0.03 = 0.02): 1545.6 -> 1546
     assert items_needed(spec, Evidence(0.03, replicates, 10), 0.05) == math.ceil(
         10 * ((Z[0.05] + Z_POWER) * 0.1 / 0.02) ** 2) == 1546
     # alpha 0.01, estimate exactly at the minimum: distance to null (0.05)
     assert items_needed(spec, Evidence(0.05, replicates, 7), 0.01) == math.ceil(
         7 * ((Z[0.01] + Z_POWER) * 0.1 / 0.05) ** 2) == 282  # 281.01
-    assert items_needed(spec, Evidence(0.2, replicates, 1), 0.05) == 2  # 1.546 -> 2
+    # the MIN_INFORMATIVE floor: the formula's 16 (10 items) or 2 (1 item) would not reach 20 informative items
+    assert items_needed(spec, Evidence(0.2, replicates, 10), 0.05) == MIN_INFORMATIVE == 20
+    assert items_needed(spec, Evidence(0.2, replicates, 1), 0.05) == 20
+    # 18 informative of 40 items: the floor is 40 * 20 / 18 = 44.4 -> 45 items, below the formula's 62
+    assert items_needed(spec, Evidence(0.2, replicates, 40, informative=18), 0.05) == 62
+    assert items_needed(spec, Evidence(0.2, replicates, 40, informative=9), 0.05) == 89  # the floor 40 * 20 / 9 = 88.9 -> 89 wins over 62
+    assert items_needed(spec, Evidence(0.2, replicates, 40, informative=0), 0.05) is None
     assert items_needed(ClaimSpec("t", "paper", "w", "s", 0.0, 0.0), Evidence(0.0, replicates, 10), 0.05) is None
     for ev in (Evidence(0.2, np.array([0.2, 0.2]), 10),  # no spread
                Evidence(0.2, replicates, 0), Evidence(0.2, replicates, -1), Evidence(0.2, None, 10),

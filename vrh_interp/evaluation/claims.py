@@ -160,16 +160,22 @@ def items_needed(spec: ClaimSpec, evidence: Evidence, alpha: float) -> int | Non
     """Items that would likely decide an undecided claim: the observed replicate spread scaled as 1/sqrt(n), the
     distance from the estimate to the boundary it is nearer to deciding (``null`` when the estimate is at least
     ``minimum``, else ``minimum``), one-sided level ``alpha``, power ``POWER``. None where the estimate sits on
-    the boundary or nothing is known."""
+    the boundary or nothing is known. Never fewer than the items that would hold ``MIN_INFORMATIVE`` informative
+    ones at the observed informative share (``decide`` refuses a verdict below that floor whatever the spread); none
+    where no item was informative."""
     if evidence.replicates is None or evidence.n <= 0 or not np.isfinite(evidence.estimate):
         return None
+    informative = evidence.n if evidence.informative is None else min(evidence.n, evidence.informative)
+    if informative <= 0:
+        return None
+    floor = math.ceil(evidence.n * MIN_INFORMATIVE / informative)
     spread = float(np.std(evidence.replicates))
     boundary = spec.null if evidence.estimate >= spec.minimum else spec.minimum
     distance = abs(evidence.estimate - boundary)
     if distance <= 1e-12 or spread <= 0:
         return None
     z = NormalDist().inv_cdf(1 - alpha) + NormalDist().inv_cdf(POWER)
-    return int(math.ceil(evidence.n * (z * spread / distance) ** 2))
+    return max(floor, int(math.ceil(evidence.n * (z * spread / distance) ** 2)))
 
 
 def decide(spec: ClaimSpec, evidence: Evidence, *, alpha_holds: float = ALPHA, p_holds: float | None = None,
