@@ -95,7 +95,8 @@ def test_items_needed_by_the_formula() -> None:
     assert items_needed(spec, Evidence(0.2, replicates, 1), 0.05) == 20
     # 18 informative of 40 items: the floor is 40 * 20 / 18 = 44.4 -> 45 items, below the formula's 62
     assert items_needed(spec, Evidence(0.2, replicates, 40, informative=18), 0.05) == 62
-    assert items_needed(spec, Evidence(0.2, replicates, 40, informative=9), 0.05) == 89  # the floor 40 * 20 / 9 = 88.9 -> 89 wins over 62
+    # 9 informative of 40: the floor 40 * 20 / 9 = 88.9 -> 89 wins over the formula's 62
+    assert items_needed(spec, Evidence(0.2, replicates, 40, informative=9), 0.05) == 89
     assert items_needed(spec, Evidence(0.2, replicates, 40, informative=0), 0.05) is None
     assert items_needed(ClaimSpec("t", "paper", "w", "s", 0.0, 0.0), Evidence(0.0, replicates, 10), 0.05) is None
     for ev in (Evidence(0.2, np.array([0.2, 0.2]), 10),  # no spread

@@ -9,6 +9,10 @@ from vrh_interp.core.heads import Head, HeadGeometry, HeadSet
 
 
 DEFAULT_RANDOM_SEEDS: tuple[int, ...] = tuple(range(20))
+# the control kinds a causal claim is judged against (condition kinds in sweeps; one function each below)
+CONTROL_KINDS: tuple[str, ...] = ("random", "matched", "live")
+
+
 def random_control(geometry: HeadGeometry, detected: HeadSet, k: int, seed: int, *,
                    exclude_first_layer: bool = False) -> HeadSet:
     """k heads drawn (seeded) from all heads not in ``detected`` (nested in k for a fixed seed)."""

@@ -64,11 +64,11 @@ from vrh_interp.scoring.scores import HeadScores, ScoresTransferWarning
 from vrh_interp.core.shards import Shard, shard_config
 from vrh_interp.core.ablation_kinds import ABLATION_METHODS, DEFAULT_ABLATION_KIND, ablation_method
 from vrh_interp.core.templates.ablation import ZERO_ABLATION, Ablation, AblationValues
-from vrh_interp.evaluation.controls import DEFAULT_RANDOM_SEEDS, layer_matched_control, live_control, random_control
+from vrh_interp.evaluation.controls import (CONTROL_KINDS, DEFAULT_RANDOM_SEEDS, layer_matched_control, live_control,
+                                           random_control)
 
 RECORD_COLUMNS: list[str] = ["sample_id", "condition", "kind", "k", "seed", "answer", "parsed", "box", "iou",
                              "other_object_iou"]
-CONTROL_KINDS: tuple[str, ...] = ("random", "matched", "live")
 QUANTILE_COLUMNS: list[str] = [f"accuracy_q{round(100 * q):02d}" for q in QUANTILES]
 
 

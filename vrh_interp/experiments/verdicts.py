@@ -14,9 +14,8 @@ import pandas as pd
 
 from vrh_interp.evaluation.claims import (RESAMPLES, Evidence, decide, CLAIMS, item_weights, mean_evidence,
                                           set_effect, smallest, statistic_evidence)
+from vrh_interp.evaluation.controls import CONTROL_KINDS
 from vrh_interp.evaluation.statistics import spearman
-
-CAUSAL_CONTROLS: tuple[str, ...] = ("random", "matched", "live")
 
 
 def _matrix(records: pd.DataFrame, keys: Sequence[str], column: str, ids: Sequence[str]) -> np.ndarray:
@@ -75,7 +74,7 @@ def set_effects(records: pd.DataFrame, conditions: Sequence[Any], ks: Sequence[i
 
 
 def causal_evidence(records: pd.DataFrame, conditions: Sequence[Any], k: int, *,
-                    kinds: Sequence[str] = CAUSAL_CONTROLS, ablation: str = "zero", target: str = "top",
+                    kinds: Sequence[str] = CONTROL_KINDS, ablation: str = "zero", target: str = "top",
                     iou_threshold: float = 0.5, seed: int = 0) -> Evidence | None:
     """The causal claim at ``k``: the smallest over the control kinds present of (control - top) accuracy."""
     effects, n, informative = set_effects(records, conditions, [k], kinds, ablation=ablation, target=target,
@@ -96,7 +95,7 @@ def causal_evidence(records: pd.DataFrame, conditions: Sequence[Any], k: int, *,
     return smallest(parts, n, numbers + f"; {informative} informative items", informative)
 
 
-def curve_evidence(records: pd.DataFrame, conditions: Sequence[Any], *, kinds: Sequence[str] = CAUSAL_CONTROLS,
+def curve_evidence(records: pd.DataFrame, conditions: Sequence[Any], *, kinds: Sequence[str] = CONTROL_KINDS,
                    ablation: str = "zero", iou_threshold: float = 0.5, seed: int = 0) -> Evidence | None:
     """The causal claim along the k-curve: per control kind the mean over every k > 0 with sets of (control -
     top), then the smallest over the kinds (the area between the curves, per unit of k grid)."""
@@ -214,7 +213,7 @@ def transfer_evidence(results: Mapping[str, Any], k: int, *, seed: int = 0) -> E
     return smallest(parts, n, f"k={k}, n={n} items; " + "; ".join(numbers), informative)
 
 
-def vqa_evidence(result: Any, kinds_answered: Sequence[str], k: int, *, kinds: Sequence[str] = CAUSAL_CONTROLS,
+def vqa_evidence(result: Any, kinds_answered: Sequence[str], k: int, *, kinds: Sequence[str] = CONTROL_KINDS,
                  seed: int = 0) -> Evidence | None:
     """The causal statistic on the VQA items of the question kinds the model answers (pooled, paired)."""
     records = result.records[result.records["benchmark"].isin(list(kinds_answered))].copy()
@@ -264,7 +263,7 @@ def sweep_claims(result: Any, *, seed: int = 0) -> pd.DataFrame:
 
     from vrh_interp.evaluation.claims import judge
 
-    kinds = [kind for kind in CAUSAL_CONTROLS if any(c.kind == kind for c in result.conditions)]
+    kinds = [kind for kind in CONTROL_KINDS if any(c.kind == kind for c in result.conditions)]
     evidence, specs = {}, {}
     for k in sorted({c.k for c in result.conditions if c.kind == "top" and c.k > 0}):
         found = causal_evidence(result.records, result.conditions, k, kinds=kinds,
