@@ -144,6 +144,15 @@ def stage_folder(out_dir: Path, index: int, stage: RecipeStage) -> Path:
     return out_dir / f"{index:02d}-{stage.name}"
 
 
+def reseeded(stages: Sequence[RecipeStage], offset: int) -> tuple[RecipeStage, ...]:
+    """The lineage with every stage's seed moved by ``offset`` (another training of the same recipe: the seed-spread
+    runs of issue 31). Stages whose ``final/`` already exists are skipped by ``run_recipe`` whatever their seed, so
+    a spread of the last stages alone starts from the shipped earlier stages' weights placed in their folders."""
+    return tuple(dataclasses.replace(stage, overrides={**stage.overrides,
+                                                       "seed": stage.overrides.get("seed", 0) + offset})
+                 for stage in stages)
+
+
 def run_recipe(stages: Sequence[RecipeStage], out_dir: Path, base_overrides: dict | None = None) -> Path:
     """Run (or resume) every stage in order; returns the last stage's folder (ship it with ``--checkpoint final``)."""
     previous_final: Path | None = None
@@ -218,6 +227,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True,
                         help="recipe folder (one subfolder per stage; rerun to resume)")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (run with OMP_WAIT_POLICY=PASSIVE)")
+    parser.add_argument("--reseed", type=int, default=0, metavar="N",
+                        help="another training of the recipe: every stage's seed + N (default 0: the shipped seeds)")
     parser.add_argument("--compare", action="store_true",
                         help="train nothing: measure every finished stage and print it beside "
                              "the shipped lineage's same stage")
@@ -231,7 +242,7 @@ def main() -> None:
         table.to_csv(args.out / f"comparison-{args.model}.csv", index=False)
         print(table.drop(columns=["model"]).round(3).to_string(index=False))
         return
-    last = run_recipe(RECIPES[args.model], args.out)
+    last = run_recipe(reseeded(RECIPES[args.model], args.reseed), args.out)
     print(f"done: ship with  python -m toy_training.train --model {args.model} --ship {last} --checkpoint final "
           "--dest vrh_interp/toy/checkpoints")
 
