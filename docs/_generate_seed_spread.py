@@ -1,0 +1,140 @@
+"""Regenerate docs/results/seed-spread.md: how much do toy C's heads and verdicts move between trainings?
+
+    python docs/_generate_seed_spread.py --trained 2=DIR2,3=DIR3 [--out runs/seed-spread] [--demo-seed 1]
+
+Toy C's heads are decided by its last recipe stage (``c-revive``: the revive of the inert heads and 500 multitask
+steps, ``toy_training.recipe``). Seed 0 is the shipped ``toy:c``; the others are the same stage retrained from the
+same starting weights (toy C 0.2, commit ee3b141) with every stage's seed moved by N:
+
+    python -m toy_training.recipe --model c --out DIR --threads 1 --reseed N
+
+(with ``DIR/00-cd-text/final`` an empty folder and ``DIR/01-c/final`` toy C 0.2's checkpoint, so only the last
+stage trains). N = 1 is left out: the previous stage (``c``) trained with seed 1, and the stage's fresh training
+heads (the query-probe scaffold, seeded from the stage's seed) would then start as that stage's probe started,
+already reading the representation the model learnt beside it (query accuracy 0.97 at step 1, against 0.03-0.09 for
+seeds 2 and 3): a warm scaffold, not another draw of the recipe. Every trained model then runs the same
+``vrh demo`` (fixed default sizes, ``--seed`` of the control
+draws and the bootstrap fixed, positive control left out: it does not depend on the main model), each into its
+own resumable folder under ``--out``. The page lists per trained model: the head census, grounding accuracy, the
+top heads with their scores, the overlap of the top heads between trainings, and every claim's verdict; the
+variation across samples (control draws, bootstrap) is on verdict-stability.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import itertools
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from vrh_interp.apps.cli import main as vrh
+from vrh_interp.core.provenance import library_versions
+from vrh_interp.scoring.scores import HeadScores
+
+HERE = Path(__file__).resolve().parent
+SHORT = {"holds": "holds", "does not hold": "NOT", "inconclusive": "inc.", "not measured": "-"}
+TOP = 10
+
+
+def run(out: Path, model: str, demo_seed: int, extra: list[str]) -> dict:
+    if not (out / "demo.json").exists():
+        status = vrh(["demo", "--out", str(out), "--model", model, "--transfer-model", "toy:d",
+                      "--no-positive-control", "--seed", str(demo_seed), *extra])
+        if status != 0:
+            raise SystemExit(f"vrh demo --model {model} failed with status {status}")
+    return json.loads((out / "demo.json").read_text())
+
+
+def weights_digest(model: str) -> str:
+    folder = Path(model) if not model.startswith("toy:") else HERE.parent / "vrh_interp/toy/checkpoints/c"
+    return hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()[:12]
+
+
+def baseline_accuracy(out: Path) -> str:
+    path = out / "sweep_summary.csv"
+    summary = pd.read_csv(path) if path.exists() else None
+    if summary is None or "condition" not in summary:
+        return "-"
+    row = summary[summary["condition"] == "baseline"]
+    return f"{row['accuracy'].iloc[0]:.3f}" if len(row) else "-"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--trained", required=True, help="the retrained models, e.g. '2=DIR2,3=DIR3' (seed 0 is toy:c)")
+    parser.add_argument("--out", type=Path, default=Path("runs/seed-spread"))
+    parser.add_argument("--demo-seed", type=int, default=1)
+    parser.add_argument("--demo-args", default="", help="more `vrh demo` options (a smoke test's small sizes)")
+    args = parser.parse_args()
+    models = {0: "toy:c", **{int(k): v for k, v in (part.split("=", 1) for part in args.trained.split(","))}}
+    demos, rankings = {}, {}
+    for seed, model in models.items():
+        out = args.out / f"c-train{seed}"
+        demos[seed] = run(out, model, args.demo_seed, args.demo_args.split())
+        rankings[seed] = HeadScores.load(out / "scores-vrh.json")
+    labels = [f"training {seed}" for seed in models]
+    overview = pd.DataFrame([{
+        "training": f"training {seed}" + (" (shipped toy:c)" if seed == 0 else ""),
+        "weights sha256": weights_digest(model),
+        "live heads": demos[seed]["census"]["live"],
+        "inert by norm": demos[seed]["census"]["inert_by_norm"],
+        "inert by effect": demos[seed]["census"]["inert_by_effect"],
+        "k*": demos[seed]["k_star"],
+        "baseline accuracy": baseline_accuracy(args.out / f"c-train{seed}"),
+        f"top {TOP} heads (score)": ", ".join(f"{h} ({rankings[seed].score_of(h):.3f})"
+                                               for h in rankings[seed].top(TOP)),
+    } for seed, model in models.items()])
+    overlaps = []
+    for a, b in itertools.combinations(models, 2):
+        for k in (3, TOP):
+            top_a, top_b = set(rankings[a].top(k)), set(rankings[b].top(k))
+            overlaps.append({"pair": f"{a} vs {b}", "k": k, "shared": len(top_a & top_b),
+                             "jaccard": round(len(top_a & top_b) / len(top_a | top_b), 3)})
+    verdicts: dict[tuple[str, str], dict] = {}
+    for seed in models:
+        for verdict in demos[seed]["verdicts"]:
+            verdicts.setdefault((verdict["table"], verdict["claim"].split(":")[0]), {})[f"training {seed}"] = (
+                verdict["verdict"], verdict.get("estimate"))
+    rows = []
+    for (table, claim), by_label in verdicts.items():
+        row = {"table": table, "claim": claim}
+        for label in labels:
+            verdict, estimate = by_label.get(label, ("not measured", None))
+            shown = SHORT.get(verdict, verdict)
+            if isinstance(estimate, float) and estimate == estimate:
+                shown += f" ({estimate:+.3f})"
+            row[label] = shown
+        row["same verdict"] = "yes" if len({by_label.get(lb, ("not measured",))[0] for lb in labels}) == 1 else "NO"
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    same = int((frame["same verdict"] == "yes").sum())
+    opposite = [r["claim"] for r in rows
+                if {"holds", "NOT"} <= {r[lb].split(" ")[0] for lb in labels}]
+    lines = ["# Seed spread: toy C's heads and verdicts across trainings", "",
+             "Generated by `python docs/_generate_seed_spread.py` (module doc: how each training was made). "
+             f"Each trained model ran `vrh demo --seed {args.demo_seed} --no-positive-control` at the fixed default "
+             "sizes, so the samples, control draws and bootstrap are the same for every training: what differs is "
+             "the training alone. Library versions: "
+             + ", ".join(f"{k} {v}" for k, v in library_versions().items()) + ".", "",
+             "## The trained models", "", overview.to_markdown(index=False), "",
+             "## Do the top heads stay the same?", "", pd.DataFrame(overlaps).to_markdown(index=False), "",
+             "## Every verdict per training (estimate in brackets)", "",
+             "Cells: holds / NOT (does not hold) / inc. (inconclusive) / - (not measured).", "",
+             frame.to_markdown(index=False), "",
+             f"Same verdict in every training: {same} of {len(frame)} claims; opposite decisive verdicts (holds in "
+             f"one training, does not hold in another): {len(opposite)}"
+             + (f" ({', '.join(opposite)})." if opposite else "."), "",
+             "Across samples instead of trainings (one trained model, five seeds of the control draws and the "
+             "bootstrap, and two time caps): [verdict-stability.md](verdict-stability.md).", "",
+             "Seconds per demo run on this machine: "
+             + "; ".join(f"training {seed}: {demos[seed]['seconds']:.0f} s" for seed in models) + "."]
+    page = HERE / "results" / "seed-spread.md"
+    page.write_text("\n".join(lines) + "\n")
+    print(page)
+
+
+if __name__ == "__main__":
+    main()
