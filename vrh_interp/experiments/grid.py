@@ -55,6 +55,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from vrh_interp.core.remote import ENV as REMOTE_TIMEOUT_ENV
 from vrh_interp.core.runs import RunLockedError, lock_run_folder, write_atomic, write_json_atomic
+from vrh_interp.experiments.declared import experiment
 
 EXPERIMENTS: tuple[str, ...] = ("detect", "sweep", "vqa", "transfer", "patching")
 GRID_FILE, STATUS_DIR, SUMMARY_CSV, SUMMARY_MD, HEATMAP = ("grid.json", "status", "grid_summary.csv",
@@ -587,9 +588,10 @@ RUNNERS: dict[str, Callable[[Path, GridSpec, Cell], dict[str, Any]]] = {
     "detect": _run_detect, "sweep": _run_sweep, "sweep-shard": _run_sweep, "sweep-merge": _run_merge,
     "vqa": _run_vqa, "transfer": _run_transfer, "patching": _run_patching}
 
-RECORD_LOGS: dict[str, str] = {"detect": "detect_records.jsonl", "sweep": "sweep_records.jsonl",
-                               "sweep-shard": "sweep_records.jsonl", "sweep-merge": "sweep_records.jsonl",
-                               "vqa": "vqa_records.jsonl"}
+# the experiment whose record log each cell kind writes (its declaration names the log)
+CELL_EXPERIMENTS: dict[str, str] = {"detect": "detect", "sweep": "sweep", "sweep-shard": "sweep",
+                                    "sweep-merge": "sweep", "vqa": "vqa_sweep"}
+RECORD_LOGS: dict[str, str] = {cell: experiment(name).log_path("").name for cell, name in CELL_EXPERIMENTS.items()}
 
 
 def status_path(grid_dir: Path, cell_id: str) -> Path:
