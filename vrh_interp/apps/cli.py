@@ -526,6 +526,10 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
         scores = scores_from_run(out, args.preset)
         _print_scores(scores, scores.save(out / f"scores-{args.preset}.json"), args.preset, args.top, args.json)
+    elif merged.kind != "sweep":  # another declared mergeable experiment: its folder is what its command writes
+        facts = {"out": str(out), "kind": merged.kind, "shards": merged.shards, "records": merged.records}
+        print(json.dumps(facts) if args.json else f"merged {merged.shards} shards of a {merged.kind} run: "
+              f"{merged.records} records in {out}")
     else:
         from vrh_interp.experiments.sweep import sweep_from_run
 

@@ -9,9 +9,10 @@ command the CLI does not build itself, the hooks that add its options and run it
 (``record_log``), ``experiments.merge``, the CLI (resume hints, run locks, subcommands) and the tests read the
 declarations; ``vrh_interp.core`` knows no experiment's name.
 
-This module is imported by ``vrh --help``: it holds data and imports nothing heavy. Functions are named as
-``"module:function"`` text (``Experiment.resolve``) and imported only when used; they lie in the experiments
-layer or below (``tests/test_experiments_declared.py`` checks).
+This module is imported by ``vrh --help``: it holds data and imports nothing heavy. The built-in declarations name
+their functions as ``"module:function"`` text (``Experiment.resolve``), imported only when used, in the
+experiments layer or below (``tests/test_experiments_declared.py`` checks); a declaration may also hold the
+functions themselves.
 
 Adding an experiment is one module: a runner that writes a run folder (``core.runs.RunFolder``, its log opened
 with ``Experiment.open_log``) and one ``register(Experiment(...))`` call. Declared with ``command``,
@@ -26,10 +27,12 @@ import importlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Union
 
 if TYPE_CHECKING:
     from vrh_interp.core.runs import RecordLog, RunFolder
+
+Reference = Union[str, Callable[..., Any]]  # a function, or its "module:function" name
 
 
 @dataclass(frozen=True)
@@ -57,11 +60,11 @@ class Experiment:
     listed: tuple[tuple[str, str], ...] = ()
     resumable: bool = False
     mergeable: bool = False
-    merge_files: str | None = None
-    summary: str | None = None
+    merge_files: Reference | None = None
+    summary: Reference | None = None
     claims: tuple[str, ...] = ()
-    add_options: str | None = None
-    run: str | None = None
+    add_options: Reference | None = None
+    run: Reference | None = None
 
     def __post_init__(self) -> None:
         if self.log is not None and not self.record_key:
@@ -73,10 +76,12 @@ class Experiment:
             raise ValueError(f"experiment {self.name!r}: a command of its own needs both add_options and run")
 
     def resolve(self, field: str) -> Any:
-        """The function ``field`` names (``"module:function"``), imported now."""
+        """The function ``field`` holds, or names as ``"module:function"`` (imported now)."""
         reference = getattr(self, field)
         if reference is None:
             raise ValueError(f"experiment {self.name!r} declares no {field}")
+        if callable(reference):
+            return reference
         module, _, attribute = reference.partition(":")
         return getattr(importlib.import_module(module), attribute)
 
