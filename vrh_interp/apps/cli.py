@@ -880,7 +880,9 @@ def _patch_parser(sub: Any) -> None:
                    help="control seeds: one random and one layer-matched set each (default 0-19)")
     p.add_argument("--targets", choices=("greedy", "ground_truth"), default="greedy",
                    help="the two answers of a pair: the model's greedy answers, or the referents' boxes")
-    p.add_argument("--metric", choices=("answer", "first_token"), default="answer",
+    from vrh_interp.patching.metrics import DEFAULT_PATCH_METRIC, PATCH_METRICS  # no torch: --help stays fast
+
+    p.add_argument("--metric", choices=tuple(PATCH_METRICS), default=DEFAULT_PATCH_METRIC,
                    help="answer: log-probability of the whole clean box vs the corrupted one (every coordinate); "
                         "first_token: logit difference at the first differing answer token only")
     p.add_argument("--device", default=None, help="device or device_map, e.g. cpu, cuda, auto")

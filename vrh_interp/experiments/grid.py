@@ -56,6 +56,7 @@ from typing import Any, Callable, Mapping, Sequence
 from vrh_interp.core.remote import ENV as REMOTE_TIMEOUT_ENV
 from vrh_interp.core.runs import RunLockedError, lock_run_folder, write_atomic, write_json_atomic
 from vrh_interp.experiments.declared import experiment
+from vrh_interp.patching.metrics import PATCH_METRICS
 
 EXPERIMENTS: tuple[str, ...] = ("detect", "sweep", "vqa", "transfer", "patching")
 GRID_FILE, STATUS_DIR, SUMMARY_CSV, SUMMARY_MD, HEATMAP = ("grid.json", "status", "grid_summary.csv",
@@ -338,7 +339,7 @@ def _patching(table: Any, models: Mapping[str, GridModel], benchmarks: Mapping[s
     from vrh_interp.data.sources import MAX_SYNTHETIC_SCENES
 
     section = "patching"
-    choices = {"targets": ("greedy", "ground_truth"), "metric": ("answer", "first_token")}
+    choices = {"targets": ("greedy", "ground_truth"), "metric": tuple(PATCH_METRICS)}
     fields = [f.name for f in dataclasses.fields(PatchingOptions)]
     _check_keys(table, section, fields)
     values: dict[str, Any] = {"heads_from": table.get("heads_from", next(iter(benchmarks))),
