@@ -24,10 +24,11 @@ from PIL import Image
 from tests.test_parsers_property import assert_own_error
 from vrh_interp.core import paths
 from vrh_interp.core.limits import InputLimitError, check_answer_budget
-from vrh_interp.core.runs import RecordLog, RunFolder, RunRecordError, whole_run_manifest
+from vrh_interp.core.runs import RunFolder, RunRecordError, whole_run_manifest
 from vrh_interp.data.datasets.errors import DatasetError
 from vrh_interp.data.datasets.jsonl import load_jsonl
 from vrh_interp.data.sources import check_paths
+from vrh_interp.experiments.declared import record_log
 from vrh_interp.scoring.scores import HeadScores
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow,
@@ -165,7 +166,7 @@ def test_a_record_log_reads_each_unit_once_or_names_the_damaged_line(lines: list
     path = folder / "detect_records.jsonl"
     path.write_bytes(b"".join(line + b"\n" for line in lines) + (b'{"sample_id": "z", "ans' if torn else b""))
     try:
-        records = RecordLog(path).read()
+        records = record_log(path).read()
     except RunRecordError as error:
         assert_own_error(error)
         assert str(error).startswith(f"{path} line "), error

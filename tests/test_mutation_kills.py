@@ -139,9 +139,12 @@ def test_relative_boxes_within_a_region() -> None:
 
 # ------------------------------------------------------------------ the run-record reader and run folders
 def _log(tmp_path: Path, data: bytes, name: str = "detect_records.jsonl", **kwargs) -> RecordLog:
+    """The log keyed as its experiment declares (``experiments.declared.record_log``), or as ``kwargs`` say."""
+    from vrh_interp.experiments.declared import record_log
+
     path = tmp_path / name
     path.write_bytes(data)
-    return RecordLog(path, **kwargs)
+    return RecordLog(path, **kwargs) if kwargs else record_log(path)
 
 
 def test_a_record_log_keeps_each_unit_once_in_file_order(tmp_path: Path) -> None:
@@ -157,6 +160,7 @@ def test_a_record_log_keeps_each_unit_once_in_file_order(tmp_path: Path) -> None
     whole = _log(tmp_path, b'{"k": 1}\n{"k": 1}\n{"k": 2}\n', "other.jsonl")
     assert whole.key_fields is None and whole.read() == [{"k": 1}, {"k": 2}]
     assert RecordLog(tmp_path / "x.jsonl", key_fields=("k",)).key_fields == ("k",)
+    assert RecordLog(keyed.path).key_fields is None  # the core names no experiment's log: the caller gives keys
 
 
 @pytest.mark.parametrize("data, words", [

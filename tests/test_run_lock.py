@@ -25,6 +25,7 @@ from tests.conftest import tiny_vlm
 from vrh_interp.experiments.sweep import sweep, sweep_from_run
 from vrh_interp.core.runs import LOCK_FILE, RecordLog, RunFolder, RunLockedError, RunRecordError, lock_run_folder
 from vrh_interp.data.sources import synthetic_samples
+from vrh_interp.experiments.declared import record_log
 
 ROOT = Path(__file__).resolve().parents[1]
 DETECT = ["detect", "--model", "tiny:qwen2_vl", "--data", "synthetic:detect:6", "--batch-size", "2",
@@ -143,12 +144,12 @@ def test_a_conflicting_repeat_and_a_damaged_middle_line_are_refused_naming_file_
     with pytest.raises(RunRecordError, match=rf"{log} line {len(lines) + 1}: a second, different record of "
                                              rf"sample_id='{record['sample_id']}', condition='{record['condition']}' "
                                              r"\(the first is on line 2\)"):
-        RecordLog(log).read()
+        record_log(log).read()
     for damage, what in [('{"sample_id": "torn\n', "not a JSON record"), ("[1, 2]\n", "expected a JSON object"),
                          ('{"answer": "x"}\n', "has no sample_id, condition")]:
         _write(run, lines[:2] + [damage] + lines[2:])
         with pytest.raises(RunRecordError, match=rf"{log} line 3: .*{what}.*start over"):
-            RecordLog(log).read()
+            record_log(log).read()
 
 
 def test_a_torn_last_line_is_dropped_by_readers_and_repaired_by_the_writer(swept, tmp_path):

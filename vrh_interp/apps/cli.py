@@ -526,6 +526,10 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
         scores = scores_from_run(out, args.preset)
         _print_scores(scores, scores.save(out / f"scores-{args.preset}.json"), args.preset, args.top, args.json)
+    elif merged.kind != "sweep":  # another declared mergeable experiment: its folder is what its command writes
+        facts = {"out": str(out), "kind": merged.kind, "shards": merged.shards, "records": merged.records}
+        print(json.dumps(facts) if args.json else f"merged {merged.shards} shards of a {merged.kind} run: "
+              f"{merged.records} records in {out}")
     else:
         from vrh_interp.experiments.sweep import sweep_from_run
 
@@ -706,7 +710,7 @@ def _families_parser(sub: Any) -> None:
 
 def _detect_parser(sub: Any) -> None:
     """``vrh detect``."""
-    p = sub.add_parser("detect", help="score every head on grounding samples")
+    p = _experiment_parser(sub, "detect")
     common(p)
     p.add_argument("--preset", type=_preset, default="vrh", help="scoring preset (vrh, retrieval_heads, qrhead, ...)")
     p.add_argument("--top", type=_positive_int, default=20,
@@ -717,7 +721,7 @@ def _detect_parser(sub: Any) -> None:
 
 def _sweep_parser(sub: Any) -> None:
     """``vrh sweep``."""
-    p = sub.add_parser("sweep", help="mask top-k vs random heads and measure grounding")
+    p = _experiment_parser(sub, "sweep")
     common(p)
     p.set_defaults(data="synthetic:eval:200")
     ranking = p.add_mutually_exclusive_group(required=True)
@@ -747,7 +751,7 @@ def _sweep_parser(sub: Any) -> None:
 
 def _scan_parser(sub: Any) -> None:
     """``vrh scan``."""
-    p = sub.add_parser("scan", help="single-head causal scan: each head masked alone; does its score predict damage?")
+    p = _experiment_parser(sub, "scan")
     common(p)
     p.set_defaults(data="synthetic:eval:200", out="runs/scan")
     p.add_argument("--scores", required=True, help="scores JSON written by `vrh detect`")
@@ -762,7 +766,7 @@ def _scan_parser(sub: Any) -> None:
 
 def _design_space_parser(sub: Any) -> None:
     """``vrh design-space``."""
-    p = sub.add_parser("design-space", help="rank the scoring variants by the drop their top-k causes")
+    p = _experiment_parser(sub, "design-space")
     common(p)
     p.add_argument("--eval-data", type=_data_spec, default="synthetic:eval:200",
                    help="evaluation samples the masks are tested on (disjoint from --data, which detects)")
@@ -790,7 +794,7 @@ def _merge_parser(sub: Any) -> None:
 
 def _reproduce_parser(sub: Any) -> None:
     """``vrh reproduce``."""
-    p = sub.add_parser("reproduce", help="the paper's protocol on benchmark files: detect, k-sweep, failure split, VQA")
+    p = _experiment_parser(sub, "reproduce")
     common(p, data=False)
     p.set_defaults(out="runs/reproduce")
     p.add_argument("--data", type=_data_spec, required=True,
@@ -818,7 +822,7 @@ def _report_parser(sub: Any) -> None:
 
 def _demo_parser(sub: Any) -> None:
     """``vrh demo``."""
-    p = sub.add_parser("demo", help="the whole pipeline on the shipped toy model (no network), at fixed sizes")
+    p = _experiment_parser(sub, "demo")
     p.add_argument("--model", default=None,
                    help="main model (default: toy:c, 128 heads, where its checkpoint is shipped, else toy:a; toy:a and "
                         "toy:b stay selectable by name)")
@@ -860,7 +864,7 @@ def _demo_parser(sub: Any) -> None:
 
 def _patch_parser(sub: Any) -> None:
     """``vrh patch``."""
-    p = sub.add_parser("patch", help="activation patching: what the VRHs read out and write (synthetic pairs)")
+    p = _experiment_parser(sub, "patch")
     p.add_argument("--model", default="toy:a", help="hub id, local folder, toy:NAME or tiny:FAMILY")
     p.add_argument("--out", default="runs/patching", help="run folder")
     p.add_argument("--vrhs", type=_head_spec, default=None,
@@ -876,7 +880,9 @@ def _patch_parser(sub: Any) -> None:
                    help="control seeds: one random and one layer-matched set each (default 0-19)")
     p.add_argument("--targets", choices=("greedy", "ground_truth"), default="greedy",
                    help="the two answers of a pair: the model's greedy answers, or the referents' boxes")
-    p.add_argument("--metric", choices=("answer", "first_token"), default="answer",
+    from vrh_interp.patching.metrics import DEFAULT_PATCH_METRIC, PATCH_METRICS  # no torch: --help stays fast
+
+    p.add_argument("--metric", choices=tuple(PATCH_METRICS), default=DEFAULT_PATCH_METRIC,
                    help="answer: log-probability of the whole clean box vs the corrupted one (every coordinate); "
                         "first_token: logit difference at the first differing answer token only")
     p.add_argument("--device", default=None, help="device or device_map, e.g. cpu, cuda, auto")
@@ -888,7 +894,7 @@ def _patch_parser(sub: Any) -> None:
 
 def _grid_parser(sub: Any) -> None:
     """``vrh grid``."""
-    p = sub.add_parser("grid", help="models x benchmarks x experiments from GRID.toml, here or on a Ray cluster")
+    p = _experiment_parser(sub, "grid")
     p.add_argument("grid", help="the grid file (docs/recipes/grid.md): models, benchmarks, experiments, options")
     p.add_argument("--out", default="runs/grid", help="grid folder: a run folder per cell, grid.json, the summary "
                                                       "(rerun to resume)")
@@ -897,6 +903,28 @@ def _grid_parser(sub: Any) -> None:
                         "address; needs pip install 'vrh-interp[ray]' (default: every cell here, in order)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.set_defaults(func=cmd_grid)
+
+def _experiment_parser(sub: Any, command: str) -> argparse.ArgumentParser:
+    """The subparser of ``vrh COMMAND``, an experiment's: its help line is the declaration's
+    (``experiments.declared``)."""
+    from vrh_interp.experiments.declared import by_command  # data only: `vrh --help` stays fast
+
+    declared = by_command(command)
+    if declared is None:
+        raise KeyError(f"no experiment declares the command {command!r}")
+    return sub.add_parser(command, help=declared.help)
+
+
+def _declared_command(sub: Any, declared: Any) -> None:
+    """``vrh COMMAND`` of an experiment that brings its own options and runner (``add_options``, ``run``): a
+    resumable one gets ``--out`` (its run folder, held under the folder's lock), every one ``--json``."""
+    p = sub.add_parser(declared.command, help=declared.help)
+    if declared.resumable:
+        p.add_argument("--out", default=f"runs/{declared.name}", help="run folder (rerun to resume)")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    declared.resolve("add_options")(p)
+    p.set_defaults(func=lambda args: declared.resolve("run")(args))
+
 
 # one function per subcommand's parser; `vrh --help` lists them in this order
 SUBCOMMAND_PARSERS = (_families_parser, _detect_parser, _sweep_parser, _scan_parser, _design_space_parser,
@@ -909,11 +937,21 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for add in SUBCOMMAND_PARSERS:
         add(sub)
+    from vrh_interp.experiments.declared import commands_with_options
+
+    for declared in commands_with_options():  # experiments declared with a command of their own, after these
+        _declared_command(sub, declared)
     return parser
 
 
-# commands whose --out is a run folder that the same command resumes: held under the folder's lock while they run
-RESUMABLE = ("detect", "sweep", "scan", "design-space", "reproduce", "demo", "patch", "grid")
+def _resumable(command: str) -> bool:
+    """Whether ``--out`` of ``vrh COMMAND`` is a run folder that the same command resumes (its experiment's
+    declaration says so): held under the folder's lock while it runs."""
+    from vrh_interp.experiments.declared import resumable_commands
+
+    return command in resumable_commands()
+
+
 # what a full disk, a read-only or foreign folder, or a failing device raises while writing
 WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO, errno.EFBIG}
 
@@ -924,7 +962,7 @@ def _resume_hint(args: argparse.Namespace, argv: Sequence[str]) -> str:
     from vrh_interp.core.runs import LOCK_FILE
 
     out = Path(args.out)
-    if args.command not in RESUMABLE or not out.is_dir() or not set(os.listdir(out)) - {LOCK_FILE}:
+    if not _resumable(args.command) or not out.is_dir() or not set(os.listdir(out)) - {LOCK_FILE}:
         return ""
     return f"; what is done is kept in {args.out}: rerun the same command to resume it: vrh {shlex.join(argv)}"
 
@@ -933,7 +971,7 @@ def _path_options(args: argparse.Namespace) -> list[tuple[str, str, str]]:
     """Every path the command was given, as (option, path or data spec, role): ``out`` a folder it writes,
     ``file`` / ``folder`` one it reads, ``spec`` a --data-like spec (grounding), ``vqa`` a --vqa spec."""
     command, found = args.command, []
-    if command in RESUMABLE:
+    if _resumable(command):
         found.append(("--out", args.out, "out"))
     if command == "merge":
         found += [("OUT", args.out, "out"), *(("SHARD_FOLDER", d, "folder") for d in args.shards)]
@@ -997,7 +1035,7 @@ def _option_of(filename: Any, args: argparse.Namespace) -> str:
 
 def _run(args: argparse.Namespace) -> int:
     """``args.func`` under the lock of its run folder; a folder this call created and left empty is removed."""
-    if args.command not in RESUMABLE:
+    if not _resumable(args.command):
         return int(args.func(args))
     from vrh_interp.core.runs import LOCK_FILE, lock_run_folder
 

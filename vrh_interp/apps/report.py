@@ -198,12 +198,13 @@ CONTROL_NAMES = {"random": "random", "matched": "layer-matched", "live": "live-h
 def sweep_result(run: Path) -> Any:
     """The k-sweep records of a run folder (``run/sweep`` of a demo, or a ``vrh sweep`` folder itself), None
     where there are none."""
-    from vrh_interp.experiments.sweep import sweep_from_run
+    from vrh_interp.experiments.declared import experiment
 
+    declared = experiment("sweep")  # its record log and the function reading a finished folder
     for folder in (Path(run) / "sweep", Path(run)):
-        if (folder / "manifest.json").exists() and (folder / "sweep_records.jsonl").exists():
+        if (folder / "manifest.json").exists() and declared.log_path(folder).exists():
             try:
-                return sweep_from_run(folder)
+                return declared.resolve("summary")(folder)
             except (ValueError, KeyError):
                 continue
     return None

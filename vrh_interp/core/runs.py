@@ -7,7 +7,8 @@ skips what is done and continues, so a run killed at any point and resumed yield
 uninterrupted run yields (units are deterministic given the seed; records are keyed and deduplicated).
 A torn last line (killed mid-write) is dropped on read and truncated when the folder is reopened for writing.
 
-Records are de-duplicated by their unit key (``RECORD_KEYS``) on read: an exact repeat is dropped, a repeat
+Records are de-duplicated by their unit key (``key_fields``, given by the code that writes the log: each
+experiment declares its own, ``vrh_interp.experiments.declared``) on read: an exact repeat is dropped, a repeat
 with different content is refused (``RunRecordError`` naming both lines), and so is an unreadable line
 anywhere but last: counting a unit twice, or silently skipping one, would change the result.
 
@@ -38,10 +39,6 @@ from typing import Any, Iterable, Mapping
 from vrh_interp.core import paths
 
 LOCK_FILE = "run.lock"
-# the unit each record log is keyed by (what a resumed run skips); other logs are keyed by their whole record
-RECORD_KEYS: dict[str, tuple[str, ...]] = {"detect_records": ("sample_id",),
-                                           "sweep_records": ("sample_id", "condition"),
-                                           "vqa_records": ("benchmark", "sample_id", "condition")}
 
 
 class RunMismatchError(RuntimeError):
@@ -173,14 +170,15 @@ def write_json_atomic(path: Path, payload: Any) -> None:
 class RecordLog:
     """Append-only JSONL records with durable appends, torn-line recovery and de-duplication by unit key.
 
-    ``key_fields``: the fields naming a record's unit (default: ``RECORD_KEYS`` of the file's stem; the whole
-    record for other logs). ``repair=True`` (a writer holding the folder's lock) truncates a torn last line;
+    ``key_fields``: the fields naming a record's unit (what a resumed run skips), given by the caller (the
+    experiment that writes the log declares them: ``vrh_interp.experiments.declared.record_log``); None keys a
+    record by its whole content. ``repair=True`` (a writer holding the folder's lock) truncates a torn last line;
     readers only skip it.
     """
 
     def __init__(self, path: Path, *, key_fields: tuple[str, ...] | None = None, repair: bool = False) -> None:
         self.path = Path(path)
-        self.key_fields = key_fields if key_fields is not None else RECORD_KEYS.get(self.path.stem)
+        self.key_fields = key_fields
         if repair:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._repair()
@@ -299,8 +297,9 @@ class RunFolder:
         else:
             write_json_atomic(manifest, self.config)
 
-    def log(self, name: str) -> RecordLog:
-        return RecordLog(self.path / f"{name}.jsonl", repair=True)
+    def log(self, name: str, *, key_fields: tuple[str, ...] | None = None) -> RecordLog:
+        """The record log ``NAME.jsonl`` for writing (a torn last line repaired), keyed by ``key_fields``."""
+        return RecordLog(self.path / f"{name}.jsonl", key_fields=key_fields, repair=True)
 
 
 def whole_run_manifest(run_dir: Path, kind: str, what: str) -> dict[str, Any]:

@@ -55,6 +55,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from vrh_interp.core.remote import ENV as REMOTE_TIMEOUT_ENV
 from vrh_interp.core.runs import RunLockedError, lock_run_folder, write_atomic, write_json_atomic
+from vrh_interp.experiments.declared import experiment
+from vrh_interp.patching.metrics import PATCH_METRICS
 
 EXPERIMENTS: tuple[str, ...] = ("detect", "sweep", "vqa", "transfer", "patching")
 GRID_FILE, STATUS_DIR, SUMMARY_CSV, SUMMARY_MD, HEATMAP = ("grid.json", "status", "grid_summary.csv",
@@ -337,7 +339,7 @@ def _patching(table: Any, models: Mapping[str, GridModel], benchmarks: Mapping[s
     from vrh_interp.data.sources import MAX_SYNTHETIC_SCENES
 
     section = "patching"
-    choices = {"targets": ("greedy", "ground_truth"), "metric": ("answer", "first_token")}
+    choices = {"targets": ("greedy", "ground_truth"), "metric": tuple(PATCH_METRICS)}
     fields = [f.name for f in dataclasses.fields(PatchingOptions)]
     _check_keys(table, section, fields)
     values: dict[str, Any] = {"heads_from": table.get("heads_from", next(iter(benchmarks))),
@@ -587,9 +589,10 @@ RUNNERS: dict[str, Callable[[Path, GridSpec, Cell], dict[str, Any]]] = {
     "detect": _run_detect, "sweep": _run_sweep, "sweep-shard": _run_sweep, "sweep-merge": _run_merge,
     "vqa": _run_vqa, "transfer": _run_transfer, "patching": _run_patching}
 
-RECORD_LOGS: dict[str, str] = {"detect": "detect_records.jsonl", "sweep": "sweep_records.jsonl",
-                               "sweep-shard": "sweep_records.jsonl", "sweep-merge": "sweep_records.jsonl",
-                               "vqa": "vqa_records.jsonl"}
+# the experiment whose record log each cell kind writes (its declaration names the log)
+CELL_EXPERIMENTS: dict[str, str] = {"detect": "detect", "sweep": "sweep", "sweep-shard": "sweep",
+                                    "sweep-merge": "sweep", "vqa": "vqa_sweep"}
+RECORD_LOGS: dict[str, str] = {cell: experiment(name).log_path("").name for cell, name in CELL_EXPERIMENTS.items()}
 
 
 def status_path(grid_dir: Path, cell_id: str) -> Path:

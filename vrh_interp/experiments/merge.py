@@ -32,14 +32,11 @@ from typing import Any, Callable, Sequence
 
 import pandas as pd
 
-from vrh_interp.experiments.sweep import condition_order
-from vrh_interp.core.runs import RECORD_KEYS, RecordLog, RunFolder, check_not_running, read_manifest
+from vrh_interp.core.runs import RunFolder, check_not_running, read_manifest
+from vrh_interp.experiments.declared import Experiment, experiment, mergeable
 from vrh_interp.experiments.design_space import design_space_from_run
 from vrh_interp.scoring.detect import stats_from_run
 from vrh_interp.core.shards import Shard
-
-MERGEABLE_KINDS: dict[str, str] = {"detect": "detect_records", "sweep": "sweep_records",
-                                   "vqa_sweep": "vqa_records"}  # kind -> record log
 
 
 class ShardMergeError(ValueError):
@@ -62,8 +59,10 @@ class MergedRun:
     records: int
 
 
-def read_shard_folder(path: str | os.PathLike[str], kinds: Sequence[str] = tuple(MERGEABLE_KINDS)) -> ShardFolder:
-    """A shard folder's manifest, split into its shard entry and the whole run's configuration."""
+def read_shard_folder(path: str | os.PathLike[str], kinds: Sequence[str] | None = None) -> ShardFolder:
+    """A shard folder's manifest, split into its shard entry and the whole run's configuration; ``kinds``: the
+    manifest kinds accepted (default: every experiment declared ``mergeable``)."""
+    kinds = tuple(e.name for e in mergeable()) if kinds is None else kinds
     path = Path(path)
     manifest = path / "manifest.json"
     if not manifest.exists():
@@ -82,41 +81,54 @@ def read_shard_folder(path: str | os.PathLike[str], kinds: Sequence[str] = tuple
 
 @dataclass(frozen=True)
 class RunOrder:
-    """The order an unsharded run appends records in: condition, then benchmark (VQA), then sample. Manifests
-    keep conditions and benchmarks as key-sorted mappings, so the order is read from shard 0's log (shard 0 is
-    never empty: it holds the first batch of every benchmark under every condition)."""
+    """The order an unsharded run appends records in: its declaration's ``order`` (e.g. condition, then
+    benchmark, then sample). Manifests keep conditions and benchmarks as key-sorted mappings, so the values of
+    every field but the sample are read from shard 0's log, in the order it first records them (shard 0 is never
+    empty: it holds the first batch of every benchmark under every condition)."""
 
-    conditions: list[str]
-    benchmarks: list[str]
+    experiment: Experiment
+    values: dict[str, list[Any]]  # each field of the order but the last -> its values in run order
 
     @classmethod
-    def of(cls, kind: str, records: Sequence[dict[str, Any]]) -> "RunOrder":
-        if kind == "detect":
-            return cls([], [])
-        return cls(condition_order(records), list(dict.fromkeys(r["benchmark"] for r in records if "benchmark" in r)))
+    def of(cls, experiment: Experiment, records: Sequence[dict[str, Any]]) -> "RunOrder":
+        return cls(experiment, {field: list(dict.fromkeys(r[field] for r in records if field in r))
+                                for field in experiment.order[:-1]})
 
-    def sort_key(self, kind: str) -> Callable[[dict[str, Any]], tuple[int, ...]]:
-        if kind == "detect":
-            return lambda r: ()
-        condition = {c: i for i, c in enumerate(self.conditions)}
-        benchmark = {b: i for i, b in enumerate(self.benchmarks)}
-        return lambda r: (condition[r["condition"]], benchmark.get(r.get("benchmark"), 0))
+    def sort_key(self) -> Callable[[dict[str, Any]], tuple[int, ...]]:
+        rank = {field: {value: i for i, value in enumerate(values)} for field, values in self.values.items()}
+        return lambda r: tuple(rank[field][r[field]] for field in rank)
+
+    def units(self, config: dict[str, Any], shard: Shard, batch_size: int) -> list[tuple[Any, ...]]:
+        """The units (record keys) of ``shard`` in the order an unsharded run appends them."""
+        declared = self.experiment
+        sample_field, outer = declared.order[-1], declared.order[:-1]
+        samples = config[declared.samples]
+        mine: dict[Any, list[Any]] = {}
+
+        def shard_samples(values: dict[str, Any]) -> list[Any]:
+            group = values[declared.samples_by] if declared.samples_by is not None else None
+            if group not in mine:
+                mine[group] = shard.select(samples[group] if group is not None else samples, batch_size)
+            return mine[group]
+
+        combos: list[dict[str, Any]] = [{}]
+        for field in outer:
+            combos = [{**combo, field: value} for combo in combos for value in self.values[field]]
+        return [tuple({**combo, sample_field: sample}[field] for field in declared.record_key)
+                for combo in combos for sample in shard_samples(combo)]
 
 
-def _unit(kind: str, record: dict[str, Any]) -> tuple[str, ...]:
-    return tuple(record[field] for field in RECORD_KEYS[MERGEABLE_KINDS[kind]])
+def _declared(kind: str) -> Experiment:
+    """The declaration of a mergeable ``kind``."""
+    declared = experiment(kind)
+    if not declared.mergeable:
+        raise ShardMergeError(f"{kind!r} runs are not merged by merge_runs (expected one of "
+                              f"{sorted(e.name for e in mergeable())})")
+    return declared
 
 
-def _expected_units(folder: ShardFolder, order: RunOrder) -> list[tuple[str, ...]]:
-    """The shard's units in the order an unsharded run appends them."""
-    kind, config, shard, size = folder.config["kind"], folder.config, folder.shard, folder.batch_size
-    if kind == "detect":
-        return [(i,) for i in shard.select(config["sample_ids"], size)]
-    if kind == "sweep":
-        ids = shard.select(config["sample_ids"], size)
-        return [(i, c) for c in order.conditions for i in ids]
-    return [(b, i, c) for c in order.conditions for b in order.benchmarks
-            for i in shard.select(config["samples"][b], size)]
+def _unit(declared: Experiment, record: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(record[field] for field in declared.record_key)
 
 
 def check_shards_together(folders: Sequence[ShardFolder]) -> None:
@@ -150,14 +162,14 @@ def check_shards_together(folders: Sequence[ShardFolder]) -> None:
 
 
 def _read_records(folder: ShardFolder) -> list[dict[str, Any]]:
-    return RecordLog(folder.path / f"{MERGEABLE_KINDS[folder.config['kind']]}.jsonl").read()
+    return _declared(folder.config["kind"]).read_log(folder.path).read()
 
 
 def _shard_records(folder: ShardFolder, order: RunOrder) -> list[dict[str, Any]]:
     """The shard's records in unsharded append order, after checking they are exactly its units."""
-    kind = folder.config["kind"]
-    by_key = {_unit(kind, record): record for record in _read_records(folder)}  # each unit once (RecordLog.read)
-    expected = _expected_units(folder, order)
+    by_key = {_unit(order.experiment, record): record
+              for record in _read_records(folder)}  # each unit once (RecordLog.read)
+    expected = order.units(folder.config, folder.shard, folder.batch_size)
     foreign = sorted(set(by_key) - set(expected))
     if foreign:
         raise ShardMergeError(f"shard {folder.shard} ({folder.path}) holds {len(foreign)} records of samples "
@@ -180,30 +192,37 @@ def merge_runs(out: str | os.PathLike[str], shard_dirs: Sequence[str | os.PathLi
     folders = sorted((read_shard_folder(d) for d in shard_dirs), key=lambda f: f.shard.index)
     check_shards_together(folders)
     kind = folders[0].config["kind"]
-    order = RunOrder.of(kind, _read_records(folders[0]))
-    unseen = sorted(set(folders[0].config.get("conditions", {})) - set(order.conditions)) + \
-        sorted(set(folders[0].config.get("samples", {})) - set(order.benchmarks))
+    declared = _declared(kind)
+    order = RunOrder.of(declared, _read_records(folders[0]))
+    unseen = [value for field, entry in declared.listed
+              for value in sorted(set(folders[0].config.get(entry, {})) - set(order.values[field]))]
     if unseen:
         raise ShardMergeError(f"shard {folders[0].shard} ({folders[0].path}) is incomplete: nothing recorded yet "
                               f"for {', '.join(unseen)}; rerun its command with the same --shard {folders[0].shard} "
                               "and --out to resume it, then merge again")
     merged = [record for folder in folders for record in _shard_records(folder, order)]
-    merged.sort(key=order.sort_key(kind))  # stable: shards in index order, samples in order within each
+    merged.sort(key=order.sort_key())  # stable: shards in index order, samples in order within each
 
     staging = out.with_name(out.name + ".merging")
     if staging.exists():
         shutil.rmtree(staging)
-    RunFolder(staging, folders[0].config).log(MERGEABLE_KINDS[kind]).append(merged)
-    if kind == "detect":
-        stats = staging / "detect_stats"
-        stats.mkdir()
-        for folder in folders:
-            for name in sorted({r["file"] for r in RecordLog(folder.path / "detect_records.jsonl").read()}):
-                shutil.copy2(folder.path / "detect_stats" / name, stats / name)
+    declared.open_log(RunFolder(staging, folders[0].config)).append(merged)
+    if declared.merge_files is not None:
+        declared.resolve("merge_files")(staging, folders)
     if out.exists():
         out.rmdir()
     os.replace(staging, out)
     return MergedRun(out, kind, len(folders), len(merged))
+
+
+def copy_detect_stats(staging: Path, folders: Sequence[ShardFolder]) -> None:
+    """A detection merge's files beside its log: every shard's statistics files (named by the records, already
+    with global names) into ``staging/detect_stats`` (the "detect" declaration's ``merge_files``)."""
+    stats = staging / "detect_stats"
+    stats.mkdir()
+    for folder in folders:
+        for name in sorted({r["file"] for r in _read_records(folder)}):
+            shutil.copy2(folder.path / "detect_stats" / name, stats / name)
 
 
 def merge_design_space_runs(out: str | os.PathLike[str],

@@ -59,6 +59,7 @@ from vrh_interp.core.model import VLM, GroundingBatch
 from vrh_interp.core.provenance import library_versions, model_provenance
 from vrh_interp.core.published import PublishedHeadSet, check_geometry
 from vrh_interp.core.runs import RecordLog, RunFolder, whole_run_manifest
+from vrh_interp.experiments.declared import experiment
 from vrh_interp.data.checks import GroundingSampleLike, as_box, check_samples
 from vrh_interp.scoring.scores import HeadScores, ScoresTransferWarning
 from vrh_interp.core.shards import Shard, shard_config
@@ -66,6 +67,8 @@ from vrh_interp.core.ablation_kinds import ABLATION_METHODS, DEFAULT_ABLATION_KI
 from vrh_interp.core.templates.ablation import ZERO_ABLATION, Ablation, AblationValues
 from vrh_interp.evaluation.controls import (CONTROL_KINDS, DEFAULT_RANDOM_SEEDS, layer_matched_control, live_control,
                                            random_control)
+
+SWEEP = experiment("sweep")  # its declaration: record log, record key, merge order
 
 RECORD_COLUMNS: list[str] = ["sample_id", "condition", "kind", "k", "seed", "answer", "parsed", "box", "iou",
                              "other_object_iou"]
@@ -654,7 +657,7 @@ def run_conditions(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], condit
     check_ablation_kinds(runner, [c.ablation for c in conditions if len(c.heads)])
     ablations = {kind: ablation_for(kind, ablation_values, vlm.geometry)
                  for kind in sorted({c.ablation for c in conditions})}
-    config = {"kind": "sweep", "model": model_provenance(vlm), "sample_ids": [s.sample_id for s in eval_samples],
+    config = {"kind": SWEEP.name, "model": model_provenance(vlm), "sample_ids": [s.sample_id for s in eval_samples],
               "conditions": {c.key: c.heads.to_list() for c in conditions}, "max_new_tokens": max_new_tokens,
               "libraries": {k: v for k, v in library_versions().items() if k in ("transformers", "torch")}}
     if ablation_values is not None:  # only when given: folders of zero-ablation runs keep their manifests
@@ -675,7 +678,7 @@ def run_conditions(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], condit
     chunks = [mine[start: start + batch_size] for start in range(0, len(mine), batch_size)]
     order = {c.key: i for i, c in enumerate(conditions)}
     position = {s.sample_id: i for i, s in enumerate(eval_samples)}
-    records = run_passes(folder.log("sweep_records") if folder else None, chunks, conditions,
+    records = run_passes(SWEEP.open_log(folder) if folder else None, chunks, conditions,
                          unit=lambda s: s.sample_id, record_unit=lambda r: r["sample_id"], answer_of=lambda r: r,
                          passes=passes, record=make_record,
                          canonical=lambda r: (order[r["condition"]], position[r["sample_id"]]),
@@ -696,8 +699,8 @@ def sweep_from_run(run_dir: str | Path, *, iou_threshold: float = 0.5) -> SweepR
     or ``run_conditions`` on the same samples and conditions returns. Every condition's heads come from the
     manifest, every answer from the records: the whole summary is recomputed from them."""
     run_dir = Path(run_dir)
-    config = whole_run_manifest(run_dir, "sweep", "a sweep")
-    records = RecordLog(run_dir / "sweep_records.jsonl").read()
+    config = whole_run_manifest(run_dir, SWEEP.name, "a sweep")
+    records = SWEEP.read_log(run_dir).read()
     conditions = [Condition.from_key(key, HeadSet(config["conditions"][key])) for key in condition_order(records)]
     if len(conditions) != len(config["conditions"]):
         raise ValueError(f"{run_dir} is incomplete: no answers yet under conditions "

@@ -44,9 +44,12 @@ from vrh_interp.evaluation.controls import DEFAULT_RANDOM_SEEDS
 from vrh_interp.core.heads import HeadGeometry, HeadSet
 from vrh_interp.core.model import VLM
 from vrh_interp.core.provenance import model_provenance
-from vrh_interp.core.runs import RecordLog, RunFolder, whole_run_manifest
+from vrh_interp.core.runs import RunFolder, whole_run_manifest
+from vrh_interp.experiments.declared import experiment
 from vrh_interp.core.shards import Shard, shard_config
 from vrh_interp.core.templates.ablation import ZERO_ABLATION, Ablation, AblationValues
+
+VQA_SWEEP = experiment("vqa_sweep")  # its declaration: record log, record key, merge order
 
 TABLE_ROWS: dict[str, str] = {"baseline": "Baseline", "random": "Random", "matched": "Layer-matched", "top": "VRH"}
 RECORD_COLUMNS: list[str] = ["benchmark", "sample_id", "condition", "kind", "k", "seed", "response", "prediction",
@@ -197,12 +200,12 @@ def vqa_sweep(vlm: VLM, samples: Sequence[VQASample], heads: HeadSet, *,
                                 exclude_first_layer=exclude_first_layer, matched=matched, ablation=ablation)
     masking = ablation_for(ablation, ablation_values, vlm.geometry)
     benchmarks = list(dict.fromkeys(s.benchmark for s in samples))
-    config = {"kind": "vqa_sweep", "model": model_provenance(vlm),
+    config = {"kind": VQA_SWEEP.name, "model": model_provenance(vlm),
               "samples": {b: [s.sample_id for s in samples if s.benchmark == b] for b in benchmarks},
               "conditions": {c.key: c.heads.to_list() for c in conditions}}
     if ablation_values is not None:
         config["ablation_values"] = ablation_values.fingerprint()
-    log = RunFolder(run_dir, shard_config(config, shard, batch_size)).log("vqa_records") \
+    log = VQA_SWEEP.open_log(RunFolder(run_dir, shard_config(config, shard, batch_size))) \
         if run_dir is not None else None
     mine = {b: [s for s in samples if s.benchmark == b] for b in benchmarks}
     if shard is not None:
@@ -237,8 +240,8 @@ def vqa_sweep_from_run(run_dir: str | Path) -> VQASweepResult:
     """The result of a complete VQA sweep folder (e.g. merged shards), read without the model: what
     ``vqa_sweep`` on the same samples returns."""
     run_dir = Path(run_dir)
-    config = whole_run_manifest(run_dir, "vqa_sweep", "a VQA sweep")
-    records = RecordLog(run_dir / "vqa_records.jsonl").read()
+    config = whole_run_manifest(run_dir, VQA_SWEEP.name, "a VQA sweep")
+    records = VQA_SWEEP.read_log(run_dir).read()
     expected = len(config["conditions"]) * sum(map(len, config["samples"].values()))
     if len({(r["benchmark"], r["sample_id"], r["condition"]) for r in records}) != expected:
         raise ValueError(f"{run_dir} is incomplete: {expected - len(records)} answers are missing; rerun its command "

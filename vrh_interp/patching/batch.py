@@ -6,7 +6,8 @@ answer A and the corrupted answer B. They share a prefix (``[`` and often the fi
 at answer token ``d``. Pairs whose two answers are identical carry no signal and are excluded (counted in
 ``excluded``).
 
-Metrics (``PairBatch.metric``; every recovery is of the chosen one, and tables say which):
+Metrics (``PairBatch.metric``, a name in ``patching.metrics.PATCH_METRICS``: one class per metric; every recovery
+is of the chosen one, and tables say which):
 
 * ``"answer"`` (default, the whole box): ``log P(A | x) - log P(B | x)``, both answers teacher-forced in
   full, every answer token's log-probability summed. It sees every coordinate, not just the first one the
@@ -48,19 +49,13 @@ from vrh_interp.core.model import VLM, GroundingBatch
 from vrh_interp.patching.pairs import PatchingPair
 from vrh_interp.data.checks import as_box
 from vrh_interp.core.templates import LayerTemplate, apply_in_order
+from vrh_interp.patching.metrics import FORMAT, GROUPS, PATCH_METRICS, PatchMetric, patch_metric
 
 PatchPositions = Literal["answer", "all"]
 AnswerTargets = Literal["greedy", "ground_truth"]
-Metric = Literal["answer", "first_token"]
-METRICS: tuple[Metric, ...] = ("answer", "first_token")
-METRIC_LABELS = {
-    "answer": "whole-answer log-probability difference log P(clean box) - log P(corrupted box), every box token "
-              "teacher-forced",
-    "first_token": "single-token logit difference at the first answer token where the clean and corrupted answers "
-                   "differ (one coordinate only)",
-}
-GROUPS: tuple[str, ...] = ("x1", "y1", "x2", "y2", "format")
-FORMAT = len(GROUPS) - 1
+Metric = str  # a name in PATCH_METRICS: "answer", "first_token", ...
+METRICS: tuple[Metric, ...] = tuple(PATCH_METRICS)
+METRIC_LABELS = {name: metric.label for name, metric in PATCH_METRICS.items()}
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 
 
@@ -127,11 +122,12 @@ class PairBatch:
     metric: Metric = "answer"
 
     def __post_init__(self) -> None:
-        if self.metric not in METRICS:
-            raise ValueError(f"metric must be one of {METRICS}, not {self.metric!r}")
-        if self.metric == "answer" and len(self.clean_ids) != len(self.pairs):
-            raise ValueError("the whole-answer metric needs every pair's full answers (clean_ids, corrupted_ids); "
-                             "build the batch with prepare_pairs, or use metric='first_token'")
+        patch_metric(self.metric).check(self)
+
+    @property
+    def metric_kind(self) -> PatchMetric:
+        """The metric's class instance (``patching.metrics``): rows per pair, forced tokens, scoring."""
+        return patch_metric(self.metric)
 
     def with_metric(self, metric: Metric) -> "PairBatch":
         """The same pairs measured with another metric (no model call)."""
@@ -144,7 +140,7 @@ class PairBatch:
     @property
     def sequences(self) -> int:
         """Rows per input and pair: 2 (A-forced, B-forced) for ``answer``, 1 for ``first_token``."""
-        return 2 if self.metric == "answer" else 1
+        return self.metric_kind.sequences
 
     @property
     def side(self) -> int:
@@ -158,9 +154,7 @@ class PairBatch:
 
     def forced(self) -> list[list[int]]:
         """The teacher-forced answer tokens of one side's rows."""
-        if self.metric == "answer":
-            return [list(ids) for ids in self.clean_ids + self.corrupted_ids]
-        return [list(p) for p in self.prefixes]
+        return self.metric_kind.forced(self)
 
     def positions(self, which: PatchPositions) -> tuple[int, ...] | None:
         """``answer``: the prompt end and the teacher-forced tokens; ``all``: every position (None)."""
@@ -209,29 +203,7 @@ class PairBatch:
     def scoring(self) -> dict[str, torch.Tensor]:
         """One side's metric as index tensors: entry (r, l) adds ``weight * log p(token | row r, position)``
         to pair ``pair[r]``, group ``group``; plain tensors, so they can travel in a remote request."""
-        if self.metric == "answer":
-            sequences = self.clean_ids + self.corrupted_ids
-            groups = self.clean_groups + self.corrupted_groups
-            signs = [1.0] * self.n + [-1.0] * self.n
-            width = max(len(s) for s in sequences)
-            positions = torch.full((self.side, width), self.prompt_length - 1)
-            tokens = torch.zeros(self.side, width, dtype=torch.long)
-            weights = torch.zeros(self.side, width)
-            group = torch.full((self.side, width), FORMAT)
-            for r, (ids, labels) in enumerate(zip(sequences, groups)):
-                positions[r, :len(ids)] = torch.arange(len(ids)) + self.prompt_length - 1
-                tokens[r, :len(ids)] = torch.tensor(ids)
-                weights[r, :len(ids)] = signs[r]
-                group[r, :len(ids)] = torch.tensor(labels)
-        else:
-            positions = self.metric_positions[:, None].repeat(1, 2)
-            tokens = torch.stack([self.clean_token, self.corrupted_token], dim=1)
-            weights = torch.tensor([[1.0, -1.0]]).repeat(self.n, 1)
-            divergence = [groups[len(p)] if groups else FORMAT for groups, p in
-                          zip(self.clean_groups or [[]] * self.n, self.prefixes)]
-            group = torch.tensor(divergence)[:, None].repeat(1, 2)
-        return {"positions": positions, "tokens": tokens, "weights": weights, "groups": group,
-                "pair": torch.tensor(self.pair_of_row())}
+        return {**self.metric_kind.scoring(self), "pair": torch.tensor(self.pair_of_row())}
 
 
 def score_rows(logits: Any, rows: torch.Tensor, scoring: dict[str, torch.Tensor], n: int) -> Any:
@@ -279,8 +251,7 @@ def prepare_pairs(vlm: VLM, pairs: Sequence[PatchingPair], *, targets: AnswerTar
     """
     if not pairs:
         raise ValueError("prepare_pairs needs at least one pair")
-    if metric not in METRICS:
-        raise ValueError(f"metric must be one of {METRICS}, not {metric!r}")
+    patch_metric(metric)  # an unknown name fails before any model call
     rows = [p.clean for p in pairs] + [p.corrupted for p in pairs]
     batch = vlm.encode_grounding([s.image for s in rows], [s.expression for s in rows])
     new, answers = _target_answers(vlm, pairs, batch, targets, max_new_tokens, remote)

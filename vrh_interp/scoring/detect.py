@@ -30,6 +30,9 @@ from vrh_interp.scoring.design import ScoringDesign, resolve_design
 from vrh_interp.scoring.scores import HeadScores
 from vrh_interp.core.shards import Shard, shard_config
 
+LOG = "detect_records"  # the record log (LOG.jsonl) of a detection run folder: one record per sample
+RECORD_KEY = ("sample_id",)  # what names a record's unit; the "detect" declaration in experiments.declared
+
 
 def _save_batch(stats_dir: Path, name: str, batch: Sequence[SampleStats]) -> str:
     tensors: dict[str, np.ndarray] = {}
@@ -44,7 +47,7 @@ def _save_batch(stats_dir: Path, name: str, batch: Sequence[SampleStats]) -> str
 def load_stats(run_dir: str | Path) -> list[SampleStats]:
     """The per-sample statistics stored by ``score_heads(..., run_dir=...)``, in record order."""
     run_dir = Path(run_dir)
-    records = RecordLog(run_dir / "detect_records.jsonl").read()
+    records = RecordLog(run_dir / f"{LOG}.jsonl", key_fields=RECORD_KEY).read()
     cache: dict[str, dict[str, np.ndarray]] = {}
     out = []
     for r in records:
@@ -114,7 +117,7 @@ def _detection_stats(runner: Backend, samples: Sequence[GroundingSampleLike], *,
     mine = shard.select(samples, batch_size) if shard is not None else list(samples)
     position = {s.sample_id: p for p, s in enumerate(samples)}
     folder = RunFolder(run_dir, config) if run_dir is not None else None
-    log = folder.log("detect_records") if folder else None
+    log = folder.log(LOG, key_fields=RECORD_KEY) if folder else None
     done = {r["sample_id"] for r in log.read()} if log else set()
     todo = [s for s in mine if s.sample_id not in done]
     collected: list[SampleStats] = []
@@ -189,7 +192,7 @@ def stats_from_run(run_dir: str | Path) -> list[SampleStats]:
 def _complete_detection_config(run_dir: Path) -> dict[str, Any]:
     """The manifest of a detection run folder, after checking the folder is a whole run with every sample."""
     config = whole_run_manifest(run_dir, "detect", "a detection run")
-    done = {r["sample_id"] for r in RecordLog(run_dir / "detect_records.jsonl").read()}
+    done = {r["sample_id"] for r in RecordLog(run_dir / f"{LOG}.jsonl", key_fields=RECORD_KEY).read()}
     missing = [i for i in config["sample_ids"] if i not in done]
     if missing:
         raise ValueError(f"{run_dir} is incomplete: {len(missing)} of {len(config['sample_ids'])} samples have no "

@@ -12,12 +12,18 @@ heads share one key/value head (the toy models: 2 per group), so editing the cac
 the whole group. Recomputing softmax(q_h K'^T * scaling + mask) V' for head h alone isolates the head.
 Value patching is linear (the attention weights stay the corrupted run's); key patching changes which
 positions the head attends to.
+
+What is patched is a kind, one class each, registered in ``PATCHED_STATES`` (what ``states=`` names, what
+``patching.positions`` and its tables write): ``KeyPatch`` ("keys"), ``ValuePatch`` ("values"),
+``KeyValuePatch`` ("both"). A kind says which of the source row's keys and values replace the target row's at the
+patched positions (``keys``, ``values``); adding one is a subclass of ``StatePatch`` setting ``name`` and the two
+flags, added to ``PATCHED_STATES``.
 """  # noqa: E501
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Sequence
+from typing import Any, ClassVar, Sequence
 
 import torch
 
@@ -25,7 +31,51 @@ from vrh_interp.core.heads import Head, HeadGeometry
 from vrh_interp.core.templates import module_at, per_head_view
 from vrh_interp.core.templates.readout import softmax_rows
 
-PatchedStates = Literal["keys", "values", "both"]
+
+class StatePatch:
+    """One kind of key/value patch (module doc): which of the source row's states replace the target row's."""
+
+    name: ClassVar[str]
+    keys: ClassVar[bool] = False  # the keys (changes which positions the head attends to)
+    values: ClassVar[bool] = False  # the values (linear: the attention weights stay the target run's)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class KeyPatch(StatePatch):
+    """The keys only."""
+
+    name = "keys"
+    keys = True
+
+
+class ValuePatch(StatePatch):
+    """The values only."""
+
+    name = "values"
+    values = True
+
+
+class KeyValuePatch(StatePatch):
+    """Keys and values (the default)."""
+
+    name = "both"
+    keys = True
+    values = True
+
+
+PATCHED_STATES: dict[str, StatePatch] = {kind.name: kind for kind in (KeyPatch(), ValuePatch(), KeyValuePatch())}
+PatchedStates = str  # a name in PATCHED_STATES
+
+
+def patched_states(name: str) -> StatePatch:
+    """The registered kind ``name``; ``ValueError`` naming the choices otherwise."""
+    try:
+        return PATCHED_STATES[name]
+    except (KeyError, TypeError):
+        choices = ", ".join(repr(n) for n in PATCHED_STATES)
+        raise ValueError(f"states must be one of {choices}, not {name!r}") from None
 
 
 @dataclass(frozen=True)
@@ -62,8 +112,7 @@ class HeadKeyValuePatch:
         geometry.validate([head])
         if len(source_rows) != len(target_rows):
             raise ValueError(f"{len(source_rows)} source rows but {len(target_rows)} target rows")
-        if states not in ("keys", "values", "both"):
-            raise ValueError(f"states must be 'keys', 'values' or 'both', not {states!r}")
+        patched_states(states)
         positions = _position_matrix(key_positions)
         if positions.shape[0] != len(target_rows):
             raise ValueError(f"key_positions has {positions.shape[0]} rows but there are {len(target_rows)} "
@@ -106,10 +155,11 @@ class HeadKeyValuePatch:
         current_keys = torch.gather(keys[:, 0], 1, safe[:, :, None].expand(-1, -1, key.shape[-1]))
         current_values = torch.gather(values[:, 0], 1, safe[:, :, None].expand(-1, -1, value.shape[-1]))
         keep = valid[:, :, None]
-        if self.states in ("keys", "both"):
+        kind = patched_states(self.states)
+        if kind.keys:
             keys[:, 0].scatter_(1, safe[:, :, None].expand(-1, -1, key.shape[-1]),
                                 torch.where(keep, source_keys, current_keys))
-        if self.states in ("values", "both"):
+        if kind.values:
             values[:, 0].scatter_(1, safe[:, :, None].expand(-1, -1, value.shape[-1]),
                                   torch.where(keep, source_values, current_values))
         rows = torch.tensor(self.rows, device=device)

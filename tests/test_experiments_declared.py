@@ -1,0 +1,239 @@
+"""Experiments are declared once (``vrh_interp.experiments.declared``) and everything reads the declarations.
+
+The registry is complete (every ``vrh`` command that writes a run folder has a declaration, every record log the
+package opens is keyed), the core names no experiment, the declarations' functions lie in the experiments layer
+or below, and the worked example of docs/architecture.md holds: an experiment declared in one module (here, this
+test module) is a ``vrh`` subcommand that resumes under its folder's lock and whose shards ``merge_runs`` joins,
+without editing any other module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from tests.test_architecture import LAYERS, layer_of
+from vrh_interp.apps.cli import build_parser, main
+from vrh_interp.evaluation.claims import CLAIMS
+from vrh_interp.experiments import declared
+from vrh_interp.experiments.declared import Experiment
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "vrh_interp"
+
+
+def _subcommands() -> dict[str, argparse.ArgumentParser]:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
+
+
+# ------------------------------------------------------------------ the registry is complete
+def test_every_command_that_writes_a_run_folder_is_a_declared_resumable_experiment():
+    commands = _subcommands()
+    writing = {name for name, p in commands.items() if any("--out" in a.option_strings for a in p._actions)}
+    assert writing >= {"detect", "sweep", "scan", "design-space", "reproduce", "demo", "patch", "grid"}
+    undeclared = sorted(c for c in writing if declared.by_command(c) is None)
+    assert not undeclared, f"commands writing a run folder without a declaration: {undeclared}"
+    assert writing == set(declared.resumable_commands())
+    assert {e.command for e in declared.experiments() if e.command} <= set(commands)
+    assert declared.by_command("merge") is None and declared.by_command("report") is None
+
+
+def test_declarations_are_consistent():
+    names = [e.name for e in declared.experiments()]
+    assert len(set(names)) == len(names)
+    logs = [e.log for e in declared.experiments() if e.log]
+    assert sorted(logs) == ["detect_records", "sweep_records", "vqa_records"]  # the file stems old folders hold
+    for experiment in declared.experiments():
+        assert set(experiment.claims) <= set(CLAIMS), experiment.name
+        if experiment.log:
+            assert experiment.record_key, experiment.name
+    # the keys old run folders were read with
+    assert declared.record_key("x/detect_records.jsonl") == ("sample_id",)
+    assert declared.record_key("sweep_records.jsonl") == ("sample_id", "condition")
+    assert declared.record_key("vqa_records.jsonl") == ("benchmark", "sample_id", "condition")
+    assert declared.record_key("other.jsonl") is None
+    assert {e.name for e in declared.mergeable()} == {"detect", "sweep", "vqa_sweep"}
+
+
+def test_the_detection_writer_keys_its_log_as_declared():
+    from vrh_interp.scoring import detect  # methods layer: below the declarations, so it holds its own constants
+
+    assert (detect.LOG, detect.RECORD_KEY) == (declared.experiment("detect").log,
+                                               declared.experiment("detect").record_key)
+
+
+@pytest.mark.parametrize("experiment", declared.BUILTIN, ids=lambda e: e.name)
+def test_declared_functions_resolve_in_the_experiments_layer_or_below(experiment: Experiment):
+    experiments_layer = [name for name, _ in LAYERS].index("experiments")
+    for field in ("summary", "merge_files", "add_options", "run"):
+        reference = getattr(experiment, field)
+        if reference is None:
+            continue
+        assert callable(experiment.resolve(field)), reference
+        module = reference.partition(":")[0]
+        assert 0 <= layer_of(module) <= experiments_layer, f"{experiment.name}.{field} = {reference}: above experiments"
+
+
+def test_a_declaration_without_what_its_features_need_is_refused():
+    with pytest.raises(ValueError, match="needs its record_key"):
+        Experiment("x", log="x_records")
+    with pytest.raises(ValueError, match="merging needs"):
+        Experiment("x", log="x_records", record_key=("sample_id",), mergeable=True)
+    with pytest.raises(ValueError, match="both add_options and run"):
+        Experiment("x", command="x", run="m:f")
+    with pytest.raises(ValueError, match="already declared by 'sweep'"):
+        declared.register(Experiment("other", log="sweep_records", record_key=("sample_id",)))
+    with pytest.raises(KeyError, match="no experiment 'nope' is declared"):
+        declared.experiment("nope")
+
+
+# ------------------------------------------------------------------ every record log the package opens is keyed
+OTHER_LOGS = {"np", "math", "torch", "numpy"}  # `.log(` of these is a logarithm
+
+
+def unkeyed_log_opens(source: str) -> list[int]:
+    """Lines of ``source`` that open a record log without saying its key: ``RecordLog(...)`` or ``X.log(...)``
+    (a run folder's) without ``key_fields=``."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        opens = (isinstance(func, ast.Name) and func.id == "RecordLog") or (
+            isinstance(func, ast.Attribute) and func.attr == "log"
+            and not (isinstance(func.value, ast.Name) and func.value.id in OTHER_LOGS))
+        if opens and not any(k.arg == "key_fields" for k in node.keywords):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_the_log_scanner_fires_on_a_planted_unkeyed_log():
+    assert unkeyed_log_opens('folder.log("toy_records")\nRecordLog(path).read()\nnp.log(p)\n') == [1, 2]
+    assert unkeyed_log_opens('folder.log(LOG, key_fields=KEY)\nRecordLog(p, key_fields=None)\n') == []
+
+
+def test_every_record_log_the_package_opens_is_keyed_by_its_caller():
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name in ("runs.py", "declared.py") and path.parent.name in ("core", "experiments"):
+            continue  # the log class itself, and the declarations' helpers that pass record_key
+        lines = unkeyed_log_opens(path.read_text(encoding="utf-8"))
+        if lines:
+            found[str(path.relative_to(ROOT))] = lines
+    assert not found, f"record logs opened without key_fields (use Experiment.open_log / read_log): {found}"
+
+
+# ------------------------------------------------------------------ the core knows no experiment
+def experiment_names() -> set[str]:
+    names: set[str] = set()
+    for experiment in declared.experiments():
+        names |= {experiment.name, *(x for x in (experiment.command, experiment.log) if x)}
+        if experiment.log:
+            names.add(f"{experiment.log}.jsonl")
+    return names
+
+
+def named_experiments(source: str, names: set[str]) -> list[tuple[int, str]]:
+    """(line, text) of every string literal in ``source`` (f-string parts included) that is an experiment's name,
+    command or record log."""
+    return [(node.lineno, node.value) for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names]
+
+
+def test_the_name_scanner_fires_on_a_planted_violation():
+    planted = 'KEYS = {"sweep_records": ("sample_id",)}\nif kind == "detect":\n    path = f"{d}/sweep_records.jsonl"\n'
+    assert named_experiments(planted, experiment_names()) == [(1, "sweep_records"), (2, "detect")]
+    assert named_experiments('"""sweep and detect runs"""\nkind = config["kind"]\n', experiment_names()) == []
+
+
+def test_the_core_names_no_experiment():
+    names = experiment_names()
+    found = {str(path.relative_to(ROOT)): hits for path in sorted((PACKAGE / "core").rglob("*.py"))
+             if (hits := named_experiments(path.read_text(encoding="utf-8"), names))}
+    assert not found, f"vrh_interp/core names experiments (declare them in experiments.declared instead): {found}"
+
+
+# ------------------------------------------------------------------ the worked example: one module, no other edits
+TOY = Experiment("toy_count", command="toy-count", help="square numbers, one record per sample (a test's)",
+                 log="toy_records", record_key=("sample_id",), order=("sample_id",), resumable=True,
+                 mergeable=True, add_options=f"{__name__}:toy_options", run=f"{__name__}:toy_run")
+
+
+def toy_options(parser: argparse.ArgumentParser) -> None:
+    from vrh_interp.core.shards import Shard
+
+    parser.add_argument("--n", type=int, default=5)
+    parser.add_argument("--shard", type=Shard.parse, default=None)
+    parser.add_argument("--stop-after", type=int, default=None, help="interrupt after this many records")
+
+
+def toy_run(args: argparse.Namespace) -> int:
+    from vrh_interp.core.runs import RunFolder
+    from vrh_interp.core.shards import shard_config
+
+    ids = [f"s{i}" for i in range(args.n)]
+    folder = RunFolder(args.out, shard_config({"kind": TOY.name, "sample_ids": ids}, args.shard, 2))
+    log = TOY.open_log(folder)
+    done = {r["sample_id"] for r in log.read()}
+    mine = args.shard.select(ids, 2) if args.shard is not None else ids
+    for count, sample_id in enumerate(i for i in mine if i not in done):
+        if args.stop_after is not None and count == args.stop_after:
+            raise KeyboardInterrupt
+        log.append([{"sample_id": sample_id, "square": int(sample_id[1:]) ** 2}])
+    print(json.dumps({"records": len(log.read())}))
+    return 0
+
+
+@pytest.fixture
+def toy() -> Iterator[Experiment]:
+    declared.register(TOY)
+    try:
+        yield TOY
+    finally:
+        declared.unregister(TOY.name)
+
+
+def _records(folder: Path) -> list[dict[str, Any]]:
+    return TOY.read_log(folder).read()
+
+
+def test_a_declared_experiment_is_a_resumable_command(toy, tmp_path, capsys):
+    assert "toy-count" in _subcommands() and "toy-count" in declared.resumable_commands()
+    out = tmp_path / "toy"
+    assert main(["toy-count", "--out", str(out), "--stop-after", "2"]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted; what is done is kept in" in err and "vrh toy-count --out" in err  # the resume hint
+    assert [r["sample_id"] for r in _records(out)] == ["s0", "s1"]
+    assert main(["toy-count", "--out", str(out)]) == 0
+    assert json.loads(capsys.readouterr().out) == {"records": 5}
+    assert [r["square"] for r in _records(out)] == [0, 1, 4, 9, 16]  # resumed: nothing redone, nothing twice
+    assert (out / "run.lock").exists()  # it ran under the folder's lock, like every resumable command
+
+
+def test_a_declared_experiment_merges_its_shards_like_the_unsharded_run(toy, tmp_path, capsys):
+    from vrh_interp.experiments.merge import merge_runs
+
+    assert main(["toy-count", "--out", str(tmp_path / "whole")]) == 0
+    for i in range(2):
+        assert main(["toy-count", "--out", str(tmp_path / f"shard{i}"), "--shard", f"{i}/2"]) == 0
+    merged = merge_runs(tmp_path / "merged", [tmp_path / "shard1", tmp_path / "shard0"])
+    assert (merged.kind, merged.shards, merged.records) == ("toy_count", 2, 5)
+    for name in ("toy_records.jsonl", "manifest.json"):
+        assert (tmp_path / "merged" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes()
+    assert main(["merge", str(tmp_path / "merged-cli"), str(tmp_path / "shard0"), str(tmp_path / "shard1"),
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["records"] == 5
+
+
+def test_unregistering_removes_every_trace(tmp_path):
+    declared.register(TOY)
+    declared.unregister(TOY.name)
+    assert "toy-count" not in _subcommands() and declared.by_log("toy_records") is None
+    assert "toy-count" not in declared.resumable_commands() and declared.experiments() == declared.BUILTIN

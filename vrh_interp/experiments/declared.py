@@ -1,0 +1,213 @@
+"""Every experiment declared once: what its run folders hold, how they resume and merge, what the CLI offers.
+
+An ``Experiment`` names, in one place, what the rest of the package used to spell out in several: the ``kind`` its
+run folders' manifests write (``name``), its ``vrh`` subcommand, its record log (file stem and the fields naming
+a record's unit, which a resumed run skips and a re-read de-duplicates), the canonical order of its records (what
+a merge of shards restores), whether its folders resume and merge, the function that reads a finished folder
+into its result (``summary``), the claims (``vrh_interp.evaluation.claims.CLAIMS``) it bears on, and for a
+command the CLI does not build itself, the hooks that add its options and run it. Run folders
+(``record_log``), ``experiments.merge``, the CLI (resume hints, run locks, subcommands) and the tests read the
+declarations; ``vrh_interp.core`` knows no experiment's name.
+
+This module is imported by ``vrh --help``: it holds data and imports nothing heavy. The built-in declarations name
+their functions as ``"module:function"`` text (``Experiment.resolve``), imported only when used, in the
+experiments layer or below (``tests/test_experiments_declared.py`` checks); a declaration may also hold the
+functions themselves.
+
+Adding an experiment is one module: a runner that writes a run folder (``core.runs.RunFolder``, its log opened
+with ``Experiment.open_log``) and one ``register(Experiment(...))`` call. Declared with ``command``,
+``add_options`` and ``run``, it is a ``vrh`` subcommand; ``resumable``, its ``--out`` is held under the folder's
+lock and an interrupted run names the command that resumes it; ``mergeable``, ``vrh merge`` joins its shard
+folders (docs/architecture.md, "Where new code goes", shows one).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Union
+
+if TYPE_CHECKING:
+    from vrh_interp.core.runs import RecordLog, RunFolder
+
+Reference = Union[str, Callable[..., Any]]  # a function, or its "module:function" name
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One experiment's declaration (see the module doc).
+
+    ``order``: the fields of a record in the order an unsharded run appends them, outermost first; the last is
+    the sample (its values in the manifest's order, ``samples``), the others in the order shard 0's log first
+    records them. ``samples``: the manifest entry holding the sample ids, a list, or a mapping by ``samples_by``
+    (one of ``order``). ``listed``: (field, manifest entry) pairs whose every value must appear in shard 0's log
+    before a merge (a condition nothing was recorded for yet means an unfinished shard). ``merge_files``:
+    ``"module:function(staging, shard_folders)"`` copying what a mergeable run keeps beside its log.
+    ``add_options``: ``"module:function(parser)"``, ``run``: ``"module:function(args) -> exit code"``, for a
+    command the CLI does not define itself.
+    """
+
+    name: str
+    command: str | None = None
+    help: str = ""
+    log: str | None = None
+    record_key: tuple[str, ...] = ()
+    order: tuple[str, ...] = ()
+    samples: str = "sample_ids"
+    samples_by: str | None = None
+    listed: tuple[tuple[str, str], ...] = ()
+    resumable: bool = False
+    mergeable: bool = False
+    merge_files: Reference | None = None
+    summary: Reference | None = None
+    claims: tuple[str, ...] = ()
+    add_options: Reference | None = None
+    run: Reference | None = None
+
+    def __post_init__(self) -> None:
+        if self.log is not None and not self.record_key:
+            raise ValueError(f"experiment {self.name!r}: a record log ({self.log!r}) needs its record_key")
+        if self.mergeable and (self.log is None or not self.order or not set(self.order) >= set(self.record_key)):
+            raise ValueError(f"experiment {self.name!r}: merging needs a record log and an order naming every "
+                             "field of the record key")
+        if (self.add_options is None) != (self.run is None):
+            raise ValueError(f"experiment {self.name!r}: a command of its own needs both add_options and run")
+
+    def resolve(self, field: str) -> Any:
+        """The function ``field`` holds, or names as ``"module:function"`` (imported now)."""
+        reference = getattr(self, field)
+        if reference is None:
+            raise ValueError(f"experiment {self.name!r} declares no {field}")
+        if callable(reference):
+            return reference
+        module, _, attribute = reference.partition(":")
+        return getattr(importlib.import_module(module), attribute)
+
+    def log_path(self, run_dir: str | os.PathLike[str]) -> Path:
+        """Where a run folder of this experiment keeps its record log."""
+        if self.log is None:
+            raise ValueError(f"experiment {self.name!r} declares no record log")
+        return Path(run_dir) / f"{self.log}.jsonl"
+
+    def read_log(self, run_dir: str | os.PathLike[str]) -> RecordLog:
+        """The record log of ``run_dir``, keyed by ``record_key``, for reading (``.read()``)."""
+        from vrh_interp.core.runs import RecordLog
+
+        return RecordLog(self.log_path(run_dir), key_fields=self.record_key)
+
+    def open_log(self, folder: RunFolder) -> RecordLog:
+        """The record log of ``folder``, keyed by ``record_key``, for the run holding its lock (a torn last line
+        repaired)."""
+        if self.log is None:
+            raise ValueError(f"experiment {self.name!r} declares no record log")
+        return folder.log(self.log, key_fields=self.record_key)
+
+
+BUILTIN: tuple[Experiment, ...] = (
+    Experiment("detect", "detect", "score every head on grounding samples", log="detect_records",
+               record_key=("sample_id",), order=("sample_id",), resumable=True, mergeable=True,
+               merge_files="vrh_interp.experiments.merge:copy_detect_stats",
+               summary="vrh_interp.scoring.detect:scores_from_run", claims=("sparse", "stable")),
+    Experiment("sweep", "sweep", "mask top-k vs random heads and measure grounding", log="sweep_records",
+               record_key=("sample_id", "condition"), order=("condition", "sample_id"),
+               listed=(("condition", "conditions"),), resumable=True, mergeable=True,
+               summary="vrh_interp.experiments.sweep:sweep_from_run", claims=("causal", "causal_curve", "specific")),
+    Experiment("vqa_sweep", None, "mask top-k vs random heads and measure VQA accuracy", log="vqa_records",
+               record_key=("benchmark", "sample_id", "condition"), order=("condition", "benchmark", "sample_id"),
+               samples="samples", samples_by="benchmark",
+               listed=(("condition", "conditions"), ("benchmark", "samples")),
+               resumable=True, mergeable=True, summary="vrh_interp.experiments.vqa_sweep:vqa_sweep_from_run",
+               claims=("vqa",)),
+    Experiment("scan", "scan", "single-head causal scan: each head masked alone; does its score predict damage?",
+               resumable=True, summary="vrh_interp.experiments.head_scan:head_scan_from_run",
+               claims=("score_damage",)),
+    Experiment("design_space", "design-space", "rank the scoring variants by the drop their top-k causes",
+               resumable=True, summary="vrh_interp.experiments.design_space:design_space_from_run",
+               claims=("design_space",)),
+    Experiment("reproduce", "reproduce",
+               "the paper's protocol on benchmark files: detect, k-sweep, failure split, VQA", resumable=True,
+               claims=("causal", "causal_curve", "specific", "vqa")),
+    Experiment("demo", "demo", "the whole pipeline on the shipped toy model (no network), at fixed sizes",
+               resumable=True, claims=("causal", "causal_curve", "sparse", "design_space", "specific", "stable",
+                                       "shared", "vqa", "positive_control", "transfer_control", "ablation_kinds",
+                                       "score_damage")),
+    Experiment("patch", "patch", "activation patching: what the VRHs read out and write (synthetic pairs)",
+               resumable=True),
+    Experiment("grid", "grid", "models x benchmarks x experiments from GRID.toml, here or on a Ray cluster",
+               resumable=True),
+)
+
+_REGISTRY: dict[str, Experiment] = {experiment.name: experiment for experiment in BUILTIN}
+
+
+def register(experiment: Experiment) -> Experiment:
+    """Declare ``experiment`` (returned, to keep as a module constant); its name, command and record log must be
+    new (``ValueError`` naming the declaration that has them)."""
+    for other in _REGISTRY.values():
+        for field in ("name", "command", "log"):
+            value = getattr(experiment, field)
+            if value is not None and value == getattr(other, field):
+                raise ValueError(f"experiment {experiment.name!r}: {field} {value!r} is already declared by "
+                                 f"{other.name!r}")
+    _REGISTRY[experiment.name] = experiment
+    return experiment
+
+
+def unregister(name: str) -> None:
+    """Remove the declaration ``name`` (a test's, or a plug-in's being unloaded)."""
+    del _REGISTRY[name]
+
+
+def experiments() -> tuple[Experiment, ...]:
+    """Every declaration, built-in ones first, then in the order they were registered."""
+    return tuple(_REGISTRY.values())
+
+
+def experiment(name: str) -> Experiment:
+    """The declaration ``name`` (a run folder's manifest ``kind``); ``KeyError`` listing the declared ones."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"no experiment {name!r} is declared; declared: {', '.join(_REGISTRY)}") from None
+
+
+def by_command(command: str) -> Experiment | None:
+    """The declaration of ``vrh COMMAND``, None when the command runs no experiment (e.g. ``merge``)."""
+    return next((e for e in _REGISTRY.values() if e.command == command), None)
+
+
+def by_log(stem: str) -> Experiment | None:
+    """The declaration whose record log is ``STEM.jsonl``."""
+    return next((e for e in _REGISTRY.values() if e.log == stem), None)
+
+
+def resumable_commands() -> tuple[str, ...]:
+    """The commands whose ``--out`` is a run folder that the same command resumes."""
+    return tuple(e.command for e in _REGISTRY.values() if e.resumable and e.command is not None)
+
+
+def mergeable() -> tuple[Experiment, ...]:
+    """The experiments whose shard folders ``experiments.merge.merge_runs`` joins."""
+    return tuple(e for e in _REGISTRY.values() if e.mergeable)
+
+
+def record_key(path: str | os.PathLike[str]) -> tuple[str, ...] | None:
+    """The fields naming a record's unit in the log at ``path`` (by its file stem), None for a log no experiment
+    declares (keyed by its whole record)."""
+    declared = by_log(Path(path).stem)
+    return None if declared is None else declared.record_key
+
+
+def record_log(path: str | os.PathLike[str], *, repair: bool = False) -> RecordLog:
+    """The record log at ``path`` keyed as its experiment declares (``record_key``)."""
+    from vrh_interp.core.runs import RecordLog
+
+    return RecordLog(Path(path), key_fields=record_key(path), repair=repair)
+
+
+def commands_with_options() -> tuple[Experiment, ...]:
+    """Declarations that bring their own ``vrh`` subcommand (``add_options`` and ``run``)."""
+    return tuple(e for e in _REGISTRY.values() if e.command is not None and e.run is not None)
+
