@@ -268,9 +268,7 @@ def generate_layer_shared(vlm: Any, encoding: Mapping[str, Any], conditions: Seq
     generation = hf.generation_config
     eos = generation.eos_token_id
     eos_ids = torch.tensor([eos] if isinstance(eos, int) else list(eos or []), dtype=torch.long)
-    pad = generation.pad_token_id
-    if pad is None:
-        pad = getattr(getattr(vlm.processor, "tokenizer", None), "pad_token_id", None)
+    pad = generation.pad_token_id  # as ``generate``: the first EOS where the model names no pad token
     if pad is None:
         pad = int(eos_ids[0]) if len(eos_ids) else 0
 
