@@ -249,6 +249,8 @@ def generate_layer_shared(vlm: Any, encoding: Mapping[str, Any], conditions: Seq
     global LAST_STATS
     if not ENABLED or not conditions or max_new_tokens < 1 or not supported(vlm):
         return None
+    if getattr(vlm, "remote", False):  # a handle that runs elsewhere (NDIF, or serialised as for it): not here
+        return None
     if any(k != "do_sample" or v for k, v in generate_kwargs.items()):
         return None
     if any(h is not None and len(h) and a.kind != "zero" for h, a in conditions):
