@@ -12,8 +12,12 @@ decoder layers (the model's own modules, called one layer at a time):
   unmasked row's (``tied``) is computed only from its first masked layer on, from the unmasked row's hidden
   state there; below it its keys and values are copied from the unmasked row. The first token where a row
   differs unties it: from the next step it runs every layer, on its own (complete) cache;
-* a row that has emitted EOS is not computed any further (``generate`` keeps feeding every row padding until the
-  last row stops); the pad token fills its place, as ``generate`` does.
+* a row that has emitted EOS no longer needs any layer and gets no logits (``generate`` feeds every row until the
+  last row stops); the pad token fills its place, as ``generate`` does, and the loop stops with the last row.
+
+Rows are ordered by first masked layer (the unmasked rows first), so the rows that need a layer are about a
+leading range of the batch: each layer runs that range (keys and values are views of one preallocated buffer,
+no copies), and a not-needed row inside it is computed anyway, which gives what its unmasked row gives.
 
 Exactness: the skipped computations are the same function of the same inputs as the ones reused; only the
 grouping of rows into matrix products differs (other shapes), so values agree to float rounding and greedy
@@ -28,7 +32,7 @@ falls back) and where it would not pay (no condition starts masking above layer 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -48,14 +52,13 @@ _DEFAULT_GENERATION = {"repetition_penalty": (None, 1.0), "no_repeat_ngram_size"
 @dataclass
 class SharingStats:
     """Row-layer computations of the last ``generate_layer_shared`` call: ``computed`` of ``total`` (a row's one
-    layer at one step, prefix rows counted per condition and image); ``stopped`` decoding row-steps skipped
-    because the row had already emitted EOS."""
+    layer at one token, prefix rows counted per condition and image); ``stopped``: row-steps after a row's EOS
+    (no logits); ``steps``: decoding steps run."""
 
     computed: int = 0
     total: int = 0
     stopped: int = 0
     steps: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 LAST_STATS = SharingStats()
