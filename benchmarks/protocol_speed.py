@@ -6,7 +6,10 @@ baseline, the top-k heads at every k of ``demo_ks``, and the control sets: unifo
 live-head, ``--sets`` of each kind at k*, ``--curve-sets`` of each at the other k), greedy grounding of
 ``--items`` evaluation items (every referent of the first evaluation scenes, ``apps.demo.evaluation_items``).
 
-* library pipeline (timed): ``experiments.sweep.run_conditions``, as the demo calls it;
+* library pipeline (timed): ``experiments.sweep.run_conditions``, as the demo calls it (with layer sharing,
+  ``core.layer_sharing``, where it applies);
+* the same without layer sharing (timed, ``layer_sharing.ENABLED = False``: the path before it), for a
+  before / after in one run; its answers must equal the library's too;
 * naive loop (timed): for every condition and every batch of ``--batch-size`` items, one plain HF ``generate``
   with the condition's heads zeroed by plain forward pre-hooks on each attention's ``o_proj`` (the head's slice of
   its input set to zero, as ``tests/reference.py`` does), nothing shared between conditions. Prompts are built by
@@ -22,7 +25,7 @@ time on a busy 2-core CPU); ``--full`` runs the results page's sizes (docs/resul
 135 items of 40 scenes, 20 sets of each kind at k*, 4 at the other k, detection on 200 scenes) and takes long
 (tens of minutes on a CPU: the naive loop alone runs 114 conditions x 135 items greedily).
 
-    python benchmarks/protocol_speed.py [--model toy:c] [--items 8] [--sets 2] [--full]
+    python benchmarks/protocol_speed.py [--model toy:c] [--items 8] [--sets 2] [--full] [--clock cpu]
 """
 
 from __future__ import annotations
@@ -138,6 +141,18 @@ def sharing(vlm: Any, items: Sequence[Any], conditions: Sequence[Any], batch_siz
     return lines, passes, naive
 
 
+def layer_sharing_line() -> str:
+    """What layer sharing skipped in the last generation that used it (``layer_sharing.LAST_STATS``)."""
+    from vrh_interp.core import layer_sharing
+
+    stats = layer_sharing.LAST_STATS
+    if not stats.total:
+        return "  layer sharing: not applicable here (family, ablation kind or no shared image prefix)"
+    return (f"  layer sharing: layers below a condition's first masked layer taken from the unmasked rows while "
+            f"its answer equals theirs: {stats.computed:,} of {stats.total:,} row-layer-token computations run "
+            f"({1 - stats.computed / stats.total:.0%} skipped, last generation)")
+
+
 def warm_up(vlm: Any, items: Sequence[Any], conditions: Sequence[Any]) -> None:
     """First-call costs (nnsight's source instrumentation, kernel selection) on two items, two tokens."""
     from vrh_interp.experiments.sweep import run_conditions
@@ -205,12 +220,22 @@ def main(argv: list[str] | None = None) -> int:
     print("what the library shares that the naive loop does not:")
     print("\n".join(lines), flush=True)
 
+    from vrh_interp.core import layer_sharing
+
     warm_up(vlm, items, conditions)
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    layer_sharing.ENABLED = False
+    start = clock()
+    before = run_conditions(vlm, items, conditions, batch_size=args.batch_size,
+                            max_new_tokens=args.max_new_tokens, progress=False)
+    before_s = clock() - start
+    layer_sharing.ENABLED = True
+    print(f"library pipeline without layer sharing seconds: {before_s:.2f}", flush=True)
     start = clock()
     result = run_conditions(vlm, items, conditions, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
                             progress=False)
     library_s = clock() - start
+    print(layer_sharing_line())
     print(f"library pipeline seconds: {library_s:.2f} ({passes} batched generations)", flush=True)
     start = clock()
     naive = naive_loop(vlm, items, conditions, args.batch_size, args.max_new_tokens)
@@ -219,13 +244,19 @@ def main(argv: list[str] | None = None) -> int:
 
     ours = library_answers(result)
     differ = sorted(key for key in set(ours) | set(naive) if ours.get(key) != naive.get(key))
+    unshared = library_answers(before)
+    differ += sorted(key for key in set(unshared) | set(naive) if unshared.get(key) != naive.get(key)
+                     and key not in differ)
     print(f"answers equal: {'no' if differ else 'yes'} ({len(naive)} answers: {len(items)} items x "
-          f"{len(conditions)} conditions{f'; {len(differ)} differ' if differ else ''})")
+          f"{len(conditions)} conditions, the library with and without layer sharing"
+          f"{f'; {len(differ)} differ' if differ else ''})")
     for key in differ[:5]:
-        print(f"  {key[0]} under {key[1]}: library {ours.get(key)!r}, naive {naive.get(key)!r}")
+        print(f"  {key[0]} under {key[1]}: library {ours.get(key)!r}, without layer sharing "
+              f"{unshared.get(key)!r}, naive {naive.get(key)!r}")
     speed_up = naive_s / library_s
     print(f"protocol speed-up over naive loop: {speed_up:.2f}x (goal >= {GOAL:g}x: "
-          f"{'met' if speed_up >= GOAL else 'missed'}; {args.clock} clock)")
+          f"{'met' if speed_up >= GOAL else 'missed'}; {args.clock} clock; without layer sharing "
+          f"{naive_s / before_s:.2f}x)")
     return 1 if differ else 0
 
 

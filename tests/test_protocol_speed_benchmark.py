@@ -1,7 +1,8 @@
 """benchmarks/protocol_speed.py on tiny:llava at 2 items (seconds): its naive loop answers as the library does.
 
 The speed-up is measured by hand (docs/benchmarks.md); here the script runs end to end, its promised lines are
-printed and every (item, condition) answer of the naive loop (plain ``generate`` with hooks) equals the library's.
+printed and every (item, condition) answer of the naive loop (plain ``generate`` with hooks) equals the library's,
+with and without layer sharing.
 No timing is asserted: it is measured, not promised, on a shared CPU.
 """
 
@@ -36,7 +37,8 @@ def test_naive_loop_equals_the_library_on_a_tiny_model(capsys: pytest.CaptureFix
     assert code == 0, out
     for line in ("conditions:", "items: 2", "library pipeline seconds:", "naive loop seconds:", "answers equal: yes",
                  "protocol speed-up over naive loop:", "deduplicated head sets:", "batching of conditions:",
-                 "shared image prefix:"):
+                 "shared image prefix:", "library pipeline without layer sharing seconds:", "layer sharing:",
+                 "without layer sharing"):
         assert line in out, out
 
 

@@ -198,6 +198,12 @@ def generate_conditions(vlm: VLM, encoding: Mapping[str, Any], conditions: Seque
                                             for _, a in masked):
         prefix = shared_image_prefix(vlm, encoding)
         if prefix is not None:
+            from vrh_interp.core.layer_sharing import generate_layer_shared  # layers below the first masked one
+
+            shared = generate_layer_shared(vlm, encoding, conditions, prefix, max_new_tokens=max_new_tokens,
+                                           **generate_kwargs)
+            if shared is not None:
+                return shared
             return _generate_from_prefix(vlm, encoding, conditions, prefix, max_new_tokens=max_new_tokens,
                                          segments=segments, **generate_kwargs)
     if len(conditions) == 1:
