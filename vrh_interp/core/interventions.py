@@ -20,6 +20,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 
+from vrh_interp.core.layer_sharing import row_block
 from vrh_interp.core.heads import HeadSet
 from vrh_interp.core.model import VLM, GroundingBatch
 from vrh_interp.core.templates import LayerTemplate, apply_in_order
@@ -279,7 +280,7 @@ def shared_image_prefix(vlm: VLM, encoding: Mapping[str, Any]) -> SharedPrefix |
     image_of: list[int] = []
     for r in range(rows):
         prefix = ids[r, starts[r]:starts[r] + length]
-        key = b"".join(_row_block(v, rows, r).detach().cpu().contiguous().numpy().tobytes()
+        key = b"".join(row_block(v, rows, r).detach().cpu().contiguous().numpy().tobytes()
                        for v in image_inputs.values())
         key += prefix.cpu().numpy().tobytes()
         if key not in keys:
@@ -290,13 +291,6 @@ def shared_image_prefix(vlm: VLM, encoding: Mapping[str, Any]) -> SharedPrefix |
         return None
     prefix_ids = torch.stack([ids[r, starts[r]:starts[r] + length] for r in first])
     return SharedPrefix(prefix_ids, first, image_of, starts)
-
-
-def _row_block(value: torch.Tensor, rows: int, row: int) -> torch.Tensor:
-    """Row ``row``'s block of a per-image tensor of ``rows`` equal blocks (one row each, or InternVL's tiles:
-    equal prefix lengths mean equal image-token counts, so equal tile counts)."""
-    size = value.shape[0] // rows
-    return value[row * size:(row + 1) * size]
 
 
 def _generate_from_prefix(vlm: VLM, encoding: Mapping[str, Any], conditions: Sequence[tuple[HeadSet | None, Ablation]],
@@ -315,7 +309,7 @@ def _generate_from_prefix(vlm: VLM, encoding: Mapping[str, Any], conditions: Seq
     masked = any(h is not None and len(h) for h, _ in conditions)
     prefix_encoding = {"input_ids": prefix.ids.repeat(count, 1), "attention_mask": torch.ones_like(prefix.ids).repeat(
         count, 1)}
-    image_inputs = {key: torch.cat([_row_block(value, rows, r) for r in prefix.first], dim=0)
+    image_inputs = {key: torch.cat([row_block(value, rows, r) for r in prefix.first], dim=0)
                     for key, value in encoding.items() if key not in ("input_ids", "attention_mask")}
     if count == 1:
         prefix_encoding.update(image_inputs)

@@ -224,14 +224,19 @@ class _Runner:
         return self.lm_head(self.lm.norm(h_last)).float()
 
 
+def row_block(value: torch.Tensor, rows: int, row: int) -> torch.Tensor:
+    """Row ``row``'s block of a per-image tensor of ``rows`` equal blocks (one row each, or InternVL's tiles:
+    equal prefix lengths mean equal image-token counts, so equal tile counts)."""
+    size = value.shape[0] // rows
+    return value[row * size:(row + 1) * size]
+
+
 def _prefix_embeddings(vlm: Any, encoding: Mapping[str, Any], prefix: Any) -> torch.Tensor:
     """``[images, length, hidden]``: the distinct image prefixes' input embeddings with the image features in
     place of the image tokens (``LlavaModel.forward``'s merge)."""
-    from vrh_interp.core.interventions import _row_block
-
     hf = vlm.hf_model
     rows = int(encoding["input_ids"].shape[0])
-    image_inputs = {key: torch.cat([_row_block(value, rows, r) for r in prefix.first], dim=0)
+    image_inputs = {key: torch.cat([row_block(value, rows, r) for r in prefix.first], dim=0)
                     for key, value in encoding.items() if key not in ("input_ids", "attention_mask")}
     ids = prefix.ids
     embeds = hf.model.get_input_embeddings()(ids)
