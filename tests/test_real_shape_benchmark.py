@@ -83,6 +83,9 @@ def test_real_facts_keep_the_real_grid_and_cut_layers() -> None:
     assert QWEN2_5_VL_3B.config["text_config"]["num_hidden_layers"] == 36  # the recorded facts are not changed
     small = script.real_facts(paper_model("InternVL3-8B"), layers=None, vision_layers=None, scale=0.125)
     assert (small["text_config"]["num_attention_heads"], small["text_config"]["hidden_size"]) == (4, 512)
+    # PaliGemma's projector follows the scaled language model (it kept 3584 and the forward refused the features)
+    pali = script.real_facts(paper_model("PaliGemma2-10B"), layers=2, vision_layers=1, scale=0.0625)
+    assert pali["projection_dim"] == pali["vision_config"]["projection_dim"] == pali["text_config"]["hidden_size"]
 
 
 def test_spearman_is_the_rank_correlation() -> None:
@@ -124,3 +127,14 @@ def test_every_model_has_its_real_processor_and_visual_tokens(model: str) -> Non
     encoded = processor(images=[Image.new("RGB", (1024, 768), "gray")], text=[text], return_tensors="pt")
     image_token = processor.tokenizer.convert_tokens_to_ids(processor.image_token)
     assert int((encoded["input_ids"] == image_token).sum()) == REAL_VISUAL_TOKENS[model]
+
+
+def test_attention_defaults_to_eager_for_gemma2_and_refuses_sdpa_there() -> None:
+    """PaliGemma 2's Gemma 2 has no sdpa path in transformers (it refused to build under the old sdpa default)."""
+    script = _load_script()
+    names = script.model_names()
+    assert script.attention_for(names["paligemma2-10b"], None) == "eager"
+    assert script.attention_for(names["qwen3-vl-8b"], None) == "sdpa"
+    assert script.attention_for(names["qwen3-vl-8b"], "eager") == "eager"
+    with pytest.raises(SystemExit, match="no sdpa path"):
+        script.attention_for(names["paligemma2-10b"], "sdpa")
