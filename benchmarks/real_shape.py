@@ -92,6 +92,8 @@ def real_facts(paper: Any, *, layers: int | None, vision_layers: int | None, sca
                        "intermediate_size": _scaled(vision.get("intermediate_size", 4096), scale, 8)})
         if "out_hidden_size" in vision:
             vision["out_hidden_size"] = text["hidden_size"]
+        if "projection_dim" in facts:  # PaliGemma: the projector maps the vision tower into the language model
+            facts["projection_dim"] = vision["projection_dim"] = text["hidden_size"]
     return facts
 
 
@@ -293,6 +295,18 @@ def check_options(args: argparse.Namespace) -> None:
             raise SystemExit("--attn-implementation flash_attention_2 needs --device cuda")
 
 
+def attention_for(paper: Any, requested: str | None) -> str:
+    """``--attn-implementation``, or its default: sdpa, eager where the language model is Gemma 2 (PaliGemma 2),
+    which transformers refuses to build with sdpa (soft-capped attention logits); a one-line refusal of sdpa there."""
+    gemma2 = paper.config["text_config"].get("model_type") == "gemma2"
+    if requested is None:
+        return "eager" if gemma2 else "sdpa"
+    if gemma2 and requested == "sdpa":
+        raise SystemExit(f"--attn-implementation sdpa: {paper.name}'s Gemma 2 language model has no sdpa path in "
+                         "transformers (soft-capped attention logits); use eager (the default for it)")
+    return requested
+
+
 def parse_size(text: str) -> tuple[int, int]:
     width, _, height = text.lower().partition("x")
     return int(width), int(height)
@@ -311,7 +325,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--new-tokens", type=int, default=4, help="generated tokens per answer")
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--attn-implementation", default="sdpa", choices=("sdpa", "eager", "flash_attention_2"))
+    parser.add_argument("--attn-implementation", choices=("sdpa", "eager", "flash_attention_2"),
+                        help="default: sdpa, eager for a Gemma 2 language model (transformers has no sdpa path for "
+                             "it: sdpa cannot soft-cap the attention logits)")
     parser.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "2")))
     parser.add_argument("--no-slice", action="store_true", help="skip the bf16 / fp32 slice comparison")
     return parser.parse_args(argv)
@@ -328,6 +344,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     paper = model_names()[args.model]
+    args.attn_implementation = attention_for(paper, args.attn_implementation)
 
     from vrh_interp.core import interventions as iv
     from vrh_interp.core.heads import HeadSet

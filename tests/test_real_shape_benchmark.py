@@ -83,6 +83,9 @@ def test_real_facts_keep_the_real_grid_and_cut_layers() -> None:
     assert QWEN2_5_VL_3B.config["text_config"]["num_hidden_layers"] == 36  # the recorded facts are not changed
     small = script.real_facts(paper_model("InternVL3-8B"), layers=None, vision_layers=None, scale=0.125)
     assert (small["text_config"]["num_attention_heads"], small["text_config"]["hidden_size"]) == (4, 512)
+    # PaliGemma's projector follows the scaled language model (it kept 3584 and the forward refused the features)
+    pali = script.real_facts(paper_model("PaliGemma2-10B"), layers=2, vision_layers=1, scale=0.0625)
+    assert pali["projection_dim"] == pali["vision_config"]["projection_dim"] == pali["text_config"]["hidden_size"]
 
 
 def test_spearman_is_the_rank_correlation() -> None:
@@ -93,3 +96,45 @@ def test_spearman_is_the_rank_correlation() -> None:
     assert script.spearman(a, a ** 3) == pytest.approx(1.0)
     assert script.spearman(a, -a) == pytest.approx(-1.0)
     assert script.spearman(np.array([1.0, 2.0, 3.0]), np.array([1.0, 3.0, 2.0])) == pytest.approx(0.5)
+
+
+# the real processors at 1024 x 768: Qwen2.5-VL / GLM 37 x 27 merged tokens of 28 px, Qwen3-VL 32 x 24 of 32 px,
+# InternVL 12 tiles of 448 px and a thumbnail (13 x 256), LLaVA-NeXT a 576-token base view and a 2 x 2 grid of
+# 336 px tiles (672 x 672) unpadded to 48 x 36 tokens plus a newline per row, PaliGemma2-448 32 x 32
+REAL_VISUAL_TOKENS = {"qwen2.5-vl-3b": 999, "qwen2.5-vl-7b": 999, "qwen3-vl-8b": 768, "internvl3-8b": 3328,
+                      "internvl3.5-8b": 3328, "llava-next-llama3-8b": 576 + 48 * 36 + 36, "paligemma2-10b": 1024,
+                      "glm-4.6v-flash": 999}
+
+
+@pytest.mark.parametrize("model", sorted(REAL_VISUAL_TOKENS))
+def test_every_model_has_its_real_processor_and_visual_tokens(model: str) -> None:
+    """Every ``--model`` has its checkpoint's image processor recorded (the script refuses one without), and it
+    gives the real visual-token count for a 1024 x 768 image (processor only: no model is built)."""
+    from PIL import Image
+
+    from vrh_interp.core.families.registry import TINY_RECIPES
+
+    script = _load_script()
+    assert set(script.model_names()) == set(REAL_VISUAL_TOKENS)
+    paper = script.model_names()[model]
+    processor = script.build_processor(paper, TINY_RECIPES[paper.family])
+    if processor.chat_template:
+        text = processor.apply_chat_template(
+            [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "find x"}]}],
+            add_generation_prompt=True)
+    else:  # PaliGemma: no chat template
+        text = "<image>detect x"
+    encoded = processor(images=[Image.new("RGB", (1024, 768), "gray")], text=[text], return_tensors="pt")
+    image_token = processor.tokenizer.convert_tokens_to_ids(processor.image_token)
+    assert int((encoded["input_ids"] == image_token).sum()) == REAL_VISUAL_TOKENS[model]
+
+
+def test_attention_defaults_to_eager_for_gemma2_and_refuses_sdpa_there() -> None:
+    """PaliGemma 2's Gemma 2 has no sdpa path in transformers (it refused to build under the old sdpa default)."""
+    script = _load_script()
+    names = script.model_names()
+    assert script.attention_for(names["paligemma2-10b"], None) == "eager"
+    assert script.attention_for(names["qwen3-vl-8b"], None) == "sdpa"
+    assert script.attention_for(names["qwen3-vl-8b"], "eager") == "eager"
+    with pytest.raises(SystemExit, match="no sdpa path"):
+        script.attention_for(names["paligemma2-10b"], "sdpa")

@@ -113,6 +113,30 @@ INTERNVL3_IMAGE_PROCESSOR = ("GotOcr2ImageProcessorPil", {
     "size": {"height": 448, "width": 448}, "crop_to_patches": True, "min_patches": 1, "max_patches": 12,
     "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225]})
 INTERNVL3_PROCESSOR = {"image_seq_length": 256}
+# Qwen3-VL's preprocessor_config.json [GK]: Qwen2-VL's image processor with patch 16 (merge 2: 32 px per token),
+# mean / std 0.5, size shortest_edge 65536 / longest_edge 16777216 pixels (min_pixels / max_pixels); neither binds
+# at 1024 x 768, whose token count (32 x 24 = 768) follows from patch and merge alone
+QWEN3_VL_IMAGE_PROCESSOR = ("Qwen2VLImageProcessorPil", {
+    "patch_size": 16, "min_pixels": 65536, "max_pixels": 16777216,
+    "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]})
+# llava-hf/llama3-llava-next-8b-hf's preprocessor_config.json [GK]: LLaVA-NeXT's anyres processor, 336 px tiles
+# (shortest_edge 336, crop 336 x 336) over the config's pinpoints, OpenAI CLIP mean / std and bicubic (the class
+# defaults); the processor: patch 14, the CLS token dropped ("default"), 576 tokens per tile view
+LLAVA_NEXT_LLAMA3_IMAGE_PROCESSOR = ("LlavaNextImageProcessorPil", {
+    "size": {"shortest_edge": 336}, "crop_size": {"height": 336, "width": 336},
+    "image_grid_pinpoints": [[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]]})
+LLAVA_NEXT_LLAMA3_PROCESSOR = {"patch_size": 14, "vision_feature_select_strategy": "default",
+                               "num_additional_image_tokens": 1}
+# GLM-4.6V-Flash's preprocessor_config.json [GK, the size bounds uncertain]: GLM-4.1V's image processor, patch 14,
+# merge 2 (28 px per token), OpenAI CLIP mean / std, size shortest_edge 12544 / longest_edge 47040000 (pixels of
+# the two temporal frames); neither bound binds at 1024 x 768 (37 x 27 = 999 tokens from patch and merge alone)
+GLM46V_IMAGE_PROCESSOR = ("Glm4vImageProcessorPil", {
+    "size": {"shortest_edge": 12544, "longest_edge": 47040000}, "patch_size": 14, "temporal_patch_size": 2,
+    "merge_size": 2})
+# google/paligemma2-10b-pt-448's preprocessor_config.json: SigLIP's processor stretching to 448 x 448, mean / std
+# 0.5 and bicubic (the class defaults), (448 / 14)^2 = 1024 image tokens
+PALIGEMMA2_448_IMAGE_PROCESSOR = ("SiglipImageProcessorPil", {"size": {"height": 448, "width": 448},
+                                                               "image_seq_length": 1024})
 
 # what InternVL3-8B and InternVL3.5-8B share around their different Qwen language models
 INTERNVL_8B_TOP = {"vision_config": INTERN_VIT_300M, "downsample_ratio": 0.5, "projector_hidden_act": "gelu",
@@ -149,6 +173,7 @@ PAPER_MODELS: tuple[PaperModel, ...] = (
             },
         },
         HeadGeometry(36, 32, 8, 128),
+        image_processor=QWEN3_VL_IMAGE_PROCESSOR,
     ),
     PaperModel(
         "InternVL3-8B", "OpenGVLab/InternVL3-8B-hf", "Qwen2.5-7B", NATIVE, "internvl", "internvl",
@@ -178,6 +203,7 @@ PAPER_MODELS: tuple[PaperModel, ...] = (
         },
         HeadGeometry(36, 32, 8, 128),
         "the paper's checkpoint is the remote-code OpenGVLab/InternVL3_5-8B; -HF is its transformers conversion",
+        image_processor=INTERNVL3_IMAGE_PROCESSOR, processor_kwargs=INTERNVL3_PROCESSOR,  # the same in -HF [GK]
     ),
     PaperModel(
         "Magma-8B", "microsoft/Magma-8B", "Llama-3", REMOTE_CODE,
@@ -203,6 +229,7 @@ PAPER_MODELS: tuple[PaperModel, ...] = (
         },
         HeadGeometry(32, 32, 8, 128),
         "llava-hf's transformers conversion of lmms-lab/llama3-llava-next-8b",
+        image_processor=LLAVA_NEXT_LLAMA3_IMAGE_PROCESSOR, processor_kwargs=LLAVA_NEXT_LLAMA3_PROCESSOR,
     ),
     PaperModel(
         "PaliGemma2-10B", "google/paligemma2-10b-pt-448", "Gemma 2", NATIVE, "paligemma", "paligemma",
@@ -224,6 +251,7 @@ PAPER_MODELS: tuple[PaperModel, ...] = (
         },
         HeadGeometry(42, 16, 8, 256),
         "pt / mix and 224 / 448 variants share the Gemma 2 9B language backbone",
+        image_processor=PALIGEMMA2_448_IMAGE_PROCESSOR,
     ),
     PaperModel(
         "DeepSeek-VL2-Small", "deepseek-ai/deepseek-vl2-small", "DeepSeekMoE", REMOTE_CODE,
@@ -261,6 +289,7 @@ PAPER_MODELS: tuple[PaperModel, ...] = (
         HeadGeometry(40, 32, 2, 128),  # head_dim = 4096 / 32; rotary on half of it (partial_rotary_factor 0.5)
         "model_type glm4v (Glm4vForConditionalGeneration) in the hub file; transformers' glm46v classes also map "
         "to this adapter",
+        image_processor=GLM46V_IMAGE_PROCESSOR,
     ),
     PaperModel(
         "Phi-4-Reasoning-Vision", "microsoft/Phi-4-reasoning-vision-15B", "Phi", REMOTE_CODE,
