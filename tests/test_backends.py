@@ -159,6 +159,20 @@ def test_sweep_answers_boxes_and_accuracies_equal_nnsight(toy, lensed, tmp_path)
         sweep(lensed, samples, ranking, ablation="resample", ablation_values=values, **kwargs)
 
 
+def test_vqa_answers_equal_nnsight(toy, lensed, tmp_path):
+    """The VQA sweep runs on the handle's backend: the same answers under each condition, the folder records it."""
+    from vrh_interp.data.datasets.synthetic_vqa import synthetic_vqa
+    from vrh_interp.experiments.vqa_sweep import answer_conditions, vqa_sweep
+
+    samples = list(synthetic_vqa("eval", 1))[:3]
+    conditions = [(HeadSet(), ZERO_ABLATION), (HeadSet([Head(2, 0), Head(3, 5)]), ZERO_ABLATION)]
+    want = answer_conditions(toy, samples, conditions, max_new_tokens=6)
+    assert answer_conditions(lensed, samples, conditions, max_new_tokens=6) == want
+    vqa_sweep(lensed, samples, HeadSet([Head(2, 0)]), random_seeds=[0], matched=False, batch_size=3,
+              run_dir=tmp_path / "vqa", progress=False)
+    assert json.loads((tmp_path / "vqa" / "manifest.json").read_text())["backend"] == "transformer-lens"
+
+
 def test_attention_rows_and_head_patching_equal_across_backends():
     """The seam's other calls on a tiny fixture: per-row attention rows (real query rows) and patched logits (real
     tokens) agree to 1e-5 between the nnsight templates and the bridge."""

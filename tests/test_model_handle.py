@@ -132,3 +132,23 @@ def test_the_interventions_read_where_the_handle_runs(monkeypatch):
     local = iv.run_forward(vlm, batch.encoding).logits
     serialised = iv.run_forward(vlm.on(remote="local"), batch.encoding).logits
     assert seen == [False, "local"] and torch.equal(local, serialised)
+
+
+def test_a_method_that_traces_with_nnsight_refuses_a_handle_placed_elsewhere():
+    """The handle says where it runs: a method that traces the model itself (interventions, patching, probes,
+    overlays) refuses a handle placed on TransformerLens in one line instead of running on nnsight silently. Nothing
+    is built (no bridge: TransformerLens need not be installed)."""
+    from vrh_interp.core import interventions as iv
+    from vrh_interp.data import grounding_samples
+    from vrh_interp.viz.overlays import prediction_overlays
+
+    vlm = tiny_vlm("llava")
+    lens = vlm.on(backend="transformer-lens")
+    assert vlm.runs_nnsight_traces and not lens.runs_nnsight_traces
+    batch = lens.encode_grounding([noise_image(40, 40)], ["the red circle"])  # encoding needs no backend
+    for run in (lambda: iv.run_forward(lens, batch.encoding),
+                lambda: iv.run_generate(lens, batch.encoding, max_new_tokens=2),
+                lambda: prediction_overlays(lens, grounding_samples("eval", 0)[0], vlm.geometry.all_heads())):
+        with pytest.raises(iv.NotNnsightError, match="placed on the transformer-lens backend.*--backend nnsight"):
+            run()
+    assert lens._backend is None

@@ -62,7 +62,8 @@ BACKEND_STEPS = {
     "transformer-lens": "1 positive control, 2 detection, 3 k-sweep, 4 zero ablation, 5 single-head scan, "
                         "6 design space",
     "nnsight": "2 the head census, 4 mean / resample ablation (the bridge refuses them), 8 transfer (TransformerLens "
-               "4.3 has no InternVL adapter), 9 VQA and 10 overlays (not routed through the backend seam yet)",
+               "4.3 has no InternVL adapter), 9 VQA (kept here: the bridge generates uncached) and 10 overlays "
+               "(nnsight traces)",
 }
 CLAIM_STEPS = {"positive_control": 1, "transfer_control": 1, "causal": 3, "causal_curve": 3, "specific": 3,
                "ablation_kinds": 4, "score_damage": 5, "design_space": 6, "sparse": 7, "stable": 7, "shared": 8,

@@ -105,6 +105,20 @@ def remote_errors(vlm: VLM) -> Iterator[None]:
         raise
 
 
+class NotNnsightError(ValueError):
+    """A handle placed on a backend that runs no nnsight traces was given to a method that traces the model."""
+
+
+def nnsight_model(vlm: VLM) -> Any:
+    """``vlm.nn``, the model to trace, for a handle whose backend runs nnsight traces (``vlm.runs_nnsight_traces``);
+    a handle placed elsewhere (``vlm.on(backend="transformer-lens")``) is refused in one line, so a method that
+    traces the model never runs silently on another backend than the handle says."""
+    if not vlm.runs_nnsight_traces:
+        raise NotNnsightError(f"this method traces the model with nnsight, but the model handle is placed on the "
+                              f"{vlm.backend_name} backend: run it on vlm.on(backend='nnsight') (--backend nnsight)")
+    return vlm.nn
+
+
 def prepare_remote(vlm: VLM) -> None:
     """Ship vrh_interp's template code with ``vlm``'s requests when it runs remotely (the server need not have it
     installed).
@@ -332,7 +346,7 @@ def _generate_from_prefix(vlm: VLM, encoding: Mapping[str, Any], conditions: Seq
         suffix_segments = torch.full((rows, longest), PAD, dtype=segments.dtype)
         for r, suffix in enumerate(suffixes):
             suffix_segments[r, longest - len(suffix):] = segments[r, prefix.starts[r] + length:]
-    model = vlm.nn
+    model = nnsight_model(vlm)
     with torch.no_grad():
         if masked:
             template = condition_ablation(vlm, conditions, images, segments=prefix_segments)
@@ -421,7 +435,7 @@ def run_forward(vlm: VLM, encoding: Mapping[str, Any], templates: Sequence[Layer
     """One ``model.trace`` with ``templates`` applied, where ``vlm`` runs (``vlm.remote``)."""
     import nnsight
 
-    model, remote = vlm.nn, vlm.remote
+    model, remote = nnsight_model(vlm), vlm.remote
     prepare_remote(vlm)
     with torch.no_grad(), remote_errors(vlm):
         with model.trace(**dict(encoding), remote=remote):
@@ -435,7 +449,7 @@ def run_generate(vlm: VLM, encoding: Mapping[str, Any], templates: Sequence[Laye
     """``model.generate`` with ``templates`` at every step, where ``vlm`` runs (``vlm.remote``)."""
     import nnsight
 
-    model, remote = vlm.nn, vlm.remote
+    model, remote = nnsight_model(vlm), vlm.remote
     prepare_remote(vlm)
     generate_kwargs.setdefault("do_sample", False)
     with torch.no_grad(), warnings.catch_warnings(), remote_errors(vlm):

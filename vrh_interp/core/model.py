@@ -40,7 +40,7 @@ import torch
 from PIL import Image
 
 from vrh_interp.core._display import card_html, card_text
-from vrh_interp.core.backends import BACKENDS
+from vrh_interp.core.backends import BACKENDS, NNSIGHT_TRACES
 from vrh_interp.core.families import FamilyAdapter, adapter_for_config
 from vrh_interp.core.families.base import BoxFrame, VisualLayout
 from vrh_interp.core.heads import HeadGeometry
@@ -153,6 +153,12 @@ class VLM:
     @property
     def backend_name(self) -> str:
         return self.placement.backend
+
+    @property
+    def runs_nnsight_traces(self) -> bool:
+        """Whether the handle's backend runs nnsight traces (``core.backends.NNSIGHT_TRACES``): what the methods
+        that trace the model themselves (``core.interventions``, patching, probes, overlays) need."""
+        return self.backend_name in NNSIGHT_TRACES
 
     def _card(self) -> tuple[str, list[tuple[str, str]]]:
         g = self.geometry

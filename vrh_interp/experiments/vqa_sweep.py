@@ -34,6 +34,8 @@ from typing import Any, Mapping, Sequence
 import pandas as pd
 
 from vrh_interp.core import interventions as iv
+from vrh_interp.core.backends.base import backend_config, check_ablation_kinds
+from vrh_interp.core.backends.select import backend_for, backend_type
 from vrh_interp.data.datasets.samples import VQASample
 from vrh_interp.data.datasets.vqa import score_response
 from vrh_interp.data.datasets.vqa_prompt import vqa_prompt
@@ -90,15 +92,16 @@ def encode_vqa(vlm: VLM, samples: Sequence[VQASample]) -> Any:
 def answer_conditions(vlm: VLM, samples: Sequence[VQASample], conditions: Sequence[tuple[HeadSet, Ablation]], *,
                       max_new_tokens: int, encoding: Any = None) -> list[list[str]]:
     """Greedy responses under each condition ``(heads, ablation)``, all in one batched generation (condition
-    batching, ``interventions.generate_conditions``): per condition, what ``answer_batch`` gives (equal exactly).
+    batching, ``interventions.generate_conditions``, on the handle's backend): per condition, what ``answer_batch``
+    gives (equal exactly).
     ``encoding`` is the samples' ``encode_vqa`` when already made."""
     if encoding is None:
         encoding = encode_vqa(vlm, samples)
     segments = None
     if any(len(h) and a.replaces_by_segment for h, a in conditions):
         segments = iv.encoding_segments(vlm, encoding, [s.image.size for s in samples])
-    ids = iv.generate_conditions(vlm, encoding, conditions, max_new_tokens=max_new_tokens,
-                                 segments=segments, sample_ids=[s.sample_id for s in samples])
+    ids = backend_for(vlm).generate_conditions(encoding, conditions, max_new_tokens=max_new_tokens,
+                                               segments=segments, sample_ids=[s.sample_id for s in samples])
     prompt_length = int(encoding["input_ids"].shape[1])
     return [vlm.decode_answers(block, prompt_length) for block in ids]
 
@@ -185,6 +188,8 @@ def vqa_sweep(vlm: VLM, samples: Sequence[VQASample], heads: HeadSet, *,
     segment while grounding; its fingerprint goes into the run folder's manifest).
 
     With ``shard``, only that shard of each benchmark's samples is answered and the result holds those records.
+    The model runs on the handle's backend (``vlm.on(backend=...)``); one other than nnsight is recorded in the
+    manifest, and an ablation kind it cannot mask with is refused before any work.
     """
     if not samples:
         raise ValueError("vqa_sweep needs at least one VQA sample")
@@ -196,10 +201,12 @@ def vqa_sweep(vlm: VLM, samples: Sequence[VQASample], heads: HeadSet, *,
     conditions = vqa_conditions(vlm.geometry, heads, random_seeds, detected=detected,
                                 exclude_first_layer=exclude_first_layer, matched=matched, ablation=ablation)
     masking = ablation_for(ablation, ablation_values, vlm.geometry)
+    check_ablation_kinds(backend_type(vlm), [ablation])
     benchmarks = list(dict.fromkeys(s.benchmark for s in samples))
     config = {"kind": "vqa_sweep", "model": model_provenance(vlm),
               "samples": {b: [s.sample_id for s in samples if s.benchmark == b] for b in benchmarks},
-              "conditions": {c.key: c.heads.to_list() for c in conditions}}
+              "conditions": {c.key: c.heads.to_list() for c in conditions},
+              **backend_config(backend_for(vlm))}  # nothing for nnsight: earlier folders resume
     if ablation_values is not None:
         config["ablation_values"] = ablation_values.fingerprint()
     log = RunFolder(run_dir, shard_config(config, shard, batch_size)).log("vqa_records") \

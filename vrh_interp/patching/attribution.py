@@ -96,7 +96,7 @@ def _gradient(vlm: VLM, pairs: PairBatch, positions: PatchPositions) -> np.ndarr
     scoring, pair = pairs.scoring(), torch.tensor(pairs.pair_of_row())  # not `pairs` (images) in a request
     chosen = pairs.positions(positions)
     paths = [iv.projection_path(vlm)(layer) for layer in range(geometry.num_layers)]
-    model = vlm.nn
+    model = iv.nnsight_model(vlm)
     iv.prepare_remote(vlm)
     # in the trace, before `with metric.backward():`, one physical line per statement and no comment lines:
     # nnsight 0.8.1's remote="local" finds that block by line in this file, in the unparsed shipped source
@@ -141,7 +141,7 @@ def _integrated(vlm: VLM, pairs: PairBatch, positions: PatchPositions, layer: in
     scoring, pair = pairs.scoring(), torch.tensor(pairs.pair_of_row())
     chosen = pairs.positions(positions)
     path = iv.projection_path(vlm)(layer)
-    model = vlm.nn
+    model = iv.nnsight_model(vlm)
     iv.prepare_remote(vlm)
     # in the trace, before `with metric.backward():`, one physical line per statement and no comment lines:
     # nnsight 0.8.1's remote="local" finds that block by line in this file, in the unparsed shipped source

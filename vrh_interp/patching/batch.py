@@ -323,7 +323,7 @@ def measure(vlm: VLM, pairs: PairBatch, encoding: dict[str, Any], sides: Sequenc
     ``extra(model)`` runs inside the trace after the templates (for interventions that are not layer
     templates, e.g. ``HeadKeyValuePatch.apply``). The logits never leave the trace in full.
     """
-    model = vlm.nn
+    model = iv.nnsight_model(vlm)
     scoring, n, side = pairs.scoring(), pairs.n, pairs.side  # plain values: `pairs` holds images
     row_blocks = [torch.arange(side) + side * s for s in sides]
     iv.prepare_remote(vlm)

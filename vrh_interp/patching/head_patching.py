@@ -155,7 +155,7 @@ def _generate_with_row_patches(vlm: VLM, batch: Any, entries: list[tuple[Head, l
     prefill = RowPairHeadPatch.build(entries, vlm.geometry, iv.projection_path(vlm),
                                      positions=None if positions == "all" else (batch.prompt_length - 1,))
     decode = RowPairHeadPatch.build(entries, vlm.geometry, iv.projection_path(vlm), positions=None)
-    model = vlm.nn
+    model = iv.nnsight_model(vlm)
     iv.prepare_remote(vlm)
     with torch.no_grad(), warnings.catch_warnings(), iv.remote_errors(vlm):
         warnings.filterwarnings("ignore", message=iv.OPEN_LOOP_WARNING)

@@ -91,7 +91,7 @@ def _corrupted_values(vlm: VLM, encoding: dict[str, Any], rows: list[int], posit
                                                                           dict[int, torch.Tensor]]:
     """Head outputs and MLP outputs of the unpatched run at ``rows`` x ``positions`` (only those leave the trace)."""
     g = vlm.geometry
-    model = vlm.nn
+    model = iv.nnsight_model(vlm)
     row_index, pos_index = torch.tensor(rows), torch.tensor(positions)
     # plain values only inside the trace: a remote request ships what the block references, and `vlm` is
     # the whole local model (weights included)

@@ -9,3 +9,6 @@ transformer_lens). docs/recipes/transformer-lens.md says what runs where and wit
 
 # the names ``Placement`` / ``VLM.on`` and ``--backend`` accept; ``core.model`` imports this module (it imports nothing)
 BACKENDS: tuple[str, ...] = ("nnsight", "transformer-lens")
+# the backends whose handles run nnsight traces (``core.interventions``' runners, the patching study's templates,
+# probes, overlays): a handle placed on another backend is refused there (``VLM.runs_nnsight_traces``)
+NNSIGHT_TRACES: frozenset[str] = frozenset({"nnsight"})
