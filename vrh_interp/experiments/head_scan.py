@@ -118,7 +118,7 @@ def head_scan(vlm: VLM, samples: Sequence[GroundingSampleLike], scores: HeadScor
     """Grounding accuracy on ``samples`` (a fixed subset of evaluation samples) with each of ``heads`` (default:
     every head) ablated alone, against the unmasked baseline; resumable through ``run_dir``. The single-head
     conditions are batched ``max_batch_rows`` rows per generation (``run_conditions``: one batch of samples
-    replicated across many heads, each row masking its own head); ``backend``: ``run_conditions``."""
+    replicated across many heads, each row masking its own head), on the handle's backend."""
     geometry = vlm.geometry
     heads = geometry.validate(heads if heads is not None else geometry.all_heads())
     if not len(heads):

@@ -385,7 +385,7 @@ def sweep(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], ranking: HeadSc
     detection samples). Conditions are batched ``max_batch_rows`` rows per generation (``run_conditions``). A
     published ranking (``vrh_interp.core.published``) is checked against the model's grid
     (``published.check_geometry``) and its source is recorded as ``heads_source`` in the run folder's manifest.
-    ``backend``: ``run_conditions``."""
+    The model runs where the handle is placed (``run_conditions``)."""
     if isinstance(ranking, HeadScores):
         detection_ids = list(detection_ids or []) + list(ranking.sample_ids)
         head_ranking = ranking.ranking()
