@@ -479,7 +479,8 @@ mediation_table(vlm, moved, {"VRHs": vrhs, **control_sets(geometry, vrhs, random
                      "set is special when few same-size sets recover as much: its tail probability among random, "
                      "layer-matched and all sets is small (a random set that happens to contain a strong head can "
                      "match it, which is why a handful of draws proves nothing). A dozen pairs keep this notebook "
-                     "fast; every function takes any number of pairs and `remote=` for NDIF."),
+                     "fast; every function takes any number of pairs, and a handle placed with "
+                     "`vlm.on(remote=True)` for NDIF."),
     ],
 }
 

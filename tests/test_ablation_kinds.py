@@ -225,14 +225,14 @@ def test_clear_errors():
 def test_mean_ablation_is_remote_safe():
     """The ``"local"`` round trip (the request serialised as for NDIF) gives the local ids exactly."""
     vlm = tiny_vlm("qwen2_vl")
-    values = ablation_values(vlm, _reference_set(), batch_size=3, remote="local")
+    values = ablation_values(vlm.on(remote="local"), _reference_set(), batch_size=3)
     assert torch.equal(values.sums, ablation_values(vlm, _reference_set(), batch_size=3).sums)
     samples = _eval_samples()
     heads = _heads(vlm)
     for kind in KINDS:
         local = ground_batch(vlm, samples, heads=heads, ablation=Ablation(kind, values), max_new_tokens=4)
-        remote = ground_batch(vlm, samples, heads=heads, ablation=Ablation(kind, values), max_new_tokens=4,
-                              remote="local")
+        remote = ground_batch(vlm.on(remote="local"), samples, heads=heads, ablation=Ablation(kind, values),
+                              max_new_tokens=4)
         assert local == remote
 
 

@@ -27,7 +27,7 @@ from tests.conftest import noise_image, tiny_vlm
 from tests.reference import zeroed_heads
 from vrh_interp.core import interventions as iv
 from vrh_interp.core.backends.base import Backend, BackendError, NnsightBackend, backend_config
-from vrh_interp.core.backends.select import get_backend
+from vrh_interp.core.backends.select import backend_for, backend_type
 from vrh_interp.core.heads import Head, HeadSet
 from vrh_interp.core.runs import RunMismatchError
 from vrh_interp.scoring.design import resolve_design
@@ -49,27 +49,36 @@ def toy() -> Any:
 
 
 @pytest.fixture(scope="module")
-def lens(toy: Any) -> Any:
-    return get_backend("transformer-lens", toy)
+def lensed(toy: Any) -> Any:
+    """The toy model's handle placed on TransformerLens (one bridge for the module)."""
+    return toy.on(backend="transformer-lens")
 
 
-def test_both_backends_conform_and_names_are_checked(toy, lens):
-    nnsight = get_backend("nnsight", toy)
+@pytest.fixture(scope="module")
+def lens(lensed: Any) -> Any:
+    return backend_for(lensed)
+
+
+def test_both_backends_conform_and_names_are_checked(toy, lensed, lens):
+    nnsight = backend_for(toy)
     assert isinstance(nnsight, NnsightBackend) and isinstance(nnsight, Backend) and isinstance(lens, Backend)
-    assert get_backend(lens, toy) is lens and backend_config(nnsight) == {}
-    assert backend_config(lens) == {"backend": "transformer-lens"}
+    assert backend_for(toy) is nnsight and backend_for(lensed) is lens  # built once per handle
+    assert lens.vlm is lensed and lensed.hf_model is toy.hf_model and lensed.processor is toy.processor
+    assert backend_config(nnsight) == {} and backend_config(lens) == {"backend": "transformer-lens"}
+    assert toy.on() is toy and lensed.on(backend="transformer-lens") is lensed
+    assert lensed.on(backend="nnsight").placement == toy.placement
+    with pytest.raises(ValueError, match="unknown backend 'jax': use one of nnsight, transformer-lens"):
+        toy.on(backend="jax")
     with pytest.raises(BackendError, match="unknown backend 'jax': use one of nnsight, transformer-lens"):
-        get_backend("jax", toy)
+        backend_type("jax")
     with pytest.raises(BackendError, match="remote runs .* go through nnsight"):
-        get_backend("transformer-lens", toy, remote=True)
-    with pytest.raises(BackendError, match="wraps another model"):
-        get_backend(lens, tiny_vlm("llava"))
+        backend_for(lensed.on(remote=True))
 
 
 def test_an_unbridged_family_is_refused_naming_the_supported_ones():
     internvl = tiny_vlm("internvl")
     with pytest.raises(BackendError, match="cannot run family 'internvl'.*supported: .*llava.*--backend nnsight"):
-        get_backend("transformer-lens", internvl)
+        backend_for(internvl.on(backend="transformer-lens"))
 
 
 def test_per_row_masked_generation_equals_plain_hf_generation(toy, lens):
@@ -94,10 +103,10 @@ def test_per_row_masked_generation_equals_plain_hf_generation(toy, lens):
         lens.generate_conditions(batch.encoding, [(heads, mean)], max_new_tokens=2)
 
 
-def test_head_scores_equal_nnsight_within_tolerance(toy, lens, tmp_path):
+def test_head_scores_equal_nnsight_within_tolerance(toy, lensed, tmp_path):
     samples = synthetic_samples("detect", 6)
     want = collect_detection_stats(toy, samples, batch_size=6, max_new_tokens=NEW_TOKENS, progress=False)
-    got = collect_detection_stats(toy, samples, batch_size=6, max_new_tokens=NEW_TOKENS, progress=False, backend=lens)
+    got = collect_detection_stats(lensed, samples, batch_size=6, max_new_tokens=NEW_TOKENS, progress=False)
     for a, b in zip(want, got):
         assert (a.answer, a.iou, a.parsed, a.region_tokens) == (b.answer, b.iou, b.parsed, b.region_tokens)
         for field in ("output_rows", "input_rows"):
@@ -107,7 +116,7 @@ def test_head_scores_equal_nnsight_within_tolerance(toy, lens, tmp_path):
         # mean may flip on another BLAS, so 1 % of the heads may differ
         assert np.mean(a.neg_entropy == b.neg_entropy) >= 0.99
     nnsight_scores = score_heads(toy, samples, batch_size=6, max_new_tokens=NEW_TOKENS, progress=False)
-    lens_scores = score_heads(toy, samples, batch_size=6, max_new_tokens=NEW_TOKENS, progress=False, backend=lens,
+    lens_scores = score_heads(lensed, samples, batch_size=6, max_new_tokens=NEW_TOKENS, progress=False,
                               run_dir=tmp_path / "detect")
     assert np.abs(nnsight_scores.scores - lens_scores.scores).max() <= STATS_ATOL
     assert np.abs(nnsight_scores.scores).max() > 100 * STATS_ATOL, "scores too small for the tolerance to mean much"
@@ -117,15 +126,15 @@ def test_head_scores_equal_nnsight_within_tolerance(toy, lens, tmp_path):
         score_heads(toy, samples, batch_size=6, max_new_tokens=NEW_TOKENS, progress=False, run_dir=tmp_path / "detect")
 
 
-def test_teacher_forced_scores_equal_nnsight(toy, lens):
+def test_teacher_forced_scores_equal_nnsight(toy, lensed):
     design = dataclasses.replace(resolve_design("vrh"), output_source="teacher_forced")
     samples = synthetic_samples("detect", 4)
     want = score_heads(toy, samples, design, batch_size=4, progress=False)
-    got = score_heads(toy, samples, design, batch_size=4, progress=False, backend=lens)
+    got = score_heads(lensed, samples, design, batch_size=4, progress=False)
     assert np.abs(want.scores - got.scores).max() <= STATS_ATOL and np.abs(want.scores).max() > 100 * STATS_ATOL
 
 
-def test_sweep_answers_boxes_and_accuracies_equal_nnsight(toy, lens, tmp_path):
+def test_sweep_answers_boxes_and_accuracies_equal_nnsight(toy, lensed, tmp_path):
     from vrh_interp.experiments.sweep import sweep
 
     ranking = HeadSet([Head(2, 0), Head(3, 5), Head(2, 6), Head(3, 3)])
@@ -133,7 +142,7 @@ def test_sweep_answers_boxes_and_accuracies_equal_nnsight(toy, lens, tmp_path):
     kwargs = dict(ks=[0, 1, 4], random_seeds=[0], matched=False, batch_size=4, max_new_tokens=NEW_TOKENS,
                   progress=False)
     want = sweep(toy, samples, ranking, **kwargs)
-    got = sweep(toy, samples, ranking, backend=lens, run_dir=tmp_path / "sweep", **kwargs)
+    got = sweep(lensed, samples, ranking, run_dir=tmp_path / "sweep", **kwargs)
     columns = ["condition", "sample_id", "answer", "parsed", "box", "iou"]
     assert want.records[columns].astype(str).equals(got.records[columns].astype(str))
     accuracy = ["condition", "k", "accuracy"]
@@ -147,14 +156,28 @@ def test_sweep_answers_boxes_and_accuracies_equal_nnsight(toy, lens, tmp_path):
 
     values = ablation_values(toy, synthetic_samples("detect", 2))
     with pytest.raises(BackendError, match="zero ablation only, not resample: use the nnsight backend"):
-        sweep(toy, samples, ranking, ablation="resample", ablation_values=values, backend=lens, **kwargs)
+        sweep(lensed, samples, ranking, ablation="resample", ablation_values=values, **kwargs)
+
+
+def test_vqa_answers_equal_nnsight(toy, lensed, tmp_path):
+    """The VQA sweep runs on the handle's backend: the same answers under each condition, the folder records it."""
+    from vrh_interp.data.datasets.synthetic_vqa import synthetic_vqa
+    from vrh_interp.experiments.vqa_sweep import answer_conditions, vqa_sweep
+
+    samples = list(synthetic_vqa("eval", 1))[:3]
+    conditions = [(HeadSet(), ZERO_ABLATION), (HeadSet([Head(2, 0), Head(3, 5)]), ZERO_ABLATION)]
+    want = answer_conditions(toy, samples, conditions, max_new_tokens=6)
+    assert answer_conditions(lensed, samples, conditions, max_new_tokens=6) == want
+    vqa_sweep(lensed, samples, HeadSet([Head(2, 0)]), random_seeds=[0], matched=False, batch_size=3,
+              run_dir=tmp_path / "vqa", progress=False)
+    assert json.loads((tmp_path / "vqa" / "manifest.json").read_text())["backend"] == "transformer-lens"
 
 
 def test_attention_rows_and_head_patching_equal_across_backends():
     """The seam's other calls on a tiny fixture: per-row attention rows (real query rows) and patched logits (real
     tokens) agree to 1e-5 between the nnsight templates and the bridge."""
     vlm = tiny_vlm("llava")
-    nnsight, lens = get_backend("nnsight", vlm), get_backend("transformer-lens", vlm)
+    nnsight, lens = backend_for(vlm), backend_for(vlm.on(backend="transformer-lens"))
     batch = vlm.encode_grounding([noise_image(83, 61, seed=1), noise_image(64, 96, seed=2)],
                                  ["the red circle", "the cat left of the dog"])
     s = batch.prompt_length
@@ -290,16 +313,15 @@ def test_refusals_come_before_any_work_in_one_line(tmp_path, capsys, monkeypatch
             cli.main([*argv, "--out", str(tmp_path / "runnable")])
 
 
-def test_the_patching_study_refuses_a_backend_that_cannot_run_it_before_any_work(toy, lens, tmp_path):
+def test_the_patching_study_refuses_a_backend_that_cannot_run_it_before_any_work(toy, tmp_path):
     from vrh_interp.core.backends.base import check_supported
-    from vrh_interp.core.backends.select import backend_type
     from vrh_interp.experiments.patching_study import detect_and_study
 
-    for backend in ("transformer-lens", lens):
-        with pytest.raises(BackendError, match="does not run activation patching .*--backend nnsight"):
-            detect_and_study(toy, tmp_path / "study", detect_scenes=2, backend=backend)
-        assert not (tmp_path / "study").exists()
-    assert backend_type("nnsight") is NnsightBackend and backend_type(lens) is lens
+    placed = toy.on(backend="transformer-lens")  # not built: the refusal reads the class, no model copy
+    with pytest.raises(BackendError, match="does not run activation patching .*--backend nnsight"):
+        detect_and_study(placed, tmp_path / "study", detect_scenes=2)
+    assert not (tmp_path / "study").exists() and placed._backend is None
+    assert backend_type("nnsight") is NnsightBackend and backend_type(toy) is NnsightBackend
     check_supported(NnsightBackend, ablation_kinds=["zero", "mean", "resample"], operations=["patching"])
     with pytest.raises(BackendError, match="unknown backend"):
         backend_type("jax")

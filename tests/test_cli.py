@@ -180,8 +180,8 @@ def test_demo_budget_cap_skips_steps_and_their_claims_read_inconclusive(tmp_path
 
 
 def test_remote_flag_runs_detection_through_ndif_and_never_prints_the_key(tmp_path, capsys, monkeypatch):
-    """``--remote`` means ``remote=True`` with nnsight's configured host and key: here a host where nothing
-    listens, so the run fails with the clear error, and the key appears nowhere (output or run folder)."""
+    """``--remote`` places the model with ``vlm.on(remote=True)``: nnsight's configured host and key, here a host
+    where nothing listens, so the run fails with the clear error, and the key appears nowhere (output or run folder)."""
     import nnsight
 
     from tests.ndif_server import free_port

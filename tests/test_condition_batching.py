@@ -126,7 +126,7 @@ def test_remote_request_equals_local():
     samples = _eval_samples()
     conditions = _conditions(vlm, values)[:7]
     local = ground_conditions(vlm, samples, conditions, max_new_tokens=4)
-    assert ground_conditions(vlm, samples, conditions, max_new_tokens=4, remote="local") == local
+    assert ground_conditions(vlm.on(remote="local"), samples, conditions, max_new_tokens=4) == local
 
 
 @pytest.mark.parametrize("family", TINY_FAMILIES)

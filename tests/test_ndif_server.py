@@ -2,8 +2,8 @@
 
 The slow tests start the open-source NDIF stack on 127.0.0.1 in its own Python environment, where
 vrh_interp is NOT importable (asserted), deploy the shipped toy VLM (model a) on a CPU actor, and check that
-VRH scoring (``score_heads(..., remote=True)``: one request per batch), an ablated greedy generation and the
-patching entry points run with ``remote=True`` give exactly the local results. They are skipped, with the
+VRH scoring (``score_heads(vlm.on(remote=True), ...)``: one request per batch), an ablated greedy generation and the
+patching entry points run on a remote handle give exactly the local results. They are skipped, with the
 precise reason, when the server environment or redis is missing (see
 ``tests.ndif_server``); a stack that is installed but fails is a failure.
 """
@@ -67,14 +67,14 @@ def test_server_down_is_a_clear_error_naming_the_host() -> None:
     batch = vlm.encode_grounding([grounding_samples("detect", 0)[0].image], ["the red circle"])
     host = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     with client_host(host), pytest.raises(RemoteExecutionError, match="could not reach an NDIF server at " + host):
-        iv.run_forward(vlm, batch.encoding, remote=True)
+        iv.run_forward(vlm.on(remote=True), batch.encoding)
 
 
 def test_model_loaded_from_a_folder_without_remote_id_says_to_pass_one() -> None:
     vlm = toy_vlm(remote_id=None)  # a local folder: nnsight would ask the hub for its id
     batch = vlm.encode_grounding([grounding_samples("detect", 0)[0].image], ["the red circle"])
     with client_host(f"http://127.0.0.1:{free_port()}"), pytest.raises(RemoteExecutionError, match="remote_id"):
-        iv.run_forward(vlm, batch.encoding, remote=True)
+        iv.run_forward(vlm.on(remote=True), batch.encoding)
 
 
 # ------------------------------------------------------------------ slow: a real server
@@ -134,10 +134,10 @@ def test_remote_scoring_and_ablated_generation_equal_local_on_a_real_server(
     original_generate = iv.run_generate
 
     def counted_generate(*args: Any, **kwargs: Any) -> Any:
-        requests.append(kwargs.get("remote", False))
+        requests.append(args[0].remote)  # the handle holds where it runs
         return original_generate(*args, **kwargs)
 
-    monkeypatch.setattr(iv, "run_generate", counted_generate)  # counts requests; remote= is score_heads' own
+    monkeypatch.setattr(iv, "run_generate", counted_generate)  # counts requests; the handle says where each goes
     vlm = toy_vlm()
     samples = [grounding_samples("detect", i)[0] for i in range(3)]
     batch = vlm.encode_grounding([s.image for s in samples], [s.expression for s in samples])
@@ -160,10 +160,10 @@ def test_remote_scoring_and_ablated_generation_equal_local_on_a_real_server(
 
     requests.clear()
     with client_host(ndif.host), count_local_forwards(vlm) as remote_local_calls:
-        remote_scores = score_heads(vlm, samples, batch_size=2, max_new_tokens=12, progress=False, remote=True)
+        remote_scores = score_heads(vlm.on(remote=True), samples, batch_size=2, max_new_tokens=12, progress=False)
         assert requests == [True, True]  # 3 samples in batches of 2: one request per batch
-        remote_generate = iv.run_generate(vlm, batch.encoding, [ablation], max_new_tokens=10, remote=True)
-        remote_forward = iv.run_forward(vlm, batch.encoding, [ablation], remote=True)
+        remote_generate = iv.run_generate(vlm.on(remote=True), batch.encoding, [ablation], max_new_tokens=10)
+        remote_forward = iv.run_forward(vlm.on(remote=True), batch.encoding, [ablation])
     assert remote_local_calls[0] == 0, "a remote run must not run the local model"
 
     assert_same(local_scores.scores, remote_scores.scores, "scores")
@@ -179,20 +179,20 @@ def test_remote_scoring_and_ablated_generation_equal_local_on_a_real_server(
 
 @pytest.mark.slow
 def test_patching_entry_points_equal_local_on_a_real_server(ndif: LocalNDIF) -> None:
-    """Patching with ``remote=True`` equals the local run. The server freezes the weights (``requires_grad_(False)``),
-    which attribution patching must handle, and ships only what each trace references."""
+    """Patching on a remote handle (``vlm.on(remote=True)``) equals the local run. The server freezes the weights
+    (``requires_grad_(False)``), which attribution patching must handle, and ships only what each trace references."""
     vlm = toy_vlm()
     pairs = prepare_pairs(vlm, make_pairs("referent_moved", 3), targets="ground_truth")
     heads = HeadSet(["L0H1", "L1H2"])
     runs = {
-        "patch_each_head": lambda remote: patch_each_head(vlm, pairs, heads=heads, progress=False,
-                                                          remote=remote).frame,
-        "patch_head_set": lambda remote: patch_head_set(vlm, pairs, heads, remote=remote),
-        "patched_answers": lambda remote: patched_answers(vlm, pairs, heads, max_new_tokens=6, remote=remote),
-        "attribution_patching": lambda remote: attribution_patching(vlm, pairs, remote=remote).per_pair,
-        "position_patching": lambda remote: position_patching(vlm, pairs, [Head(1, 2)],
-                                                              regions=("clean_referent",), remote=remote),
-        "direct_and_total_effect": lambda remote: direct_and_total_effect(vlm, pairs, heads, remote=remote),
+        "patch_each_head": lambda remote: patch_each_head(vlm.on(remote=remote), pairs, heads=heads,
+                                                          progress=False).frame,
+        "patch_head_set": lambda remote: patch_head_set(vlm.on(remote=remote), pairs, heads),
+        "patched_answers": lambda remote: patched_answers(vlm.on(remote=remote), pairs, heads, max_new_tokens=6),
+        "attribution_patching": lambda remote: attribution_patching(vlm.on(remote=remote), pairs).per_pair,
+        "position_patching": lambda remote: position_patching(vlm.on(remote=remote), pairs, [Head(1, 2)],
+                                                              regions=("clean_referent",)),
+        "direct_and_total_effect": lambda remote: direct_and_total_effect(vlm.on(remote=remote), pairs, heads),
     }
     local = {name: run(False) for name, run in runs.items()}
     assert np.abs(local["attribution_patching"]).max() > 0
@@ -214,11 +214,11 @@ def test_templates_reach_the_server_only_because_vrh_interp_registers_itself(
     vlm = toy_vlm()
     batch = vlm.encode_grounding([grounding_samples("detect", 0)[0].image], ["the red circle"])
     ablation = iv.head_ablation(vlm, HeadSet(["L0H0"]))
-    monkeypatch.setattr(iv, "prepare_remote", lambda remote: None)
+    monkeypatch.setattr(iv, "prepare_remote", lambda vlm: None)
     monkeypatch.setattr(cloudpickle_impl, "_PICKLE_BY_VALUE_MODULES",
                         cloudpickle_impl._PICKLE_BY_VALUE_MODULES - {"vrh_interp"})
     with client_host(ndif.host), pytest.raises(RemoteExecutionError) as raised:
-        iv.run_forward(vlm, batch.encoding, [ablation], remote=True)
+        iv.run_forward(vlm.on(remote=True), batch.encoding, [ablation])
     message = str(raised.value)
     assert "No module named 'vrh_interp'" in message and "nnsight.register" in message, message
 
@@ -228,6 +228,6 @@ def test_a_model_the_server_does_not_serve_is_a_clear_error(ndif: LocalNDIF) -> 
     vlm = toy_vlm(remote_id="vrh-interp/not-deployed")
     batch = vlm.encode_grounding([grounding_samples("detect", 0)[0].image], ["the red circle"])
     with client_host(ndif.host), pytest.raises(RemoteExecutionError) as raised:
-        iv.run_forward(vlm, batch.encoding, remote=True)
+        iv.run_forward(vlm.on(remote=True), batch.encoding)
     message = str(raised.value)
     assert "vrh-interp/not-deployed" in message and "remote_id" in message, message

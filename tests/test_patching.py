@@ -439,7 +439,7 @@ def test_freezing_at_the_unpatched_values_changes_nothing():
     g = vlm.geometry
     _, encoding = pairs.encode(vlm)
     rows, positions, layers = pairs.corrupted_rows(), pairs.positions("answer"), list(range(g.num_layers))
-    heads_out, mlps_out = _corrupted_values(vlm, encoding, rows, positions, layers, False)
+    heads_out, mlps_out = _corrupted_values(vlm, encoding, rows, positions, layers)
     freeze = FreezeComponents({l: iv.projection_path(vlm)(l) for l in layers}, {l: mlp_path(vlm, l) for l in layers},
                               {l: tuple(range(g.num_heads)) for l in layers}, g.num_heads, g.head_dim, tuple(rows),
                               positions, heads_out, mlps_out)

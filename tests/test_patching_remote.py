@@ -1,7 +1,7 @@
 """Every patching entry point through the serialised remote path equals its local run.
 
-``remote="local"`` makes nnsight serialise each request exactly as it would for NDIF (templates, index
-tensors, the traced code), then run it in-process; the results must be bit-identical to ``remote=False``.
+A ``vlm.on(remote="local")`` handle makes nnsight serialise each request exactly as it would for NDIF (templates, index
+tensors, the traced code), then run it in-process; the results must be bit-identical to the local handle's.
 The real-server counterpart is tests/test_ndif_server.py (slow).
 """
 
@@ -36,7 +36,7 @@ def test_prepare_pairs_greedy_targets() -> None:
     vlm = tiny_vlm("llava")
     raw = make_pairs("different_image", 4)  # the kind whose greedy answers differ on this fixture
     local = prepare_pairs(vlm, raw, targets="greedy", max_new_tokens=4)
-    remote = prepare_pairs(vlm, raw, targets="greedy", max_new_tokens=4, remote="local")
+    remote = prepare_pairs(vlm.on(remote="local"), raw, targets="greedy", max_new_tokens=4)
     assert local.n > 0
     assert (remote.clean_answers, remote.corrupted_answers) == (local.clean_answers, local.corrupted_answers)
     assert [p.pair_id for p in remote.pairs] == [p.pair_id for p in local.pairs]
@@ -47,7 +47,7 @@ def test_prepare_pairs_greedy_targets() -> None:
 
 def test_baseline(pairs: PairBatch) -> None:
     vlm = tiny_vlm("llava")
-    local, remote = baseline(vlm, pairs), baseline(vlm, pairs, remote="local")
+    local, remote = baseline(vlm, pairs), baseline(vlm.on(remote="local"), pairs)
     assert not np.array_equal(local.clean, local.corrupted), "the pairs must differ for recovery to mean anything"
     np.testing.assert_array_equal(remote.clean, local.clean)
     np.testing.assert_array_equal(remote.corrupted, local.corrupted)
@@ -56,7 +56,7 @@ def test_baseline(pairs: PairBatch) -> None:
 def test_patch_each_head(pairs: PairBatch) -> None:
     vlm = tiny_vlm("llava")
     local = patch_each_head(vlm, pairs, heads_per_forward=4, progress=False)
-    remote = patch_each_head(vlm, pairs, heads_per_forward=4, progress=False, remote="local")
+    remote = patch_each_head(vlm.on(remote="local"), pairs, heads_per_forward=4, progress=False)
     assert len(local.frame) == vlm.geometry.total_heads and local.frame["recovery"].notna().all()
     pd.testing.assert_frame_equal(remote.frame, local.frame, check_exact=True)
     assert remote.per_pair.keys() == local.per_pair.keys()
@@ -68,7 +68,7 @@ def test_patch_each_head(pairs: PairBatch) -> None:
 def test_patch_head_set(pairs: PairBatch, positions: str) -> None:
     vlm = tiny_vlm("llava")
     local = patch_head_set(vlm, pairs, HEADS, positions=positions)
-    remote = patch_head_set(vlm, pairs, HEADS, positions=positions, remote="local")
+    remote = patch_head_set(vlm.on(remote="local"), pairs, HEADS, positions=positions)
     assert np.isfinite(local["recovery"]) and local["recovery"] != 0
     assert remote == local
 
@@ -76,7 +76,7 @@ def test_patch_head_set(pairs: PairBatch, positions: str) -> None:
 def test_patched_answers(pairs: PairBatch) -> None:
     vlm = tiny_vlm("llava")
     local = patched_answers(vlm, pairs, HEADS, max_new_tokens=4)
-    remote = patched_answers(vlm, pairs, HEADS, max_new_tokens=4, remote="local")
+    remote = patched_answers(vlm.on(remote="local"), pairs, HEADS, max_new_tokens=4)
     assert len(local) == pairs.n and local["patched_answer"].str.len().gt(0).all()
     pd.testing.assert_frame_equal(remote, local, check_exact=True)
 
@@ -89,7 +89,7 @@ def test_attribution_patching(pairs: PairBatch, method: str) -> None:
     ``TypeError: 'NoneType' object does not support the context manager protocol``. A server runs it right."""
     vlm = tiny_vlm("llava")
     local = attribution_patching(vlm, pairs, method=method, steps=2)
-    remote = attribution_patching(vlm, pairs, method=method, steps=2, remote="local")
+    remote = attribution_patching(vlm.on(remote="local"), pairs, method=method, steps=2)
     assert np.abs(local.per_pair).max() > 0, "the attributions must not be trivially zero"
     np.testing.assert_array_equal(remote.per_pair, local.per_pair)
     pd.testing.assert_frame_equal(remote.frame, local.frame, check_exact=True)
@@ -99,7 +99,7 @@ def test_position_patching(pairs: PairBatch) -> None:
     vlm = tiny_vlm("llava")
     regions = ("clean_referent", "background")
     local = position_patching(vlm, pairs, [Head(1, 2)], regions=regions)
-    remote = position_patching(vlm, pairs, [Head(1, 2)], regions=regions, remote="local")
+    remote = position_patching(vlm.on(remote="local"), pairs, [Head(1, 2)], regions=regions)
     assert local["region"].tolist() == ["head_output", *regions] and local["recovery"].notna().all()
     pd.testing.assert_frame_equal(remote, local, check_exact=True)
 
@@ -107,7 +107,7 @@ def test_position_patching(pairs: PairBatch) -> None:
 def test_direct_and_total_effect(pairs: PairBatch) -> None:
     vlm = tiny_vlm("llava")
     local = direct_and_total_effect(vlm, pairs, HEADS)
-    remote = direct_and_total_effect(vlm, pairs, HEADS, remote="local")
+    remote = direct_and_total_effect(vlm.on(remote="local"), pairs, HEADS)
     assert all(np.isfinite(v) for v in local.values() if isinstance(v, float))
     assert remote == local
 
@@ -117,7 +117,7 @@ def test_collect_head_features_from_greedy_answers() -> None:
     vlm = tiny_vlm("llava")
     samples = [grounding_samples("eval", i, difficulty=0)[0] for i in range(2)]
     local = collect_head_features(vlm, samples, position="answer_mean", max_new_tokens=4)
-    remote = collect_head_features(vlm, samples, position="answer_mean", max_new_tokens=4, remote="local")
+    remote = collect_head_features(vlm.on(remote="local"), samples, position="answer_mean", max_new_tokens=4)
     assert local.values.abs().max() > 0
     assert (remote.position, remote.layers) == (local.position, local.layers)
     assert torch.equal(remote.values, local.values)
@@ -129,7 +129,7 @@ def test_export_preference_pairs(tmp_path) -> None:
     heads = HeadSet([Head(0, 2)])  # flips some first answer tokens of this fixture (see test_preferences.py)
     kwargs = dict(control_seeds=(0,), batch_size=2, max_new_tokens=1)
     local = export_preference_pairs(vlm, samples, heads, tmp_path / "local" / "pairs.jsonl", **kwargs)
-    remote = export_preference_pairs(vlm, samples, heads, tmp_path / "remote" / "pairs.jsonl", remote="local",
+    remote = export_preference_pairs(vlm.on(remote="local"), samples, heads, tmp_path / "remote" / "pairs.jsonl",
                                      **kwargs)
     assert local["n_pairs"].sum() > 0
     pd.testing.assert_frame_equal(remote.drop(columns="path"), local.drop(columns="path"), check_exact=True)

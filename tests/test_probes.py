@@ -186,7 +186,7 @@ def test_features_through_serialised_remote_path_are_identical():
     vlm = tiny_vlm("llava")
     samples = _scene_samples(2)
     local = collect_head_features(vlm, samples, layers=[1])
-    remote = collect_head_features(vlm, samples, layers=[1], remote="local")
+    remote = collect_head_features(vlm.on(remote="local"), samples, layers=[1])
     assert remote.layers == (1,)
     torch.testing.assert_close(remote.values, local.values, rtol=0, atol=0)
 

@@ -115,7 +115,7 @@ def test_a_silent_server_times_out_with_a_message_naming_the_host(short_timeouts
     with server(mode) as host, client_host(host):
         started = time.monotonic()
         with pytest.raises(RemoteExecutionError) as raised:
-            iv.run_forward(vlm, batch.encoding, remote=True)
+            iv.run_forward(vlm.on(remote=True), batch.encoding)
         elapsed = time.monotonic() - started
     message = str(raised.value)
     assert f"the NDIF server at {host} {stage}" in message, message
@@ -132,7 +132,7 @@ def test_dns_failure_is_not_called_a_host_that_is_no_ndif_api() -> None:
     batch = vlm.encode_grounding([noise_image(64, 48)], ["the red circle"])
     host = "http://no-such-host.invalid"  # .invalid never resolves (RFC 2606)
     with client_host(host), pytest.raises(RemoteExecutionError) as raised:
-        iv.run_forward(vlm, batch.encoding, remote=True)
+        iv.run_forward(vlm.on(remote=True), batch.encoding)
     message = str(raised.value)
     assert f"could not resolve the NDIF host {host}" in message and "spelling" in message, message
     assert "is this host an NDIF API" not in message
@@ -160,7 +160,7 @@ def test_nothing_listening_is_still_a_refused_connection() -> None:
     batch = vlm.encode_grounding([noise_image(64, 48)], ["the red circle"])
     host = f"http://127.0.0.1:{free_port()}"
     with client_host(host), pytest.raises(RemoteExecutionError, match="could not reach an NDIF server at " + host):
-        iv.run_forward(vlm, batch.encoding, remote=True)
+        iv.run_forward(vlm.on(remote=True), batch.encoding)
 
 
 def test_the_installed_nnsight_has_every_private_name_the_timeouts_use() -> None:

@@ -197,12 +197,12 @@ def test_remote_sweep_failing_mid_way_resumes_without_losing_or_repeating_answer
     # replicated across the conditions of every pass)
     samples = _on_flaky_storage(clean, clean[3].sample_id, fail_on=2)
     with pytest.raises(DatasetError, match="connection reset"):
-        sweep(vlm, samples, vlm.geometry.all_heads(), run_dir=tmp_path / "run", remote="local", max_batch_rows=4,
+        sweep(vlm.on(remote="local"), samples, vlm.geometry.all_heads(), run_dir=tmp_path / "run", max_batch_rows=4,
               **SWEEP)
     written = RecordLog(tmp_path / "run" / "sweep_records.jsonl").read()
     # every condition of the first batch (6 passes of 2 conditions); the failing batch left nothing
     assert len(written) == 11 * 2 and {r["sample_id"] for r in written} == {s.sample_id for s in clean[:2]}
-    resumed = sweep(vlm, samples, vlm.geometry.all_heads(), run_dir=tmp_path / "run", remote="local",
+    resumed = sweep(vlm.on(remote="local"), samples, vlm.geometry.all_heads(), run_dir=tmp_path / "run",
                     max_batch_rows=4, **SWEEP)
     fresh = sweep(vlm, clean, vlm.geometry.all_heads(), max_batch_rows=2, **SWEEP)  # local, one condition a pass
     pd.testing.assert_frame_equal(resumed.records, fresh.records)

@@ -197,13 +197,14 @@ def test_teacher_forced_statistics_equal_brute_force(family):
 @pytest.mark.parametrize("design", ["vrh", ScoringDesign("output", "sum", "mean", output_source="teacher_forced")],
                          ids=["greedy", "teacher_forced"])
 def test_score_heads_through_the_serialised_remote_path_equals_the_local_run(design, tmp_path):
-    """``remote="local"`` serialises each batch's request exactly as for NDIF, then runs it in-process."""
+    """A ``vlm.on(remote="local")`` handle serialises each batch's request exactly as for NDIF, then runs it
+    in-process."""
     from vrh_interp.scoring.detect import load_stats, score_heads
 
     vlm = tiny_vlm("llava")
     samples = _samples(3)
     local = score_heads(vlm, samples, design, batch_size=2, max_new_tokens=4, progress=False)
-    remote = score_heads(vlm, samples, design, batch_size=2, max_new_tokens=4, progress=False, remote="local",
+    remote = score_heads(vlm.on(remote="local"), samples, design, batch_size=2, max_new_tokens=4, progress=False,
                          run_dir=tmp_path / "run")
     assert np.ptp(local.scores) > 0, "scores must not be trivially constant"
     np.testing.assert_array_equal(remote.scores, local.scores)

@@ -127,18 +127,18 @@ def test_patching_a_run_into_itself_changes_nothing(family):
 
 
 def test_templates_survive_remote_serialisation(family):
-    """``remote="local"`` serialises the request as the NDIF path does, with local modules hidden."""
+    """A ``vlm.on(remote="local")`` handle serialises the request as the NDIF path does, with local modules hidden."""
     vlm = tiny_vlm(family)
     batch = _batch(vlm)
     templates = [iv.attention_readout(vlm, [-1]), iv.head_ablation(vlm, _heads(vlm)), iv.head_output_capture(vlm, [0])]
     local = iv.run_forward(vlm, batch.encoding, templates)
-    remote = iv.run_forward(vlm, batch.encoding, templates, remote="local")
+    remote = iv.run_forward(vlm.on(remote="local"), batch.encoding, templates)
     torch.testing.assert_close(remote.logits, local.logits, rtol=0, atol=0)
     for a, b in zip(local.values, remote.values):
         for layer in a:
             torch.testing.assert_close(b[layer], a[layer], rtol=0, atol=0)
     gen_local = iv.run_generate(vlm, batch.encoding, templates[1:2], max_new_tokens=3)
-    gen_remote = iv.run_generate(vlm, batch.encoding, templates[1:2], max_new_tokens=3, remote="local")
+    gen_remote = iv.run_generate(vlm.on(remote="local"), batch.encoding, templates[1:2], max_new_tokens=3)
     assert torch.equal(gen_local.ids, gen_remote.ids)
 
 

@@ -194,11 +194,11 @@ def test_without_transformer_lens_the_backend_names_the_extra(monkeypatch):
     import importlib.util
 
     from vrh_interp.core.backends.base import BackendError
-    from vrh_interp.core.backends.select import get_backend
+    from vrh_interp.core.backends.select import backend_for
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "transformer_lens" else real(name, *a))
     with pytest.raises(BackendError, match=r"pip install 'vrh-interp\[tl\]'") as info:
-        get_backend("transformer-lens", tiny_vlm(SUPPORTED_FAMILIES[0]))
+        backend_for(tiny_vlm(SUPPORTED_FAMILIES[0]).on(backend="transformer-lens"))
     assert "\n" not in str(info.value)

@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from vrh_interp.core.boxes import Box, BoxParseFailure, InvalidBoxError
     from vrh_interp.experiments.sweep import sweep
     from vrh_interp.core.heads import Head, HeadGeometry, HeadOutOfRangeError, HeadSet
-    from vrh_interp.core.model import VLM, wrap
+    from vrh_interp.core.model import VLM, Placement, wrap
     from vrh_interp.specs import load, load_spec
     from vrh_interp.scoring.design import PRESETS, ScoringDesign
     from vrh_interp.scoring.detect import score_heads
@@ -24,7 +24,7 @@ _EXPORTS = {name: module for module, names in {
     "vrh_interp.core.boxes": ("Box", "BoxParseFailure", "InvalidBoxError"),
     "vrh_interp.experiments.sweep": ("sweep",),
     "vrh_interp.core.heads": ("Head", "HeadGeometry", "HeadOutOfRangeError", "HeadSet"),
-    "vrh_interp.core.model": ("VLM", "wrap"),
+    "vrh_interp.core.model": ("VLM", "Placement", "wrap"),
     "vrh_interp.specs": ("load", "load_spec"),
     "vrh_interp.scoring.design": ("PRESETS", "ScoringDesign"),
     "vrh_interp.scoring.detect": ("score_heads",),
@@ -49,6 +49,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "Box", "BoxParseFailure", "InvalidBoxError", "Head", "HeadGeometry", "HeadOutOfRangeError", "HeadSet",
-    "HeadScores", "PRESETS", "published", "ScoringDesign", "VLM", "load", "load_spec", "wrap", "score_heads",
+    "HeadScores", "PRESETS", "published", "Placement", "ScoringDesign", "VLM", "load", "load_spec", "wrap",
+    "score_heads",
     "sweep", "__version__",
 ]

@@ -26,10 +26,22 @@ if TYPE_CHECKING:  # imported where used: `vrh --help` must not pay for pandas, 
     import pandas as pd
 
 
+def _placement(args: argparse.Namespace) -> Any:
+    """Where the command runs the model (``core.model.Placement``): ``--backend`` and ``--remote`` where it has them."""
+    from vrh_interp.core.model import Placement
+
+    return Placement(getattr(args, "backend", "nnsight"), getattr(args, "remote", False))
+
+
 def _load_model(spec: str, device: str | None, dtype: str | None) -> Any:
     from vrh_interp.specs import load_spec
 
     return load_spec(spec, device, dtype)
+
+
+def _placed_model(args: argparse.Namespace) -> Any:
+    """``--model`` loaded (``--device``, ``--dtype``) and placed once (``_placement``): every step reads the handle."""
+    return _load_model(args.model, args.device, args.dtype).on(_placement(args))
 
 
 def _check_backend(args: argparse.Namespace, *, operations: Sequence[str] = ()) -> None:
@@ -304,17 +316,16 @@ def cmd_detect(args: argparse.Namespace) -> int:
     from vrh_interp.scoring.detect import collect_detection_stats, score_heads
     from vrh_interp.data.sources import load_data
 
-    vlm = _load_model(args.model, args.device, args.dtype)
+    vlm = _placed_model(args)
     samples = load_data(args.data)
     out = Path(args.out)
     if args.shard is not None:
         stats = collect_detection_stats(vlm, samples, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
                                         output_source=resolve_design(args.preset).output_source, run_dir=out,
-                                        dataset=args.data, shard=args.shard, remote=args.remote,
-                                        backend=args.backend)
+                                        dataset=args.data, shard=args.shard)
         return _shard_done(args, len(stats))
     scores = score_heads(vlm, samples, args.preset, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
-                         run_dir=out, dataset=args.data, remote=args.remote, backend=args.backend)
+                         run_dir=out, dataset=args.data)
     _print_scores(scores, scores.save(out / f"scores-{args.preset}.json"), args.preset, args.top, args.json)
     return 0
 
@@ -358,7 +369,7 @@ def _ablation_values(args: argparse.Namespace, vlm: Any, scores: Any) -> Any:
 def _saved_ablation_values(args: argparse.Namespace, vlm: Any, detection: Any) -> Any:
     from vrh_interp.evaluation.grounding import ablation_values
 
-    values = ablation_values(vlm, detection, batch_size=args.batch_size, remote=args.remote, progress=not args.json)
+    values = ablation_values(vlm, detection, batch_size=args.batch_size, progress=not args.json)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     values.save(Path(args.out) / "ablation_values.pt")
     return values
@@ -404,7 +415,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     vrhs = parse_heads(args.vrhs) if args.vrhs else None  # a bad name fails before the model loads
     _check_backend(args)
-    vlm = _load_model(args.model, args.device, args.dtype)
+    vlm = _placed_model(args)
     scores = HeadScores.load(args.scores) if vrhs is None else None
     samples = load_data(args.data)
     values = _ablation_values(args, vlm, scores)
@@ -414,8 +425,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     live = _live_pool(args, vlm, samples, head_ranking, ks)
     result = sweep(vlm, samples, ranking, ks=ks, random_seeds=_control_seeds(args), matched=not args.no_matched,
                    exclude_first_layer=args.exclude_first_layer, iou_threshold=args.iou, batch_size=args.batch_size,
-                   max_new_tokens=args.max_new_tokens, run_dir=args.out, shard=args.shard, remote=args.remote,
-                   ablation=args.ablation, ablation_values=values, backend=args.backend, live=live)
+                   max_new_tokens=args.max_new_tokens, run_dir=args.out, shard=args.shard,
+                   ablation=args.ablation, ablation_values=values, live=live)
     if args.shard is not None:
         return _shard_done(args, len(result.records))
     write_atomic(Path(args.out) / "sweep_summary.csv", result.summary().to_csv(index=False))
@@ -433,7 +444,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
     from vrh_interp.data.sources import load_data
 
     _check_backend(args)
-    vlm = _load_model(args.model, args.device, args.dtype)
+    vlm = _placed_model(args)
     scores = HeadScores.load(args.scores)
     samples = list(load_data(args.data))
     if args.limit is not None:
@@ -444,8 +455,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
     ablation = ablation_for(args.ablation, _ablation_values(args, vlm, scores), vlm.geometry)
     result = head_scan(vlm, samples, scores, heads=parse_heads(args.heads) if args.heads else None,
                        ablation=ablation, iou_threshold=args.iou, batch_size=args.batch_size,
-                       max_new_tokens=args.max_new_tokens, run_dir=out / "scan", progress=not args.json,
-                       remote=args.remote, backend=args.backend)
+                       max_new_tokens=args.max_new_tokens, run_dir=out / "scan", progress=not args.json)
     facts = write_head_scan(result, out)
     if args.json:
         print(json.dumps({**facts, "csv": str(out / SCAN_CSV), "figure": str(out / SCAN_PNG)}))
@@ -464,31 +474,30 @@ def cmd_design_space(args: argparse.Namespace) -> int:
     from vrh_interp.data.sources import load_data
 
     _check_backend(args)
-    vlm = _load_model(args.model, args.device, args.dtype)
+    vlm = _placed_model(args)
     detect, evaluate = load_data(args.data), load_data(args.eval_data)
     out = Path(args.out)
     # every shard needs ALL detection statistics (they pick the heads to mask): it collects them, or resumes
     # from a merged `vrh detect --shard` folder copied to OUT/detect
     stats = collect_detection_stats(vlm, detect, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
-                                    run_dir=out / "detect", dataset=args.data, remote=args.remote,
-                                    backend=args.backend)
+                                    run_dir=out / "detect", dataset=args.data)
     values = None
     if _needs_reference_values(args.ablation):  # reference outputs from the same detection samples
         from vrh_interp.evaluation.grounding import ablation_values
 
-        values = ablation_values(vlm, detect, batch_size=args.batch_size, remote=args.remote, progress=not args.json)
+        values = ablation_values(vlm, detect, batch_size=args.batch_size, progress=not args.json)
         values.save(out / "ablation_values.pt")
     if args.shard is not None:
         check_disjoint(stats, evaluate)
         plan = design_space_plan(stats, k=args.k, random_seeds=range(args.random_sets), ablation=args.ablation)
         result = run_conditions(vlm, evaluate, plan.conditions,
                                 batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
-                                run_dir=out / "design_space", shard=args.shard, remote=args.remote,
-                                ablation_values=values, backend=args.backend)
+                                run_dir=out / "design_space", shard=args.shard,
+                                ablation_values=values)
         return _shard_done(args, len(result.records))
     table = design_space(vlm, stats, evaluate, k=args.k, random_seeds=range(args.random_sets),
                          batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, run_dir=out,
-                         remote=args.remote, ablation=args.ablation, ablation_values=values, backend=args.backend)
+                         ablation=args.ablation, ablation_values=values)
     write_atomic(out / "design_space.csv", table.to_csv(index=False))
     _print_design_space(table, args.k, args.json)
     return 0
@@ -556,7 +565,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         split_seed=args.split_seed, ks=[int(k) for k in args.ks.split(",")],
         random_seeds=[int(s) for s in args.seeds.split(",")], vqa_k=args.vqa_k, vqa_limit=args.vqa_limit,
         batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, device=args.device, dtype=args.dtype,
-        progress=not args.json, shard=args.shard, remote=args.remote)
+        progress=not args.json, shard=args.shard, placement=_placement(args))
     if args.shard is not None:
         per_condition = result.failure_split[result.failure_split["seed"].astype(str) != "all"]
         return _shard_done(args, int(per_condition["n"].sum()))  # this shard's k-sweep answers
@@ -595,7 +604,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                     random_sets=args.random_sets, curve_sets=args.curve_sets, check_items=args.check_items,
                     vqa_scenes=args.vqa_scenes, control_scenes=args.control_scenes, batch_size=args.batch_size,
                     positive_control=not args.no_positive_control, budget_seconds=args.budget_seconds,
-                    seed=args.seed, backend=args.backend)
+                    seed=args.seed, placement=_placement(args))
 
 
 def cmd_patch(args: argparse.Namespace) -> int:
@@ -604,13 +613,13 @@ def cmd_patch(args: argparse.Namespace) -> int:
     from vrh_interp.experiments.patching_study import answers, detect_and_study
 
     _check_backend(args, operations=["patching"])
-    vlm = _load_model(args.model, args.device, args.dtype)
+    vlm = _placed_model(args)
     top = args.top if args.top is not None else demo_ks(vlm.geometry.total_heads)[1]
     vrhs = parse_heads(args.vrhs) if args.vrhs else None
     study = detect_and_study(vlm, Path(args.out), detect_scenes=args.detect, top=top, vrhs=vrhs,
                              pairs_per_kind=args.pairs, probe_scenes=args.probe_scenes,
                              random_seeds=[int(s) for s in args.seeds.split(",")], targets=args.targets,
-                             metric=args.metric, backend=args.backend)
+                             metric=args.metric)
     if args.json:
         print(json.dumps({"out": args.out, "facts": study.facts,
                           "tables": {k: v.to_dict(orient="records") for k, v in study.tables.items()}}, default=str))

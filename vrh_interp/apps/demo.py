@@ -43,8 +43,9 @@ from vrh_interp.apps.demo_plan import PAPER_FRACTION_RANGE as PAPER_FRACTION_RAN
 from vrh_interp.apps.demo_plan import SCAN_ALL_HEADS as SCAN_ALL_HEADS
 from vrh_interp.apps.demo_plan import SCAN_SAMPLED_HEADS as SCAN_SAMPLED_HEADS
 from vrh_interp.apps.demo_plan import STEPS as STEPS
-from vrh_interp.core.backends.base import Backend
-from vrh_interp.core.backends.select import get_backend
+from vrh_interp.core.backends.base import backend_config
+from vrh_interp.core.backends.select import backend_for, backend_type
+from vrh_interp.core.model import LOCAL, Placement
 from vrh_interp.core.provenance import library_versions, model_provenance, now_utc
 from vrh_interp.apps.report import read_grading, write_report
 from vrh_interp.evaluation.claims import Evidence, claims_text, judge
@@ -61,7 +62,8 @@ BACKEND_STEPS = {
     "transformer-lens": "1 positive control, 2 detection, 3 k-sweep, 4 zero ablation, 5 single-head scan, "
                         "6 design space",
     "nnsight": "2 the head census, 4 mean / resample ablation (the bridge refuses them), 8 transfer (TransformerLens "
-               "4.3 has no InternVL adapter), 9 VQA and 10 overlays (not routed through the backend seam yet)",
+               "4.3 has no InternVL adapter), 9 VQA (kept here: the bridge generates uncached) and 10 overlays "
+               "(nnsight traces)",
 }
 CLAIM_STEPS = {"positive_control": 1, "transfer_control": 1, "causal": 3, "causal_curve": 3, "specific": 3,
                "ablation_kinds": 4, "score_damage": 5, "design_space": 6, "sparse": 7, "stable": 7, "shared": 8,
@@ -119,23 +121,28 @@ def write_overlays(vlm: Any, samples: Sequence[Any], heads: Any, out: Path) -> l
     return paths
 
 
+def _elsewhere(run: DemoRun) -> bool:
+    """Whether the placed steps run on another backend than the nnsight ones: what the run folder records of its
+    backend (``backend_config``: nothing for nnsight), so the demo never names a backend itself."""
+    return bool(backend_config(backend_type(run.placement.backend)))
+
+
 def _load(spec: str, device: str | None, dtype: str | None) -> Any:
     from vrh_interp.specs import load_spec
 
     return load_spec(spec, device, dtype)
 
 
-def _detect(vlm: Any, samples: list[Any], out: Path, batch_size: int,
-            backend: str | Backend = "nnsight") -> tuple[list[Any], Any]:
+def _detect(vlm: Any, samples: list[Any], out: Path, batch_size: int) -> tuple[list[Any], Any]:
     stats = collect_detection_stats(vlm, samples, batch_size=batch_size, max_new_tokens=ANSWER_TOKENS,
-                                    run_dir=out, dataset=f"synthetic:detect:{len(samples)}", backend=backend)
+                                    run_dir=out, dataset=f"synthetic:detect:{len(samples)}")
     provenance = {"model": model_provenance(vlm), "dataset": f"synthetic:detect:{len(samples)}",
                   "libraries": library_versions(), "created": now_utc(), "sample_ids": [s.sample_id for s in samples]}
     return stats, scores_from_stats(stats, "vrh", provenance)
 
 
 def positive_control_step(out: Path, device: str | None, batch_size: int, eval_scenes: int = 30,
-                          backend: str = "nnsight", random_sets: int = 20) -> dict[str, Any] | None:
+                          placement: Placement = LOCAL, random_sets: int = 20) -> dict[str, Any] | None:
     """Step 1: the positive control on ``toy:planted`` (None, saying why, where its checkpoint is not shipped)."""
     from vrh_interp.experiments import positive_control as pc
 
@@ -144,7 +151,7 @@ def positive_control_step(out: Path, device: str | None, batch_size: int, eval_s
         return None
     outcome = pc.run_positive_control(out / "positive_control", device=device, batch_size=batch_size,
                                       detect_scenes=CONTROL_DETECT_SCENES, eval_scenes=eval_scenes,
-                                      random_sets=random_sets, backend=backend)
+                                      random_sets=random_sets, placement=placement)
     print("      " + pc.describe(outcome))
     with pd.option_context("display.width", 200, "display.max_colwidth", 60):
         print(read_grading(out / "positive_control" / "grading.csv").to_string(index=False))
@@ -177,15 +184,15 @@ class DemoRun:
     batch_size: int
     device: str | None
     dtype: str | None
-    backend: str
+    placement: Placement  # where the steps that run on the chosen backend run (``placed``); the others: ``vlm``
     run_control: bool
     transfer_ready: bool
     budget: float | None
     steps: Steps
     evidence: dict[str, Evidence | None] = dataclasses.field(default_factory=dict)
     outcome: dict[str, Any] | None = None
-    vlm: Any = None
-    runner: Any = None
+    vlm: Any = None  # the main model on nnsight, for the steps that stay there (BACKEND_STEPS["nnsight"])
+    placed: Any = None  # the main model at ``placement``
     detect: list[Any] = dataclasses.field(default_factory=list)
     evals: list[Any] = dataclasses.field(default_factory=list)
     checks: list[Any] = dataclasses.field(default_factory=list)
@@ -204,7 +211,7 @@ class DemoRun:
 
 
 def plan_demo(model_spec: str | None, transfer_model: str | None, out: Path, sizes: Sizes, *, seed: int,
-              batch_size: int, device: str | None, dtype: str | None, backend: str, positive_control: bool,
+              batch_size: int, device: str | None, dtype: str | None, placement: Placement, positive_control: bool,
               overlay_items: int, budget_seconds: float | None, started: float) -> DemoRun:
     """The models, sizes and cap of a demo; the request recorded in (or checked against) ``out``."""
     from vrh_interp.experiments import positive_control as pc
@@ -216,20 +223,22 @@ def plan_demo(model_spec: str | None, transfer_model: str | None, out: Path, siz
     budget = float(budget_seconds) if budget_seconds and budget_seconds > 0 else None
     request = {"model": model_spec, "transfer_model": transfer_model if transfer_ready else None,
                "positive_control": run_control, "sizes": dataclasses.asdict(sizes), "seed": seed,
-               "overlay_items": overlay_items, **({"backend": backend} if backend != "nnsight" else {})}
+               "overlay_items": overlay_items, **backend_config(backend_type(placement.backend))}
     _request(out, request)
     print(f"      sizes (fixed, not from a clock): {dataclasses.asdict(sizes)}; seed {seed}"
           + (f"; capped at {budget:.0f} s (claims of skipped steps: inconclusive)" if budget else ""), flush=True)
-    return DemoRun(out, model_spec, transfer_model, why, sizes, seed, batch_size, device, dtype, backend, run_control,
+    return DemoRun(out, model_spec, transfer_model, why, sizes, seed, batch_size, device, dtype, placement, run_control,
                    transfer_ready, budget, Steps(started, budget))
 
 
 def load_main_model(run: DemoRun) -> None:
-    """The main model, its backend and the fixed items: detection scenes, evaluation items, check subset, ks."""
+    """The main model (on nnsight, and placed: ``DemoRun.placed``, its backend built here so that an unsupported
+    family is refused before any step) and the fixed items: detection scenes, evaluation items, check subset, ks."""
     run.vlm = _load(run.model_spec, run.device, run.dtype)
-    run.runner = get_backend(run.backend, run.vlm)
-    if run.backend != "nnsight":
-        print(textwrap.fill(f"backend {run.backend}: {BACKEND_STEPS.get(run.backend, 'every step')}; on nnsight: "
+    run.placed = run.vlm.on(run.placement)
+    name = backend_for(run.placed).name
+    if _elsewhere(run):
+        print(textwrap.fill(f"backend {name}: {BACKEND_STEPS.get(name, 'every step')}; on nnsight: "
                             f"{BACKEND_STEPS['nnsight']}", TERMINAL_WIDTH, initial_indent="      ",
                             subsequent_indent="      "), flush=True)
     run.detect = synthetic_samples("detect", run.sizes.detect_scenes)
@@ -241,7 +250,7 @@ def load_main_model(run: DemoRun) -> None:
 def detect_step(run: DemoRun) -> None:
     """Step 2: detection, the paper's scores, the head census and the main sweep's conditions."""
     run.steps.open(2, f"detecting heads of {run.model_spec} on {len(run.detect)} held-out scenes; head census")
-    run.stats, run.scores = _detect(run.vlm, run.detect, run.out / "detect", run.batch_size, backend=run.runner)
+    run.stats, run.scores = _detect(run.placed, run.detect, run.out / "detect", run.batch_size)
     run.scores.save(run.out / "scores-vrh.json")
     overlap = sorted({s.sample_id for s in run.detect} & {s.sample_id for s in run.evals})
     if overlap:
@@ -263,8 +272,8 @@ def sweep_step(run: DemoRun) -> None:
     if not run.steps.open(3, f"k-sweep on all {len(run.evals)} referents of {run.sizes.eval_scenes} disjoint scenes, "
                              f"ks={run.ks} (k*={run.k_star}), {len(run.conditions)} conditions"):
         return
-    result = run.result = run_conditions(run.vlm, run.evals, run.conditions, batch_size=run.batch_size,
-                                         max_new_tokens=ANSWER_TOKENS, run_dir=run.out / "sweep", backend=run.runner)
+    result = run.result = run_conditions(run.placed, run.evals, run.conditions, batch_size=run.batch_size,
+                                         max_new_tokens=ANSWER_TOKENS, run_dir=run.out / "sweep")
     result.summary(bootstrap_seed=run.seed).to_csv(run.out / "sweep_summary.csv", index=False)
     run.evidence["causal"] = ev.causal_evidence(result.records, run.conditions, run.k_star, seed=run.seed)
     run.evidence["causal_curve"] = ev.curve_evidence(result.records, run.conditions, seed=run.seed)
@@ -309,8 +318,8 @@ def scan_step(run: DemoRun) -> None:
         return
     from vrh_interp.experiments.head_scan import head_scan, write_head_scan
 
-    write_head_scan(head_scan(run.vlm, run.checks, run.scores, heads=scanned, batch_size=run.batch_size,
-                              max_new_tokens=ANSWER_TOKENS, run_dir=run.out / "scan", backend=run.runner), run.out)
+    write_head_scan(head_scan(run.placed, run.checks, run.scores, heads=scanned, batch_size=run.batch_size,
+                              max_new_tokens=ANSWER_TOKENS, run_dir=run.out / "scan"), run.out)
     table = pd.read_csv(run.out / "head_scan.csv")
     run.evidence["score_damage"] = ev.score_damage_evidence(table["score"], table["drop"], seed=run.seed)
 
@@ -319,8 +328,8 @@ def design_space_step(run: DemoRun) -> None:
     """Step 6: the scoring design space at k*."""
     if not run.steps.open(6, f"design space at k={run.k_star} on the {len(run.checks)} fixed items"):
         return
-    design = design_space(run.vlm, run.stats, run.checks, k=run.k_star, random_seeds=run.seeds,
-                          batch_size=run.batch_size, max_new_tokens=ANSWER_TOKENS, run_dir=run.out, backend=run.runner)
+    design = design_space(run.placed, run.stats, run.checks, k=run.k_star, random_seeds=run.seeds,
+                          batch_size=run.batch_size, max_new_tokens=ANSWER_TOKENS, run_dir=run.out)
     design.to_csv(run.out / "design_space.csv", index=False)
     from vrh_interp.experiments.design_space import design_space_plan
     from vrh_interp.experiments.sweep import sweep_from_run
@@ -425,8 +434,8 @@ def report_step(run: DemoRun, table: pd.DataFrame, overlay_items: int, started: 
     elapsed = time.perf_counter() - started
     (out / "demo.json").write_text(json.dumps({
         "model": run.model_spec, "transfer_model": run.transfer_model if run.transfer_ready else None,
-        "model_choice": run.why, "backend": run.backend,
-        "backend_steps": dict(BACKEND_STEPS) if run.backend != "nnsight" else None, "seconds": elapsed,
+        "model_choice": run.why, "backend": run.placement.backend,
+        "backend_steps": dict(BACKEND_STEPS) if _elsewhere(run) else None, "seconds": elapsed,
         "budget_seconds": run.budget, "seed": run.seed, "k_star": k_star, "ks": run.ks,
         "sizes": dataclasses.asdict(run.sizes), "evaluation_items": len(run.evals), "census": run.pool.summary(),
         "steps": timing.to_dict(orient="records"), "top_heads": run.scores.top(k_star).to_list(),
@@ -456,7 +465,7 @@ def run_demo(*, model_spec: str | None = None, out: Path = Path("runs/demo"), de
              random_sets: int | None = None, curve_sets: int | None = None, check_items: int | None = None,
              vqa_scenes: int | None = None, control_scenes: int | None = None, overlay_items: int = 3,
              positive_control: bool = True, budget_seconds: float | None = None, seed: int = 0,
-             backend: str = "nnsight") -> int:
+             placement: Placement = LOCAL) -> int:
     """The whole demo into ``out`` (module doc): ``plan_demo``, then one function per step. Returns the exit status."""
     started = time.perf_counter()
     given = {"detect_scenes": detect_scenes, "eval_scenes": eval_scenes, "check_items": check_items,
@@ -464,11 +473,11 @@ def run_demo(*, model_spec: str | None = None, out: Path = Path("runs/demo"), de
              "curve_sets": curve_sets}
     sizes = dataclasses.replace(DEFAULT_SIZES, **{k: v for k, v in given.items() if v is not None})
     run = plan_demo(model_spec, transfer_model, out, sizes, seed=seed, batch_size=batch_size, device=device,
-                    dtype=dtype, backend=backend, positive_control=positive_control, overlay_items=overlay_items,
+                    dtype=dtype, placement=placement, positive_control=positive_control, overlay_items=overlay_items,
                     budget_seconds=budget_seconds, started=started)
     if run.run_control and run.steps.open(1, "positive control: the same pipeline on toy:planted, whose retrieval "
                                              "heads are known"):
-        run.outcome = positive_control_step(out, device, batch_size, sizes.control_scenes, backend=backend,
+        run.outcome = positive_control_step(out, device, batch_size, sizes.control_scenes, placement=placement,
                                             random_sets=sizes.random_sets)
     load_main_model(run)
     for step in DEMO_STEPS:

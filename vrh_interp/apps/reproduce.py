@@ -42,6 +42,7 @@ from vrh_interp.experiments.vqa_sweep import VQASweepResult, vqa_sweep, vqa_swee
 from vrh_interp.experiments.sweep import (CONTROL_KINDS, SweepResult, failure_counts, largest_usable_k, sweep,
                                          sweep_from_run)
 from vrh_interp.experiments.merge import ShardMergeError, check_shards_together, merge_runs, read_shard_folder
+from vrh_interp.core.model import LOCAL, Placement
 from vrh_interp.core.runs import RunFolder, write_json_atomic
 from vrh_interp.scoring.detect import score_heads
 from vrh_interp.scoring.scores import HeadScores
@@ -107,13 +108,14 @@ def run_reproduce(model_spec: str, data_spec: str, vqa_specs: Sequence[str] = ()
                   random_seeds: Sequence[int] = PAPER_RANDOM_SEEDS, vqa_k: int = PAPER_VQA_K,
                   vqa_limit: int | None = None, batch_size: int = 8, max_new_tokens: int = 24,
                   device: str | None = None, dtype: str | None = None, progress: bool = True,
-                  shard: Shard | None = None, remote: bool | str = False) -> ReproduceResult:
+                  shard: Shard | None = None, placement: Placement = LOCAL) -> ReproduceResult:
     """The whole protocol into ``out`` (see the module doc).
 
     With ``shard``, every shard runs the (short) detection in full, so all shards mask the same heads, and
     only its shard of the k-sweep and VQA samples; it writes no tables (its result's tables cover its samples
-    only). ``merge_reproduce_runs`` (``vrh merge``) joins the shard folders and writes the tables. ``remote`` is
-    passed to detection, the k-sweep and the VQA sweep (batched requests); it is not part of the run folder's
+    only). ``merge_reproduce_runs`` (``vrh merge``) joins the shard folders and writes the tables. ``placement``
+    (``core.model.Placement``: backend and remote) places the model once (``VLM.on``); detection, the k-sweep and
+    the VQA sweep run where it says (remote: batched requests). Remote is not part of the run folder's
     configuration, so a remote run may resume a local one.
     """
     from vrh_interp.specs import load_spec
@@ -128,13 +130,13 @@ def run_reproduce(model_spec: str, data_spec: str, vqa_specs: Sequence[str] = ()
     say = print if progress else (lambda *_: None)
     part = "" if shard is None else f" (shard {shard}: its samples only)"
 
-    vlm = load_spec(model_spec, device, dtype)
+    vlm = load_spec(model_spec, device, dtype).on(placement)
     samples = load_data(data_spec)
     split = detection_split(samples, detect_count, seed=split_seed, evaluation_count=evaluation_count)
     write_json_atomic(out / "split.json", {**split.as_dict(), "skipped_rows": len(getattr(samples, "skipped", ()))})
     say(f"[1/4] detecting heads on {len(split.detection)} samples of {data_spec}")
     scores = score_heads(vlm, list(split.detection), "vrh", batch_size=batch_size, max_new_tokens=max_new_tokens,
-                         run_dir=out / "detect", dataset=data_spec, progress=progress, remote=remote)
+                         run_dir=out / "detect", dataset=data_spec, progress=progress)
     scores.save(out / "scores-vrh.json")
 
     total = vlm.geometry.total_heads
@@ -142,16 +144,14 @@ def run_reproduce(model_spec: str, data_spec: str, vqa_specs: Sequence[str] = ()
     say(f"[2/4] k-sweep on {len(split.evaluation)} disjoint samples{part}, ks={used_ks} ({total} heads), "
         f"random seeds {list(random_seeds)}")
     result = sweep(vlm, list(split.evaluation), scores, ks=used_ks, random_seeds=random_seeds, batch_size=batch_size,
-                   max_new_tokens=max_new_tokens, run_dir=out / "sweep", progress=progress, shard=shard,
-                   remote=remote)
+                   max_new_tokens=max_new_tokens, run_dir=out / "sweep", progress=progress, shard=shard)
     vqa_result = None
     if vqa_specs:
         used_vqa_k = min(vqa_k, max(used_ks))
         suite = load_vqa_suite(vqa_specs, vqa_limit)
         say(f"[3/4] VQA suite: {len(suite)} questions{part}, top-{used_vqa_k} heads vs {used_vqa_k} random heads")
         vqa_result = vqa_sweep(vlm, suite, scores.ranking()[:used_vqa_k], random_seeds=random_seeds,
-                               batch_size=batch_size, run_dir=out / "vqa", progress=progress, shard=shard,
-                               remote=remote)
+                               batch_size=batch_size, run_dir=out / "vqa", progress=progress, shard=shard)
     else:
         say("[3/4] no VQA benchmarks given: Table 3 skipped")
     if shard is not None:

@@ -7,8 +7,9 @@ the templates applied at EVERY step (prefill and each decode step) through nnsig
 open-ended loop does not run; bounding the loop would need ``min_new_tokens``, which changes greedy
 outputs by suppressing EOS).
 
-With ``remote=True`` (NDIF) a failed run raises ``RemoteExecutionError``, whose message names the host and
-model key and says what to do (docs/recipes/remote.md); ``remote_errors`` gives the same to your own traces.
+Where a run goes is the handle's (``vlm.remote``, set by ``vlm.on(remote=...)``; ``core.model``): with a remote
+handle (NDIF) a failed run raises ``RemoteExecutionError``, whose message names the host and model key and says what
+to do (docs/recipes/remote.md); ``remote_errors(vlm)`` gives the same to your own traces.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ OPEN_LOOP_WARNING = r".*was never reached.*"
 
 
 class RemoteExecutionError(RuntimeError):
-    """A ``remote=True`` run failed: the NDIF server was unreachable, refused the request, or the traced code
-    raised on the server. The message names the host and model key and says what to do; the original
+    """A remote run (``vlm.on(remote=True)``) failed: the NDIF server was unreachable, refused the request, or the
+    traced code raised on the server. The message names the host and model key and says what to do; the original
     exception is chained (``__cause__``)."""
 
 
@@ -45,17 +46,19 @@ def _remote_hint(message: str) -> str:
     if "deploy" in lowered or "not running" in lowered or "not found" in lowered or "no replica" in lowered:
         return ("the server does not serve this model key: check nnsight.is_model_running(...) / the server's "
                 "deployments, and that VLM.remote_id spells the id exactly as deployed")
-    return "the traceback above is the server's; the same call with remote=False runs it locally"
+    return "the traceback above is the server's; the same call on vlm.on(remote=False) runs it locally"
 
 
 @contextlib.contextmanager
-def remote_errors(model: Any, remote: bool | str) -> Iterator[None]:
-    """Turn a failed remote run into a ``RemoteExecutionError`` that says what to do (local runs untouched).
+def remote_errors(vlm: VLM) -> Iterator[None]:
+    """Turn a failed remote run of ``vlm`` (``vlm.remote``) into a ``RemoteExecutionError`` that says what to do
+    (local runs untouched). For your own traces: ``with remote_errors(vlm), vlm.nn.trace(..., remote=vlm.remote):``.
 
     nnsight reports a refused connection as a bare ``ConnectionRefusedError`` from its websocket client, a
     model it cannot name as a hub error, and a server-side failure as ``RemoteError`` carrying only the
     server's text; none of them names the host or the model key.
     """
+    remote = vlm.remote
     if not remote or remote == "local":
         yield
         return
@@ -66,7 +69,7 @@ def remote_errors(model: Any, remote: bool | str) -> Iterator[None]:
 
     host = remote if isinstance(remote, str) else nnsight.CONFIG.API.HOST
     try:
-        key = f"model key {model.to_model_key()!r}"  # minted once, cached by nnsight
+        key = f"model key {vlm.nn.to_model_key()!r}"  # minted once, cached by nnsight
     except Exception as err:  # noqa: BLE001 - any failure to name the model has the same fix
         raise RemoteExecutionError(
             f"cannot name this model for the NDIF server ({type(err).__name__}: {err}); nnsight asks the hub "
@@ -90,24 +93,40 @@ def remote_errors(model: Any, remote: bool | str) -> Iterator[None]:
         raise RemoteExecutionError(
             f"could not reach an NDIF server at {host} ({type(err).__name__}: {err}); set the host with "
             "nnsight.CONFIG.API.HOST or the NDIF_HOST environment variable, check the server is up, or run "
-            "with remote=False to compute locally") from err
+            "on vlm.on(remote=False) to compute locally") from err
     except Exception as err:
         if type(err).__name__ == "WebSocketAddressException":  # the websocket client's DNS failure
             raise RemoteExecutionError(
                 f"could not resolve the NDIF host {host} ({err}): check its spelling (nnsight.CONFIG.API.HOST or "
-                "NDIF_HOST) and this machine's network and DNS, or run with remote=False to compute locally") from err
+                "NDIF_HOST) and this machine's network and DNS, or run on vlm.on(remote=False) to compute locally"
+            ) from err
         if type(err).__module__.startswith("websocket"):  # e.g. a host that is not an NDIF API
             raise RemoteExecutionError(f"the NDIF connection to {host} failed ({type(err).__name__}: {err}); "
                                        "is this host an NDIF API (nnsight.CONFIG.API.HOST)?") from err
         raise
 
 
-def prepare_remote(remote: bool | str) -> None:
-    """Ship vrh_interp's template code with a remote request (the server need not have it installed).
+class NotNnsightError(ValueError):
+    """A handle placed on a backend that runs no nnsight traces was given to a method that traces the model."""
+
+
+def nnsight_model(vlm: VLM) -> Any:
+    """``vlm.nn``, the model to trace, for a handle whose backend runs nnsight traces (``vlm.runs_nnsight_traces``);
+    a handle placed elsewhere (``vlm.on(backend="transformer-lens")``) is refused in one line, so a method that
+    traces the model never runs silently on another backend than the handle says."""
+    if not vlm.runs_nnsight_traces:
+        raise NotNnsightError(f"this method traces the model with nnsight, but the model handle is placed on the "
+                              f"{vlm.backend_name} backend: run it on vlm.on(backend='nnsight') (--backend nnsight)")
+    return vlm.nn
+
+
+def prepare_remote(vlm: VLM) -> None:
+    """Ship vrh_interp's template code with ``vlm``'s requests when it runs remotely (the server need not have it
+    installed).
 
     ``nnsight.register`` makes cloudpickle serialise the package by value; it is idempotent.
     """
-    if remote:
+    if vlm.remote:
         import nnsight
 
         nnsight.register("vrh_interp")
@@ -176,8 +195,8 @@ def replicate_encoding(encoding: Mapping[str, Any], times: int) -> dict[str, Any
 
 def generate_conditions(vlm: VLM, encoding: Mapping[str, Any], conditions: Sequence[tuple[HeadSet | None, Ablation]],
                         *, max_new_tokens: int, segments: torch.Tensor | None = None,
-                        sample_ids: Sequence[str] | None = None, remote: bool | str = False,
-                        shared_prefix: bool = True, **generate_kwargs: Any) -> list[torch.Tensor]:
+                        sample_ids: Sequence[str] | None = None, shared_prefix: bool = True,
+                        **generate_kwargs: Any) -> list[torch.Tensor]:
     """Greedy generation of ONE batch under several conditions ``(heads, ablation)`` in one pass: the batch is
     replicated per condition (``replicate_encoding``) and each block masked with its own heads and kind
     (``condition_ablation``). Returns one ``[batch, prompt + new]`` id tensor per condition. One condition runs
@@ -188,13 +207,13 @@ def generate_conditions(vlm: VLM, encoding: Mapping[str, Any], conditions: Seque
     after its rows' EOS (``VLM.decode_answers`` stops at both). ``segments`` / ``sample_ids`` (of the original
     batch) are needed for mean / resample conditions. ``shared_prefix``: where several rows show the same image
     (a scene's referents) and every condition zero-ablates, the image prefix runs once per image and condition
-    (``shared_image_prefix``; local runs only)."""
+    (``shared_image_prefix``; local runs only: not on a remote handle)."""
     if not conditions:
         raise ValueError("generate_conditions needs at least one condition")
     rows = int(encoding["input_ids"].shape[0])
     masked = [(h, a) for h, a in conditions if h is not None and len(h)]
     # a per-sample kind (resample) gives each row its own values, so rows that share an image differ in the prefix
-    if shared_prefix and not remote and all(not a.method.per_sample and (segments is not None or
+    if shared_prefix and not vlm.remote and all(not a.method.per_sample and (segments is not None or
                                                                          not a.replaces_by_segment)
                                             for _, a in masked):
         prefix = shared_image_prefix(vlm, encoding)
@@ -210,11 +229,10 @@ def generate_conditions(vlm: VLM, encoding: Mapping[str, Any], conditions: Seque
     if len(conditions) == 1:
         heads, ablation = conditions[0]
         templates = [head_ablation(vlm, heads, ablation, segments=segments, sample_ids=sample_ids)] if masked else []
-        return [run_generate(vlm, encoding, templates, max_new_tokens=max_new_tokens, remote=remote,
-                             **generate_kwargs).ids]
+        return [run_generate(vlm, encoding, templates, max_new_tokens=max_new_tokens, **generate_kwargs).ids]
     templates = [condition_ablation(vlm, conditions, rows, segments=segments, sample_ids=sample_ids)] if masked else []
     ids = run_generate(vlm, replicate_encoding(encoding, len(conditions)), templates, max_new_tokens=max_new_tokens,
-                       remote=remote, **generate_kwargs).ids
+                       **generate_kwargs).ids
     return list(ids.split(rows, dim=0))
 
 
@@ -328,7 +346,7 @@ def _generate_from_prefix(vlm: VLM, encoding: Mapping[str, Any], conditions: Seq
         suffix_segments = torch.full((rows, longest), PAD, dtype=segments.dtype)
         for r, suffix in enumerate(suffixes):
             suffix_segments[r, longest - len(suffix):] = segments[r, prefix.starts[r] + length:]
-    model = vlm.nn
+    model = nnsight_model(vlm)
     with torch.no_grad():
         if masked:
             template = condition_ablation(vlm, conditions, images, segments=prefix_segments)
@@ -413,13 +431,13 @@ class GenerateResult:
     steps: list[list[dict[int, torch.Tensor]]]  # per step, per template: {layer: value}
 
 
-def run_forward(vlm: VLM, encoding: Mapping[str, Any], templates: Sequence[LayerTemplate] = (),
-                *, remote: bool | str = False) -> ForwardResult:
+def run_forward(vlm: VLM, encoding: Mapping[str, Any], templates: Sequence[LayerTemplate] = ()) -> ForwardResult:
+    """One ``model.trace`` with ``templates`` applied, where ``vlm`` runs (``vlm.remote``)."""
     import nnsight
 
-    model = vlm.nn
-    prepare_remote(remote)
-    with torch.no_grad(), remote_errors(model, remote):
+    model, remote = nnsight_model(vlm), vlm.remote
+    prepare_remote(vlm)
+    with torch.no_grad(), remote_errors(vlm):
         with model.trace(**dict(encoding), remote=remote):
             values = nnsight.save(apply_in_order(model, templates))
             logits = nnsight.save(model.output.logits)
@@ -427,13 +445,14 @@ def run_forward(vlm: VLM, encoding: Mapping[str, Any], templates: Sequence[Layer
 
 
 def run_generate(vlm: VLM, encoding: Mapping[str, Any], templates: Sequence[LayerTemplate] = (), *,
-                 max_new_tokens: int, remote: bool | str = False, **generate_kwargs: Any) -> GenerateResult:
+                 max_new_tokens: int, **generate_kwargs: Any) -> GenerateResult:
+    """``model.generate`` with ``templates`` at every step, where ``vlm`` runs (``vlm.remote``)."""
     import nnsight
 
-    model = vlm.nn
-    prepare_remote(remote)
+    model, remote = nnsight_model(vlm), vlm.remote
+    prepare_remote(vlm)
     generate_kwargs.setdefault("do_sample", False)
-    with torch.no_grad(), warnings.catch_warnings(), remote_errors(model, remote):
+    with torch.no_grad(), warnings.catch_warnings(), remote_errors(vlm):
         warnings.filterwarnings("ignore", message=OPEN_LOOP_WARNING)
         if not templates:  # an iter loop that touches no module would never advance
             with model.generate(**dict(encoding), max_new_tokens=max_new_tokens, remote=remote,

@@ -13,10 +13,22 @@ Remote runs (NDIF) name the model by a key nnsight mints from the hub id the wra
 from; a model loaded from a local folder has no such id, and minting one asks the hub. ``remote_id``
 (on ``wrap`` / ``load`` / ``VLM``) gives the id the server deployed the model under, used verbatim, with no
 hub call (see docs/recipes/remote.md).
+
+One model handle (issue 32): a ``VLM`` also says WHERE it runs, its ``Placement`` (a backend name, "nnsight" or
+"transformer-lens", and ``remote``: False, True for NDIF at nnsight's configured host, a host URL, or "local" to
+serialise as for NDIF and run here). ``vlm.on(backend=..., remote=...)`` gives a handle that shares the loaded
+model and runs elsewhere; every method reads the placement from the handle, none takes ``remote=`` or
+``backend=``. The operations under conditions (generate, attention readout, capture, patch) are the handle's
+backend, ``vrh_interp.core.backends.select.backend_for(vlm)``: built once per handle from its placement and kept
+on it (``_backend``; a TransformerLens bridge copies the model, so it is built once). The backend is not built here
+because the backends are built ON this class (``core.backends.base`` imports ``core.model``): ``core.model``
+declares the placement, ``core.backends`` turns it into a runtime, and nothing here imports a backend, so the import
+graph stays a downward one without a registry filled at import time.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -28,6 +40,7 @@ import torch
 from PIL import Image
 
 from vrh_interp.core._display import card_html, card_text
+from vrh_interp.core.backends import BACKENDS, NNSIGHT_TRACES
 from vrh_interp.core.families import FamilyAdapter, adapter_for_config
 from vrh_interp.core.families.base import BoxFrame, VisualLayout
 from vrh_interp.core.heads import HeadGeometry
@@ -87,9 +100,28 @@ class GroundingBatch:
         return enc
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where a ``VLM`` runs: ``backend`` (one of ``vrh_interp.core.backends.BACKENDS``) and ``remote`` (False: here;
+    True: NDIF at nnsight's configured host; a host URL; "local": serialised as for NDIF, run here). Remote runs go
+    through nnsight (the backend refuses otherwise, when it is built)."""
+
+    backend: str = "nnsight"
+    remote: bool | str = False
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"unknown backend {self.backend!r}: use one of {', '.join(BACKENDS)}")
+        if not isinstance(self.remote, (bool, str)):
+            raise TypeError(f"remote must be a bool or a host string, got {self.remote!r}")
+
+
+LOCAL = Placement()
+
+
 @dataclass
 class VLM:
-    """A vision-language model ready for head-level work."""
+    """A vision-language model ready for head-level work, and where it runs (``placement``; module doc)."""
 
     hf_model: Any
     processor: Any
@@ -97,7 +129,36 @@ class VLM:
     model_id: str | None = None
     revision: str | None = None
     remote_id: str | None = None  # the hub id an NDIF server serves this model under (None: nnsight's default)
+    placement: Placement = LOCAL
     _nnsight_model: Any = field(default=None, repr=False)
+    _backend: Any = field(default=None, repr=False, compare=False)  # built by core.backends.select.backend_for
+    _shared: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)  # what handles from ``on`` share
+
+    def on(self, placement: Placement | None = None, *, backend: str | None = None,
+           remote: bool | str | None = None) -> "VLM":
+        """This model placed elsewhere: a new handle sharing ``hf_model``, ``processor`` and the nnsight wrapper,
+        running on ``backend`` and ``remote`` (each unchanged when not given), or at ``placement``. Its backend
+        is built on first use (a TransformerLens bridge once per handle: keep the handle and pass it around)."""
+        where = placement or self.placement
+        where = Placement(where.backend if backend is None else backend, where.remote if remote is None else remote)
+        if where == self.placement:
+            return self
+        return dataclasses.replace(self, placement=where, _backend=None)  # ``_shared``: the same dict, not a copy
+
+    @property
+    def remote(self) -> bool | str:
+        """Where nnsight runs this model's traces (``Placement.remote``): every method reads it from here."""
+        return self.placement.remote
+
+    @property
+    def backend_name(self) -> str:
+        return self.placement.backend
+
+    @property
+    def runs_nnsight_traces(self) -> bool:
+        """Whether the handle's backend runs nnsight traces (``core.backends.NNSIGHT_TRACES``): what the methods
+        that trace the model themselves (``core.interventions``, patching, probes, overlays) need."""
+        return self.backend_name in NNSIGHT_TRACES
 
     def _card(self) -> tuple[str, list[tuple[str, str]]]:
         g = self.geometry
@@ -112,6 +173,8 @@ class VLM:
             rows.append(("revision", self.revision))
         if self.remote_id and self.remote_id != self.model_id:
             rows.append(("remote id", self.remote_id))
+        if self.placement != LOCAL:
+            rows.append(("runs on", self.backend_name + (f", remote={self.remote!r}" if self.remote else "")))
         return f"VLM {self.model_id or '(no id)'}", rows
 
     def __repr__(self) -> str:
@@ -132,6 +195,8 @@ class VLM:
     @property
     def nn(self) -> Any:
         """The nnsight ``TransformersModel`` wrapping ``hf_model`` (built on first use)."""
+        if self._nnsight_model is None and "nn" in self._shared:  # built by a handle this one shares the model with
+            self._nnsight_model = self._shared["nn"]
         if self._nnsight_model is None:
             import nnsight
 
@@ -144,6 +209,7 @@ class VLM:
                     self.hf_model, task="image-text-to-text", processor=self.processor,
                     remote_id=self.remote_id, revision=self.revision,
                 )
+            self._shared["nn"] = self._nnsight_model  # wrapping twice would replace the forwards twice
         return self._nnsight_model
 
     @property
@@ -228,8 +294,8 @@ def wrap(model: Any, processor: Any, *, adapter: FamilyAdapter | None = None, mo
          revision: str | None = None, remote_id: str | None = None, attention: Any = None) -> VLM:
     """Wrap a HF ``*ForConditionalGeneration`` already in memory (any device / dtype).
 
-    ``remote_id``: the hub id an NDIF server deployed this model under, for ``remote=True`` runs of a model
-    loaded from a local folder or on a machine without hub access (used verbatim; spell it as deployed).
+    ``remote_id``: the hub id an NDIF server deployed this model under, for remote runs (``vlm.on(remote=True)``) of
+    a model loaded from a local folder or on a machine without hub access (used verbatim; spell it as deployed).
     ``attention``: an ``AttentionDescription`` (``vrh_interp.core.families.described``) for attention the adapters do
     not know (remote code); it is checked against the model, ``adapter`` (default: the built-in one) then
     supplies only the visual side (docs/recipes/remote-code-models.md).

@@ -37,12 +37,13 @@ def now_utc() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def remote_provenance(remote: bool | str) -> bool | str:
-    """What a result records of its ``remote=`` argument: ``False``, ``"local"`` or ``True``.
+def remote_provenance(vlm: VLM) -> bool | str:
+    """What a result records of where ``vlm`` ran (``vlm.remote``): ``False``, ``"local"`` or ``True``.
 
-    A host given as ``remote="https://..."`` is recorded as ``True``: neither the host nor nnsight's API key
+    A host given as ``vlm.on(remote="https://...")`` is recorded as ``True``: neither the host nor nnsight's API key
     (``nnsight.CONFIG.API.APIKEY``) is ever written to a result or run folder.
     """
+    remote = vlm.remote
     if remote == "local":
         return "local"
     return bool(remote)

@@ -19,8 +19,7 @@ import torch
 from tqdm.auto import tqdm
 
 from vrh_interp.core import interventions as iv
-from vrh_interp.core.backends.base import Backend
-from vrh_interp.core.backends.select import get_backend
+from vrh_interp.core.backends.select import backend_for
 from vrh_interp.core.boxes import BoxParseFailure
 from vrh_interp.core.heads import HeadSet
 from vrh_interp.core.model import VLM, GroundingBatch
@@ -41,22 +40,21 @@ class GroundingOutcome:
 
 
 def ground_batch(vlm: VLM, samples: Sequence[GroundingSampleLike], *, heads: HeadSet | None = None,
-                 ablation: Ablation = ZERO_ABLATION, max_new_tokens: int = 24,
-                 remote: bool | str = False) -> list[GroundingOutcome]:
+                 ablation: Ablation = ZERO_ABLATION, max_new_tokens: int = 24) -> list[GroundingOutcome]:
     """Greedy answers for one batch with ``heads`` ablated (``ablation``, zero by default) at every step."""
-    return ground_conditions(vlm, samples, [(heads, ablation)], max_new_tokens=max_new_tokens, remote=remote)[0]
+    return ground_conditions(vlm, samples, [(heads, ablation)], max_new_tokens=max_new_tokens)[0]
 
 
 def ground_conditions(vlm: VLM, samples: Sequence[GroundingSampleLike],
                       conditions: Sequence[tuple[HeadSet | None, Ablation]], *, max_new_tokens: int = 24,
-                      remote: bool | str = False, batch: GroundingBatch | None = None,
-                      shared_prefix: bool = True, backend: str | Backend = "nnsight") -> list[list[GroundingOutcome]]:
+                      batch: GroundingBatch | None = None,
+                      shared_prefix: bool = True) -> list[list[GroundingOutcome]]:
     """Greedy answers for one batch under each condition ``(heads, ablation)``, all in ONE generation (condition
     batching, ``interventions.generate_conditions``): per condition, the outcomes ``ground_batch`` gives with
     those heads and that ablation (equal exactly). ``batch`` is the samples' encoding when already made;
     ``shared_prefix``: a scene's referents share their image prefix (``interventions.shared_image_prefix``).
-    ``backend``: a name or ``Backend`` (``vrh_interp.core.backends.base``) that generates."""
-    runner = get_backend(backend, vlm, remote=remote)
+    The handle's backend (``backend_for(vlm)``, placed with ``vlm.on``) generates."""
+    runner = backend_for(vlm)
     if batch is None:
         batch = encode_samples(vlm, samples)
     needs_segments = any(h is not None and len(h) and a.replaces_by_segment for h, a in conditions)
@@ -86,7 +84,7 @@ def _outcomes(vlm: VLM, samples: Sequence[GroundingSampleLike], batch: Grounding
 
 
 def ablation_values(vlm: VLM, samples: Sequence[GroundingSampleLike], *, batch_size: int = 8,
-                    remote: bool | str = False, progress: bool = False) -> AblationValues:
+                    progress: bool = False) -> AblationValues:
     """Per-segment sums of every head's output on ``samples`` (use the detection samples): the reference of
     ``mean`` and ``resample`` ablation. One forward per batch with the ground-truth answer teacher-forced and a
     ``SegmentSumCapture`` at every layer; only ``[batch, segments, width]`` per layer leaves the trace."""
@@ -102,7 +100,7 @@ def ablation_values(vlm: VLM, samples: Sequence[GroundingSampleLike], *, batch_s
         encoding = vlm.teacher_forced(batch, [vlm.tokenizer(a, add_special_tokens=False)["input_ids"]
                                               for a in answers])
         segments = iv.batch_segments(batch, encoding)
-        result = iv.run_forward(vlm, encoding, [SegmentSumCapture(capture, segments)], remote=remote)
+        result = iv.run_forward(vlm, encoding, [SegmentSumCapture(capture, segments)])
         sums.append(torch.stack([result.values[0][layer].cpu() for layer in capture.layers()], dim=1))
         counts.append(torch.stack([(segments == s).sum(1) for s in range(len(SEGMENTS))], dim=1))
     return AblationValues(tuple(s.sample_id for s in samples), torch.cat(sums), torch.cat(counts))

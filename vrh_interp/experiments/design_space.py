@@ -18,7 +18,6 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from vrh_interp.core.backends.base import Backend
 from vrh_interp.experiments.sweep import Condition, SweepResult, control_conditions, run_conditions
 from vrh_interp.evaluation.controls import DEFAULT_RANDOM_SEEDS
 from vrh_interp.core.ablation_kinds import DEFAULT_ABLATION_KIND
@@ -145,26 +144,25 @@ def design_space_from_run(run_dir: str | Path, *, variants: dict[str, ScoringDes
 def design_space(vlm: VLM, stats: Sequence[SampleStats], eval_samples: Sequence[GroundingSampleLike], *, k: int = 20,
                  variants: dict[str, ScoringDesign] | None = None,
                  random_seeds: Sequence[int] = DEFAULT_RANDOM_SEEDS, batch_size: int = 8, max_new_tokens: int = 24,
-                 run_dir: str | Path | None = None, progress: bool = True,
-                 remote: bool | str = False, ablation: str = "zero",
-                 ablation_values: AblationValues | None = None, backend: str | Backend = "nnsight") -> pd.DataFrame:
+                 run_dir: str | Path | None = None, progress: bool = True, ablation: str = "zero",
+                 ablation_values: AblationValues | None = None) -> pd.DataFrame:
     """Mask each variant's top-k heads on ``eval_samples``; rank variants by the accuracy drop they cause.
 
     One unmasked baseline is shared by all variants; variants whose top-k sets coincide are evaluated once;
     ``random_seeds`` random sets of k heads are the control (module doc).
     The evaluation is stored under ``run_dir / "design_space"``. To split it across machines, run
     ``run_conditions(vlm, eval_samples, design_space_plan(stats, k=k).conditions, shard=...)`` per shard, merge
-    the folders (``merge_runs``) and pass ``sweep_from_run(merged)`` to ``design_space_table``. ``remote`` is
-    passed to ``run_conditions`` (one request per batch per condition). Only this function runs the model: the
+    the folders (``merge_runs``) and pass ``sweep_from_run(merged)`` to ``design_space_table``. A remote
+    handle sends one request per batch per condition. Only this function runs the model: the
     plan, the table and the stability analyses work on stored statistics. ``ablation`` "mean" / "resample"
     masks with ``ablation_values`` (``evaluation.grounding.ablation_values`` on the detection samples).
-    ``backend`` (a name or ``Backend``) is passed to ``run_conditions``.
+    The handle's backend (``vlm.on(backend=...)``) runs the conditions.
     """
     check_disjoint(stats, eval_samples)
     plan = design_space_plan(stats, k=k, variants=variants, random_seeds=random_seeds, ablation=ablation)
     result = run_conditions(vlm, eval_samples, plan.conditions, batch_size=batch_size, max_new_tokens=max_new_tokens,
                             run_dir=None if run_dir is None else Path(run_dir) / "design_space", progress=progress,
-                            remote=remote, ablation_values=ablation_values, backend=backend)
+                            ablation_values=ablation_values)
     return design_space_table(plan, result)
 
 

@@ -477,14 +477,15 @@ _MODEL_CACHE: dict[tuple[Any, ...], Any] = {}
 
 
 def _load(model: GridModel) -> Any:
-    """The model, kept loaded for the next cell of the same model (one model at a time per process)."""
+    """The model placed where the spec says (``remote``), kept loaded for the next cell of the same model (one model
+    at a time per process)."""
     from vrh_interp.specs import load_spec
 
     key = (model.spec, model.device_map, model.dtype)
     if key not in _MODEL_CACHE:
         _MODEL_CACHE.clear()
         _MODEL_CACHE[key] = load_spec(model.spec, model.device_map, model.dtype)
-    return _MODEL_CACHE[key]
+    return _MODEL_CACHE[key].on(remote=model.remote)
 
 
 def _scores(grid_dir: Path, spec: GridSpec, model: str, benchmark: str) -> Any:
@@ -500,7 +501,7 @@ def _run_detect(grid_dir: Path, spec: GridSpec, cell: Cell) -> dict[str, Any]:
     o, model, bench = spec.options, spec.models[cell.models[0]], spec.benchmarks[cell.benchmark]
     scores = score_heads(_load(model), load_data(bench.detect), o.preset, batch_size=o.batch_size,
                          max_new_tokens=o.max_new_tokens, run_dir=grid_dir / cell.folder, dataset=bench.detect,
-                         progress=False, remote=model.remote)
+                         progress=False)
     scores.save((grid_dir / cell.folder).parent / f"scores-{o.preset}.json")
     return {"top": scores.top(min(5, scores.scores.size)).to_list()}
 
@@ -514,7 +515,7 @@ def _run_sweep(grid_dir: Path, spec: GridSpec, cell: Cell) -> dict[str, Any]:
     result = sweep(_load(model), load_data(bench.eval), _scores(grid_dir, spec, model.name, cell.benchmark),
                    ks=o.ks, random_seeds=range(o.random_sets), matched=o.matched, iou_threshold=o.iou,
                    batch_size=o.batch_size, max_new_tokens=o.max_new_tokens, run_dir=grid_dir / cell.folder,
-                   progress=False, remote=model.remote, shard=Shard(*cell.shard) if cell.shard else None,
+                   progress=False, shard=Shard(*cell.shard) if cell.shard else None,
                    max_batch_rows=o.max_batch_rows)
     if cell.shard is None:
         write_atomic(grid_dir / cell.folder / "sweep_summary.csv", result.summary().to_csv(index=False))
@@ -543,7 +544,7 @@ def _run_vqa(grid_dir: Path, spec: GridSpec, cell: Cell) -> dict[str, Any]:
     heads = _scores(grid_dir, spec, model.name, bench.heads_from).top(o.vqa_k)
     result = vqa_sweep(_load(model), list(load_vqa(bench.data)), heads, random_seeds=range(o.random_sets),
                        matched=o.matched, batch_size=o.batch_size, run_dir=grid_dir / cell.folder, progress=False,
-                       remote=model.remote, max_batch_rows=o.max_batch_rows)
+                       max_batch_rows=o.max_batch_rows)
     write_atomic(grid_dir / cell.folder / "vqa_summary.csv", result.summary().to_csv(index=False))
     return {"records": len(result.records)}
 
@@ -556,14 +557,14 @@ def _run_transfer(grid_dir: Path, spec: GridSpec, cell: Cell) -> dict[str, Any]:
 
     o = spec.options
     a, b = (spec.models[m] for m in cell.models)
-    vlm_a, vlm_b = (load_spec(m.spec, m.device_map, m.dtype) for m in (a, b))  # both at once: not the cache
+    vlm_a, vlm_b = (load_spec(m.spec, m.device_map, m.dtype).on(remote=m.remote)  # both at once: not the cache
+                    for m in (a, b))
     ks = parse_ks(o.ks, vlm_a.geometry.total_heads)
     result = cross_masking(vlm_a, vlm_b, _scores(grid_dir, spec, a.name, cell.benchmark),
                            _scores(grid_dir, spec, b.name, cell.benchmark),
                            load_data(spec.benchmarks[cell.benchmark].eval), ks=ks, random_seeds=range(o.random_sets),
                            labels=(a.name, b.name), iou_threshold=o.iou, batch_size=o.batch_size,
-                           max_new_tokens=o.max_new_tokens, run_dir=grid_dir / cell.folder, progress=False,
-                           remote=a.remote)
+                           max_new_tokens=o.max_new_tokens, run_dir=grid_dir / cell.folder, progress=False)
     summary = result.summary()
     write_atomic(grid_dir / cell.folder / "cross_masking_summary.csv", summary.to_csv(index=False))
     write_atomic(grid_dir / cell.folder / "transfer_drops.csv", masking_drops(summary, max(ks)).to_csv(index=False))

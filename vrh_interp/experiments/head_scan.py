@@ -28,7 +28,6 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from vrh_interp.core.backends.base import Backend
 from vrh_interp.experiments.sweep import Condition, SweepResult, run_conditions, sweep_from_run
 from vrh_interp.core.heads import Head, HeadSet
 from vrh_interp.core.model import VLM
@@ -114,12 +113,12 @@ class HeadScanResult:
 def head_scan(vlm: VLM, samples: Sequence[GroundingSampleLike], scores: HeadScores | None = None, *,
               heads: HeadSet | None = None, ablation: Ablation = ZERO_ABLATION, iou_threshold: float = 0.5,
               batch_size: int = 8, max_new_tokens: int = 24, run_dir: str | Path | None = None,
-              progress: bool = True, remote: bool | str = False,
-              max_batch_rows: int | None = None, backend: str | Backend = "nnsight") -> HeadScanResult:
+              progress: bool = True,
+              max_batch_rows: int | None = None) -> HeadScanResult:
     """Grounding accuracy on ``samples`` (a fixed subset of evaluation samples) with each of ``heads`` (default:
     every head) ablated alone, against the unmasked baseline; resumable through ``run_dir``. The single-head
     conditions are batched ``max_batch_rows`` rows per generation (``run_conditions``: one batch of samples
-    replicated across many heads, each row masking its own head); ``backend``: ``run_conditions``."""
+    replicated across many heads, each row masking its own head), on the handle's backend."""
     geometry = vlm.geometry
     heads = geometry.validate(heads if heads is not None else geometry.all_heads())
     if not len(heads):
@@ -137,9 +136,8 @@ def head_scan(vlm: VLM, samples: Sequence[GroundingSampleLike], scores: HeadScor
         warnings.warn(transfer["note"], ScoresTransferWarning, stacklevel=2)
     conditions = scan_conditions(heads, geometry.num_heads, ablation.kind)
     result = run_conditions(vlm, samples, conditions, iou_threshold=iou_threshold, batch_size=batch_size,
-                            max_new_tokens=max_new_tokens, run_dir=run_dir, progress=progress, remote=remote,
-                            ablation_values=ablation.values, max_batch_rows=max_batch_rows, heads_source=transfer,
-                            backend=backend)
+                            max_new_tokens=max_new_tokens, run_dir=run_dir, progress=progress,
+                            ablation_values=ablation.values, max_batch_rows=max_batch_rows, heads_source=transfer)
     return HeadScanResult(result, scores)
 
 

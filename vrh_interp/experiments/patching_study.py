@@ -40,8 +40,8 @@ import pandas as pd
 from vrh_interp.data import grounding_samples
 from vrh_interp.evaluation.statistics import empirical_p_value
 from vrh_interp.evaluation.controls import DEFAULT_RANDOM_SEEDS
-from vrh_interp.core.backends.base import Backend, backend_config, check_supported
-from vrh_interp.core.backends.select import backend_type, get_backend
+from vrh_interp.core.backends.base import backend_config, check_supported
+from vrh_interp.core.backends.select import backend_for, backend_type
 from vrh_interp.core.heads import HeadSet
 from vrh_interp.core.model import VLM
 from vrh_interp.viz.tables import markdown_table
@@ -355,13 +355,12 @@ def study_markdown(study: PatchingStudy, title: str, preamble: Sequence[str] = (
 def detect_and_study(vlm: VLM, out: Path, *, detect_scenes: int = 200, top: int = 3, vrhs: HeadSet | None = None,
                      pairs_per_kind: int = 48, probe_scenes: int = 120,
                      random_seeds: Sequence[int] = DEFAULT_RANDOM_SEEDS, targets: str = "greedy",
-                     metric: str = "answer", progress: bool = True,
-                     backend: str | Backend = "nnsight") -> PatchingStudy:
+                     metric: str = "answer", progress: bool = True) -> PatchingStudy:
     """Detect the VRHs on ``detect`` scenes (unless given), run the study on ``eval`` scenes, save it in ``out``.
 
-    ``backend`` must run the whole study (``OPERATIONS["patching"]``: the row-pair patches, mediation, attribution
-    gradients and probes are nnsight templates): one that cannot is refused before any work
-    (``check_supported``), so no study mixes backends. ``facts["backend"]`` names it.
+    The handle's backend (``vlm.on(backend=...)``) must run the whole study (``OPERATIONS["patching"]``: the
+    row-pair patches, mediation, attribution gradients and probes are nnsight templates): one that cannot is refused
+    before any work (``check_supported``), so no study mixes backends. ``facts["backend"]`` names it.
 
     Rerunning with the same arguments returns the finished run from ``out``, or resumes an interrupted one
     (detection batch by batch, the study part by part from ``out/parts``); other arguments are refused.
@@ -372,8 +371,8 @@ def detect_and_study(vlm: VLM, out: Path, *, detect_scenes: int = 200, top: int 
     from vrh_interp.scoring.detect import score_heads
     from vrh_interp.data.sources import synthetic_samples
 
-    check_supported(backend_type(backend), operations=["patching"])
-    runner = get_backend(backend, vlm)
+    check_supported(backend_type(vlm), operations=["patching"])
+    runner = backend_for(vlm)
     if vrhs is not None:  # a published set that does not fit fails here, naming both grids
         check_geometry(vrhs, vlm.geometry)
     config = {"model": model_provenance(vlm), "detect_scenes": detect_scenes, "top": top,
@@ -396,7 +395,7 @@ def detect_and_study(vlm: VLM, out: Path, *, detect_scenes: int = 200, top: int 
     detected = vrhs is None
     if vrhs is None:
         scores = score_heads(vlm, synthetic_samples("detect", detect_scenes), run_dir=out / "detect",
-                             dataset=f"synthetic:detect:{detect_scenes}", progress=progress, backend=runner)
+                             dataset=f"synthetic:detect:{detect_scenes}", progress=progress)
         vrhs = scores.top(top)
     study = run_patching_study(vlm, vrhs, pairs_per_kind=pairs_per_kind, probe_scenes=probe_scenes,
                                random_seeds=random_seeds, targets=targets, metric=metric, progress=progress,

@@ -27,9 +27,10 @@ from typing import Any
 
 import pandas as pd
 
-from vrh_interp.core.backends.select import get_backend
+from vrh_interp.core.backends.select import backend_for
 from vrh_interp.experiments.sweep import Condition, run_conditions, sweep_conditions
 from vrh_interp.core.heads import HeadSet
+from vrh_interp.core.model import LOCAL, Placement
 from vrh_interp.core.provenance import library_versions, model_provenance, now_utc
 from vrh_interp.scoring.detect import collect_detection_stats, scores_from_stats
 from vrh_interp.scoring.grading import grade_detection
@@ -72,7 +73,7 @@ def shipped_partners() -> list[tuple[str, bool]]:
 
 
 def transfer_control(out: Path, vlm: Any, scores: Any, detect: list, evals: list, k: int, random_sets: int, *,
-                     batch_size: int, device: str | None, progress: bool, backend: str = "nnsight",
+                     batch_size: int, device: str | None, progress: bool,
                      seed: int = 0) -> list[dict[str, Any]]:
     """The demo's transfer test (``experiments.transfer.cross_masking`` at k = |P|, ``verdicts.transfer_evidence``,
     the ``shared`` claim's rule) between toy:planted and each shipped partner; one row per partner."""
@@ -83,10 +84,10 @@ def transfer_control(out: Path, vlm: Any, scores: Any, detect: list, evals: list
     rows = []
     for spec, shared in shipped_partners():
         name = spec.split(":", 1)[1]
-        partner = load_planted(device, name)
+        partner = load_planted(device, name).on(vlm.placement)  # where the planted model runs
         stats = collect_detection_stats(partner, detect, batch_size=batch_size, max_new_tokens=ANSWER_TOKENS,
                                         run_dir=out / f"detect_{name}", dataset=f"synthetic:detect:{len(detect)}",
-                                        progress=progress, backend=get_backend(backend, partner))
+                                        progress=progress)
         partner_scores = scores_from_stats(stats, "vrh", {"model": model_provenance(partner),
                                                           "sample_ids": [s.sample_id for s in detect]})
         crossed = cross_masking(vlm, partner, scores, partner_scores, evals, ks=[0, k],
@@ -125,21 +126,21 @@ def transfer_verdict(rows: list[dict[str, Any]]) -> str:
 
 def run_positive_control(out: Path, *, detect_scenes: int = 20, eval_scenes: int = 30, random_sets: int = 20,
                          batch_size: int = 60, device: str | None = None, progress: bool = True,
-                         backend: str = "nnsight", transfer: bool = True) -> dict[str, Any]:
+                         transfer: bool = True, placement: Placement = LOCAL) -> dict[str, Any]:
     """Detect, grade and sweep on ``toy:planted``, then (``transfer``) the transfer test against each shipped
     partner; writes ``out/{grading.csv, sweep_summary.csv, transfer_control.csv, positive_control.json}``
     (resumable through ``out/detect``, ``out/sweep`` and each partner's folders) and returns the summary.
-    ``backend``: the backend name both run on (``vrh_interp.core.backends.select.get_backend``)."""
+    ``placement``: where both run (``core.model.Placement``: backend and remote; ``VLM.on``)."""
     started = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
-    vlm = load_planted(device)
-    runner = get_backend(backend, vlm)
+    vlm = load_planted(device).on(placement)
+    backend_for(vlm)  # built before any work: an unsupported family is refused here
     planted, decoys = declared()
     detect = synthetic_samples("detect", detect_scenes)
     evals = synthetic_samples("eval", eval_scenes)
     stats = collect_detection_stats(vlm, detect, batch_size=batch_size, max_new_tokens=ANSWER_TOKENS,
                                     run_dir=out / "detect", dataset=f"synthetic:detect:{detect_scenes}",
-                                    progress=progress, backend=runner)
+                                    progress=progress)
     grading = grade_detection(stats, planted, decoys)
     grading.to_csv(out / "grading.csv", index=False)
     scores = scores_from_stats(stats, "vrh", {"model": model_provenance(vlm), "libraries": library_versions(),
@@ -150,13 +151,13 @@ def run_positive_control(out: Path, *, detect_scenes: int = 20, eval_scenes: int
     conditions = sweep_conditions(ranking, vlm.geometry, [0, k], list(range(random_sets)))
     conditions.append(Condition("decoys", len(decoys), None, decoys))
     result = run_conditions(vlm, evals, conditions, batch_size=batch_size, max_new_tokens=ANSWER_TOKENS,
-                            run_dir=out / "sweep", progress=progress, backend=runner)
+                            run_dir=out / "sweep", progress=progress)
     summary = result.summary()
     summary.to_csv(out / "sweep_summary.csv", index=False)
     default = grading[grading["design"] == "Q=output, Phi=sum, Omega=mean"].iloc[0]
     outcome = _outcome(summary, k, default, planted, decoys, result)
     outcome["transfer"] = transfer_control(out, vlm, scores, detect, evals, k, random_sets, batch_size=batch_size,
-                                           device=device, progress=progress, backend=backend) if transfer else []
+                                           device=device, progress=progress) if transfer else []
     if outcome["transfer"]:
         pd.DataFrame(outcome["transfer"]).to_csv(out / "transfer_control.csv", index=False)
     outcome.update(seconds=time.perf_counter() - started, detect_scenes=detect_scenes, eval_scenes=eval_scenes)

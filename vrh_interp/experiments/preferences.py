@@ -87,8 +87,7 @@ def control_path(path: Path, seed: int) -> Path:
 def export_preference_pairs(vlm: VLM, samples: Sequence[GroundingSampleLike], heads: HeadSet, path: str | Path, *,
                             control_seeds: Sequence[int] = (0,), batch_size: int = 8, max_new_tokens: int = 24,
                             iou_threshold: float = 0.5, exclude_first_layer: bool = False,
-                            image_reference: Callable[[GroundingSampleLike], str] = image_reference,
-                            remote: bool | str = False) -> pd.DataFrame:
+                            image_reference: Callable[[GroundingSampleLike], str] = image_reference) -> pd.DataFrame:
     """Write VRH-masked pairs to ``path`` and one random-head control per seed next to it; return a summary.
 
     Summary: one row per condition with the masked heads, the pairs written, the identical pairs skipped,
@@ -109,11 +108,11 @@ def export_preference_pairs(vlm: VLM, samples: Sequence[GroundingSampleLike], he
         conditions.append(PreferenceCondition(f"random:seed={seed}", random_control(
             vlm.geometry, heads, len(heads), seed, exclude_first_layer=exclude_first_layer), seed,
             control_path(path, seed)))
-    chosen = _ground_all(vlm, samples, None, batch_size, max_new_tokens, remote)
+    chosen = _ground_all(vlm, samples, None, batch_size, max_new_tokens)
     path.parent.mkdir(parents=True, exist_ok=True)
     rows = []
     for condition in conditions:
-        rejected = _ground_all(vlm, samples, condition.heads, batch_size, max_new_tokens, remote)
+        rejected = _ground_all(vlm, samples, condition.heads, batch_size, max_new_tokens)
         written = identical = 0
         with condition.path.open("w", encoding="utf-8") as handle:
             for sample, reference, good, bad in zip(samples, references, chosen, rejected):
@@ -162,9 +161,9 @@ def preference_record(vlm: VLM, sample: GroundingSampleLike, reference: str, cho
 
 
 def _ground_all(vlm: VLM, samples: Sequence[GroundingSampleLike], heads: HeadSet | None, batch_size: int,
-                max_new_tokens: int, remote: bool | str) -> list[GroundingOutcome]:
+                max_new_tokens: int) -> list[GroundingOutcome]:
     outcomes: list[GroundingOutcome] = []
     for start in range(0, len(samples), batch_size):
         outcomes.extend(ground_batch(vlm, samples[start:start + batch_size], heads=heads,
-                                     max_new_tokens=max_new_tokens, remote=remote))
+                                     max_new_tokens=max_new_tokens))
     return outcomes

@@ -45,8 +45,8 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from vrh_interp.core.backends.base import Backend, backend_config, check_ablation_kinds
-from vrh_interp.core.backends.select import get_backend
+from vrh_interp.core.backends.base import backend_config, check_ablation_kinds
+from vrh_interp.core.backends.select import backend_for, backend_type
 from vrh_interp.core.boxes import Box
 from vrh_interp.core._display import card_html, card_text
 from vrh_interp.evaluation.grounding import encode_samples, ground_conditions
@@ -376,10 +376,10 @@ def sweep(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], ranking: HeadSc
           random_seeds: Sequence[int] = DEFAULT_RANDOM_SEEDS, matched: bool = True,
           detection_ids: Sequence[str] | None = None, exclude_first_layer: bool = False,
           iou_threshold: float = 0.5, batch_size: int = 8, max_new_tokens: int = 24,
-          run_dir: str | Path | None = None, progress: bool = True, remote: bool | str = False,
+          run_dir: str | Path | None = None, progress: bool = True,
           shard: Shard | None = None, ablation: str = "zero",
           ablation_values: AblationValues | None = None, max_batch_rows: int | None = None,
-          backend: str | Backend = "nnsight", live: HeadSet | None = None) -> SweepResult:
+          live: HeadSet | None = None) -> SweepResult:
     """Mask the top-k heads of ``ranking``, ``len(random_seeds)`` random sets and (``matched``) as many
     layer-matched sets per k, and with ``live`` (the live heads of ``evaluation.census.run_census``) as many sets
     drawn from the live heads: a control that inert heads cannot carry. ``ks`` are counts or percentages of all
@@ -388,7 +388,7 @@ def sweep(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], ranking: HeadSc
     detection samples). Conditions are batched ``max_batch_rows`` rows per generation (``run_conditions``). A
     published ranking (``vrh_interp.core.published``) is checked against the model's grid
     (``published.check_geometry``) and its source is recorded as ``heads_source`` in the run folder's manifest.
-    ``backend``: ``run_conditions``."""
+    The model runs where the handle is placed (``run_conditions``)."""
     if isinstance(ranking, HeadScores):
         detection_ids = list(detection_ids or []) + list(ranking.sample_ids)
         head_ranking = ranking.ranking()
@@ -412,9 +412,9 @@ def sweep(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], ranking: HeadSc
                                   exclude_first_layer=exclude_first_layer, matched=matched, ablation=ablation,
                                   live=live)
     return run_conditions(vlm, eval_samples, conditions, iou_threshold=iou_threshold, batch_size=batch_size,
-                          max_new_tokens=max_new_tokens, run_dir=run_dir, progress=progress, remote=remote,
+                          max_new_tokens=max_new_tokens, run_dir=run_dir, progress=progress,
                           shard=shard, ablation_values=ablation_values, max_batch_rows=max_batch_rows,
-                          heads_source=heads_source, backend=backend)
+                          heads_source=heads_source)
 
 
 def ablation_for(kind: str, values: AblationValues | None, geometry: HeadGeometry | None = None) -> Ablation:
@@ -532,10 +532,10 @@ class _GroundingPasses:
     """``answer`` / ``per_pass`` of ``condition_passes`` for grounding: each chunk is encoded once and replicated
     per condition of a pass (``ground_conditions``)."""
 
-    def __init__(self, vlm: VLM, ablations: Mapping[str, Ablation], *, max_new_tokens: int, remote: bool | str,
-                 max_batch_rows: int | None, backend: Backend) -> None:
+    def __init__(self, vlm: VLM, ablations: Mapping[str, Ablation], *, max_new_tokens: int,
+                 max_batch_rows: int | None) -> None:
         self.vlm, self.ablations, self.max_new_tokens = vlm, ablations, max_new_tokens
-        self.remote, self.max_batch_rows, self.backend = remote, max_batch_rows, backend
+        self.max_batch_rows = max_batch_rows
         self._key: tuple[str, ...] | None = None
         self._batch: GroundingBatch | None = None
 
@@ -552,8 +552,8 @@ class _GroundingPasses:
     def answer(self, samples: Sequence[GroundingSampleLike],
                conditions: Sequence[Condition]) -> list[list[dict[str, Any]]]:
         outcomes = ground_conditions(self.vlm, samples, [(c.heads, self.ablations[c.ablation]) for c in conditions],
-                                     max_new_tokens=self.max_new_tokens, remote=self.remote,
-                                     batch=self._encode(samples), backend=self.backend)
+                                     max_new_tokens=self.max_new_tokens,
+                                     batch=self._encode(samples))
         return [[{**o.as_dict(), "other_object_iou": other_object_iou(s, o.box)} for s, o in zip(samples, block)]
                 for block in outcomes]
 
@@ -609,11 +609,9 @@ def run_passes(log: RecordLog | None, chunks: Sequence[Sequence[S]], conditions:
 
 def run_conditions(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], conditions: Sequence[Condition], *,
                    iou_threshold: float = 0.5, batch_size: int = 8, max_new_tokens: int = 24,
-                   run_dir: str | Path | None = None, progress: bool = True,
-                   remote: bool | str = False, shard: Shard | None = None,
+                   run_dir: str | Path | None = None, progress: bool = True, shard: Shard | None = None,
                    ablation_values: AblationValues | None = None,
-                   max_batch_rows: int | None = None, heads_source: Mapping[str, Any] | None = None,
-                   backend: str | Backend = "nnsight") -> SweepResult:
+                   max_batch_rows: int | None = None, heads_source: Mapping[str, Any] | None = None) -> SweepResult:
     """Greedy grounding of every sample under every condition, resumable through ``run_dir``.
 
     Each condition masks its heads with its ``ablation`` kind; "mean" and "resample" need ``ablation_values``
@@ -637,8 +635,8 @@ def run_conditions(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], condit
     with ``sweep_from_run`` for the full result. ``heads_source`` (where the masked heads come from, e.g. a
     published list: ``PublishedSource.to_dict``) is recorded in the manifest when given.
 
-    ``backend`` (a name or ``Backend``: ``vrh_interp.core.backends.base``) generates the answers; one other than
-    nnsight is recorded in the manifest, so a run folder never mixes backends.
+    The handle's backend (``vlm.on(backend=...)``; ``backend_for``) generates the answers; one other than nnsight is
+    recorded in the manifest, so a run folder never mixes backends.
     """
     check_samples(eval_samples, minimum=1, what="evaluation samples")
     check_prompts_fit(vlm, eval_samples, max_new_tokens)
@@ -653,8 +651,8 @@ def run_conditions(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], condit
         raise ValueError(f"duplicate conditions: {keys}")
     if "baseline:k=0" not in keys:
         raise ValueError("conditions must include the unmasked baseline (Condition('baseline', 0, None, HeadSet()))")
-    runner = get_backend(backend, vlm, remote=remote)
-    check_ablation_kinds(runner, [c.ablation for c in conditions if len(c.heads)])
+    check_ablation_kinds(backend_type(vlm), [c.ablation for c in conditions if len(c.heads)])  # before any copy
+    runner = backend_for(vlm)
     ablations = {kind: ablation_for(kind, ablation_values, vlm.geometry)
                  for kind in sorted({c.ablation for c in conditions})}
     config = {"kind": SWEEP.name, "model": model_provenance(vlm), "sample_ids": [s.sample_id for s in eval_samples],
@@ -673,8 +671,8 @@ def run_conditions(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], condit
         return {**{f: known.get(f) for f in outcome_fields}, "condition": cond.key, "kind": cond.kind, "k": cond.k,
                 "seed": cond.seed}
 
-    passes = _GroundingPasses(vlm, ablations, max_new_tokens=max_new_tokens, remote=remote,
-                              max_batch_rows=max_batch_rows, backend=runner)
+    passes = _GroundingPasses(vlm, ablations, max_new_tokens=max_new_tokens,
+                              max_batch_rows=max_batch_rows)
     chunks = [mine[start: start + batch_size] for start in range(0, len(mine), batch_size)]
     order = {c.key: i for i, c in enumerate(conditions)}
     position = {s.sample_id: i for i, s in enumerate(eval_samples)}

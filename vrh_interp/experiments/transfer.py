@@ -123,7 +123,7 @@ def cross_masking(vlm_a: VLM, vlm_b: VLM, scores_a: HeadScores | HeadSet, scores
                   random_seeds: Sequence[int] = DEFAULT_RANDOM_SEEDS, labels: tuple[str, str] = ("A", "B"),
                   mapping: TransferMapping = "identity", iou_threshold: float = 0.5, batch_size: int = 8,
                   max_new_tokens: int = 24, run_dir: str | Path | None = None,
-                  progress: bool = True, remote: bool | str = False, ablation: str = "zero",
+                  progress: bool = True, ablation: str = "zero",
                   ablation_values: tuple[AblationValues | None, AblationValues | None] = (None, None)
                   ) -> CrossMaskingResult:
     """k-sweep of own, transferred and random heads masked in each model of a pair (the paper's Fig. 7).
@@ -132,7 +132,7 @@ def cross_masking(vlm_a: VLM, vlm_b: VLM, scores_a: HeadScores | HeadSet, scores
     grid with ``transfer_heads(..., mapping)`` and vice versa; with the default ``"identity"`` the grids
     must be equal (``IncompatibleHeadGridError`` otherwise). The evaluation samples must be disjoint from
     both models' detection samples. ``run_dir`` holds one resumable run folder per masked model
-    (``masked_in_<label>``). ``remote`` is passed to ``run_conditions`` for both models. ``ablation`` "mean" or
+    (``masked_in_<label>``). Each model runs where its handle is placed (``vlm.on``). ``ablation`` "mean" or
     "resample" needs each model's own reference outputs, ``ablation_values=(values_a, values_b)``
     (``evaluation.grounding.ablation_values`` of each model on its detection samples). A published ranking
     (``vrh_interp.core.published``) is checked against its model's grid and recorded in each run folder's manifest
@@ -171,7 +171,7 @@ def cross_masking(vlm_a: VLM, vlm_b: VLM, scores_a: HeadScores | HeadSet, scores
     for target, label, other_label, folder, values, heads_source, conditions in plan:
         results[label] = run_conditions(target, eval_samples, conditions, iou_threshold=iou_threshold,
                                         batch_size=batch_size, max_new_tokens=max_new_tokens, progress=progress,
-                                        remote=remote, ablation_values=values if needs_values else None,
+                                        ablation_values=values if needs_values else None,
                                         run_dir=None if run_dir is None else Path(run_dir) / f"masked_in_{folder}",
                                         heads_source=heads_source)
         sources[label] = other_label

@@ -34,6 +34,8 @@ from typing import Any, Mapping, Sequence
 import pandas as pd
 
 from vrh_interp.core import interventions as iv
+from vrh_interp.core.backends.base import backend_config, check_ablation_kinds
+from vrh_interp.core.backends.select import backend_for, backend_type
 from vrh_interp.data.datasets.samples import VQASample
 from vrh_interp.data.datasets.vqa import score_response
 from vrh_interp.data.datasets.vqa_prompt import vqa_prompt
@@ -77,11 +79,11 @@ def vqa_conditions(geometry: HeadGeometry, heads: HeadSet, random_seeds: Sequenc
 
 
 def answer_batch(vlm: VLM, samples: Sequence[VQASample], heads: HeadSet, *, max_new_tokens: int,
-                 ablation: Ablation = ZERO_ABLATION, remote: bool | str = False) -> list[str]:
+                 ablation: Ablation = ZERO_ABLATION) -> list[str]:
     """Greedy responses to one batch of VQA samples with ``heads`` ablated (``ablation``) at every step. Mean
     and resample ablation replace outputs per position segment; the visual segment comes from the family's
     layout of each row's image (``interventions.encoding_segments``)."""
-    return answer_conditions(vlm, samples, [(heads, ablation)], max_new_tokens=max_new_tokens, remote=remote)[0]
+    return answer_conditions(vlm, samples, [(heads, ablation)], max_new_tokens=max_new_tokens)[0]
 
 
 def encode_vqa(vlm: VLM, samples: Sequence[VQASample]) -> Any:
@@ -91,17 +93,18 @@ def encode_vqa(vlm: VLM, samples: Sequence[VQASample]) -> Any:
 
 
 def answer_conditions(vlm: VLM, samples: Sequence[VQASample], conditions: Sequence[tuple[HeadSet, Ablation]], *,
-                      max_new_tokens: int, remote: bool | str = False, encoding: Any = None) -> list[list[str]]:
+                      max_new_tokens: int, encoding: Any = None) -> list[list[str]]:
     """Greedy responses under each condition ``(heads, ablation)``, all in one batched generation (condition
-    batching, ``interventions.generate_conditions``): per condition, what ``answer_batch`` gives (equal exactly).
+    batching, ``interventions.generate_conditions``, on the handle's backend): per condition, what ``answer_batch``
+    gives (equal exactly).
     ``encoding`` is the samples' ``encode_vqa`` when already made."""
     if encoding is None:
         encoding = encode_vqa(vlm, samples)
     segments = None
     if any(len(h) and a.replaces_by_segment for h, a in conditions):
         segments = iv.encoding_segments(vlm, encoding, [s.image.size for s in samples])
-    ids = iv.generate_conditions(vlm, encoding, conditions, max_new_tokens=max_new_tokens, remote=remote,
-                                 segments=segments, sample_ids=[s.sample_id for s in samples])
+    ids = backend_for(vlm).generate_conditions(encoding, conditions, max_new_tokens=max_new_tokens,
+                                               segments=segments, sample_ids=[s.sample_id for s in samples])
     prompt_length = int(encoding["input_ids"].shape[1])
     return [vlm.decode_answers(block, prompt_length) for block in ids]
 
@@ -109,8 +112,8 @@ def answer_conditions(vlm: VLM, samples: Sequence[VQASample], conditions: Sequen
 class _VQAPasses:
     """``answer`` / ``per_pass`` of ``experiments.sweep.condition_passes`` for VQA: each chunk encoded once."""
 
-    def __init__(self, vlm: VLM, ablation: Ablation, *, remote: bool | str, max_batch_rows: int | None) -> None:
-        self.vlm, self.ablation, self.remote, self.max_batch_rows = vlm, ablation, remote, max_batch_rows
+    def __init__(self, vlm: VLM, ablation: Ablation, *, max_batch_rows: int | None) -> None:
+        self.vlm, self.ablation, self.max_batch_rows = vlm, ablation, max_batch_rows
         self._key: tuple[tuple[str, str], ...] | None = None
         self._encoding: Any = None
 
@@ -126,7 +129,7 @@ class _VQAPasses:
 
     def answer(self, samples: Sequence[VQASample], conditions: Sequence[Condition]) -> list[list[str]]:
         return answer_conditions(self.vlm, samples, [(c.heads, self.ablation) for c in conditions],
-                                 max_new_tokens=max(s.max_new_tokens for s in samples), remote=self.remote,
+                                 max_new_tokens=max(s.max_new_tokens for s in samples),
                                  encoding=self._encode(samples))
 
 
@@ -178,8 +181,8 @@ class VQASweepResult:
 def vqa_sweep(vlm: VLM, samples: Sequence[VQASample], heads: HeadSet, *,
               random_seeds: Sequence[int] = DEFAULT_RANDOM_SEEDS, matched: bool = True,
               detected: HeadSet | None = None, exclude_first_layer: bool = False, batch_size: int = 8,
-              run_dir: str | Path | None = None, progress: bool = True,
-              remote: bool | str = False, shard: Shard | None = None, ablation: str = "zero",
+              run_dir: str | Path | None = None, progress: bool = True, shard: Shard | None = None,
+              ablation: str = "zero",
               ablation_values: AblationValues | None = None, max_batch_rows: int | None = None) -> VQASweepResult:
     """Answer every sample unmasked, with ``heads`` masked and with the controls; resumable via ``run_dir``.
 
@@ -188,6 +191,8 @@ def vqa_sweep(vlm: VLM, samples: Sequence[VQASample], heads: HeadSet, *,
     segment while grounding; its fingerprint goes into the run folder's manifest).
 
     With ``shard``, only that shard of each benchmark's samples is answered and the result holds those records.
+    The model runs on the handle's backend (``vlm.on(backend=...)``); one other than nnsight is recorded in the
+    manifest, and an ablation kind it cannot mask with is refused before any work.
     """
     if not samples:
         raise ValueError("vqa_sweep needs at least one VQA sample")
@@ -199,10 +204,12 @@ def vqa_sweep(vlm: VLM, samples: Sequence[VQASample], heads: HeadSet, *,
     conditions = vqa_conditions(vlm.geometry, heads, random_seeds, detected=detected,
                                 exclude_first_layer=exclude_first_layer, matched=matched, ablation=ablation)
     masking = ablation_for(ablation, ablation_values, vlm.geometry)
+    check_ablation_kinds(backend_type(vlm), [ablation])
     benchmarks = list(dict.fromkeys(s.benchmark for s in samples))
     config = {"kind": VQA_SWEEP.name, "model": model_provenance(vlm),
               "samples": {b: [s.sample_id for s in samples if s.benchmark == b] for b in benchmarks},
-              "conditions": {c.key: c.heads.to_list() for c in conditions}}
+              "conditions": {c.key: c.heads.to_list() for c in conditions},
+              **backend_config(backend_for(vlm))}  # nothing for nnsight: earlier folders resume
     if ablation_values is not None:
         config["ablation_values"] = ablation_values.fingerprint()
     log = VQA_SWEEP.open_log(RunFolder(run_dir, shard_config(config, shard, batch_size))) \
@@ -229,7 +236,7 @@ def vqa_sweep(vlm: VLM, samples: Sequence[VQASample], heads: HeadSet, *,
 
     records = run_passes(log, chunks, conditions, unit=lambda s: (s.benchmark, s.sample_id),
                          record_unit=lambda r: (r["benchmark"], r["sample_id"]), answer_of=lambda r: r["response"],
-                         passes=_VQAPasses(vlm, masking, remote=remote, max_batch_rows=max_batch_rows),
+                         passes=_VQAPasses(vlm, masking, max_batch_rows=max_batch_rows),
                          record=make_record, canonical=canonical, desc="vqa sweep: masked answers",
                          progress=progress)
     return VQASweepResult(records=pd.DataFrame(records, columns=RECORD_COLUMNS), conditions=conditions,

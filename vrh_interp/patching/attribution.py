@@ -55,18 +55,18 @@ class AttributionResult:
 
 
 def attribution_patching(vlm: VLM, pairs: PairBatch, *, positions: PatchPositions = "answer",
-                         base: Baseline | None = None, method: AttributionMethod = "gradient", steps: int = 5,
-                         remote: bool | str = False) -> AttributionResult:
+                         base: Baseline | None = None, method: AttributionMethod = "gradient",
+                         steps: int = 5) -> AttributionResult:
     """Estimated effect of patching each head at ``positions`` (``method``: see the module docstring)."""
     if method not in ATTRIBUTION_METHODS:
         raise ValueError(f"method must be one of {ATTRIBUTION_METHODS}, not {method!r}")
     if steps < 1:
         raise ValueError(f"steps must be >= 1, not {steps}")
-    base = base if base is not None else baseline(vlm, pairs, remote=remote)
+    base = base if base is not None else baseline(vlm, pairs)
     if method == "gradient":
-        per_pair = _gradient(vlm, pairs, positions, remote)
+        per_pair = _gradient(vlm, pairs, positions)
     else:
-        per_pair = np.stack([_integrated(vlm, pairs, positions, layer, steps, remote)
+        per_pair = np.stack([_integrated(vlm, pairs, positions, layer, steps)
                              for layer in range(vlm.geometry.num_layers)])
     gap = base.clean - base.corrupted
     n = pairs.n
@@ -86,7 +86,7 @@ def _per_pair(values: torch.Tensor, pair: torch.Tensor, n: int) -> torch.Tensor:
     return torch.zeros(n, values.shape[1], dtype=values.dtype).index_add(0, pair, values)
 
 
-def _gradient(vlm: VLM, pairs: PairBatch, positions: PatchPositions, remote: bool | str) -> np.ndarray:
+def _gradient(vlm: VLM, pairs: PairBatch, positions: PatchPositions) -> np.ndarray:
     """Gradient x (clean - corrupted) at every head's output, summed over ``positions`` and head_dim."""
     geometry = vlm.geometry
     _, encoding = pairs.encode(vlm)
@@ -96,12 +96,12 @@ def _gradient(vlm: VLM, pairs: PairBatch, positions: PatchPositions, remote: boo
     scoring, pair = pairs.scoring(), torch.tensor(pairs.pair_of_row())  # not `pairs` (images) in a request
     chosen = pairs.positions(positions)
     paths = [iv.projection_path(vlm)(layer) for layer in range(geometry.num_layers)]
-    model = vlm.nn
-    iv.prepare_remote(remote)
+    model = iv.nnsight_model(vlm)
+    iv.prepare_remote(vlm)
     # in the trace, before `with metric.backward():`, one physical line per statement and no comment lines:
     # nnsight 0.8.1's remote="local" finds that block by line in this file, in the unparsed shipped source
-    with torch.enable_grad(), iv.remote_errors(model, remote):
-        with model.trace(**encoding, remote=remote):
+    with torch.enable_grad(), iv.remote_errors(vlm):
+        with model.trace(**encoding, remote=vlm.remote):
             outputs = []
             for path in paths:
                 act = module_at(model, path).input
@@ -124,8 +124,7 @@ def _gradient(vlm: VLM, pairs: PairBatch, positions: PatchPositions, remote: boo
     return torch.stack(list(attributions)).permute(0, 2, 1).numpy()  # [layers, heads, n]
 
 
-def _integrated(vlm: VLM, pairs: PairBatch, positions: PatchPositions, layer: int, steps: int,
-                remote: bool | str) -> np.ndarray:
+def _integrated(vlm: VLM, pairs: PairBatch, positions: PatchPositions, layer: int, steps: int) -> np.ndarray:
     """Integrated gradients at every head of ``layer``: ``[heads, n]``.
 
     One forward holds the clean side and ``steps`` corrupted copies; copy k's head outputs at ``layer`` and the
@@ -142,12 +141,12 @@ def _integrated(vlm: VLM, pairs: PairBatch, positions: PatchPositions, layer: in
     scoring, pair = pairs.scoring(), torch.tensor(pairs.pair_of_row())
     chosen = pairs.positions(positions)
     path = iv.projection_path(vlm)(layer)
-    model = vlm.nn
-    iv.prepare_remote(remote)
+    model = iv.nnsight_model(vlm)
+    iv.prepare_remote(vlm)
     # in the trace, before `with metric.backward():`, one physical line per statement and no comment lines:
     # nnsight 0.8.1's remote="local" finds that block by line in this file, in the unparsed shipped source
-    with torch.enable_grad(), iv.remote_errors(model, remote):
-        with model.trace(**encoding, remote=remote):
+    with torch.enable_grad(), iv.remote_errors(vlm):
+        with model.trace(**encoding, remote=vlm.remote):
             act = module_at(model, path).input
             index = torch.arange(act.shape[1]) if chosen is None else torch.tensor(chosen)
             clean = act[clean_rows][:, index].detach().repeat(steps, 1, 1)

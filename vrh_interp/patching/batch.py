@@ -222,11 +222,11 @@ def score_rows(logits: Any, rows: torch.Tensor, scoring: dict[str, torch.Tensor]
 
 
 def _target_answers(vlm: VLM, pairs: Sequence[PatchingPair], batch: GroundingBatch, targets: AnswerTargets,
-                    max_new_tokens: int, remote: bool | str) -> tuple[list[list[int] | None], list[str]]:
+                    max_new_tokens: int) -> tuple[list[list[int] | None], list[str]]:
     """Answer token ids and texts per row ([clean..., corrupted...]); None where a row has no target."""
     n = len(pairs)
     if targets == "greedy":
-        result = iv.run_generate(vlm, batch.encoding, max_new_tokens=max_new_tokens, remote=remote)
+        result = iv.run_generate(vlm, batch.encoding, max_new_tokens=max_new_tokens)
         lengths = vlm.answer_lengths(result.ids, batch.prompt_length)
         new = result.ids[:, batch.prompt_length:].tolist()
         return [row[:length] for row, length in zip(new, lengths)], vlm.decode_answers(result.ids, batch.prompt_length)
@@ -241,7 +241,7 @@ def _target_answers(vlm: VLM, pairs: Sequence[PatchingPair], batch: GroundingBat
 
 
 def prepare_pairs(vlm: VLM, pairs: Sequence[PatchingPair], *, targets: AnswerTargets = "greedy",
-                  metric: Metric = "answer", max_new_tokens: int = 24, remote: bool | str = False) -> PairBatch:
+                  metric: Metric = "answer", max_new_tokens: int = 24) -> PairBatch:
     """Set up the metric for every pair; see the module docstring.
 
     ``targets="greedy"``: the two answers are the unpatched model's greedy answers (what the model does);
@@ -254,7 +254,7 @@ def prepare_pairs(vlm: VLM, pairs: Sequence[PatchingPair], *, targets: AnswerTar
     patch_metric(metric)  # an unknown name fails before any model call
     rows = [p.clean for p in pairs] + [p.corrupted for p in pairs]
     batch = vlm.encode_grounding([s.image for s in rows], [s.expression for s in rows])
-    new, answers = _target_answers(vlm, pairs, batch, targets, max_new_tokens, remote)
+    new, answers = _target_answers(vlm, pairs, batch, targets, max_new_tokens)
     n = len(pairs)
     kept, excluded, prefixes, good, bad, clean_answers, corrupted_answers = [], [], [], [], [], [], []
     clean_ids, corrupted_ids, clean_groups, corrupted_groups = [], [], [], []
@@ -287,20 +287,19 @@ def prepare_pairs(vlm: VLM, pairs: Sequence[PatchingPair], *, targets: AnswerTar
 
 
 def measure(vlm: VLM, pairs: PairBatch, encoding: dict[str, Any], sides: Sequence[int], *,
-            templates: Sequence[LayerTemplate] = (), extra: Callable[[Any], None] | None = None,
-            remote: bool | str = False) -> np.ndarray:
+            templates: Sequence[LayerTemplate] = (), extra: Callable[[Any], None] | None = None) -> np.ndarray:
     """The metric by group, ``[len(sides), n, len(GROUPS)]``, of side blocks ``sides`` (0 = the clean side,
     1 + k = corrupted copy k) under ``templates``; sum the last axis for the metric itself.
 
     ``extra(model)`` runs inside the trace after the templates (for interventions that are not layer
     templates, e.g. ``HeadKeyValuePatch.apply``). The logits never leave the trace in full.
     """
-    model = vlm.nn
+    model = iv.nnsight_model(vlm)
     scoring, n, side = pairs.scoring(), pairs.n, pairs.side  # plain values: `pairs` holds images
     row_blocks = [torch.arange(side) + side * s for s in sides]
-    iv.prepare_remote(remote)
-    with torch.no_grad(), iv.remote_errors(model, remote):
-        with model.trace(**encoding, remote=remote):
+    iv.prepare_remote(vlm)
+    with torch.no_grad(), iv.remote_errors(vlm):
+        with model.trace(**encoding, remote=vlm.remote):
             apply_in_order(model, templates)
             if extra is not None:
                 extra(model)
@@ -319,9 +318,9 @@ class Baseline:
     corrupted_parts: np.ndarray
 
 
-def baseline(vlm: VLM, pairs: PairBatch, *, remote: bool | str = False) -> Baseline:
+def baseline(vlm: VLM, pairs: PairBatch) -> Baseline:
     _, encoding = pairs.encode(vlm)
-    values = measure(vlm, pairs, encoding, [0, 1], remote=remote)
+    values = measure(vlm, pairs, encoding, [0, 1])
     return Baseline(values[0].sum(-1), values[1].sum(-1), values[0], values[1])
 
 

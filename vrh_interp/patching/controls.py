@@ -72,7 +72,7 @@ def compare_with_controls(vlm: VLM, pairs: PairBatch, vrhs: HeadSet, *,
                           random_seeds: Sequence[int] = DEFAULT_RANDOM_SEEDS, matched: bool = True,
                           all_sets: AllSets = "auto", single: HeadPatchingResult | None = None,
                           positions: PatchPositions = "answer", base: Baseline | None = None,
-                          sets_per_forward: int = 8, remote: bool | str = False,
+                          sets_per_forward: int = 8,
                           progress: bool = False) -> SetComparison:
     """The VRH set's recovery against random, layer-matched and all same-size sets (module docstring).
 
@@ -83,7 +83,7 @@ def compare_with_controls(vlm: VLM, pairs: PairBatch, vrhs: HeadSet, *,
     vrhs = g.validate(vrhs)
     if all_sets not in ("auto", "exact", "additive", "none"):
         raise ValueError(f"all_sets must be 'auto', 'exact', 'additive' or 'none', not {all_sets!r}")
-    base = base if base is not None else baseline(vlm, pairs, remote=remote)
+    base = base if base is not None else baseline(vlm, pairs)
     named = {"vrh": vrhs, **control_sets(g, vrhs, random_seeds=random_seeds, matched=matched)}
     outside = [h for h in g.all_heads() if h not in vrhs]
     k = len(vrhs)
@@ -97,10 +97,10 @@ def compare_with_controls(vlm: VLM, pairs: PairBatch, vrhs: HeadSet, *,
               if mode != "none" else np.zeros((0, k), dtype=np.int64))
     exact_sets = list(named.values()) + ([HeadSet(outside[i] for i in c) for c in census] if mode == "exact" else [])
     values = patch_sets(vlm, pairs, exact_sets, positions=positions, sets_per_forward=sets_per_forward,
-                        remote=remote, progress=progress)
+                        progress=progress)
     recoveries = np.array([recovery(v.sum(-1), base) for v in values])
     if mode == "additive" and single is None:
-        single = patch_each_head(vlm, pairs, positions=positions, base=base, remote=remote, progress=progress)
+        single = patch_each_head(vlm, pairs, positions=positions, base=base, progress=progress)
     head_recovery = ({Head(int(r.layer), int(r.head_index)): float(r.recovery) for r in single.frame.itertuples()}
                      if single is not None else {})
     rows = []

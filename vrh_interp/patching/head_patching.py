@@ -53,7 +53,7 @@ class HeadPatchingResult:
 
 
 def patch_sets(vlm: VLM, pairs: PairBatch, sets: Sequence[HeadSet], *, positions: PatchPositions = "answer",
-               sets_per_forward: int = 8, remote: bool | str = False, progress: bool = False,
+               sets_per_forward: int = 8, progress: bool = False,
                desc: str = "patching head sets") -> np.ndarray:
     """The patched metric by group, ``[len(sets), n, len(GROUPS)]``: each set patched alone, exactly, with
     ``sets_per_forward`` sets per pass (one corrupted copy per set, ``RowPairHeadPatch``)."""
@@ -67,18 +67,18 @@ def patch_sets(vlm: VLM, pairs: PairBatch, sets: Sequence[HeadSet], *, positions
         entries = [(head, clean_rows, pairs.corrupted_rows(k)) for k, heads in enumerate(chunk) for head in heads]
         templates = [RowPairHeadPatch.build(entries, vlm.geometry, iv.projection_path(vlm),
                                             positions=pairs.positions(positions))] if entries else []
-        out.append(measure(vlm, pairs, encoding, range(1, len(chunk) + 1), templates=templates, remote=remote))
+        out.append(measure(vlm, pairs, encoding, range(1, len(chunk) + 1), templates=templates))
     return np.concatenate(out) if out else np.zeros((0, pairs.n, len(GROUPS)))
 
 
 def patch_each_head(vlm: VLM, pairs: PairBatch, *, positions: PatchPositions = "answer", heads: HeadSet | None = None,
-                    heads_per_forward: int = 8, base: Baseline | None = None, remote: bool | str = False,
+                    heads_per_forward: int = 8, base: Baseline | None = None,
                     progress: bool = True) -> HeadPatchingResult:
     """Patch each head alone (clean -> corrupted) at ``positions``; recovery with a bootstrap CI per head."""
     heads = vlm.geometry.validate(heads if heads is not None else vlm.geometry.all_heads())
-    base = base if base is not None else baseline(vlm, pairs, remote=remote)
+    base = base if base is not None else baseline(vlm, pairs)
     values = patch_sets(vlm, pairs, [HeadSet([h]) for h in heads], positions=positions,
-                        sets_per_forward=heads_per_forward, remote=remote, progress=progress, desc="patching heads")
+                        sets_per_forward=heads_per_forward, progress=progress, desc="patching heads")
     parts = dict(zip(heads, values))
     per_pair = {head: values.sum(-1) for head, values in parts.items()}
     records = []
@@ -92,17 +92,17 @@ def patch_each_head(vlm: VLM, pairs: PairBatch, *, positions: PatchPositions = "
 
 
 def patch_head_set(vlm: VLM, pairs: PairBatch, heads: HeadSet, *, positions: PatchPositions = "answer",
-                   base: Baseline | None = None, remote: bool | str = False) -> dict[str, float]:
+                   base: Baseline | None = None) -> dict[str, float]:
     """Patch every head of ``heads`` at once; recovery with its bootstrap CI, per coordinate (``per_coordinate``)."""
     heads = vlm.geometry.validate(heads)
-    base = base if base is not None else baseline(vlm, pairs, remote=remote)
+    base = base if base is not None else baseline(vlm, pairs)
     _, encoding = pairs.encode(vlm)
     pairs.require_aligned(encoding, positions)
     clean_rows, corrupted_rows = pairs.clean_rows(), pairs.corrupted_rows()
     templates = [RowPairHeadPatch.build([(h, clean_rows, corrupted_rows) for h in heads], vlm.geometry,
                                         iv.projection_path(vlm),
                                         positions=pairs.positions(positions))] if len(heads) else []
-    parts = measure(vlm, pairs, encoding, [1], templates=templates, remote=remote)[0]
+    parts = measure(vlm, pairs, encoding, [1], templates=templates)[0]
     values = parts.sum(-1)
     low, high = recovery_ci(values, base)
     return {"heads": len(heads), "recovery": recovery(values, base), "ci_low": low, "ci_high": high,
@@ -110,7 +110,7 @@ def patch_head_set(vlm: VLM, pairs: PairBatch, heads: HeadSet, *, positions: Pat
 
 
 def patched_answers(vlm: VLM, pairs: PairBatch, heads: HeadSet, *, positions: PatchPositions = "answer",
-                    max_new_tokens: int = 24, remote: bool | str = False) -> pd.DataFrame:
+                    max_new_tokens: int = 24) -> pd.DataFrame:
     """Greedy answers of the corrupted inputs with ``heads`` patched from the clean rows while generating.
 
     Clean and corrupted rows generate in lockstep in one batch; at every decode step the heads' outputs
@@ -127,9 +127,9 @@ def patched_answers(vlm: VLM, pairs: PairBatch, heads: HeadSet, *, positions: Pa
     n = pairs.n
     if len(heads):
         ids = _generate_with_row_patches(vlm, batch, [(h, list(range(n)), list(range(n, 2 * n))) for h in heads],
-                                         positions, max_new_tokens, remote)
+                                         positions, max_new_tokens)
     else:  # nothing to patch: a loop that touches no module would never advance
-        ids = iv.run_generate(vlm, batch.encoding, max_new_tokens=max_new_tokens, remote=remote).ids
+        ids = iv.run_generate(vlm, batch.encoding, max_new_tokens=max_new_tokens).ids
     answers = vlm.decode_answers(ids, batch.prompt_length)
     records = []
     for i, pair in enumerate(pairs.pairs):
@@ -150,16 +150,16 @@ def patched_answers(vlm: VLM, pairs: PairBatch, heads: HeadSet, *, positions: Pa
 
 
 def _generate_with_row_patches(vlm: VLM, batch: Any, entries: list[tuple[Head, list[int], list[int]]],
-                               positions: PatchPositions, max_new_tokens: int, remote: bool | str) -> torch.Tensor:
+                               positions: PatchPositions, max_new_tokens: int) -> torch.Tensor:
     """Greedy generation with the row patches applied in the prefill (``positions``) and at every decode step."""
     prefill = RowPairHeadPatch.build(entries, vlm.geometry, iv.projection_path(vlm),
                                      positions=None if positions == "all" else (batch.prompt_length - 1,))
     decode = RowPairHeadPatch.build(entries, vlm.geometry, iv.projection_path(vlm), positions=None)
-    model = vlm.nn
-    iv.prepare_remote(remote)
-    with torch.no_grad(), warnings.catch_warnings(), iv.remote_errors(model, remote):
+    model = iv.nnsight_model(vlm)
+    iv.prepare_remote(vlm)
+    with torch.no_grad(), warnings.catch_warnings(), iv.remote_errors(vlm):
         warnings.filterwarnings("ignore", message=iv.OPEN_LOOP_WARNING)
-        with model.generate(max_new_tokens=max_new_tokens, do_sample=False, remote=remote) as tracer:
+        with model.generate(max_new_tokens=max_new_tokens, do_sample=False, remote=vlm.remote) as tracer:
             with tracer.invoke(**dict(batch.encoding)):
                 for step in tracer.iter[:]:
                     apply_in_order(model, [prefill if step == 0 else decode])

@@ -87,20 +87,20 @@ class FreezeComponents(ProjectionTemplate):
 
 
 def _corrupted_values(vlm: VLM, encoding: dict[str, Any], rows: list[int], positions: tuple[int, ...],
-                      layers: Sequence[int], remote: bool | str) -> tuple[dict[int, torch.Tensor],
+                      layers: Sequence[int]) -> tuple[dict[int, torch.Tensor],
                                                                           dict[int, torch.Tensor]]:
     """Head outputs and MLP outputs of the unpatched run at ``rows`` x ``positions`` (only those leave the trace)."""
     g = vlm.geometry
-    model = vlm.nn
+    model = iv.nnsight_model(vlm)
     row_index, pos_index = torch.tensor(rows), torch.tensor(positions)
     # plain values only inside the trace: a remote request ships what the block references, and `vlm` is
     # the whole local model (weights included)
     shape = (len(rows), len(positions), g.num_heads, g.head_dim)
     head_paths = {layer: iv.projection_path(vlm)(layer) for layer in layers}
     mlp_paths = {layer: mlp_path(vlm, layer) for layer in layers}
-    iv.prepare_remote(remote)
-    with torch.no_grad(), iv.remote_errors(model, remote):
-        with model.trace(**encoding, remote=remote):
+    iv.prepare_remote(vlm)
+    with torch.no_grad(), iv.remote_errors(vlm):
+        with model.trace(**encoding, remote=vlm.remote):
             heads_out = nnsight.save({})
             mlps_out = nnsight.save({})
             for layer in layers:
@@ -110,21 +110,21 @@ def _corrupted_values(vlm: VLM, encoding: dict[str, Any], rows: list[int], posit
     return dict(heads_out), dict(mlps_out)
 
 
-def direct_and_total_effect(vlm: VLM, pairs: PairBatch, heads: HeadSet, *, base: Baseline | None = None,
-                            remote: bool | str = False) -> dict[str, float]:
+def direct_and_total_effect(vlm: VLM, pairs: PairBatch, heads: HeadSet, *, base: Baseline | None = None) -> dict[str,
+                                                                                                                 float]:
     """Recovery of the pairs' metric: total, direct (downstream frozen) and indirect = total - direct."""
     g = vlm.geometry
     heads = g.validate(heads)
     if not len(heads):
         raise ValueError("direct_and_total_effect needs at least one head")
-    base = base if base is not None else baseline(vlm, pairs, remote=remote)
-    total = patch_head_set(vlm, pairs, heads, base=base, remote=remote)
+    base = base if base is not None else baseline(vlm, pairs)
+    total = patch_head_set(vlm, pairs, heads, base=base)
     first = min(h.layer for h in heads)
     layers = list(range(first, g.num_layers))
     positions = pairs.positions("answer")
     _, encoding = pairs.encode(vlm)
     corrupted_rows = pairs.corrupted_rows()
-    head_values, mlp_values = _corrupted_values(vlm, encoding, corrupted_rows, positions, layers, remote)
+    head_values, mlp_values = _corrupted_values(vlm, encoding, corrupted_rows, positions, layers)
     frozen_heads = {layer: tuple(h for h in range(g.num_heads) if (layer, h) not in {(x.layer, x.head) for x in heads})
                     for layer in layers if layer > first}
     freeze = FreezeComponents(
@@ -135,7 +135,7 @@ def direct_and_total_effect(vlm: VLM, pairs: PairBatch, heads: HeadSet, *, base:
         head_values={layer: head_values[layer] for layer in frozen_heads}, mlp_values=mlp_values)
     patch = RowPairHeadPatch.build([(h, pairs.clean_rows(), corrupted_rows) for h in heads], g,
                                    iv.projection_path(vlm), positions=positions)
-    values = measure(vlm, pairs, encoding, [1], templates=[patch, freeze], remote=remote)[0].sum(-1)
+    values = measure(vlm, pairs, encoding, [1], templates=[patch, freeze])[0].sum(-1)
     direct = recovery(values, base)
     low, high = recovery_ci(values, base)
     return {"heads": len(heads), "total": total["recovery"], "total_ci_low": total["ci_low"],
@@ -143,9 +143,8 @@ def direct_and_total_effect(vlm: VLM, pairs: PairBatch, heads: HeadSet, *, base:
             "indirect": total["recovery"] - direct, "n_pairs": pairs.n, "metric": pairs.metric}
 
 
-def mediation_table(vlm: VLM, pairs: PairBatch, head_sets: Mapping[str, HeadSet], *,
-                    remote: bool | str = False) -> pd.DataFrame:
+def mediation_table(vlm: VLM, pairs: PairBatch, head_sets: Mapping[str, HeadSet]) -> pd.DataFrame:
     """``direct_and_total_effect`` for several named head sets (e.g. VRHs and random controls)."""
-    base = baseline(vlm, pairs, remote=remote)
-    return pd.DataFrame([{"head_set": name, **direct_and_total_effect(vlm, pairs, heads, base=base, remote=remote)}
+    base = baseline(vlm, pairs)
+    return pd.DataFrame([{"head_set": name, **direct_and_total_effect(vlm, pairs, heads, base=base)}
                          for name, heads in head_sets.items()])

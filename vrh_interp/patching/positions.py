@@ -86,13 +86,13 @@ def region_positions(pairs: PairBatch, batch: GroundingBatch,
 
 def position_patching(vlm: VLM, pairs: PairBatch, heads: Sequence[Head] | HeadSet, *,
                       regions: Sequence[str] = REGIONS, states: PatchedStates = "both",
-                      base: Baseline | None = None, remote: bool | str = False) -> pd.DataFrame:
+                      base: Baseline | None = None) -> pd.DataFrame:
     """Recovery per (head, region) from patching that head's keys/values at the region, clean -> corrupted."""
     unknown = [r for r in regions if r not in REGIONS]
     if unknown:
         raise ValueError(f"unknown regions {unknown}; expected some of {REGIONS}")
     heads = vlm.geometry.validate(HeadSet(heads))
-    base = base if base is not None else baseline(vlm, pairs, remote=remote)
+    base = base if base is not None else baseline(vlm, pairs)
     batch, encoding = pairs.encode(vlm)
     by_region = region_positions(pairs, batch, encoding)
     text_config = vlm.hf_model.config.get_text_config()
@@ -104,7 +104,7 @@ def position_patching(vlm: VLM, pairs: PairBatch, heads: Sequence[Head] | HeadSe
     for head in heads:
         attention_path = vlm.adapter.attention_path(head.layer)
         label = attention_call_label(vlm.adapter.attention_module(vlm.nn, head.layer).source.names)
-        whole = patch_head_set(vlm, pairs, HeadSet([head]), base=base, remote=remote)
+        whole = patch_head_set(vlm, pairs, HeadSet([head]), base=base)
         records.append({"head": str(head), "region": "head_output", "recovery": whole["recovery"],
                         "ci_low": whole["ci_low"], "ci_high": whole["ci_high"], "mean_positions": float("nan"),
                         "n_pairs": n})
@@ -114,7 +114,7 @@ def position_patching(vlm: VLM, pairs: PairBatch, heads: Sequence[Head] | HeadSe
                 head, vlm.geometry, attention_path=attention_path, projection_path=iv.projection_path(vlm)(head.layer),
                 call_label=label, num_key_value_heads=num_kv, source_rows=clean_rows, target_rows=corrupted_rows,
                 key_positions=positions, source_key_positions=source_positions, rows=answer_rows, states=states)
-            values = measure(vlm, pairs, encoding, [1], extra=template.apply, remote=remote)[0].sum(-1)
+            values = measure(vlm, pairs, encoding, [1], extra=template.apply)[0].sum(-1)
             low, high = recovery_ci(values, base)
             records.append({"head": str(head), "region": region, "recovery": recovery(values, base),
                             "ci_low": low, "ci_high": high,

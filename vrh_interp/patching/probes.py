@@ -9,7 +9,7 @@ Methodological choices
 * **Features.** Head h's output at layer l is the ``head_dim`` slice h of ``o_proj``'s input: what the head
   writes (before the shared output projection mixes heads), what ablation zeroes and what patching moves.
   It is captured with the ``HeadOutputCapture`` template (restricted to the trailing positions inside the
-  trace, ``TrailingHeadOutputCapture``) through ``run_forward``, so it works through nnsight and ``remote=``
+  trace, ``TrailingHeadOutputCapture``) through ``run_forward``, so it works through nnsight and on a remote handle
   and only the needed positions come back. One forward pass per batch captures ALL heads of the captured
   layers; every head set is then a column slice of the same matrix, so VRH, random and all-head probes see
   identical samples.
@@ -128,7 +128,7 @@ class HeadFeatures:
 
 def collect_head_features(vlm: VLM, samples: Sequence[GroundingSampleLike], *, layers: Sequence[int] | None = None,
                           position: Position = "prompt_end", answer: AnswerSource = "greedy", batch_size: int = 8,
-                          max_new_tokens: int = 24, remote: bool | str = False) -> HeadFeatures:
+                          max_new_tokens: int = 24) -> HeadFeatures:
     """Capture every head of ``layers`` (default: all) at ``position`` for each sample, in batches."""
     check_samples(samples, what="probe samples")
     if position not in ("prompt_end", "answer_mean"):
@@ -145,14 +145,13 @@ def collect_head_features(vlm: VLM, samples: Sequence[GroundingSampleLike], *, l
         batch_samples = samples[start:start + batch_size]
         batch = vlm.encode_grounding([s.image for s in batch_samples], [s.expression for s in batch_samples])
         if position == "prompt_end":
-            values = iv.run_forward(vlm, batch.encoding, [last], remote=remote).values[0]
+            values = iv.run_forward(vlm, batch.encoding, [last]).values[0]
             chunks.append(torch.stack([values[layer][:, -1] for layer in captured_layers], dim=1).float().cpu())
             continue
-        answers = _answer_ids(vlm, batch, batch_samples, answer, max_new_tokens, remote)
+        answers = _answer_ids(vlm, batch, batch_samples, answer, max_new_tokens)
         encoding = vlm.teacher_forced(batch, answers)
         window = encoding["input_ids"].shape[1] - batch.prompt_length + 1  # the last prompt position onwards
-        values = iv.run_forward(vlm, encoding, [TrailingHeadOutputCapture.of(capture, window)],
-                                remote=remote).values[0]
+        values = iv.run_forward(vlm, encoding, [TrailingHeadOutputCapture.of(capture, window)]).values[0]
         rows = []
         for row, ids in enumerate(answers):
             positions = slice(0, max(len(ids), 1))  # window column 0 = the last prompt position
@@ -164,11 +163,11 @@ def collect_head_features(vlm: VLM, samples: Sequence[GroundingSampleLike], *, l
 
 
 def _answer_ids(vlm: VLM, batch: Any, samples: Sequence[GroundingSampleLike], answer: AnswerSource,
-                max_new_tokens: int, remote: bool | str) -> list[list[int]]:
+                max_new_tokens: int) -> list[list[int]]:
     if answer == "gold":
         texts = [vlm.adapter.format_box(as_box(s.box), frame) for s, frame in zip(samples, batch.frames)]
         return [list(vlm.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
-    ids = iv.run_generate(vlm, batch.encoding, max_new_tokens=max_new_tokens, remote=remote).ids
+    ids = iv.run_generate(vlm, batch.encoding, max_new_tokens=max_new_tokens).ids
     lengths = vlm.answer_lengths(ids, batch.prompt_length)
     return [ids[row, batch.prompt_length:batch.prompt_length + n].tolist() for row, n in enumerate(lengths)]
 
@@ -429,13 +428,13 @@ def readout_probes(vlm: VLM, samples: Sequence[GroundingSampleLike], vrhs: HeadS
                    random_seeds: Sequence[int] = (0, 1, 2), include_all: bool = True, matched: bool = False,
                    position: Position = "prompt_end", answer: AnswerSource = "greedy",
                    target_names: Sequence[str] | None = None, test_fraction: float = 0.3, seed: int = 0,
-                   batch_size: int = 8, max_new_tokens: int = 24, remote: bool | str = False,
+                   batch_size: int = 8, max_new_tokens: int = 24,
                    alphas: Sequence[float] = DEFAULT_ALPHAS, folds: int = 5, resamples: int = 2000) -> pd.DataFrame:
     """Capture features once, probe VRHs vs random heads vs all heads; see ``probe_head_sets``."""
     sets = comparison_head_sets(vrhs, vlm.geometry, random_seeds=random_seeds, include_all=include_all, matched=matched)
     layers = sorted({h.layer for heads in sets.values() for h in heads})
     features = collect_head_features(vlm, samples, layers=layers, position=position, answer=answer,
-                                     batch_size=batch_size, max_new_tokens=max_new_tokens, remote=remote)
+                                     batch_size=batch_size, max_new_tokens=max_new_tokens)
     return probe_head_sets(features, probe_targets(samples), sets, target_names=target_names,
                            test_fraction=test_fraction, seed=seed, alphas=alphas, folds=folds, resamples=resamples)
 

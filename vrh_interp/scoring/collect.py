@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from vrh_interp.core.backends.base import Backend
-from vrh_interp.core.backends.select import get_backend
+from vrh_interp.core.backends.select import backend_for
 from vrh_interp.core.boxes import Box, BoxParseFailure
 from vrh_interp.core.families.base import VisualBlock, VisualLayout
 from vrh_interp.core.model import VLM, GroundingBatch
@@ -194,16 +194,15 @@ def _entropies(last_rows: torch.Tensor, layouts: Sequence[VisualLayout]) -> list
 
 def collect_batch(vlm: VLM, samples: Sequence[GroundingSampleLike], *, max_new_tokens: int,
                   output_source: str = "greedy", ablation: HeadAblation | None = None,
-                  remote: bool | str = False, batch: GroundingBatch | None = None,
-                  backend: str | Backend = "nnsight") -> list[SampleStats]:
+                  batch: GroundingBatch | None = None) -> list[SampleStats]:
     """The statistics of one batch from ONE run of the model (a generation, or a forward when teacher-forced).
 
-    ``remote`` (NDIF, nnsight only) is held by the backend: the whole batch is one request, and only the reduced
-    per-row statistics (not attention maps) come back. ``batch``: the samples already encoded
-    (``vlm.encode_grounding`` of their images and expressions, in order), else they are encoded here.
-    ``backend``: a name or ``Backend`` (module doc). ``ablation``: an nnsight template run during the generation.
+    On a remote handle (NDIF, nnsight only; ``vlm.on(remote=...)``) the whole batch is one request, and only the
+    reduced per-row statistics (not attention maps) come back. ``batch``: the samples already encoded
+    (``vlm.encode_grounding`` of their images and expressions, in order), else they are encoded here. The model
+    runs on the handle's backend (module doc). ``ablation``: an nnsight template run during the generation.
     """
-    return batch_stats(get_backend(backend, vlm, remote=remote), samples, max_new_tokens=max_new_tokens,
+    return batch_stats(backend_for(vlm), samples, max_new_tokens=max_new_tokens,
                        output_source=output_source, ablation=ablation, batch=batch)
 
 
@@ -287,10 +286,9 @@ def _collect_teacher_forced(runner: Backend, samples: Sequence[GroundingSampleLi
 
 
 def collect_stats(vlm: VLM, samples: Sequence[GroundingSampleLike], *, batch_size: int = 8, max_new_tokens: int = 24,
-                  output_source: str = "greedy", remote: bool | str = False,
-                  backend: str | Backend = "nnsight") -> Iterator[list[SampleStats]]:
+                  output_source: str = "greedy") -> Iterator[list[SampleStats]]:
     """Yield the statistics batch by batch (callers persist them as they come); one model run per batch."""
-    runner = get_backend(backend, vlm, remote=remote)
+    runner = backend_for(vlm)
     for start in range(0, len(samples), batch_size):
         yield batch_stats(runner, samples[start: start + batch_size], max_new_tokens=max_new_tokens,
                           output_source=output_source)

@@ -18,7 +18,7 @@ from safetensors.numpy import load_file, save
 from tqdm.auto import tqdm
 
 from vrh_interp.core.backends.base import Backend, backend_config
-from vrh_interp.core.backends.select import get_backend
+from vrh_interp.core.backends.select import backend_for
 from vrh_interp.core.model import VLM
 from vrh_interp.core.provenance import library_versions, model_provenance, now_utc, remote_provenance
 from vrh_interp.core.runs import RecordLog, RunFolder, whole_run_manifest, write_atomic
@@ -84,21 +84,20 @@ def detection_config(vlm: VLM, samples: Sequence[GroundingSampleLike], *, output
 def collect_detection_stats(vlm: VLM, samples: Sequence[GroundingSampleLike], *, batch_size: int = 8,
                             max_new_tokens: int = 24, output_source: str = "greedy",
                             run_dir: str | Path | None = None, dataset: str | None = None,
-                            progress: bool = True, shard: Shard | None = None,
-                            remote: bool | str = False, backend: str | Backend = "nnsight") -> list[SampleStats]:
+                            progress: bool = True, shard: Shard | None = None) -> list[SampleStats]:
     """Collect (or resume collecting) the per-sample statistics every scoring design needs.
 
-    ``remote`` (``True``: NDIF at nnsight's configured host; ``"local"``: serialised as for NDIF, run here)
-    sends one request per batch of ``batch_size`` samples. It is not part of the run folder's configuration:
-    remote and local runs give the same statistics, so either may resume the other.
+    A remote handle (``vlm.on(remote=True)``: NDIF at nnsight's configured host; ``"local"``: serialised as for
+    NDIF, run here) sends one request per batch of ``batch_size`` samples. Remote is not part of the run folder's
+    configuration: remote and local runs give the same statistics, so either may resume the other.
 
     With ``shard``, only that shard's samples (``Shard.select``) are processed and returned; ``samples`` is
     still the full list (the run folder records it, so ``merge_runs`` can check the shards fit together).
 
-    ``backend`` (a name or ``Backend``: ``vrh_interp.core.backends.base``) IS part of the configuration when it is not
-    nnsight: a run folder never mixes backends.
+    The handle's backend (``vlm.on(backend=...)``) IS part of the configuration when it is not nnsight: a run folder
+    never mixes backends.
     """
-    return _detection_stats(get_backend(backend, vlm, remote=remote), samples, batch_size=batch_size,
+    return _detection_stats(backend_for(vlm), samples, batch_size=batch_size,
                             max_new_tokens=max_new_tokens, output_source=output_source, run_dir=run_dir,
                             dataset=dataset, progress=progress, shard=shard)
 
@@ -143,29 +142,27 @@ def _detection_stats(runner: Backend, samples: Sequence[GroundingSampleLike], *,
 
 def score_heads(vlm: VLM, samples: Sequence[GroundingSampleLike], design: ScoringDesign | str = "vrh", *,
                 batch_size: int = 8, max_new_tokens: int = 24, run_dir: str | Path | None = None,
-                dataset: str | None = None, progress: bool = True, remote: bool | str = False,
-                backend: str | Backend = "nnsight") -> HeadScores:
+                dataset: str | None = None, progress: bool = True) -> HeadScores:
     """Score every head of ``vlm`` on ``samples`` with ``design`` (a preset name or a ScoringDesign).
 
-    ``remote``: run the model on NDIF (``True``, nnsight's configured host and API key) or serialise as for
-    NDIF and run in-process (``"local"``), one request per batch; the scores equal a local run's. The
-    provenance records only whether the run was remote (``remote_provenance``), never the host or key.
-
-    ``backend``: "nnsight" (default), "transformer-lens" or a ``Backend`` (``vrh_interp.core.backends.base``); a
-    backend other than nnsight is recorded in the provenance and the run folder. The scores equal nnsight's
+    Where it runs is the handle's (``vlm.on(backend=..., remote=...)``). A remote handle runs the model on NDIF
+    (``remote=True``, nnsight's configured host and API key) or serialises as for NDIF and runs in-process
+    (``"local"``), one request per batch; the scores equal a local run's. The provenance records only whether the
+    run was remote (``remote_provenance``), never the host or key. A backend other than nnsight
+    ("transformer-lens") is recorded in the provenance and the run folder. The scores equal nnsight's
     within the tolerance docs/recipes/transformer-lens.md states.
 
     To split the work across machines, shard ``collect_detection_stats`` instead, merge the shard folders
     (``vrh_interp.experiments.merge.merge_runs``) and score the merged folder with ``scores_from_run``.
     """
     design = resolve_design(design)
-    runner = get_backend(backend, vlm, remote=remote)
+    runner = backend_for(vlm)
     stats = _detection_stats(runner, samples, batch_size=batch_size, max_new_tokens=max_new_tokens,
                              output_source=design.output_source, run_dir=run_dir, dataset=dataset, progress=progress)
     config = {**detection_config(vlm, samples, output_source=design.output_source, max_new_tokens=max_new_tokens,
                                  dataset=dataset), **backend_config(runner)}
     return scores_from_stats(stats, design, {**_provenance(config, design, stats),
-                                             "remote": remote_provenance(remote)})
+                                             "remote": remote_provenance(vlm)})
 
 
 def scores_from_run(run_dir: str | Path, design: ScoringDesign | str = "vrh") -> HeadScores:

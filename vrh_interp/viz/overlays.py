@@ -39,16 +39,16 @@ class OverlayResult:
     overlays: list[AttentionOverlay]
 
 
-def prediction_overlays(vlm: VLM, sample: GroundingSampleLike, vrhs: HeadSet, *, max_new_tokens: int = 24,
-                        remote: bool | str = False) -> OverlayResult:
+def prediction_overlays(vlm: VLM, sample: GroundingSampleLike, vrhs: HeadSet, *,
+                        max_new_tokens: int = 24) -> OverlayResult:
     """Mean answer-row attention of all heads, the VRHs, and all heads except the VRHs.
 
-    ``remote`` is passed to ``run_generate``: one request; the last query row's attention over the prompt comes
+    On a remote handle (``vlm.on(remote=...)``) it is one request; the last query row's attention over the prompt comes
     back per step and layer (no full maps).
     """
     batch = vlm.encode_grounding([sample.image], [sample.expression])
     readout = iv.attention_readout(vlm, [-1])
-    result = iv.run_generate(vlm, batch.encoding, [readout], max_new_tokens=max_new_tokens, remote=remote)
+    result = iv.run_generate(vlm, batch.encoding, [readout], max_new_tokens=max_new_tokens)
     layers = sorted(result.steps[0][0])
     prompt_len = batch.prompt_length
     rows = [torch.stack([step[0][layer][0, :, -1, :prompt_len] for layer in layers]) for step in result.steps]

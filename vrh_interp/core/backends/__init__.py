@@ -1,4 +1,5 @@
-"""Execution backends: the seam the pipelines run through (``backends.base``: ``Backend``, ``get_backend``).
+"""Execution backends: the seam the pipelines run through (``backends.base``: ``Backend``; ``backends.select``:
+``backend_for(vlm)``, the backend a model handle's placement names, ``vlm.on(backend=...)``).
 
 ``nnsight`` (``NnsightBackend``, the default): ``vrh_interp.core.interventions``' trace templates.
 ``transformer-lens``: ``backends.transformer_lens.TransformerLensBackend``, the same head operations through a
@@ -6,4 +7,8 @@ TransformerLens 4.3 ``TransformerBridge`` built in memory from a ``VLM`` (import
 transformer_lens). docs/recipes/transformer-lens.md says what runs where and within which tolerances.
 """
 
-BACKENDS: tuple[str, ...] = ("nnsight", "transformer-lens")  # the names ``get_backend`` and ``--backend`` accept
+# the names ``Placement`` / ``VLM.on`` and ``--backend`` accept; ``core.model`` imports this module (it imports nothing)
+BACKENDS: tuple[str, ...] = ("nnsight", "transformer-lens")
+# the backends whose handles run nnsight traces (``core.interventions``' runners, the patching study's templates,
+# probes, overlays): a handle placed on another backend is refused there (``VLM.runs_nnsight_traces``)
+NNSIGHT_TRACES: frozenset[str] = frozenset({"nnsight"})

@@ -1,4 +1,5 @@
-"""The backend seam: what the pipelines ask of a model runtime, and ``get_backend`` to pick one.
+"""The backend seam: what the pipelines ask of a model runtime; ``select.backend_for(vlm)`` builds the one the
+handle's placement names (``vlm.on(backend=..., remote=...)``, ``core.model``).
 
 The pipelines (``score_heads``, ``experiments.sweep``, the demo, the positive control) need only:
 
@@ -13,12 +14,13 @@ The pipelines (``score_heads``, ``experiments.sweep``, the demo, the positive co
   or those statistics of given rows in one forward (teacher-forced scoring).
 
 ``NnsightBackend`` delegates to ``vrh_interp.core.interventions`` (templates in nnsight traces: batched conditions,
-the shared image prefix, NDIF with ``remote``): the pipelines behave exactly as before. The TransformerLens
+the shared image prefix, NDIF when the handle is remote): the pipelines behave exactly as before. The TransformerLens
 backend (``backends.transformer_lens``) answers the same calls through a ``TransformerBridge`` of a copy of the
 model. Where nnsight has a faster path (the scoring readout computed inside the generation, reduced in the trace
 so a remote run returns only the statistics), ``NnsightBackend`` takes it; other backends answer the scoring calls
 from the generic ones (``generate_then_read``, ``read_region_stats``): the pipelines never ask which backend runs.
-``operations`` says what else a backend runs (``check_supported`` refuses the rest before any work).
+``operations`` says what else a backend runs and ``runs_remotely`` whether it runs NDIF requests
+(``check_supported`` and ``backend_for`` refuse the rest before any work).
 
 A run folder records a backend other than nnsight in its configuration (``backend_config``), so a folder is
 never resumed with another backend: nnsight folders keep the manifests they had before the seam existed.
@@ -71,6 +73,7 @@ class Backend(Protocol):
     name: ClassVar[str]
     ablation_kinds: ClassVar[tuple[str, ...]]  # the ``Ablation.kind`` values ``generate_conditions`` can mask with
     operations: ClassVar[frozenset[str]]  # the ``OPERATIONS`` it runs
+    runs_remotely: ClassVar[bool]  # whether it runs a handle placed on NDIF (``vlm.remote``)
     vlm: VLM
 
     def generate_conditions(self, encoding: Mapping[str, Any], conditions: Sequence[Condition], *,
@@ -113,38 +116,37 @@ class Backend(Protocol):
 
 @dataclass
 class NnsightBackend:
-    """The nnsight backend: ``vrh_interp.core.interventions`` unchanged (``remote``: NDIF, as there)."""
+    """The nnsight backend: ``vrh_interp.core.interventions`` unchanged (NDIF when ``vlm.remote``, as there)."""
 
     vlm: VLM
-    remote: bool | str = False
     name: ClassVar[str] = "nnsight"
     ablation_kinds: ClassVar[tuple[str, ...]] = ABLATION_KINDS
     operations: ClassVar[frozenset[str]] = frozenset(OPERATIONS)
+    runs_remotely: ClassVar[bool] = True
 
     def generate_conditions(self, encoding: Mapping[str, Any], conditions: Sequence[Condition], *,
                             max_new_tokens: int, segments: torch.Tensor | None = None,
                             sample_ids: Sequence[str] | None = None,
                             shared_prefix: bool = True) -> list[torch.Tensor]:
         return iv.generate_conditions(self.vlm, encoding, conditions, max_new_tokens=max_new_tokens,
-                                      segments=segments, sample_ids=sample_ids, remote=self.remote,
-                                      shared_prefix=shared_prefix)
+                                      segments=segments, sample_ids=sample_ids, shared_prefix=shared_prefix)
 
     def attention_rows(self, encoding: Mapping[str, Any], rows: Sequence[int] | torch.Tensor,
                        layers: Sequence[int] | None = None,
                        reduce: RowReduction | None = None) -> dict[int, Any]:
         readout = iv.attention_readout(self.vlm, rows, layers=layers)
-        values = iv.run_forward(self.vlm, encoding, [readout], remote=self.remote).values[0]
+        values = iv.run_forward(self.vlm, encoding, [readout]).values[0]
         return {layer: value if reduce is None else reduce(layer, value) for layer, value in sorted(values.items())}
 
     def capture_head_outputs(self, encoding: Mapping[str, Any],
                              layers: Sequence[int] | None = None) -> dict[int, torch.Tensor]:
         capture = iv.head_output_capture(self.vlm, layers)
-        return dict(iv.run_forward(self.vlm, encoding, [capture], remote=self.remote).values[0])
+        return dict(iv.run_forward(self.vlm, encoding, [capture]).values[0])
 
     def patch_head_outputs(self, encoding: Mapping[str, Any], heads: HeadSet, source: Mapping[int, torch.Tensor],
                            positions: Sequence[int] | None = None) -> torch.Tensor:
         patch = iv.head_output_patch(self.vlm, heads, source=source, positions=positions)
-        return iv.run_forward(self.vlm, encoding, [patch], remote=self.remote).logits
+        return iv.run_forward(self.vlm, encoding, [patch]).logits
 
     def generate_region_stats(self, encoding: Mapping[str, Any], input_rows: torch.Tensor, region: torch.Tensor,
                               visual: torch.Tensor, *, max_new_tokens: int,
@@ -155,8 +157,7 @@ class NnsightBackend:
         prefill_rows = torch.cat([input_rows, torch.full((b, 1), s - 1)], dim=1)
         readout = RegionAttentionReadout(iv.attention_readout(self.vlm, prefill_rows), region, visual,
                                          last_row_map=True, stack_layers=True)
-        result = iv.run_generate(self.vlm, encoding, [readout, *templates], max_new_tokens=max_new_tokens,
-                                 remote=self.remote)
+        result = iv.run_generate(self.vlm, encoding, [readout, *templates], max_new_tokens=max_new_tokens)
         first = _layer_stacked(result.steps[0][0])
         prefill = torch.cat([chunk[0] for chunk in first])  # [L, b, H, r + 1, 3]
         decode = [torch.cat(_layer_stacked(step[0])) for step in result.steps[1:]]  # each [L, b, H, 1, 3]
@@ -166,7 +167,7 @@ class NnsightBackend:
     def region_stats(self, encoding: Mapping[str, Any], rows: torch.Tensor, region: torch.Tensor,
                      visual: torch.Tensor) -> torch.Tensor:
         readout = RegionAttentionReadout(iv.attention_readout(self.vlm, rows), region, visual)
-        values = iv.run_forward(self.vlm, encoding, [readout], remote=self.remote).values[0]
+        values = iv.run_forward(self.vlm, encoding, [readout]).values[0]
         return torch.stack([values[layer] for layer in sorted(values)])
 
 

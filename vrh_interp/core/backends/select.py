@@ -1,9 +1,13 @@
-"""``get_backend``: a backend by name (``BACKENDS``) for a model. Apart from ``base`` (the seam and the nnsight
-backend) so that the TransformerLens backend, which implements the seam, is imported only when asked for."""
+"""``backend_for``: the backend a model handle's placement names (``vlm.on(backend=..., remote=...)``), built once
+per handle and kept on it. Apart from ``base`` (the seam and the nnsight backend) so that the TransformerLens
+backend, which implements the seam, is imported only when a handle asks for it.
+
+``core.model`` cannot build a backend itself (the backends import it), so the handle declares where it runs
+(``VLM.placement``) and this module turns the declaration into the runtime: ``backend_for(vlm)`` is what every
+pipeline calls, ``backend_type(vlm)`` the class a check reads before any work (no model copy)."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from vrh_interp.core.backends import BACKENDS
@@ -11,43 +15,32 @@ from vrh_interp.core.backends.base import Backend, BackendError, NnsightBackend
 from vrh_interp.core.model import VLM
 
 
-def get_backend(backend: str | Backend, vlm: VLM, *, remote: bool | str = False) -> Backend:
-    """The backend called ``backend`` ("nnsight" or "transformer-lens") for ``vlm``, or ``backend`` itself when it
-    is one already (it must wrap this ``vlm``). Building a TransformerLens backend copies the model and bridges
-    the copy: build it once and pass the instance to several pipelines. ``remote`` (NDIF) needs nnsight."""
-    if not isinstance(backend, str):
-        if not isinstance(backend, Backend):
-            raise BackendError(f"backend must be one of {', '.join(BACKENDS)} or a Backend, got {backend!r}")
-        if backend.vlm is not vlm:
-            raise BackendError(f"the {backend.name} backend given wraps another model than the one being run: build "
-                               "it with get_backend(name, vlm) for this model")
-        if remote and backend.name != "nnsight":
-            raise BackendError(_REMOTE_NEEDS_NNSIGHT)
-        if isinstance(backend, NnsightBackend) and remote and backend.remote != remote:
-            return dataclasses.replace(backend, remote=remote)  # the pipeline's remote wins
-        return backend
-    kind = backend_type(backend)
-    if kind is NnsightBackend:
-        return NnsightBackend(vlm, remote)
-    if remote:
-        raise BackendError(_REMOTE_NEEDS_NNSIGHT)
-    return kind.from_vlm(vlm)  # type: ignore[union-attr]  # refuses unsupported families (UnsupportedFamilyError)
+def backend_for(vlm: VLM) -> Backend:
+    """The backend ``vlm`` runs on (``vlm.backend_name``: "nnsight" or "transformer-lens"), built on first use and
+    kept on the handle: a TransformerLens backend copies the model and bridges the copy once per handle, so keep the
+    handle ``vlm.on(backend="transformer-lens")`` returned and pass it to every pipeline. A remote handle needs a
+    backend that runs remotely (nnsight); an unsupported family is refused (``UnsupportedFamilyError``)."""
+    if vlm._backend is None:
+        kind = backend_type(vlm)
+        if vlm.remote and not kind.runs_remotely:
+            raise BackendError(REMOTE_NEEDS_NNSIGHT)
+        vlm._backend = NnsightBackend(vlm) if kind is NnsightBackend else kind.from_vlm(vlm)
+    return vlm._backend
 
 
-def backend_type(backend: str | Backend) -> Any:
-    """The backend class a name stands for, not built (no model copy): its ``name``, ``ablation_kinds`` and
-    ``operations``, what ``base.check_supported`` needs to refuse a request before any work. An instance stands
-    for itself."""
-    if not isinstance(backend, str):
-        return backend
-    if backend == "nnsight":
+def backend_type(where: str | VLM) -> Any:
+    """The backend class a handle (or a backend name) stands for, not built (no model copy): its ``name``,
+    ``ablation_kinds``, ``operations`` and ``runs_remotely``, what ``base.check_supported`` needs to refuse a request
+    before any work."""
+    name = where if isinstance(where, str) else where.backend_name
+    if name == "nnsight":
         return NnsightBackend
-    if backend != "transformer-lens":
-        raise BackendError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
+    if name != "transformer-lens":
+        raise BackendError(f"unknown backend {name!r}: use one of {', '.join(BACKENDS)}")
     from vrh_interp.core.backends.transformer_lens import TransformerLensBackend
 
     return TransformerLensBackend
 
 
-_REMOTE_NEEDS_NNSIGHT = ("remote runs (NDIF) go through nnsight: use backend='nnsight' (--backend nnsight) with "
-                         "remote, or run the transformer-lens backend locally")
+REMOTE_NEEDS_NNSIGHT = ("remote runs (NDIF) go through nnsight: place the model with vlm.on(backend='nnsight', "
+                        "remote=...) (--backend nnsight), or run the transformer-lens backend locally")

@@ -1,7 +1,8 @@
 """Head ablation, readout, capture and patching through a TransformerLens ``TransformerBridge``.
 
-``TransformerLensBackend`` implements ``backends.base.Backend`` (``get_backend("transformer-lens", vlm)``), so
-every pipeline that takes ``backend=`` runs on it; masking is zero ablation only, and the patching study
+``TransformerLensBackend`` implements ``backends.base.Backend``: a handle placed on it
+(``vlm.on(backend="transformer-lens")``) runs every pipeline through it; masking is zero ablation only,
+and the patching study
 (``OPERATIONS["patching"]``) is refused up front (``check_supported``).
 
 ``TransformerLensBackend.from_vlm(vlm)`` wraps a DEEP COPY of ``vlm.hf_model`` with
@@ -117,6 +118,7 @@ class TransformerLensBackend:
     ablation_kinds: ClassVar[tuple[str, ...]] = tuple(name for name, kind in ABLATION_METHODS.items()
                                                       if not kind.needs_reference_values)
     operations: ClassVar[frozenset[str]] = frozenset()  # no patching study: its templates are nnsight's
+    runs_remotely: ClassVar[bool] = False  # NDIF runs nnsight requests
 
     @classmethod
     def from_vlm(cls, vlm: VLM) -> "TransformerLensBackend":
@@ -125,7 +127,7 @@ class TransformerLensBackend:
             raise UnsupportedFamilyError(
                 f"the transformer-lens backend cannot run family {family!r} (TransformerLens 4.3 has no bridge "
                 f"adapter for it); supported: {', '.join(SUPPORTED_FAMILIES)}. Use --backend nnsight "
-                "(backend='nnsight'), which runs every family"
+                "(vlm.on(backend='nnsight')), which runs every family"
             )
         if importlib.util.find_spec("transformer_lens") is None:
             raise BackendError(MISSING_TRANSFORMER_LENS)
