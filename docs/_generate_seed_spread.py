@@ -1,6 +1,6 @@
 """Regenerate docs/results/seed-spread.md: how much do toy C's heads and verdicts move between trainings?
 
-    python docs/_generate_seed_spread.py --trained 2=DIR2,3=DIR3 [--out runs/seed-spread] [--demo-seed 1]
+    python docs/_generate_seed_spread.py [--trained 2=DIR2,3=DIR3] [--out runs/seed-spread] [--demo-seed 1]
 
 Toy C's heads are decided by its last recipe stage (``c-revive``: the revive of the inert heads and 500 multitask
 steps, ``toy_training.recipe``). Seed 0 is the shipped ``toy:c``; the others are the same stage retrained from the
@@ -8,16 +8,17 @@ same starting weights (toy C 0.2, commit ee3b141) with every stage's seed moved 
 
     python -m toy_training.recipe --model c --out DIR --threads 1 --reseed N
 
-(with ``DIR/00-cd-text/final`` an empty folder and ``DIR/01-c/final`` toy C 0.2's checkpoint, so only the last
-stage trains). N = 1 is left out: the previous stage (``c``) trained with seed 1, and the stage's fresh training
-heads (the query-probe scaffold, seeded from the stage's seed) would then start as that stage's probe started,
-already reading the representation the model learnt beside it (query accuracy 0.97 at step 1, against 0.03-0.09 for
-seeds 2 and 3): a warm scaffold, not another draw of the recipe. Every trained model then runs the same
-``vrh demo`` (fixed default sizes, ``--seed`` of the control
-draws and the bootstrap fixed, positive control left out: it does not depend on the main model), each into its
-own resumable folder under ``--out``. The page lists per trained model: the head census, grounding accuracy, the
-top heads with their scores, the overlap of the top heads between trainings, and every claim's verdict; the
-variation across samples (control draws, bootstrap) is on verdict-stability.md.
+(with ``DIR/00-cd-text/final`` an empty folder and ``DIR/01-c/final`` toy C 0.2's checkpoint, so only the last stage
+trains). N = 1 is left out: the previous stage (``c``) trained with seed 1, and the stage's fresh training heads
+(the query-probe scaffold, seeded from the stage's seed) would then start as that stage's probe started, already
+reading the representation the model learnt beside it (query accuracy 0.97 at step 1, against 0.03-0.09 for seeds 2
+and 3): a warm scaffold, not another draw of the recipe. The retrained weights of seeds 2 and 3 are kept in
+``toy_training/seed_spread/`` (the default ``--trained``; not in the wheel). Every trained model then runs the same
+``vrh demo`` (fixed default sizes, ``--seed`` of the control draws and the bootstrap fixed, positive control left
+out: it does not depend on the main model), each into its own resumable folder under ``--out``. The page lists per
+trained model: the head census, grounding accuracy, the top heads with their scores, the overlap of the top heads
+between trainings, and every claim's verdict; the variation across samples (control draws, bootstrap) is on
+verdict-stability.md.
 """
 
 from __future__ import annotations
@@ -64,7 +65,9 @@ def baseline_accuracy(out: Path) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--trained", required=True, help="the retrained models, e.g. '2=DIR2,3=DIR3' (seed 0 is toy:c)")
+    kept = HERE.parent / "toy_training" / "seed_spread"
+    parser.add_argument("--trained", default=f"2={kept / 'c-train2'},3={kept / 'c-train3'}",
+                        help="the retrained models, e.g. '2=DIR2,3=DIR3' (seed 0 is toy:c; default: the kept ones)")
     parser.add_argument("--out", type=Path, default=Path("runs/seed-spread"))
     parser.add_argument("--demo-seed", type=int, default=1)
     parser.add_argument("--demo-args", default="", help="more `vrh demo` options (a smoke test's small sizes)")
