@@ -54,6 +54,15 @@ def weights_digest(model: str) -> str:
     return hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()[:12]
 
 
+def training_level1(model: str) -> str:
+    """Level-1 grounding at the stage's last in-training evaluation (the same scenes for every training)."""
+    folder = Path(model) if not model.startswith("toy:") else HERE.parent / "vrh_interp/toy/checkpoints/c"
+    history = (json.loads((folder / "history.json").read_text()) if (folder / "history.json").exists()
+               else json.loads((folder / "training_log.json").read_text())["history"])
+    level1 = history[-1]["eval"]["level1"]
+    return f"{level1['accuracy']:.3f} (n={level1['n']})"
+
+
 def baseline_accuracy(out: Path) -> str:
     path = out / "sweep_summary.csv"
     summary = pd.read_csv(path) if path.exists() else None
@@ -86,7 +95,8 @@ def main() -> None:
         "inert by norm": demos[seed]["census"]["inert_by_norm"],
         "inert by effect": demos[seed]["census"]["inert_by_effect"],
         "k*": demos[seed]["k_star"],
-        "baseline accuracy": baseline_accuracy(args.out / f"c-train{seed}"),
+        "level 1 at the last training evaluation": training_level1(model),
+        "demo baseline accuracy": baseline_accuracy(args.out / f"c-train{seed}"),
         f"top {TOP} heads (score)": ", ".join(f"{h} ({rankings[seed].score_of(h):.3f})"
                                                for h in rankings[seed].top(TOP)),
     } for seed, model in models.items()])
