@@ -168,3 +168,18 @@ def test_trainer_commands_run_from_the_checkout(module: str) -> None:
     done = subprocess.run([sys.executable, "-m", f"toy_training.{module}", "--help"], cwd=root, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0 and "--model" in done.stdout, done.stderr
+
+
+def test_reseeded_moves_every_stage_seed_and_nothing_else() -> None:
+    stages = recipe.RECIPES["c"]
+    moved = recipe.reseeded(stages, 2)
+    assert [s.name for s in moved] == [s.name for s in stages]
+    for before, after in zip(stages, moved):
+        assert after.overrides["seed"] == before.overrides.get("seed", 0) + 2
+        assert {k: v for k, v in after.overrides.items() if k != "seed"} == \
+            {k: v for k, v in before.overrides.items() if k != "seed"}
+        assert (after.model, after.start, after.shipped_table) == (before.model, before.start, before.shipped_table)
+    assert recipe.reseeded(stages, 0) == stages
+    # the stage config the trainer gets carries the moved seed
+    last = moved[-1]
+    assert recipe.stage_config(last, Path("/nonexistent/final")).seed == 0 + 2
