@@ -110,30 +110,36 @@ def protocol(vlm: Any, args: argparse.Namespace) -> tuple[list[Any], list[Any], 
 
 def sharing(vlm: Any, items: Sequence[Any], conditions: Sequence[Any], batch_size: int,
             max_new_tokens: int) -> tuple[list[str], int, int]:
-    """What the library shares that the naive loop does not, as lines; and the generations each side runs."""
+    """What the library shares that the naive loop does not, as lines; and the generations each side runs (the
+    library's planner: batches cut into whole images where layer sharing applies, ``_GroundingPasses.split``)."""
     from vrh_interp.core.interventions import shared_image_prefix
-    from vrh_interp.experiments.sweep import conditions_per_pass, head_signature
+    from vrh_interp.core.templates.ablation import ZERO_ABLATION
+    from vrh_interp.evaluation.grounding import encode_samples
+    from vrh_interp.experiments.sweep import _GroundingPasses, head_signature
 
     distinct = len({head_signature(c) for c in conditions})
+    planner = _GroundingPasses(vlm, {"zero": ZERO_ABLATION}, max_new_tokens=max_new_tokens, max_batch_rows=None)
     batches = [list(items[i: i + batch_size]) for i in range(0, len(items), batch_size)]
-    passes = rows = images = widest = 0
+    passes = rows = images = widest = cut = 0
     prefix_used = True
-    for part in batches:
-        batch = vlm.encode_grounding([s.image for s in part], [s.expression for s in part])
-        per_pass = conditions_per_pass(len(part), batch.prompt_length + max_new_tokens)
-        passes += math.ceil(distinct / per_pass)
-        widest = max(widest, min(per_pass, distinct))
-        prefix = shared_image_prefix(vlm, batch.encoding)
-        prefix_used = prefix_used and prefix is not None
-        images += len(prefix.first) if prefix is not None else len(part)
-        rows += len(part)
+    for chunk in batches:
+        parts = planner.split(chunk, distinct)
+        cut += len(parts) > 1
+        for part in parts:
+            per_pass = planner.per_pass(part)
+            passes += math.ceil(distinct / per_pass)
+            widest = max(widest, min(per_pass, distinct))
+            prefix = shared_image_prefix(vlm, encode_samples(vlm, part).encoding)
+            prefix_used = prefix_used and prefix is not None
+            images += len(prefix.first) if prefix is not None else len(part)
+            rows += len(part)
     naive = len(conditions) * len(batches)
     lines = [
         f"  deduplicated head sets: {distinct} distinct head sets answer {len(conditions)} conditions "
         f"(conditions masking the same heads are answered once)",
-        f"  batching of conditions: {passes} batched generations (each batch of items replicated over up to "
-        f"{widest} conditions in one generation, rows within the 65,536-token budget) vs {naive} plain "
-        "generates, one per condition and batch",
+        f"  batching of conditions: {passes} batched generations (up to {widest} conditions in one generation, rows "
+        f"within the 65,536-token budget{'; batches cut into whole images so that a pass holds its unmasked rows' if cut else ''}) "
+        f"vs {naive} plain generates, one per condition and batch",
         "  shared image prefix: " + (f"the image prefix runs once per image, {images} images for {rows} items per "
                                      "condition (a scene's referents share it); the vision tower once per image "
                                      "and pass" if prefix_used else "not applicable here (every item its own image, "

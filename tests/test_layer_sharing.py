@@ -31,6 +31,10 @@ def _scene_items(scenes: int) -> list:
     return [s for index in range(scenes) for s in grounding_samples("eval", index, 1)]
 
 
+def _scene(sample) -> str:
+    return "-".join(sample.sample_id.split("-")[:2])  # eval-<scene>-L<level>-o<object>
+
+
 def _layer(vlm, layer: int) -> HeadSet:
     return HeadSet([Head(layer, h) for h in range(vlm.geometry.num_heads)])
 
@@ -166,3 +170,44 @@ def test_where_it_does_not_apply(toy_c):
     for family in ("internvl", "llava_next", "qwen2_vl"):
         assert not ls.supported(tiny_vlm(family))
     assert not ls.supported(load_spec("toy:b"))  # InternVL
+
+
+def test_a_big_batch_is_cut_into_whole_images_and_answers_as_the_reference(toy_c, monkeypatch):
+    """``run_conditions`` with a batch too big for all its conditions in one pass: where layer sharing applies
+    the batch is cut into whole images (``_GroundingPasses.split``), so every pass holds many conditions, its
+    unmasked rows among them, and its answers equal one plain ``generate`` per condition with hooks. Where the
+    backend does not share layers (switched off), the batch is not cut."""
+    from vrh_interp.experiments import sweep as sw
+
+    samples = _scene_items(3)
+    heads = [HeadSet(), _layer(toy_c, 7), HeadSet([Head(6, 3), Head(2, 5)]), HeadSet([Head(5, 1)]),
+             HeadSet([Head(4, 2), Head(4, 0)]), HeadSet([Head(3, 9)])]
+    conditions = [sw.Condition("baseline", 0, None, heads[0])] + [sw.Condition("top", len(h), i, h)
+                                                                   for i, h in enumerate(heads[1:])]
+    passes: list[tuple[int, int, int]] = []
+    answer = sw._GroundingPasses.answer
+
+    def logged(self, batch, conds):
+        passes.append((len(batch), len({_scene(s) for s in batch}), len(conds)))
+        return answer(self, batch, conds)
+
+    monkeypatch.setattr(sw._GroundingPasses, "answer", logged)
+    largest = max(sum(_scene(s) == _scene(t) for t in samples) for s in samples)
+    rows = largest * len(heads)  # room for one scene's referents under every condition, not for two scenes
+    result = sw.run_conditions(toy_c, samples, conditions, batch_size=len(samples), max_new_tokens=TOKENS,
+                               max_batch_rows=rows, progress=False)
+    images = len({_scene(s) for s in samples})
+    assert images == 3 and largest < len(samples) / 2
+    assert all(p[2] == len(heads) and p[0] * p[2] <= rows for p in passes), passes  # all conditions, every pass
+    assert sum(p[1] for p in passes) == images  # whole images: each image's referents in one pass
+    encoding = dict(encode_samples(toy_c, samples).encoding)
+    length = int(encoding["input_ids"].shape[1])
+    for cond in conditions:
+        expected = toy_c.decode_answers(_reference(toy_c, encoding, cond.heads), length)
+        got = result.records.set_index("condition").loc[cond.key]
+        assert list(got["answer"]) == expected, cond.key
+    passes.clear()
+    monkeypatch.setattr(ls, "ENABLED", False)
+    sw.run_conditions(toy_c, samples, conditions, batch_size=len(samples), max_new_tokens=TOKENS,
+                      max_batch_rows=rows, progress=False)
+    assert all(p[0] == len(samples) for p in passes), passes  # not cut: the batch, few conditions per pass

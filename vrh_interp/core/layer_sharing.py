@@ -94,6 +94,13 @@ def supported(vlm: Any) -> bool:
     return True
 
 
+def applies(vlm: Any, ablation_kinds: Sequence[str]) -> bool:
+    """Whether ``generate_layer_shared`` can run for ``vlm`` with conditions of these ablation kinds (it may still
+    decline a batch where sharing would not pay): switched on, a local handle, zero ablation only, ``supported``."""
+    return (ENABLED and not getattr(vlm, "remote", False) and all(k == "zero" for k in ablation_kinds)
+            and supported(vlm))
+
+
 class _RowCache:
     """Preallocated keys and values of every row, per layer. The decoder layer's attention calls ``update`` with
     the new keys and values of the computed rows ``0:rows`` (the rows are ordered so that the computed ones
@@ -255,13 +262,11 @@ def generate_layer_shared(vlm: Any, encoding: Mapping[str, Any], conditions: Seq
     original left-padded prompt ids, then the new tokens (the pad token after a row's EOS, up to the step where
     the last row of the call stopped)."""
     global LAST_STATS
-    if not ENABLED or not conditions or max_new_tokens < 1 or not supported(vlm):
-        return None
-    if getattr(vlm, "remote", False):  # a handle that runs elsewhere (NDIF, or serialised as for it): not here
+    # a remote handle (NDIF, or serialised as for it) runs elsewhere: not here
+    kinds = [a.kind for h, a in conditions if h is not None and len(h)]
+    if not conditions or max_new_tokens < 1 or not applies(vlm, kinds):
         return None
     if any(k != "do_sample" or v for k, v in generate_kwargs.items()):
-        return None
-    if any(h is not None and len(h) and a.kind != "zero" for h, a in conditions):
         return None
     given = [h if h is not None and len(h) else None for h, _ in conditions]
     n_layers = vlm.geometry.num_layers

@@ -50,6 +50,7 @@ from vrh_interp.core.backends.select import backend_for, backend_type
 from vrh_interp.core.boxes import Box
 from vrh_interp.core._display import card_html, card_text
 from vrh_interp.evaluation.grounding import encode_samples, ground_conditions
+from vrh_interp.core.interventions import shared_image_prefix
 from vrh_interp.evaluation.statistics import (QUANTILES, bootstrap_ci, empirical_p_value, mcnemar_exact,
                                               random_set_distribution, set_level_verdict, two_level_bootstrap_ci)
 from vrh_interp.core.heads import HeadGeometry, HeadSet
@@ -549,6 +550,32 @@ class _GroundingPasses:
         return conditions_per_pass(len(samples), self._encode(samples).prompt_length + self.max_new_tokens,
                                    self.max_batch_rows)
 
+    def split(self, chunk: Sequence[GroundingSampleLike], signatures: int) -> list[list[GroundingSampleLike]]:
+        """The chunk as the batches its passes run on. Where the backend shares layers (``shares_layers``: a
+        condition's layers below its first masked layer come from the unmasked rows of the same pass) and the chunk
+        is too big for all its ``signatures`` (distinct head sets) to fit one pass, it is cut into whole images (a
+        scene's referents stay together: they share their image prefix) packed while all the conditions still fit
+        one pass: few images x many conditions, so each pass holds its unmasked rows and shares from them, where a
+        big chunk would run one condition per pass and share nothing. Answers do not depend on the cut (every row's
+        answer is its own; tested)."""
+        kinds = sorted({a.kind for a in self.ablations.values()})
+        if len(chunk) < 2 or not backend_for(self.vlm).shares_layers(kinds) or self.per_pass(chunk) >= signatures:
+            return [list(chunk)]
+        batch = self._encode(chunk)
+        prefix = shared_image_prefix(self.vlm, batch.encoding)
+        image_of = prefix.image_of if prefix is not None else list(range(len(chunk)))
+        groups: dict[int, list[GroundingSampleLike]] = {}
+        for sample, image in zip(chunk, image_of):
+            groups.setdefault(image, []).append(sample)
+        tokens = batch.prompt_length + self.max_new_tokens  # the chunk's: no cut is longer
+        out: list[list[GroundingSampleLike]] = []
+        for group in groups.values():
+            if out and conditions_per_pass(len(out[-1]) + len(group), tokens, self.max_batch_rows) >= signatures:
+                out[-1].extend(group)
+            else:
+                out.append(list(group))
+        return out
+
     def answer(self, samples: Sequence[GroundingSampleLike],
                conditions: Sequence[Condition]) -> list[list[dict[str, Any]]]:
         outcomes = ground_conditions(self.vlm, samples, [(c.heads, self.ablations[c.ablation]) for c in conditions],
@@ -585,7 +612,9 @@ def run_passes(log: RecordLog | None, chunks: Sequence[Sequence[S]], conditions:
     the same heads (``head_signature``); the rest are answered pass by pass (``condition_passes`` with
     ``passes.answer`` / ``passes.per_pass``) and appended after each pass; the finished log and the returned
     records are in ``canonical`` order (``canonical_log_order``). ``unit`` names a sample, ``record_unit`` the
-    same name read from a record, ``answer_of`` what ``record`` was made from."""
+    same name read from a record, ``answer_of`` what ``record`` was made from. ``passes.split(chunk, distinct)``
+    cuts a chunk into the batches its passes run on (``_GroundingPasses.split``), given the number of distinct head
+    sets."""
     records: list[dict[str, Any]] = log.read() if log else []
     signature = {c.key: head_signature(c) for c in conditions}
     done = {(record_unit(r), r["condition"]) for r in records}
@@ -595,7 +624,9 @@ def run_passes(log: RecordLog | None, chunks: Sequence[Sequence[S]], conditions:
             known.setdefault(signature[row["condition"]], {})[record_unit(row)] = answer_of(row)
     bar = tqdm(total=len(conditions) * sum(map(len, chunks)), initial=len(done), desc=desc, disable=not progress,
                unit="answer")
-    for new in condition_passes(chunks, conditions, unit=unit, done=done, known=known, answer=passes.answer,
+    distinct = len(set(signature.values()))
+    batches = (part for chunk in chunks for part in passes.split(chunk, distinct))
+    for new in condition_passes(batches, conditions, unit=unit, done=done, known=known, answer=passes.answer,
                                 per_pass=passes.per_pass, record=record):
         if log is not None:
             log.append(new)
@@ -623,7 +654,9 @@ def run_conditions(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], condit
     65,536-token budget, at most 256 rows), every row masked with its own condition's heads and kind
     (``templates.ablation.RowHeadAblation``), and one greedy generation answers them all. The answers equal
     those of one condition at a time (tested exactly); ``max_batch_rows=batch_size`` runs one condition per
-    generation. Records are appended after every pass (a killed run redoes at most one pass) and the finished
+    generation. Where the backend shares layers below each condition's first masked layer (``core.layer_sharing``)
+    and a batch cannot hold all the conditions in one pass, it is cut into whole images first
+    (``_GroundingPasses.split``), so that the passes hold few images and many conditions. Records are appended after every pass (a killed run redoes at most one pass) and the finished
     log is put in condition, then sample order (``canonical_log_order``).
 
     Conditions that mask the same head set with the same ablation (independent control draws repeat sets

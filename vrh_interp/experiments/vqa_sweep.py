@@ -123,6 +123,9 @@ class _VQAPasses:
             self._encoding, self._key = encode_vqa(self.vlm, samples), key
         return self._encoding
 
+    def split(self, chunk: Sequence[VQASample], signatures: int) -> list[list[VQASample]]:
+        return [list(chunk)]  # not cut: VQA items rarely share an image, and layer sharing needs a shared prefix
+
     def per_pass(self, samples: Sequence[VQASample]) -> int:
         tokens = int(self._encode(samples)["input_ids"].shape[1]) + max(s.max_new_tokens for s in samples)
         return conditions_per_pass(len(samples), tokens, self.max_batch_rows)

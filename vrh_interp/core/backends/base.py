@@ -34,6 +34,7 @@ from typing import Any, Callable, ClassVar, Mapping, Protocol, Sequence, runtime
 import torch
 
 from vrh_interp.core import interventions as iv
+from vrh_interp.core import layer_sharing
 from vrh_interp.core.heads import HeadSet
 from vrh_interp.core.model import VLM
 from vrh_interp.core.templates.ablation import ABLATION_KINDS, ZERO_ABLATION, Ablation
@@ -83,6 +84,11 @@ class Backend(Protocol):
         """One ``[batch, prompt + new]`` greedy id tensor per condition ``(heads, ablation)``."""
         ...
 
+    def shares_layers(self, ablation_kinds: Sequence[str]) -> bool:
+        """Whether ``generate_conditions`` computes a condition's layers below its first masked layer once, from
+        the unmasked rows of its pass (``core.layer_sharing``): then a pass should hold many conditions."""
+        ...
+
     def attention_rows(self, encoding: Mapping[str, Any], rows: Sequence[int] | torch.Tensor,
                        layers: Sequence[int] | None = None,
                        reduce: RowReduction | None = None) -> dict[int, Any]:
@@ -130,6 +136,9 @@ class NnsightBackend:
                             shared_prefix: bool = True) -> list[torch.Tensor]:
         return iv.generate_conditions(self.vlm, encoding, conditions, max_new_tokens=max_new_tokens,
                                       segments=segments, sample_ids=sample_ids, shared_prefix=shared_prefix)
+
+    def shares_layers(self, ablation_kinds: Sequence[str]) -> bool:
+        return layer_sharing.applies(self.vlm, ablation_kinds)
 
     def attention_rows(self, encoding: Mapping[str, Any], rows: Sequence[int] | torch.Tensor,
                        layers: Sequence[int] | None = None,

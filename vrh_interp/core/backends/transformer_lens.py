@@ -145,6 +145,9 @@ class TransformerLensBackend:
         """Greedy ids ``[batch, prompt + new]`` with ``heads`` ablated at every step (prefill and decode)."""
         return self.generate_conditions(encoding, [(heads, ZERO_ABLATION)], max_new_tokens=max_new_tokens)[0]
 
+    def shares_layers(self, ablation_kinds: Sequence[str]) -> bool:
+        return False  # every row runs every layer on the bridge
+
     def generate_conditions(self, encoding: Mapping[str, Any], conditions: Sequence[Condition], *,
                             max_new_tokens: int, segments: torch.Tensor | None = None,
                             sample_ids: Sequence[str] | None = None,
