@@ -63,6 +63,24 @@ def training_level1(model: str) -> str:
     return f"{level1['accuracy']:.3f} (n={level1['n']})"
 
 
+def task_census(out: Path, model: str) -> dict[str, int]:
+    """Heads inert by single-head effect per task (``toy_training.regime.task_effects``: grounding, VQA, text, 12
+    fresh items each) and on every task; kept in ``out/task_census.json``."""
+    path = out / "task_census.json"
+    if not path.exists():
+        import sys
+
+        sys.path.insert(0, str(HERE.parent))  # toy_training: dev tooling at the repository root
+        from toy_training import regime
+        from vrh_interp.evaluation.census import EFFECT_FLOOR
+        from vrh_interp.specs import load_spec
+
+        vlm = load_spec(model)
+        inert = regime.inert_by_task(regime.task_effects(vlm.hf_model, vlm.processor), EFFECT_FLOOR)
+        path.write_text(json.dumps({task: len(heads) for task, heads in inert.items()}))
+    return json.loads(path.read_text())
+
+
 def baseline_accuracy(out: Path) -> str:
     path = out / "sweep_summary.csv"
     summary = pd.read_csv(path) if path.exists() else None
@@ -82,18 +100,21 @@ def main() -> None:
     parser.add_argument("--demo-args", default="", help="more `vrh demo` options (a smoke test's small sizes)")
     args = parser.parse_args()
     models = {0: "toy:c", **{int(k): v for k, v in (part.split("=", 1) for part in args.trained.split(","))}}
-    demos, rankings = {}, {}
+    demos, rankings, census = {}, {}, {}
     for seed, model in models.items():
         out = args.out / f"c-train{seed}"
         demos[seed] = run(out, model, args.demo_seed, args.demo_args.split())
         rankings[seed] = HeadScores.load(out / "scores-vrh.json")
+        census[seed] = task_census(out, model)
     labels = [f"training {seed}" for seed in models]
     overview = pd.DataFrame([{
         "training": f"training {seed}" + (" (shipped toy:c)" if seed == 0 else ""),
         "weights sha256": weights_digest(model),
         "live heads": demos[seed]["census"]["live"],
         "inert by norm": demos[seed]["census"]["inert_by_norm"],
-        "inert by effect": demos[seed]["census"]["inert_by_effect"],
+        "inert by effect (grounding, demo census)": demos[seed]["census"]["inert_by_effect"],
+        "inert by effect per task: grounding / VQA / text / every task": " / ".join(
+            str(n) for n in census[seed].values()),
         "k*": demos[seed]["k_star"],
         "level 1 at the last training evaluation": training_level1(model),
         "demo baseline accuracy": baseline_accuracy(args.out / f"c-train{seed}"),
@@ -133,6 +154,10 @@ def main() -> None:
              "the training alone. Library versions: "
              + ", ".join(f"{k} {v}" for k, v in library_versions().items()) + ".", "",
              "## The trained models", "", overview.to_markdown(index=False), "",
+             "Inert by effect: a single-head KL under 1 % of the 90th-percentile head's. The demo's census (6 "
+             "grounding items) decides its live-head control pool; the per-task census (`toy_training.regime."
+             "task_effects`, 12 fresh items of each task) is the organism's: a head inert on every task has no "
+             "job, one acting on the text tasks only is a trained head with another job.", "",
              "## Do the top heads stay the same?", "", pd.DataFrame(overlaps).to_markdown(index=False), "",
              "## Every verdict per training (estimate in brackets)", "",
              "Cells: holds / NOT (does not hold) / inc. (inconclusive) / - (not measured).", "",

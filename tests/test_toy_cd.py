@@ -114,3 +114,46 @@ def test_shipped_wide_toy_is_in_the_papers_regime_as_its_card_states(name: str) 
     text = model.config.get_text_config()
     assert measured["heads"] == text.num_hidden_layers * text.num_attention_heads >= 128
     assert sum(f.stat().st_size for f in folder.iterdir()) <= 10 * 1024 * 1024
+
+
+def test_regime_single_head_kl_equals_the_library_census() -> None:
+    """The regime tool's per-task effects (plain hooks, heads batched per row) against the library's census
+    (``evaluation.census.single_head_effects``: nnsight templates) on the same grounding items: two
+    implementations of the same KL."""
+    from vrh_interp.core.model import wrap
+    from vrh_interp.evaluation.census import single_head_effects
+    from vrh_interp.evaluation.grounding import encode_samples
+
+    model, processor = load("a")
+    vlm = wrap(model, processor)
+    samples = trainer.held_out_samples(1, 1)[:3]
+    ours = regime._single_head_kl(model, dict(encode_samples(vlm, samples).encoding), heads_per_pass=5)
+    library = single_head_effects(vlm, samples)
+    assert ours.shape == library.shape and library.max() > 0
+    torch.testing.assert_close(torch.tensor(ours), torch.tensor(library), rtol=1e-3, atol=1e-6)
+
+
+def test_regime_census_per_task_finds_a_dead_head_on_every_task() -> None:
+    """A head whose output-projection columns are zeroed does nothing on any task: ``inert_by_task`` lists it
+    under every task and under "every task"; a head of the unchanged model is not listed there."""
+    model, processor = load("a")
+    config = model.config.get_text_config()
+    d = config.head_dim
+    with torch.no_grad():
+        planted._output_projections(model)[1].weight[:, 2 * d:3 * d] = 0.0
+    effects = regime.task_effects(model, processor, items=2)
+    assert set(effects) == {"grounding", "vqa", "text"}
+    inert = regime.inert_by_task(effects, 0.01)
+    assert all("L1H2" in inert[task] for task in ("grounding", "vqa", "text", "every task"))
+    assert len(inert["every task"]) < config.num_hidden_layers * config.num_attention_heads / 2
+
+
+def test_regime_goals_fail_on_each_unmet_goal() -> None:
+    """``in_regime`` needs every goal: each one missed alone makes it False (the old rule passed a model with
+    dozens of heads inert by effect)."""
+    met = dict(accuracy=0.95, inert_norm=[], inert_everywhere=[], live_cost=0.01, worst_single=0.05)
+    assert regime._goals(**met)["in_regime"]
+    for change in ({"accuracy": 0.89}, {"inert_norm": ["L1H1"]}, {"inert_everywhere": ["L3H0"]},
+                   {"live_cost": 0.06}, {"worst_single": 0.2}, {"live_cost": float("nan")}):
+        judged = regime._goals(**{**met, **change})
+        assert not judged["in_regime"] and sum(not v for v in judged["goals"].values()) == 1, change

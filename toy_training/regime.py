@@ -14,8 +14,12 @@ ablation, implemented independently of its nnsight templates):
 * the head census (``vrh_interp.evaluation.census``): heads inert by output-projection norm (under a quarter of
   the 90th-percentile head's, read off the weights here with ``toy_training.grow.head_norms``) and by single-head
   effect (KL of the answer distribution), and the random sets drawn again from the LIVE heads only: a control
-  pool of dead heads would make random sets cheap by construction. In the regime: no inert head, live random
-  sets cost <= 5 points on average, no single head > 15.
+  pool of dead heads would make random sets cheap by construction;
+* the single-head effect on each of the toy's tasks (``task_effects``: grounding, VQA, text-only items): a head
+  inert on every task has no job (one that acts on text only is a trained head with another job).
+
+In the regime (``_goals``): no head inert by norm, none inert on every task, live random sets cost <= 5 points on
+average, no single head > 15, level-1 grounding >= 90 % on fresh scenes.
 
 Many masks are evaluated in one batched ``generate``: each row carries its own [layers, heads]
 multipliers (rows = masks x samples), which is exact because rows do not interact.
@@ -91,6 +95,110 @@ def query_checks(model, processor, name: str, samples: Sequence) -> dict[str, fl
             "swap_still_original": float(_hits(swapped, swap_boxes, originals).mean()) if swapped else float("nan")}
 
 
+TASK_ITEMS = 12  # per task, one per scene: twice the library census's 6 (a head's job may show on few items)
+
+
+@torch.no_grad()
+def _single_head_kl(model, encoding: dict, heads_per_pass: int = 16) -> np.ndarray:
+    """[layers, heads] mean KL(unmasked || head zeroed alone) per answer token of one batch, the unmasked greedy
+    answer (before its EOS) teacher-forced; heads zeroed by ``planted.head_multipliers`` (plain hooks, per row)."""
+    from vrh_interp.core.interventions import replicate_encoding
+
+    config = model.config.get_text_config()
+    layers, heads = config.num_hidden_layers, config.num_attention_heads
+    eos = model.generation_config.eos_token_id
+    stop = ({eos} if isinstance(eos, int) else set(eos or [])) | {model.generation_config.pad_token_id}
+    prompt = int(encoding["input_ids"].shape[1])
+    ids = model.generate(**encoding, max_new_tokens=24, do_sample=False)
+    # the answer's tokens before its EOS (at least one), as the library's census counts them
+    lengths = [max(1, next((i for i, t in enumerate(row) if t in stop), len(row))) for row in ids[:, prompt:].tolist()]
+    width = max(lengths)
+    full = dict(encoding, input_ids=ids[:, :prompt + width], attention_mask=torch.cat(
+        [encoding["attention_mask"], torch.ones(len(ids), width, dtype=encoding["attention_mask"].dtype)], dim=1))
+    mask = torch.zeros(len(ids), width)
+    for row, n in enumerate(lengths):
+        mask[row, :n] = 1.0
+    base = torch.log_softmax(model(**full).logits[:, prompt - 1:prompt - 1 + width].float(), dim=-1)
+    everyone = [(layer, head) for layer in range(layers) for head in range(heads)]
+    out = np.zeros(layers * heads)
+    rows = len(ids)
+    for first in range(0, len(everyone), heads_per_pass):
+        chunk = everyone[first:first + heads_per_pass]
+        multipliers = torch.ones(layers, len(chunk) * rows, heads)
+        for j, (layer, head) in enumerate(chunk):
+            multipliers[layer, j * rows:(j + 1) * rows, head] = 0.0
+        with planted.head_multipliers(model, multipliers):
+            logits = model(**replicate_encoding(full, len(chunk))).logits[:, prompt - 1:prompt - 1 + width]
+        for j, part in enumerate(torch.log_softmax(logits.float(), dim=-1).split(rows, dim=0)):
+            kl = (base.exp() * (base - part)).sum(-1)
+            out[first + j] = float((kl * mask).sum() / mask.sum())
+    return out.reshape(layers, heads)
+
+
+def task_effects(model, processor, *, items: int = TASK_ITEMS, offset: int = 200) -> dict[str, np.ndarray]:
+    """Single-head effects (``_single_head_kl``) on each of the toy's tasks, ``items`` fresh items each from the
+    level-1 eval scenes from ``offset`` on: grounding, VQA and the text-only tasks (``text_tasks``). The issue's
+    rule for a live head is a measurable change on a MIXED set of its tasks: a head with a text job and no image job
+    is a trained head with another job (what the paper's models' non-retrieval heads are), not an inert one."""
+    from vrh_interp.core.model import wrap
+    from vrh_interp.data.scenes import grounding_samples, vqa_samples
+    from vrh_interp.evaluation.grounding import encode_samples
+    from vrh_interp.experiments.vqa_sweep import encode_vqa
+    from toy_training.text_tasks import scene_text_items, text_messages
+
+    vlm = wrap(model, processor)
+    def one_per_scene(make):  # one item per scene, cycling through each scene's items: more scenes, more jobs
+        picked, index = [], offset
+        while len(picked) < items:
+            made = make(index)
+            if made:
+                picked.append(made[len(picked) % len(made)])
+            index += 1
+        return picked
+
+    grounding = one_per_scene(lambda i: grounding_samples("eval", i, 1))
+    vqa = one_per_scene(lambda i: vqa_samples("eval", i, 1))
+    texts = [text for text, _ in one_per_scene(lambda i: scene_text_items("eval", i))]
+    tokenizer = processor.tokenizer
+    side, tokenizer.padding_side = tokenizer.padding_side, "left"
+    try:
+        text = dict(tokenizer([processor.apply_chat_template(text_messages(t), add_generation_prompt=True,
+                                                             tokenize=False) for t in texts],
+                              return_tensors="pt", padding=True, add_special_tokens=False))
+    finally:
+        tokenizer.padding_side = side
+    return {"grounding": _single_head_kl(model, dict(encode_samples(vlm, grounding).encoding)),
+            "vqa": _single_head_kl(model, dict(encode_vqa(vlm, vqa))),
+            "text": _single_head_kl(model, text)}
+
+
+def inert_by_task(effects: dict[str, np.ndarray], floor: float) -> dict[str, list[str]]:
+    """Per task the heads whose effect is under ``floor`` of that task's 90th-percentile head's, and
+    ``"every task"``: the heads inert on all of them (the issue's inert heads)."""
+    out = {}
+    for task, effect in effects.items():
+        ratio = effect / max(float(np.percentile(effect, 90)), 1e-12)
+        out[task] = [str(Head(int(layer), int(head))) for layer, head in zip(*np.nonzero(ratio < floor))]
+    out["every task"] = [h for h in out[next(iter(effects))] if all(h in out[t] for t in effects)]
+    return out
+
+
+GROUNDING_GOAL = 0.90  # level-1 grounding on fresh scenes
+
+
+def _goals(accuracy: float, inert_norm: list[str], inert_everywhere: list[str], live_cost: float,
+           worst_single: float) -> dict:
+    """Issue 31's goals, each judged, and ``in_regime`` only when all are met: no head inert by output norm, none
+    inert by single-head effect on every task, random live sets cost <= 5 points on average, no single head > 15,
+    level-1 grounding >= 90 % on the fresh scenes. (The rule before 2026-12-03 left out the effect census and the
+    grounding goal, so a model with dozens of near-inert heads passed it.)"""
+    goals = {"no_head_inert_by_norm": not inert_norm, "no_head_inert_on_every_task": not inert_everywhere,
+             "live_random_sets_within_budget": bool(live_cost <= RANDOM_SET_BUDGET),
+             "single_heads_within_budget": bool(worst_single <= SINGLE_HEAD_BUDGET),
+             "grounding_goal_met": bool(accuracy >= GROUNDING_GOAL)}
+    return {"goals": goals, "in_regime": all(goals.values())}
+
+
 def measure(model, processor, name: str, *, n_scenes: int = 50, offset: int = 200, damage_scenes: int = 10,
             random_sets: int = 20, seed: int = 0) -> dict:
     """Regime properties (module docstring). Grounding and query checks on level-1 eval scenes
@@ -117,7 +225,7 @@ def measure(model, processor, name: str, *, n_scenes: int = 50, offset: int = 20
     damage = base - single
     from toy_training import grow
     from vrh_interp.core.model import wrap
-    from vrh_interp.evaluation.census import NORM_FLOOR, census
+    from vrh_interp.evaluation.census import EFFECT_FLOOR, NORM_FLOOR, census
 
     norms = grow.head_norms(model)
     pool = census(wrap(model, processor), damage_samples[:8])
@@ -128,6 +236,7 @@ def measure(model, processor, name: str, *, n_scenes: int = 50, offset: int = 20
                          for boxes in masked_boxes(model, processor, name, damage_samples, live_sets)]) \
         if live_sets else np.array([])
     inert_norm = [str(h) for h in everyone if norms[h.layer, h.head] < NORM_FLOOR * np.percentile(norms, 90)]
+    by_task = inert_by_task(task_effects(model, processor, offset=offset), EFFECT_FLOOR)
     return {
         "name": name, "heads": total, "layers": layers, "heads_per_layer": heads,
         "scenes": [offset, offset + n_scenes - 1], "n": len(samples),
@@ -145,12 +254,13 @@ def measure(model, processor, name: str, *, n_scenes: int = 50, offset: int = 20
         "random_set_cost_mean": float(base - random_acc.mean()), "random_set_cost_max": float(base - random_acc.min()),
         "output_norm_p90": float(np.percentile(norms, 90)),
         "inert_by_norm": inert_norm, "inert_by_effect": [h for h in pool.table.loc[pool.table["inert_effect"], "head"]],
+        "inert_by_effect_per_task": by_task, "task_items": TASK_ITEMS,
         "live_heads": len(live), "live_random_sets": [s.to_list() for s in live_sets],
         "live_random_set_accuracies": live_acc.tolist(),
         "live_random_set_cost_mean": float(base - live_acc.mean()) if live_acc.size else float("nan"),
         "live_random_set_cost_max": float(base - live_acc.min()) if live_acc.size else float("nan"),
-        "in_regime": bool(not inert_norm and live_acc.size and base - live_acc.mean() <= RANDOM_SET_BUDGET
-                          and damage.max() <= SINGLE_HEAD_BUDGET),
+        **_goals(metrics["accuracy"], inert_norm, by_task["every task"], base - live_acc.mean() if live_acc.size
+                 else float("nan"), float(damage.max())),
     }
 
 
@@ -173,10 +283,17 @@ def summary_lines(measured: dict) -> list[str]:
         f"{m['random_set_cost_mean']:.3f}, worst {m['random_set_cost_max']:.3f}",
         f"census: inert by output norm (< 1/4 of the 90th-percentile head's) {len(m['inert_by_norm'])}"
         f"{named}"
-        f", by single-head effect {len(m['inert_by_effect'])}; live heads {m['live_heads']}",
+        f", by single-head effect on grounding {len(m['inert_by_effect'])}; live heads {m['live_heads']}",
+        *([f"single-head effect per task ({m['task_items']} items each; < 1 % of the task's 90th-percentile head): "
+           + ", ".join(f"{task} {len(heads)}" for task, heads in m["inert_by_effect_per_task"].items())
+           + f" inert ({', '.join(m['inert_by_effect_per_task']['every task'][:12])}"
+           + f"{'...' if len(m['inert_by_effect_per_task']['every task']) > 12 else ''})"]
+          if "inert_by_effect_per_task" in m else []),
         f"random sets of {m['random_set_size']} LIVE heads ({len(m['live_random_set_accuracies'])} sets): mean cost "
-        f"{m['live_random_set_cost_mean']:.3f}, worst {m['live_random_set_cost_max']:.3f}; in the paper's regime: "
-        f"{m['in_regime']}",
+        f"{m['live_random_set_cost_mean']:.3f}, worst {m['live_random_set_cost_max']:.3f}",
+        f"in the paper's regime: {m['in_regime']}"
+        + (f" (goals not met: {', '.join(g for g, met in m['goals'].items() if not met)})"
+           if "goals" in m and not m["in_regime"] else ""),
     ]
 
 
