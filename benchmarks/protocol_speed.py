@@ -129,7 +129,7 @@ def sharing(vlm: Any, items: Sequence[Any], conditions: Sequence[Any], batch_siz
             per_pass = planner.per_pass(part)
             passes += math.ceil(distinct / per_pass)
             widest = max(widest, min(per_pass, distinct))
-            prefix = shared_image_prefix(vlm, encode_samples(vlm, part).encoding)
+            prefix = shared_image_prefix(vlm, encode_samples(vlm, part).encoding, unique=True)
             prefix_used = prefix_used and prefix is not None
             images += len(prefix.first) if prefix is not None else len(part)
             rows += len(part)

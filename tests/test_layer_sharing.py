@@ -211,3 +211,18 @@ def test_a_big_batch_is_cut_into_whole_images_and_answers_as_the_reference(toy_c
     sw.run_conditions(toy_c, samples, conditions, batch_size=len(samples), max_new_tokens=TOKENS,
                       max_batch_rows=rows, progress=False)
     assert all(p[0] == len(samples) for p in passes), passes  # not cut: the batch, few conditions per pass
+
+
+def test_a_batch_without_a_repeated_image_shares_across_conditions(toy_c):
+    """One referent of each of three scenes: no image repeats, so there is no prefix to share between rows, but
+    the conditions replicate every image: ``generate_conditions`` takes the layer-sharing path (a prefix of unique
+    images) and answers as the reference; without layer sharing it takes the plain path."""
+    samples = [_scene_items(3)[i] for i in (0, 5, 8)]
+    assert len({_scene(s) for s in samples}) == 3
+    encoding = dict(encode_samples(toy_c, samples).encoding)
+    assert iv.shared_image_prefix(toy_c, encoding) is None
+    heads = [HeadSet(), _layer(toy_c, 7), HeadSet([Head(6, 3), Head(2, 5)]), HeadSet([Head(4, 2)])]
+    ls.LAST_STATS = ls.SharingStats()
+    ours = iv.generate_conditions(toy_c, encoding, [(h, Ablation()) for h in heads], max_new_tokens=TOKENS)
+    assert 0 < ls.LAST_STATS.computed < ls.LAST_STATS.total
+    assert all(_same(toy_c, ids, _reference(toy_c, encoding, h)) for h, ids in zip(heads, ours))

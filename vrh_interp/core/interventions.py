@@ -216,16 +216,19 @@ def generate_conditions(vlm: VLM, encoding: Mapping[str, Any], conditions: Seque
     if shared_prefix and not vlm.remote and all(not a.method.per_sample and (segments is not None or
                                                                          not a.replaces_by_segment)
                                             for _, a in masked):
-        prefix = shared_image_prefix(vlm, encoding)
-        if prefix is not None:
-            from vrh_interp.core.layer_sharing import generate_layer_shared  # layers below the first masked one
+        from vrh_interp.core import layer_sharing  # layers below the first masked one, computed once
 
-            shared = generate_layer_shared(vlm, encoding, conditions, prefix, max_new_tokens=max_new_tokens,
-                                           **generate_kwargs)
+        # layer sharing shares across the conditions too, so it takes a prefix even where no image repeats
+        sharing = len(conditions) > 1 and layer_sharing.applies(vlm, [a.kind for _, a in masked])
+        prefix = shared_image_prefix(vlm, encoding, unique=sharing)
+        if prefix is not None:
+            shared = layer_sharing.generate_layer_shared(vlm, encoding, conditions, prefix,
+                                                         max_new_tokens=max_new_tokens, **generate_kwargs)
             if shared is not None:
                 return shared
-            return _generate_from_prefix(vlm, encoding, conditions, prefix, max_new_tokens=max_new_tokens,
-                                         segments=segments, **generate_kwargs)
+            if len(prefix.first) < rows:
+                return _generate_from_prefix(vlm, encoding, conditions, prefix, max_new_tokens=max_new_tokens,
+                                             segments=segments, **generate_kwargs)
     if len(conditions) == 1:
         heads, ablation = conditions[0]
         templates = [head_ablation(vlm, heads, ablation, segments=segments, sample_ids=sample_ids)] if masked else []
@@ -253,7 +256,7 @@ class SharedPrefix:
         return int(self.ids.shape[1])
 
 
-def shared_image_prefix(vlm: VLM, encoding: Mapping[str, Any]) -> SharedPrefix | None:
+def shared_image_prefix(vlm: VLM, encoding: Mapping[str, Any], *, unique: bool = False) -> SharedPrefix | None:
     """The batch's shared image prefixes, or None where sharing does not apply or would not pay.
 
     Exactness argument: attention is causal, so the keys and values of a prompt's tokens up to its last image
@@ -264,7 +267,8 @@ def shared_image_prefix(vlm: VLM, encoding: Mapping[str, Any]) -> SharedPrefix |
     rotary positions, causal image attention), so every token sees the same keys at the same positions as in
     the left-padded batch. Only the order of floating-point sums differs (other matrix shapes); greedy answers
     are tested equal to the unshared path. Applies when the family allows it, every row has one image at the
-    same prefix length, each per-image tensor has one row per prompt, and some image repeats."""  # noqa: E501
+    same prefix length, each per-image tensor has one row per prompt, and some image repeats (or, with ``unique``,
+    also when none does: layer sharing shares across the conditions a batch is replicated over)."""  # noqa: E501
     if not vlm.adapter.image_prefix_cache or "input_ids" not in encoding or "attention_mask" not in encoding:
         return None
     ids, mask = encoding["input_ids"], encoding["attention_mask"]
@@ -305,7 +309,7 @@ def shared_image_prefix(vlm: VLM, encoding: Mapping[str, Any]) -> SharedPrefix |
             keys[key] = len(first)
             first.append(r)
         image_of.append(keys[key])
-    if len(first) == rows:  # no image repeats: nothing to share
+    if len(first) == rows and not unique:  # no image repeats: nothing to share
         return None
     prefix_ids = torch.stack([ids[r, starts[r]:starts[r] + length] for r in first])
     return SharedPrefix(prefix_ids, first, image_of, starts)
