@@ -48,6 +48,7 @@ from tests.reference import zeroed_heads  # noqa: E402  (the independent plain-P
 GOAL = 5.0
 ANSWER_TOKENS = 24  # the demo's
 DEMO_BATCH_SIZE = 256  # the demo's default --batch-size
+CUT = "; batches cut into whole images so that a pass holds its unmasked rows"
 SMALL = {"items": 8, "sets": 2, "curve_sets": 1, "detect_scenes": 20}
 
 
@@ -138,8 +139,7 @@ def sharing(vlm: Any, items: Sequence[Any], conditions: Sequence[Any], batch_siz
         f"  deduplicated head sets: {distinct} distinct head sets answer {len(conditions)} conditions "
         f"(conditions masking the same heads are answered once)",
         f"  batching of conditions: {passes} batched generations (up to {widest} conditions in one generation, rows "
-        f"within the 65,536-token budget{'; batches cut into whole images so that a pass holds its unmasked rows' if cut else ''}) "
-        f"vs {naive} plain generates, one per condition and batch",
+        f"within the 65,536-token budget{CUT if cut else ''}) vs {naive} plain generates, one per condition and batch",
         "  shared image prefix: " + (f"the image prefix runs once per image, {images} images for {rows} items per "
                                      "condition (a scene's referents share it); the vision tower once per image "
                                      "and pass" if prefix_used else "not applicable here (every item its own image, "

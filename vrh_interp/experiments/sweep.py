@@ -656,7 +656,8 @@ def run_conditions(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], condit
     those of one condition at a time (tested exactly); ``max_batch_rows=batch_size`` runs one condition per
     generation. Where the backend shares layers below each condition's first masked layer (``core.layer_sharing``)
     and a batch cannot hold all the conditions in one pass, it is cut into whole images first
-    (``_GroundingPasses.split``), so that the passes hold few images and many conditions. Records are appended after every pass (a killed run redoes at most one pass) and the finished
+    (``_GroundingPasses.split``), so that the passes hold few images and many conditions. Records are appended
+    after every pass (a killed run redoes at most one pass) and the finished
     log is put in condition, then sample order (``canonical_log_order``).
 
     Conditions that mask the same head set with the same ablation (independent control draws repeat sets
