@@ -124,7 +124,7 @@ class _VQAPasses:
         return self._encoding
 
     def split(self, chunk: Sequence[VQASample], signatures: int) -> list[list[VQASample]]:
-        return [list(chunk)]  # not cut: VQA items rarely share an image, and layer sharing needs a shared prefix
+        return [list(chunk)]  # not cut (grounding batches are: ``sweep._GroundingPasses.split``)
 
     def per_pass(self, samples: Sequence[VQASample]) -> int:
         tokens = int(self._encode(samples)["input_ids"].shape[1]) + max(s.max_new_tokens for s in samples)
