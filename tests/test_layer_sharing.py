@@ -226,3 +226,21 @@ def test_a_batch_without_a_repeated_image_shares_across_conditions(toy_c):
     ours = iv.generate_conditions(toy_c, encoding, [(h, Ablation()) for h in heads], max_new_tokens=TOKENS)
     assert 0 < ls.LAST_STATS.computed < ls.LAST_STATS.total
     assert all(_same(toy_c, ids, _reference(toy_c, encoding, h)) for h, ids in zip(heads, ours))
+
+
+def test_vqa_answers_over_distinct_images_equal_the_reference(toy_c):
+    """VQA questions of three scenes (no image repeats) under several conditions in one pass
+    (``vqa_sweep.answer_conditions``) take the layer-sharing path and answer as one plain ``generate`` per
+    condition with hooks."""
+    from vrh_interp.data.scenes import vqa_samples
+    from vrh_interp.experiments.vqa_sweep import answer_conditions, encode_vqa
+
+    samples = [vqa_samples("eval", index, 1)[0] for index in range(3)]
+    encoding = dict(encode_vqa(toy_c, samples))
+    assert iv.shared_image_prefix(toy_c, encoding) is None
+    heads = [HeadSet(), _layer(toy_c, 5), HeadSet([Head(4, 2), Head(6, 11)])]
+    ls.LAST_STATS = ls.SharingStats()
+    ours = answer_conditions(toy_c, samples, [(h, Ablation()) for h in heads], max_new_tokens=TOKENS)
+    assert ls.LAST_STATS.total > 0
+    length = int(encoding["input_ids"].shape[1])
+    assert ours == [toy_c.decode_answers(_reference(toy_c, encoding, h), length) for h in heads]
