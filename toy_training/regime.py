@@ -147,6 +147,7 @@ def task_effects(model, processor, *, items: int = TASK_ITEMS, offset: int = 200
     from toy_training.text_tasks import scene_text_items, text_messages
 
     vlm = wrap(model, processor)
+
     def one_per_scene(make):  # one item per scene, cycling through each scene's items: more scenes, more jobs
         picked, index = [], offset
         while len(picked) < items:

@@ -262,9 +262,8 @@ def generate_layer_shared(vlm: Any, encoding: Mapping[str, Any], conditions: Seq
     original left-padded prompt ids, then the new tokens (the pad token after a row's EOS, up to the step where
     the last row of the call stopped)."""
     global LAST_STATS
-    # a remote handle (NDIF, or serialised as for it) runs elsewhere: not here
     kinds = [a.kind for h, a in conditions if h is not None and len(h)]
-    if not conditions or max_new_tokens < 1 or not applies(vlm, kinds):
+    if not conditions or max_new_tokens < 1 or not applies(vlm, kinds):  # ``applies``: also not a remote handle
         return None
     if any(k != "do_sample" or v for k, v in generate_kwargs.items()):
         return None
