@@ -66,7 +66,7 @@ def build_random_vlm(name: str, *, image_size: int = REALISTIC_IMAGE_SIZE, seed:
     """A random-weight LLaVA-class VLM with a real backbone's proportions, built offline (nothing downloaded)."""
     from transformers import LlavaForConditionalGeneration
 
-    from vrh_interp.core.model import wrap
+    from vrh_interp.core.model import cast_model, wrap
     from toy_training import configs
 
     if name not in REALISTIC_SHAPES:
@@ -81,7 +81,7 @@ def build_random_vlm(name: str, *, image_size: int = REALISTIC_IMAGE_SIZE, seed:
     config.image_seq_length = grid * grid
     config.text_config.max_position_embeddings = 4096
     torch.manual_seed(seed)
-    model = LlavaForConditionalGeneration(config).eval().to(dtype)
+    model = cast_model(LlavaForConditionalGeneration(config).eval(), dtype)  # rotary inv_freq stays float32
     return wrap(model, processor, model_id=f"random:{name}")
 
 

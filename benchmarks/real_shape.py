@@ -257,7 +257,7 @@ def slice_comparison(vlm: Any, samples: list[Any], dtype: Any) -> dict[str, floa
     """``vrh`` scores of the first two language-model layers of ``vlm`` (same weights) in bf16 and fp32."""
     import torch
 
-    from vrh_interp.core.model import wrap
+    from vrh_interp.core.model import cast_model, wrap
     from vrh_interp.scoring.collect import collect_batch
     from vrh_interp.scoring.detect import scores_from_stats
 
@@ -270,7 +270,7 @@ def slice_comparison(vlm: Any, samples: list[Any], dtype: Any) -> dict[str, floa
         text.layer_types = text.layer_types[:2]
     scores = {}
     for precision in (dtype, torch.float32 if dtype != torch.float32 else torch.bfloat16):
-        model.to(precision)
+        cast_model(model, precision)  # rotary inv_freq stays float32, as from_pretrained(dtype=) leaves it
         sliced = wrap(model, vlm.processor, model_id=vlm.model_id)
         stats = collect_batch(sliced, samples, max_new_tokens=1, output_source="teacher_forced")
         scores[str(precision).removeprefix("torch.")] = scores_from_stats(stats, "vrh").scores

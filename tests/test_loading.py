@@ -81,3 +81,65 @@ def test_per_layer_device_map_loads_through_the_same_path_and_computes_the_same(
         assert got_stats.answer == want_stats.answer
         assert np.array_equal(got_stats.output_rows, want_stats.output_rows)
         assert np.array_equal(got_stats.input_rows, want_stats.input_rows)
+
+
+def _rotary_buffers(model) -> dict[str, torch.Tensor]:
+    return {name: buf for name, buf in model.named_buffers() if name.endswith("inv_freq")}
+
+
+@pytest.mark.parametrize("family", ["paligemma2", "qwen2_5_vl"])
+def test_cast_model_leaves_rotary_frequencies_as_from_config_builds_them(family):
+    from transformers import AutoModelForImageTextToText
+
+    from vrh_interp.core.model import cast_model
+
+    tiny = build_tiny(family)
+    reference = AutoModelForImageTextToText.from_config(tiny.model.config, dtype=torch.bfloat16)  # HF's own dtype path
+    model = cast_model(tiny.model, torch.bfloat16)
+    expected, got = _rotary_buffers(reference), _rotary_buffers(model)
+    assert expected and got.keys() == expected.keys()
+    for name, buf in expected.items():
+        assert buf.dtype == got[name].dtype == torch.float32 and torch.equal(got[name], buf), name
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+
+
+def test_half_precision_rotary_frequencies_move_far_positions_and_cast_model_does_not():
+    """Why cast_model exists: ``.to(bf16)`` rounds ``inv_freq``, and the rotary angle error grows with position."""
+    import copy
+
+    from vrh_interp.core.model import cast_model
+
+    model = build_tiny("paligemma2").model
+    rotary = model.model.language_model.rotary_emb
+    x, far = torch.zeros(1, dtype=torch.bfloat16), torch.tensor([[1000]])
+    exact, _ = rotary(x.float(), far)
+    errors = {}
+    for how in ("to", "cast_model"):
+        copied = copy.deepcopy(model)
+        copied = copied.to(torch.bfloat16) if how == "to" else cast_model(copied, torch.bfloat16)
+        cos, _ = copied.model.language_model.rotary_emb(x, far)
+        errors[how] = (cos.float() - exact).abs().max().item()
+    assert errors["to"] > 0.1  # radians-sized errors at position 1,000
+    assert errors["cast_model"] <= 2 ** -8  # the rounding of cos itself
+
+
+def test_wrap_warns_when_rotary_frequencies_are_half_precision(recwarn):
+    import copy
+
+    from vrh_interp.core.model import cast_model, wrap
+
+    tiny = build_tiny("paligemma2")
+    with pytest.warns(UserWarning, match=r"rotary frequency buffer.*bfloat16.*cast_model"):
+        wrap(copy.deepcopy(tiny.model).to(torch.bfloat16), tiny.processor)
+    recwarn.clear()
+    wrap(cast_model(tiny.model, torch.bfloat16), tiny.processor)
+    assert not [w for w in recwarn if "rotary frequency" in str(w.message)]
+
+
+def test_loading_a_builtin_spec_in_bf16_keeps_rotary_frequencies_float32():
+    from vrh_interp.specs import load_spec
+
+    vlm = load_spec("tiny:paligemma", dtype="bfloat16")
+    buffers = _rotary_buffers(vlm.hf_model)
+    assert buffers and {b.dtype for b in buffers.values()} == {torch.float32}
+    assert {p.dtype for p in vlm.hf_model.parameters()} == {torch.bfloat16}

@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 from vrh_interp.core.families import FamilyAdapter
-from vrh_interp.core.model import VLM, load_pretrained, wrap
+from vrh_interp.core.model import VLM, cast_model, load_pretrained, wrap
 from vrh_interp.core.model_source import check_device, loading_output, parse_dtype
 
 BUILTIN_PREFIXES = ("toy:", "tiny:")
@@ -33,7 +33,7 @@ def load(model_id_or_path: str | os.PathLike[str], *, device_map: Any = None, dt
         vlm = _load_builtin(spec, device_map)
     if dtype is None and adapter is None and attention is None:
         return vlm
-    return wrap(vlm.hf_model if dtype is None else vlm.hf_model.to(dtype), vlm.processor, adapter=adapter,
+    return wrap(vlm.hf_model if dtype is None else cast_model(vlm.hf_model, dtype), vlm.processor, adapter=adapter,
                 model_id=vlm.model_id, remote_id=vlm.remote_id, attention=attention)
 
 

@@ -32,6 +32,7 @@ import dataclasses
 import functools
 import json
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -290,6 +291,31 @@ def _remote_keyed_class() -> type:
     return RemoteKeyedTransformersModel
 
 
+def _half_rotary_buffers(model: Any) -> list[str]:
+    """Rotary frequency buffers (``...inv_freq``) held in a half-precision dtype."""
+    return [name for name, buf in model.named_buffers()
+            if name.endswith("inv_freq") and buf.dtype in (torch.bfloat16, torch.float16)]
+
+
+def _dtype_name(model: Any, buffer: str) -> str:
+    return str(model.get_buffer(buffer).dtype).removeprefix("torch.")
+
+
+def cast_model(model: Any, dtype: Any) -> Any:
+    """``model.to(dtype)``, but leaving the rotary frequency buffers (``...inv_freq``) in float32, as
+    ``from_pretrained(dtype=...)`` / ``from_config(dtype=...)`` build them. ``.to`` casts every floating buffer, and a
+    bf16 ``inv_freq`` (relative error 2^-9) puts an error of about position x 2^-9 radians into the rotary angles:
+    attention far from the query changes (PaliGemma2's bf16 head ranking at 1,000 positions: Spearman 0.97 with a
+    bf16 ``inv_freq``; docs/benchmarks.md). Returns ``model``, cast in place."""
+    kept = {name: buf for name, buf in model.named_buffers()
+            if name.endswith("inv_freq") and buf.dtype == torch.float32}
+    model.to(dtype)
+    for name, buf in kept.items():
+        owner, _, attr = name.rpartition(".")
+        model.get_submodule(owner)._buffers[attr] = buf
+    return model
+
+
 def wrap(model: Any, processor: Any, *, adapter: FamilyAdapter | None = None, model_id: str | None = None,
          revision: str | None = None, remote_id: str | None = None, attention: Any = None) -> VLM:
     """Wrap a HF ``*ForConditionalGeneration`` already in memory (any device / dtype).
@@ -300,6 +326,13 @@ def wrap(model: Any, processor: Any, *, adapter: FamilyAdapter | None = None, mo
     not know (remote code); it is checked against the model, ``adapter`` (default: the built-in one) then
     supplies only the visual side (docs/recipes/remote-code-models.md).
     """
+    half = _half_rotary_buffers(model)
+    if half:
+        warnings.warn(f"{len(half)} rotary frequency buffer(s) of this model are in {_dtype_name(model, half[0])} "
+                      f"({half[0]}, ...): model.to(dtype) casts them, from_pretrained(dtype=...) keeps them float32. "
+                      "The rotary angles are then off by about position x 2^-9 radians, which changes attention far "
+                      "from each query (head scores included). Load with from_pretrained(dtype=...) or cast with "
+                      "vrh_interp.core.model.cast_model(model, dtype)", stacklevel=2)
     if attention is not None:
         from vrh_interp.core.families.described import described_adapter
 
