@@ -330,6 +330,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "it: sdpa cannot soft-cap the attention logits)")
     parser.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "2")))
     parser.add_argument("--no-slice", action="store_true", help="skip the bf16 / fp32 slice comparison")
+    parser.add_argument("--slice-only", action="store_true",
+                        help="only the bf16 / fp32 slice comparison (no memory or time lines)")
     return parser.parse_args(argv)
 
 
@@ -378,6 +380,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{len(samples)} samples, image {size[0]}x{size[1]}: {visual} visual tokens, prompt {batch.prompt_length} "
           f"tokens (byte tokenizer), {args.new_tokens} new tokens, {args.conditions} masking conditions", flush=True)
 
+    if args.slice_only:
+        print_slice(vlm, samples, dtype)
+        return
     k = max(1, geometry.total_heads // 10)
     heads = random_control(geometry, HeadSet(), k, 0)
     fixed = dict(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False)
@@ -432,10 +437,14 @@ def main(argv: list[str] | None = None) -> None:
           f"({len(conditions)} conditions x {len(samples)} samples in one run_conditions call; plain generate "
           f"{results['plain HF generate'][0] / len(samples):.2f} s per answer)")
     if not args.no_slice:
-        sliced = slice_comparison(vlm, samples, dtype)
-        print(f"bf16 vs fp32 on a 2-layer slice ({sliced['heads']} heads, teacher-forced): largest score difference "
-              f"{sliced['max_diff']:.2e} (fp32 scores span {sliced['score_range']:.2e}); "
-              f"Spearman of head rankings {sliced['spearman']:.4f} (goal >= {GOALS['spearman']})")
+        print_slice(vlm, samples, dtype)
+
+
+def print_slice(vlm: Any, samples: list[Any], dtype: Any) -> None:
+    sliced = slice_comparison(vlm, samples, dtype)
+    print(f"bf16 vs fp32 on a 2-layer slice ({sliced['heads']} heads, teacher-forced): largest score difference "
+          f"{sliced['max_diff']:.2e} (fp32 scores span {sliced['score_range']:.2e}); "
+          f"Spearman of head rankings {sliced['spearman']:.4f} (goal >= {GOALS['spearman']})")
 
 
 if __name__ == "__main__":

@@ -57,6 +57,13 @@ def test_prints_every_measured_line_at_a_tiny_shape(model: str, attention: str) 
     assert rho == rho  # a number (the tiny slice's ranking agrees or not: measured, not asserted)
 
 
+def test_slice_only_prints_the_bf16_comparison_alone() -> None:
+    result = _run("--model", "paligemma2-10b", "--slice-only", *TINY)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Spearman of head rankings" in result.stdout
+    assert "readout / forward peak memory:" not in result.stdout and "masked / plain" not in result.stdout
+
+
 def test_refuses_what_this_machine_cannot_run_in_one_line() -> None:
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is present")
