@@ -26,6 +26,7 @@ ks = "0,1"
 random_sets = 2
 batch_size = 4
 max_batch_rows = 4   # one condition per generation: a sweep cell takes several passes (the kill tests need them)
+live = false         # the census per cell: test_grid_sweep_draws_live_head_controls_from_the_census
 
 [models.a]
 model = "toy:a"
@@ -90,6 +91,7 @@ MODEL = "[models.a]\nmodel = 'toy:a'\n"
     ("[models]\n" + BENCH, "[models] is empty"),
     (MODEL, "no [benchmarks.NAME] tables"),
     ("experiments = ['vqa']\n" + MODEL + BENCH, "there is no [vqa.NAME] table"),
+    ("[options]\nlive = 'yes'\n" + MODEL + BENCH, "live = 'yes' is not true or false"),
     ("models = [", "not valid TOML"),
 ])
 def test_bad_grid_files_fail_with_one_line(text: str, message: str) -> None:
@@ -141,6 +143,32 @@ def test_local_grid_summary_manifest_and_heatmap(local: Path, grid_file: Path) -
     before = _files(local)
     assert not run_grid(grid_file, local, progress=False).failed  # a rerun does nothing: each cell ran once
     assert _files(local) == before and all(len(_attempts(local, c["id"])) == 1 for c in manifest["cells"])
+
+
+def test_grid_sweep_draws_live_head_controls_from_the_census(tmp_path: Path) -> None:
+    """``live = true`` (the default): the census of the cell's first evaluation items in its folder, live-head sets
+    drawn only from its live heads outside the top k, their mean in the summary; ``live = false``: none."""
+    from vrh_interp.core.heads import Head
+    from vrh_interp.evaluation.census import CENSUS_CSV, Census
+    from vrh_interp.scoring.scores import HeadScores
+
+    text = "[options]\nks = '0,2'\nrandom_sets = 2\nbatch_size = 4\n" + MODEL + BENCH
+    result = run_grid(parse_grid(text), tmp_path / "live", progress=False)
+    assert not result.failed, result.status
+    cell = tmp_path / "live" / "cells/a/x/sweep"
+    pool = Census.load(cell / CENSUS_CSV, 32)
+    top = set(HeadScores.load(cell.parent / "scores-vrh.json").top(2))
+    live_sets = [{Head.parse(h) for h in heads}
+                 for key, heads in json.loads((cell / "manifest.json").read_text())["conditions"].items()
+                 if key.startswith("live:")]
+    assert len(live_sets) == 2
+    assert all(len(drawn) == 2 and drawn <= set(pool.live) and not drawn & top for drawn in live_sets)
+    summary = pd.read_csv(tmp_path / "live" / SUMMARY_CSV)
+    assert summary["live"].notna().all()
+    bare = run_grid(parse_grid(text.replace("random_sets = 2", "random_sets = 2\nlive = false")),
+                    tmp_path / "bare", progress=False)
+    assert not bare.failed and not (tmp_path / "bare" / "cells/a/x/sweep" / CENSUS_CSV).exists()
+    assert pd.read_csv(tmp_path / "bare" / SUMMARY_CSV)["live"].isna().all()
 
 
 def test_a_failed_cell_is_reported_and_the_rest_runs(tmp_path: Path) -> None:

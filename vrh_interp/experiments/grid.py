@@ -5,7 +5,9 @@ A grid is a plan of *cells*, each an ordinary resumable run folder made by the l
 * ``detect`` (model x grounding benchmark): ``scoring.detect.score_heads`` on the benchmark's detection samples
   into ``cells/MODEL/BENCHMARK/detect`` and the scores file next to it;
 * ``sweep`` (model x grounding benchmark): ``experiments.sweep.sweep`` of those scores on the benchmark's
-  evaluation samples, with the random and layer-matched controls, into ``cells/MODEL/BENCHMARK/sweep``. With
+  evaluation samples, with the random, layer-matched and (``live = true``, the default) live-head controls (the
+  head census of the first evaluation items, ``census.csv`` in the cell folder; local models only), into
+  ``cells/MODEL/BENCHMARK/sweep``. With
   ``shards = n`` the sweep runs as n shard cells (``--shard i/n``: batch-aligned, so the merged folder is the
   unsharded run's byte for byte) and a merge cell (``experiments.merge.merge_runs``);
 * ``vqa`` (model x VQA benchmark): ``experiments.vqa_sweep.vqa_sweep`` of the top ``vqa_k`` heads detected on
@@ -21,7 +23,7 @@ A cell's dependencies (a sweep needs its detection, ...) are part of the plan; t
 after them. The grid folder holds ``grid.json`` (the parsed grid, every cell with its folder, dependencies and
 status: pending, running, done, failed with a one-line reason), ``status/`` (one file per cell, written by
 whoever runs it, so workers on other machines report through the shared folder), the summary
-(``grid_summary.csv`` / ``.md``: the paper's Table 3 / A12 layout, baseline, VRH-k, random-k and matched-k
+(``grid_summary.csv`` / ``.md``: the paper's Table 3 / A12 layout, baseline, VRH-k, random-k, matched-k and live-k
 accuracy per model x benchmark with the set-level verdict; patching cells: ``grid_patching.csv``, the study's own
 recovery of the heads and their rank among the control sets per pair kind) and ``grid_drop.png`` (the drop of
 VRH-k per cell).
@@ -122,6 +124,7 @@ class GridOptions:
     ks: str = "0,1,3,5,10,20"
     random_sets: int = 20
     matched: bool = True
+    live: bool = True  # live-head control sets, drawn from the heads the census of the cell's eval items finds live
     preset: str = "vrh"
     batch_size: int = 16
     max_new_tokens: int = 24
@@ -221,7 +224,7 @@ def _options(table: Mapping[str, Any]) -> GridOptions:
             value = _typed(table, key, "options", (int,), "a whole number")
             if value < 0:
                 raise GridSpecError(f"{_where('options')}: {key} = {value} must be >= 0")
-        elif key == "matched":
+        elif key in ("matched", "live"):
             value = _typed(table, key, "options", (bool,), "true or false")
         elif key in ("iou", "cpus"):
             value = float(_typed(table, key, "options", (int, float), "a number"))
@@ -512,14 +515,35 @@ def _run_sweep(grid_dir: Path, spec: GridSpec, cell: Cell) -> dict[str, Any]:
     from vrh_interp.experiments.sweep import sweep
 
     o, model, bench = spec.options, spec.models[cell.models[0]], spec.benchmarks[cell.benchmark]
-    result = sweep(_load(model), load_data(bench.eval), _scores(grid_dir, spec, model.name, cell.benchmark),
-                   ks=o.ks, random_seeds=range(o.random_sets), matched=o.matched, iou_threshold=o.iou,
-                   batch_size=o.batch_size, max_new_tokens=o.max_new_tokens, run_dir=grid_dir / cell.folder,
-                   progress=False, shard=Shard(*cell.shard) if cell.shard else None,
-                   max_batch_rows=o.max_batch_rows)
+    vlm, samples, scores = _load(model), load_data(bench.eval), _scores(grid_dir, spec, model.name, cell.benchmark)
+    # a sharded cell's shards share one census (in the folder above theirs): their conditions must be the same
+    census_dir = (grid_dir / cell.folder).parent if cell.shard else grid_dir / cell.folder
+    result = sweep(vlm, samples, scores, ks=o.ks, random_seeds=range(o.random_sets), matched=o.matched,
+                   iou_threshold=o.iou, batch_size=o.batch_size, max_new_tokens=o.max_new_tokens,
+                   run_dir=grid_dir / cell.folder, progress=False, shard=Shard(*cell.shard) if cell.shard else None,
+                   max_batch_rows=o.max_batch_rows, live=_live_pool(vlm, samples, scores, o, census_dir))
     if cell.shard is None:
         write_atomic(grid_dir / cell.folder / "sweep_summary.csv", result.summary().to_csv(index=False))
     return {"records": len(result.records)}
+
+
+def _live_pool(vlm: Any, samples: Any, scores: Any, o: GridOptions, census_dir: Path) -> Any:
+    """The live heads for the cell's live-head control sets (as ``vrh sweep`` draws them: the census of the first
+    evaluation items, kept in ``census_dir`` so a rerun or another shard reads the same pool); None with ``live =
+    false``, on a remote model (the census runs the model here), or when too few live heads lie outside the top k."""
+    if not o.live or vlm.remote:
+        return None
+    from vrh_interp.evaluation.census import run_census
+    from vrh_interp.experiments.sweep import parse_ks, sweep_conditions
+
+    counts = parse_ks(o.ks, vlm.geometry.total_heads)
+    largest = max(counts, default=0)
+    if largest == 0:
+        return None
+    # a k whose random / matched sets cannot be drawn fails here as in `sweep`, before the census runs or writes
+    sweep_conditions(scores.ranking(), vlm.geometry, counts, range(o.random_sets), matched=o.matched)
+    pool = run_census(vlm, samples, census_dir, max_new_tokens=o.max_new_tokens)
+    return pool.control_pool(scores.ranking()[:largest], largest)
 
 
 def _run_merge(grid_dir: Path, spec: GridSpec, cell: Cell) -> dict[str, Any]:
@@ -910,27 +934,29 @@ def cell_verdicts(folder: Path, kind: str, benchmark: str | None = None) -> dict
 
 def _accuracy(summary: Any, condition: str, k: int) -> float:
     rows = summary[(summary["condition"] == condition) & (summary["k"] == k)]
-    if condition in ("random", "matched"):
+    if condition in ("random", "matched", "live"):
         rows = rows[rows["seed"].astype(str) == "all"]
     return float(rows["accuracy"].iloc[0]) if len(rows) == 1 else float("nan")
 
 
 def summary_rows(summary: Any, experiment: str, model: str, benchmark: str, ks: Sequence[int],
                  judged: Mapping[int, tuple[str, str]]) -> list[dict[str, Any]]:
-    """Table 3 / A12 rows of one cell: per k > 0, baseline, VRH-k, random-k and matched-k accuracy (control
-    kinds: the mean over their sets), the drop of VRH-k and the verdict (``judged``: ``cell_verdicts``)."""
+    """Table 3 / A12 rows of one cell: per k > 0, baseline, VRH-k, random-k, matched-k and live-k accuracy
+    (control kinds: the mean over their sets; NaN where the cell drew none), the drop of VRH-k and the verdict
+    (``judged``: ``cell_verdicts``)."""
     rows = []
     for k in ks:
         verdict, reason = judged.get(k, ("not measured", "no records"))
         base, top = _accuracy(summary, "baseline", 0), _accuracy(summary, "top", k)
         rows.append({"experiment": experiment, "model": model, "benchmark": benchmark, "k": k, "baseline": base,
                      "vrh": top, "random": _accuracy(summary, "random", k), "matched": _accuracy(summary, "matched", k),
+                     "live": _accuracy(summary, "live", k),
                      "drop": base - top, "verdict": verdict, "reason": reason})
     return rows
 
 
-SUMMARY_COLUMNS = ["experiment", "model", "benchmark", "k", "baseline", "vrh", "random", "matched", "drop", "verdict",
-                   "reason"]
+SUMMARY_COLUMNS = ["experiment", "model", "benchmark", "k", "baseline", "vrh", "random", "matched", "live", "drop",
+                   "verdict", "reason"]
 
 
 def grid_summary(grid_dir: Path, spec: GridSpec, cells: Sequence[Cell],
@@ -983,9 +1009,9 @@ def write_summary(grid_dir: Path, spec: GridSpec, cells: Sequence[Cell],
     summary = grid_summary(grid_dir, spec, cells, status)
     write_atomic(grid_dir / SUMMARY_CSV, summary.to_csv(index=False))
     lines = ["# Grid summary", "",
-             "Accuracy with nothing masked (baseline), the top-k VRHs masked (VRH-k), and the mean over the random "
-             "and layer-matched k-head control sets; drop = baseline - VRH-k; verdict: the claims rules on the "
-             "cell's per-item records (`experiments.grid.cell_verdicts`, `vrh_interp.evaluation.claims`).", ""]
+             "Accuracy with nothing masked (baseline), the top-k VRHs masked (VRH-k), and the mean over the random, "
+             "layer-matched and live-head k-head control sets; drop = baseline - VRH-k; verdict: the claims rules on "
+             "the cell's per-item records (`experiments.grid.cell_verdicts`, `vrh_interp.evaluation.claims`).", ""]
     if len(summary):
         shown = summary.drop(columns=["reason"]).round(3)
         lines += [markdown_table(shown), ""]
@@ -1039,8 +1065,8 @@ def print_grid(result: GridResult, *, as_json: bool = False) -> int:
     else:
         with pd.option_context("display.max_columns", 20, "display.precision", 3, "display.width", 120):
             if len(result.summary):
-                print("\nGrid summary: accuracy (baseline, top-k VRHs masked, mean of the random / layer-matched "
-                      "control sets), drop and verdict")
+                print("\nGrid summary: accuracy (baseline, top-k VRHs masked, mean of the random / layer-matched / "
+                      "live-head control sets), drop and verdict")
                 print(result.summary.drop(columns=["reason"]).to_string(index=False))
             if result.patching is not None and len(result.patching):
                 print("\nPatching: recovery of the studied heads, all heads, their rank among the random / "
