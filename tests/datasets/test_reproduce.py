@@ -14,7 +14,10 @@ from tests.datasets import fixtures
 from vrh_interp.data.datasets.splits import detection_split
 from vrh_interp.apps.reproduce import capped_ks, run_reproduce
 from vrh_interp.core.runs import RunMismatchError
+from vrh_interp.core.heads import Head
 from vrh_interp.data.sources import load_data
+from vrh_interp.evaluation.census import Census
+from vrh_interp.scoring.scores import HeadScores
 
 
 def test_capped_ks_leave_room_for_random_controls() -> None:
@@ -68,7 +71,7 @@ def test_reproduce_end_to_end_and_resume(tmp_path: Path, request: pytest.Fixture
     result = run_reproduce("tiny:qwen2_vl", data, vqa, out, **arguments)
 
     assert result.ks == [0, 1, 3] and result.vqa_k == 3  # 8 heads: k <= 4 leaves room for k random heads
-    for name in ("manifest.json", "split.json", "scores-vrh.json", "detect/detect_records.jsonl",
+    for name in ("manifest.json", "split.json", "scores-vrh.json", "census.csv", "detect/detect_records.jsonl",
                  "sweep/sweep_records.jsonl", "sweep_summary.csv", "failure_split.csv", "vqa/vqa_records.jsonl",
                  "vqa_summary.csv", "vqa_table.csv", "reproduce.json"):
         assert (out / name).is_file(), name
@@ -78,7 +81,15 @@ def test_reproduce_end_to_end_and_resume(tmp_path: Path, request: pytest.Fixture
     assert len(split["evaluation_ids"]) == 8 and not set(split["detection_ids"]) & set(split["evaluation_ids"])
 
     summary = pd.read_csv(out / "sweep_summary.csv")
-    assert len(summary) == 1 + 2 * (1 + 2 * (3 + 1))  # baseline; per k: top, per control 3 sets + distribution
+    # baseline; per k: top, per control kind (random, matched, live) 3 sets + distribution
+    assert len(summary) == 1 + 2 * (1 + 3 * (3 + 1))
+    # the live-head sets: drawn only from the census's live heads outside the top 3
+    pool = Census.load(out / "census.csv", 8)
+    top = set(HeadScores.load(out / "scores-vrh.json").top(3))
+    conditions = json.loads((out / "sweep" / "manifest.json").read_text())["conditions"]
+    live_sets = [{Head.parse(h) for h in heads} for key, heads in conditions.items() if key.startswith("live:")]
+    assert len(live_sets) == 6  # 3 seeds x k = 1, 3
+    assert all(drawn <= set(pool.live) and not drawn & top for drawn in live_sets)
     assert set(summary[summary["seed"].astype(str) != "all"]["n"]) == {8}
     assert set(summary[summary["seed"].astype(str) == "all"]["n"]) == {24}
     failures = result.failure_split
@@ -92,6 +103,9 @@ def test_reproduce_end_to_end_and_resume(tmp_path: Path, request: pytest.Fixture
     assert claims["id"].tolist() == ["causal:k=1", "causal:k=3"] and set(claims["verdict"]) == {"inconclusive"}
     assert "claims.csv" in report["tables"]
 
+    bare = run_reproduce("tiny:qwen2_vl", data, [], tmp_path / "bare", live=False, ks=(0, 1), **arguments)
+    assert "live" not in set(bare.sweep_summary["condition"]) and not (tmp_path / "bare" / "census.csv").exists()
+
     for stage in _STAGE_LOGS:  # copies left with one stage unfinished, for the firing check below
         shutil.copytree(out, tmp_path / f"unfinished-{stage}")
         (tmp_path / f"unfinished-{stage}" / _STAGE_LOGS[stage]).unlink()
@@ -102,6 +116,8 @@ def test_reproduce_end_to_end_and_resume(tmp_path: Path, request: pytest.Fixture
     pd.testing.assert_frame_equal(resumed.vqa_table, result.vqa_table)
     with pytest.raises(RunMismatchError, match="split_seed"):
         run_reproduce("tiny:qwen2_vl", data, vqa, out, split_seed=1, **arguments)
+    with pytest.raises(RunMismatchError, match="live"):
+        run_reproduce("tiny:qwen2_vl", data, vqa, out, live=False, **arguments)
 
     # the guard fires: a fresh run, and a run left with any one stage's records to compute, run the model
     with pytest.raises(ModelRan):

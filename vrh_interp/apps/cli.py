@@ -565,7 +565,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         split_seed=args.split_seed, ks=[int(k) for k in args.ks.split(",")],
         random_seeds=[int(s) for s in args.seeds.split(",")], vqa_k=args.vqa_k, vqa_limit=args.vqa_limit,
         batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, device=args.device, dtype=args.dtype,
-        progress=not args.json, shard=args.shard, placement=_placement(args))
+        progress=not args.json, shard=args.shard, placement=_placement(args), live=not args.no_live)
     if args.shard is not None:
         per_condition = result.failure_split[result.failure_split["seed"].astype(str) != "all"]
         return _shard_done(args, int(per_condition["n"].sum()))  # this shard's k-sweep answers
@@ -819,6 +819,9 @@ def _reproduce_parser(sub: Any) -> None:
     p.add_argument("--seeds", type=_seed_list, default="0,1,2", help="random-control seeds")
     p.add_argument("--vqa-k", type=_positive_int, default=20, help="VRHs (and random heads) masked on the VQA suite")
     p.add_argument("--vqa-limit", type=_positive_int, default=None, help="first N questions of each VQA benchmark")
+    p.add_argument("--no-live", action="store_true",
+                   help="leave out the live-head control (random sets of the heads a census on the first "
+                        "evaluation samples finds acting; census.csv in --out)")
     p.set_defaults(func=cmd_reproduce)
 
 

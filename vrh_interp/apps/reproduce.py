@@ -6,10 +6,12 @@ Steps (Appendix E, H, J of the paper), each resumable from the records it writes
    ``detect_count`` (200) seeded detection samples, the disjoint rest (or ``evaluation_count`` of it) for
    evaluation; the ids go to ``split.json``;
 2. score every head with the VRH design on the detection samples (``detect/``, ``scores-vrh.json``);
-3. k-sweep on the evaluation samples, top-k vs k random heads and k layer-matched heads drawn outside the
-   top max(k), for each random seed (``sweep/``, ``sweep_summary.csv``). The paper's k in {0, 1, 3, 5, 10,
-   20} is capped at half the model's head count (``capped_ks``), the most for which k random heads still
-   exist outside the top k, and at the largest k whose layer-matched control can be drawn
+3. k-sweep on the evaluation samples, top-k vs k random heads, k layer-matched heads and (``live``, the
+   default, local models) k live heads drawn outside the top max(k), for each random seed (``sweep/``,
+   ``sweep_summary.csv``). The live heads are those the head census (``evaluation.census``) of the first
+   evaluation samples finds acting (``census.csv``): a control that inert heads cannot carry. The paper's k in
+   {0, 1, 3, 5, 10, 20} is capped at half the model's head count (``capped_ks``), the most for which k random
+   heads still exist outside the top k, and at the largest k whose layer-matched control can be drawn
    (``experiments.sweep.largest_usable_k``: a layer holding more than half its heads in the top k cannot);
 4. the functional-specificity split of every condition into correct / parse failure / mislocation, the
    mislocations split into boxed another annotated object / boxed no object where the loader lists the
@@ -48,6 +50,7 @@ from vrh_interp.scoring.detect import score_heads
 from vrh_interp.scoring.scores import HeadScores
 from vrh_interp.core.shards import Shard, shard_config
 from vrh_interp.data.sources import load_data, load_vqa
+from vrh_interp.evaluation.census import CENSUS_CSV
 
 PAPER_KS: tuple[int, ...] = (0, 1, 3, 5, 10, 20)
 PAPER_RANDOM_SEEDS: tuple[int, ...] = (0, 1, 2)
@@ -108,7 +111,7 @@ def run_reproduce(model_spec: str, data_spec: str, vqa_specs: Sequence[str] = ()
                   random_seeds: Sequence[int] = PAPER_RANDOM_SEEDS, vqa_k: int = PAPER_VQA_K,
                   vqa_limit: int | None = None, batch_size: int = 8, max_new_tokens: int = 24,
                   device: str | None = None, dtype: str | None = None, progress: bool = True,
-                  shard: Shard | None = None, placement: Placement = LOCAL) -> ReproduceResult:
+                  shard: Shard | None = None, placement: Placement = LOCAL, live: bool = True) -> ReproduceResult:
     """The whole protocol into ``out`` (see the module doc).
 
     With ``shard``, every shard runs the (short) detection in full, so all shards mask the same heads, and
@@ -125,7 +128,7 @@ def run_reproduce(model_spec: str, data_spec: str, vqa_specs: Sequence[str] = ()
     arguments = {"kind": "reproduce", "model": model_spec, "data": data_spec, "vqa": list(vqa_specs),
                  "detect_count": detect_count, "evaluation_count": evaluation_count, "split_seed": split_seed,
                  "ks": list(ks), "random_seeds": list(random_seeds), "vqa_k": vqa_k, "vqa_limit": vqa_limit,
-                 "max_new_tokens": max_new_tokens}
+                 "max_new_tokens": max_new_tokens, "live": live}
     RunFolder(out, shard_config(arguments, shard, batch_size))
     say = print if progress else (lambda *_: None)
     part = "" if shard is None else f" (shard {shard}: its samples only)"
@@ -143,8 +146,9 @@ def run_reproduce(model_spec: str, data_spec: str, vqa_specs: Sequence[str] = ()
     used_ks = capped_ks(ks, total, largest_usable_k(scores.ranking(), vlm.geometry))
     say(f"[2/4] k-sweep on {len(split.evaluation)} disjoint samples{part}, ks={used_ks} ({total} heads), "
         f"random seeds {list(random_seeds)}")
+    pool = _live_pool(vlm, list(split.evaluation), scores, used_ks, out, max_new_tokens, say) if live else None
     result = sweep(vlm, list(split.evaluation), scores, ks=used_ks, random_seeds=random_seeds, batch_size=batch_size,
-                   max_new_tokens=max_new_tokens, run_dir=out / "sweep", progress=progress, shard=shard)
+                   max_new_tokens=max_new_tokens, run_dir=out / "sweep", progress=progress, shard=shard, live=pool)
     vqa_result = None
     if vqa_specs:
         used_vqa_k = min(vqa_k, max(used_ks))
@@ -160,6 +164,26 @@ def run_reproduce(model_spec: str, data_spec: str, vqa_specs: Sequence[str] = ()
     say("[4/4] tables")
     return write_tables(out, arguments, scores, json.loads((out / "split.json").read_text(encoding="utf-8")),
                         result, vqa_result, seconds=time.perf_counter() - started)
+
+
+def _live_pool(vlm: Any, evaluation: list[Any], scores: HeadScores, ks: Sequence[int], out: Path,
+               max_new_tokens: int, say: Any) -> Any:
+    """The live heads outside the top max(k) for the live-head control (the census of the first evaluation
+    samples, ``out/census.csv``: every shard measures the same items); None, said, where it cannot be drawn."""
+    from vrh_interp.evaluation.census import run_census
+
+    largest = max(ks, default=0)
+    if largest == 0:
+        return None
+    if vlm.remote:
+        say("      note: no live-head control on a remote model (the head census runs the model here)")
+        return None
+    census = run_census(vlm, evaluation, out, max_new_tokens=max_new_tokens)
+    say(f"      {census.line()}")
+    pool = census.control_pool(scores.ranking()[:largest], largest)
+    if pool is None:
+        say(f"      note: too few live heads outside the top {largest}: no live-head control")
+    return pool
 
 
 def _tables(out: Path, arguments: dict[str, Any], total_heads: int, result: SweepResult,
@@ -216,7 +240,10 @@ def merge_reproduce_runs(out: str | Path, shard_dirs: Sequence[str | Path]) -> R
         if not all((f.path / name).is_file() for f in folders):
             raise ShardMergeError(f"a shard folder lacks {name}: its detection did not finish; rerun its command "
                                   "with the same --shard and --out to resume it")
-    for name in ("split.json", "detect/manifest.json"):
+    census = [(f.path / CENSUS_CSV).is_file() for f in folders]
+    for name in ("split.json", "detect/manifest.json", *([CENSUS_CSV] if any(census) else [])):
+        if not all((f.path / name).is_file() for f in folders):
+            raise ShardMergeError(f"a shard folder lacks {name}: rerun its command with the same --shard and --out")
         differing = [str(f.path) for f in folders[1:] if (f.path / name).read_bytes() != (first / name).read_bytes()]
         if differing:
             raise ShardMergeError(f"{name} of {', '.join(differing)} differs from {first}'s: the shards split or "
@@ -226,7 +253,7 @@ def merge_reproduce_runs(out: str | Path, shard_dirs: Sequence[str | Path]) -> R
     if arguments["vqa"]:
         merge_runs(out / "vqa", [f.path / "vqa" for f in folders])
     shutil.copytree(first / "detect", out / "detect")
-    for name in ("split.json", "scores-vrh.json"):
+    for name in ("split.json", "scores-vrh.json", *([CENSUS_CSV] if any(census) else [])):
         shutil.copy2(first / name, out / name)
     RunFolder(out, arguments)
     return write_tables(out, arguments, HeadScores.load(out / "scores-vrh.json"),
