@@ -42,13 +42,14 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize(("model", "attention"), [("qwen2.5-vl-3b", "sdpa"), ("internvl3-8b", "eager")])
 def test_prints_every_measured_line_at_a_tiny_shape(model: str, attention: str) -> None:
-    result = _run("--model", model, "--attn-implementation", attention, "--device", "cpu", *TINY)
+    result = _run("--model", model, "--attn-implementation", attention, "--device", "cpu", "--repeats", "2", *TINY)
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout
     for line in ("readout / forward peak memory:", "masked / plain generate time:", "seconds per masked answer:",
                  "visual tokens:", "largest score difference", "Spearman of head rankings"):
         assert line in out, out
     assert f"attention {attention}" in out
+    assert "medians of 2 alternated runs each" in out and "generate times, alternated:" in out
     visual = int(re.search(r"visual tokens: (\d+)", out).group(1))
     # the real processors at 84 x 84: Qwen2.5-VL 3 x 3 merged tokens of 28 px; InternVL3 one 448 px tile (a 4:3
     # image would get 4 x 3 tiles and a thumbnail, 3,328 tokens, at any size)
