@@ -256,8 +256,11 @@ def spearman(a: Any, b: Any) -> float:
     return float(np.corrcoef(pd.Series(a.ravel()).rank(), pd.Series(b.ravel()).rank())[0, 1])
 
 
-def slice_comparison(vlm: Any, samples: list[Any], dtype: Any) -> dict[str, float]:
-    """``vrh`` scores of the first two language-model layers of ``vlm`` (same weights) in bf16 and fp32."""
+def slice_comparison(vlm: Any, samples: list[Any], dtype: Any, cast: Callable[[Any, Any], Any] | None = None
+                     ) -> dict[str, float]:
+    """``vrh`` scores of the first two language-model layers of ``vlm`` (same weights) in bf16 and fp32, the model
+    cast by ``cast`` (default ``core.model.cast_model``: rotary ``inv_freq`` stays float32, as ``from_pretrained
+    (dtype=)`` leaves it; ``benchmarks/rotary_precision.py`` passes ``model.to`` to show the difference)."""
     import torch
 
     from vrh_interp.core.model import cast_model, wrap
@@ -273,7 +276,7 @@ def slice_comparison(vlm: Any, samples: list[Any], dtype: Any) -> dict[str, floa
         text.layer_types = text.layer_types[:2]
     scores = {}
     for precision in (dtype, torch.float32 if dtype != torch.float32 else torch.bfloat16):
-        cast_model(model, precision)  # rotary inv_freq stays float32, as from_pretrained(dtype=) leaves it
+        (cast or cast_model)(model, precision)
         sliced = wrap(model, vlm.processor, model_id=vlm.model_id)
         stats = collect_batch(sliced, samples, max_new_tokens=1, output_source="teacher_forced")
         scores[str(precision).removeprefix("torch.")] = scores_from_stats(stats, "vrh").scores

@@ -146,3 +146,19 @@ def test_attention_defaults_to_eager_for_gemma2_and_refuses_sdpa_there() -> None
     assert script.attention_for(names["qwen3-vl-8b"], "eager") == "eager"
     with pytest.raises(SystemExit, match="no sdpa path"):
         script.attention_for(names["paligemma2-10b"], "sdpa")
+
+
+def test_rotary_precision_shows_the_half_precision_rotary_error_and_its_fix() -> None:
+    """benchmarks/rotary_precision.py at a tiny width: PaliGemma2's 1,024 visual tokens at 1-D positions, so a bf16
+    ``inv_freq`` (``model.to``) must put a larger logit error on far keys than ``cast_model``."""
+    script = ROOT / "benchmarks" / "rotary_precision.py"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, str(script), "--model", "paligemma2-10b", "--scale", "0.125"],
+                            capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    errors = {label: float(value) for label, value in
+              re.findall(r"^(model\.to|cast_model)\(bfloat16\): logits .* bf16 logit error std ([\d.]+)", result.stdout,
+                         re.M)}
+    assert set(errors) == {"model.to", "cast_model"}, result.stdout
+    assert errors["model.to"] > 5 * errors["cast_model"], errors
+    assert result.stdout.count("Spearman") == 2
