@@ -260,6 +260,12 @@ def _cli(argv: list[str], **kwargs: object) -> subprocess.Popen[str]:
                             stderr=subprocess.PIPE, text=True, **kwargs)  # type: ignore[call-overload]
 
 
+def _default_sigint() -> None:
+    """In the child, before Python starts: SIGINT back to its default. A test run started as a background job inherits
+    SIGINT ignored, and a Python started with it ignored never raises KeyboardInterrupt (the run then ends normally)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _resumes_to_a_fresh_run(argv: list[str], out: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*argv, "--out", str(out), "--json"]) == 0
     assert main([*argv, "--out", str(tmp_path / "fresh"), "--json"]) == 0
@@ -274,7 +280,7 @@ def test_ctrl_c_prints_one_line_with_the_resume_command_and_the_run_resumes(tmp_
     # 160 samples: on a quiet machine 24 finished (~30 samples/s) before the interrupt landed, and the run exited 0
     argv = ["detect", *TINY, "--data", "synthetic:detect:160"]
     out = tmp_path / "run"
-    proc = _cli([*argv, "--out", str(out)])
+    proc = _cli([*argv, "--out", str(out)], preexec_fn=_default_sigint)
     log = out / "detect_records.jsonl"
     deadline = time.time() + 300
     while not (log.exists() and log.read_text().count("\n") >= 2):
