@@ -384,7 +384,7 @@ def _live_pool(args: argparse.Namespace, vlm: Any, samples: Any, ranking: Any, k
     if args.remote:
         print("note: no live-head control on --remote (the head census runs the model locally)", file=sys.stderr)
         return None
-    from vrh_interp.evaluation.census import run_census
+    from vrh_interp.evaluation.census import live_pool
     from vrh_interp.experiments.ks import parse_ks
     from vrh_interp.experiments.sweep import check_geometry, sweep_conditions
 
@@ -399,12 +399,8 @@ def _live_pool(args: argparse.Namespace, vlm: Any, samples: Any, ranking: Any, k
     # a k whose random / matched sets cannot be drawn fails here as in `sweep`, before the census runs or writes
     sweep_conditions(ranking, vlm.geometry, counts, _control_seeds(args), matched=not args.no_matched,
                      exclude_first_layer=args.exclude_first_layer)
-    pool = run_census(vlm, samples, args.out, max_new_tokens=args.max_new_tokens)
-    print(pool.line(), file=sys.stderr)
-    live = pool.control_pool(ranking[:largest], largest)
-    if live is None:
-        print(f"note: too few live heads outside the top {largest}: no live-head control", file=sys.stderr)
-    return live
+    return live_pool(vlm, samples, ranking, largest, args.out, max_new_tokens=args.max_new_tokens,
+                     say=lambda line: print(line, file=sys.stderr))[1]
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:

@@ -255,14 +255,11 @@ def detect_step(run: DemoRun) -> None:
     overlap = sorted({s.sample_id for s in run.detect} & {s.sample_id for s in run.evals})
     if overlap:
         raise ValueError(f"detection and evaluation items overlap (e.g. {overlap[:3]})")
-    from vrh_interp.evaluation.census import run_census
+    from vrh_interp.evaluation.census import live_pool
 
-    run.pool = run_census(run.vlm, run.detect, run.out, items=run.sizes.census_items, max_new_tokens=ANSWER_TOKENS)
-    print("      " + run.pool.line(), flush=True)
     run.ranking = run.scores.ranking()
-    live = run.pool.control_pool(run.ranking[:max(run.ks)], max(run.ks))
-    if live is None:
-        print(f"      too few live heads outside the top {max(run.ks)}: no live-head control", flush=True)
+    run.pool, live = live_pool(run.vlm, run.detect, run.ranking, max(run.ks), run.out, items=run.sizes.census_items,
+                               max_new_tokens=ANSWER_TOKENS, say=lambda line: print("      " + line, flush=True))
     run.conditions = main_conditions(run.ranking, run.vlm.geometry, run.ks, run.k_star, run.seeds,
                                      run.sizes.curve_sets, live)
 

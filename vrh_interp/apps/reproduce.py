@@ -170,20 +170,13 @@ def _live_pool(vlm: Any, evaluation: list[Any], scores: HeadScores, ks: Sequence
                max_new_tokens: int, say: Any) -> Any:
     """The live heads outside the top max(k) for the live-head control (the census of the first evaluation
     samples, ``out/census.csv``: every shard measures the same items); None, said, where it cannot be drawn."""
-    from vrh_interp.evaluation.census import run_census
+    from vrh_interp.evaluation.census import live_pool
 
-    largest = max(ks, default=0)
-    if largest == 0:
-        return None
     if vlm.remote:
         say("      note: no live-head control on a remote model (the head census runs the model here)")
         return None
-    census = run_census(vlm, evaluation, out, max_new_tokens=max_new_tokens)
-    say(f"      {census.line()}")
-    pool = census.control_pool(scores.ranking()[:largest], largest)
-    if pool is None:
-        say(f"      note: too few live heads outside the top {largest}: no live-head control")
-    return pool
+    return live_pool(vlm, evaluation, scores.ranking(), max(ks, default=0), out, max_new_tokens=max_new_tokens,
+                     say=lambda line: say(f"      {line}"))[1]
 
 
 def _tables(out: Path, arguments: dict[str, Any], total_heads: int, result: SweepResult,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -171,3 +171,19 @@ def run_census(vlm: VLM, samples: Sequence, run_dir: str | Path | None = None, *
         path.parent.mkdir(parents=True, exist_ok=True)
         pool.save(path)
     return pool
+
+
+def live_pool(vlm: VLM, samples: Sequence, ranking: HeadSet, largest: int, run_dir: str | Path | None = None, *,
+              items: int = CENSUS_ITEMS, max_new_tokens: int = 24,
+              say: Callable[[str], None] = lambda _: None) -> tuple[Census | None, HeadSet | None]:
+    """The census of a run (``run_census``) and the pool its live-head controls of up to ``largest`` heads are drawn
+    from, outside ``ranking[:largest]`` (``Census.control_pool``; None when too few live heads lie there). The
+    census line and that shortfall go to ``say``. ``(None, None)`` when ``largest`` is 0 (no control to draw)."""
+    if largest == 0:
+        return None, None
+    pool = run_census(vlm, samples, run_dir, items=items, max_new_tokens=max_new_tokens)
+    say(pool.line())
+    live = pool.control_pool(ranking[:largest], largest)
+    if live is None:
+        say(f"note: too few live heads outside the top {largest}: no live-head control")
+    return pool, live

@@ -533,17 +533,14 @@ def _live_pool(vlm: Any, samples: Any, scores: Any, o: GridOptions, census_dir: 
     false``, on a remote model (the census runs the model here), or when too few live heads lie outside the top k."""
     if not o.live or vlm.remote:
         return None
-    from vrh_interp.evaluation.census import run_census
+    from vrh_interp.evaluation.census import live_pool
     from vrh_interp.experiments.sweep import parse_ks, sweep_conditions
 
     counts = parse_ks(o.ks, vlm.geometry.total_heads)
-    largest = max(counts, default=0)
-    if largest == 0:
-        return None
     # a k whose random / matched sets cannot be drawn fails here as in `sweep`, before the census runs or writes
     sweep_conditions(scores.ranking(), vlm.geometry, counts, range(o.random_sets), matched=o.matched)
-    pool = run_census(vlm, samples, census_dir, max_new_tokens=o.max_new_tokens)
-    return pool.control_pool(scores.ranking()[:largest], largest)
+    return live_pool(vlm, samples, scores.ranking(), max(counts, default=0), census_dir,
+                     max_new_tokens=o.max_new_tokens)[1]
 
 
 def _run_merge(grid_dir: Path, spec: GridSpec, cell: Cell) -> dict[str, Any]:
