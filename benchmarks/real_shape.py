@@ -37,8 +37,8 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import sys
 import statistics
+import sys
 import threading
 import time
 from pathlib import Path

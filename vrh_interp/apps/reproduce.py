@@ -229,14 +229,12 @@ def merge_reproduce_runs(out: str | Path, shard_dirs: Sequence[str | Path]) -> R
     folders = sorted((read_shard_folder(d, kinds=("reproduce",)) for d in dirs), key=lambda f: f.shard.index)
     check_shards_together(folders)
     first = folders[0].path
-    for name in ("split.json", "detect/manifest.json", "scores-vrh.json"):
+    census = [CENSUS_CSV] if any((f.path / CENSUS_CSV).is_file() for f in folders) else []
+    for name in ("split.json", "detect/manifest.json", "scores-vrh.json", *census):
         if not all((f.path / name).is_file() for f in folders):
-            raise ShardMergeError(f"a shard folder lacks {name}: its detection did not finish; rerun its command "
-                                  "with the same --shard and --out to resume it")
-    census = [(f.path / CENSUS_CSV).is_file() for f in folders]
-    for name in ("split.json", "detect/manifest.json", *([CENSUS_CSV] if any(census) else [])):
-        if not all((f.path / name).is_file() for f in folders):
-            raise ShardMergeError(f"a shard folder lacks {name}: rerun its command with the same --shard and --out")
+            raise ShardMergeError(f"a shard folder lacks {name}: its detection or head census did not finish; rerun "
+                                  "its command with the same --shard and --out to resume it")
+    for name in ("split.json", "detect/manifest.json", *census):
         differing = [str(f.path) for f in folders[1:] if (f.path / name).read_bytes() != (first / name).read_bytes()]
         if differing:
             raise ShardMergeError(f"{name} of {', '.join(differing)} differs from {first}'s: the shards split or "
@@ -246,7 +244,7 @@ def merge_reproduce_runs(out: str | Path, shard_dirs: Sequence[str | Path]) -> R
     if arguments["vqa"]:
         merge_runs(out / "vqa", [f.path / "vqa" for f in folders])
     shutil.copytree(first / "detect", out / "detect")
-    for name in ("split.json", "scores-vrh.json", *([CENSUS_CSV] if any(census) else [])):
+    for name in ("split.json", "scores-vrh.json", *census):
         shutil.copy2(first / name, out / name)
     RunFolder(out, arguments)
     return write_tables(out, arguments, HeadScores.load(out / "scores-vrh.json"),

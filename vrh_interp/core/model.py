@@ -291,14 +291,9 @@ def _remote_keyed_class() -> type:
     return RemoteKeyedTransformersModel
 
 
-def _half_rotary_buffers(model: Any) -> list[str]:
-    """Rotary frequency buffers (``...inv_freq``) held in a half-precision dtype."""
-    return [name for name, buf in model.named_buffers()
-            if name.endswith("inv_freq") and buf.dtype in (torch.bfloat16, torch.float16)]
-
-
-def _dtype_name(model: Any, buffer: str) -> str:
-    return str(model.get_buffer(buffer).dtype).removeprefix("torch.")
+def _rotary_buffers(model: Any) -> dict[str, torch.Tensor]:
+    """The rotary frequency buffers (``...inv_freq``), by name."""
+    return {name: buf for name, buf in model.named_buffers() if name.endswith("inv_freq")}
 
 
 def cast_model(model: Any, dtype: Any) -> Any:
@@ -307,8 +302,7 @@ def cast_model(model: Any, dtype: Any) -> Any:
     bf16 ``inv_freq`` (relative error 2^-9) puts an error of about position x 2^-9 radians into the rotary angles:
     attention far from the query changes (PaliGemma2's bf16 head ranking at 1,000 positions: Spearman 0.97 with a
     bf16 ``inv_freq``; docs/benchmarks.md). Returns ``model``, cast in place."""
-    kept = {name: buf for name, buf in model.named_buffers()
-            if name.endswith("inv_freq") and buf.dtype == torch.float32}
+    kept = {name: buf for name, buf in _rotary_buffers(model).items() if buf.dtype == torch.float32}
     model.to(dtype)
     for name, buf in kept.items():
         owner, _, attr = name.rpartition(".")
@@ -326,10 +320,13 @@ def wrap(model: Any, processor: Any, *, adapter: FamilyAdapter | None = None, mo
     not know (remote code); it is checked against the model, ``adapter`` (default: the built-in one) then
     supplies only the visual side (docs/recipes/remote-code-models.md).
     """
-    half = _half_rotary_buffers(model)
+    half = {name: buf.dtype for name, buf in _rotary_buffers(model).items()
+            if buf.dtype in (torch.bfloat16, torch.float16)}
     if half:
-        warnings.warn(f"{len(half)} rotary frequency buffer(s) of this model are in {_dtype_name(model, half[0])} "
-                      f"({half[0]}, ...): model.to(dtype) casts them, from_pretrained(dtype=...) keeps them float32. "
+        name, dtype = next(iter(half.items()))
+        warnings.warn(f"{len(half)} rotary frequency buffer(s) of this model are in "
+                      f"{str(dtype).removeprefix('torch.')} ({name}, ...): model.to(dtype) casts them, "
+                      "from_pretrained(dtype=...) keeps them float32. "
                       "The rotary angles are then off by about position x 2^-9 radians, which changes attention far "
                       "from each query (head scores included). Load with from_pretrained(dtype=...) or cast with "
                       "vrh_interp.core.model.cast_model(model, dtype)", stacklevel=2)

@@ -536,10 +536,10 @@ def _live_pool(vlm: Any, samples: Any, scores: Any, o: GridOptions, census_dir: 
     from vrh_interp.evaluation.census import live_pool
     from vrh_interp.experiments.sweep import parse_ks, sweep_conditions
 
-    counts = parse_ks(o.ks, vlm.geometry.total_heads)
+    counts, ranking = parse_ks(o.ks, vlm.geometry.total_heads), scores.ranking()
     # a k whose random / matched sets cannot be drawn fails here as in `sweep`, before the census runs or writes
-    sweep_conditions(scores.ranking(), vlm.geometry, counts, range(o.random_sets), matched=o.matched)
-    return live_pool(vlm, samples, scores.ranking(), max(counts, default=0), census_dir,
+    sweep_conditions(ranking, vlm.geometry, counts, range(o.random_sets), matched=o.matched)
+    return live_pool(vlm, samples, ranking, max(counts, default=0), census_dir,
                      max_new_tokens=o.max_new_tokens)[1]
 
 
