@@ -135,6 +135,23 @@ def test_head_dropout_never_drops_planted_heads_and_is_seeded() -> None:
     assert planted.dropout_multipliers(4, roles, 0.0) is None
 
 
+def test_head_dropout_restricted_to_layers_and_whole_layer_dropout() -> None:
+    roles = planted.head_roles(4, 16, PLANTED_HEADS, DECOY_HEADS)
+    torch.manual_seed(0)
+    plain = planted.dropout_multipliers(64, roles, 0.5)
+    torch.manual_seed(0)
+    restricted = planted.dropout_multipliers(64, roles, 0.5, layers=(0, 2))
+    assert bool((restricted[[1, 3]] == 1).all())  # layers outside ``layers`` are never dropped
+    assert torch.equal(restricted[[0, 2]], plain[[0, 2]])  # and the kept layers' draws are the plain ones
+    torch.manual_seed(0)
+    whole = planted.dropout_multipliers(2000, roles, 0.0, layers=(0,), layer_p=0.3)
+    dropped = (whole[0] == 0).all(-1)  # rows whose layer 0 is zeroed whole
+    assert 0.25 < float(dropped.float().mean()) < 0.35
+    assert bool(((whole[0] == 1).all(-1) | dropped).all())  # with p = 0 a layer is either kept or dropped whole
+    assert bool((whole[1:] == 1).all())
+    for head in HeadSet(PLANTED_HEADS):  # planted heads are never dropped, not even with their layer
+        assert bool((whole[head.layer, :, head.head] == 1).all())
+
 def test_declared_heads_lie_in_middle_and_late_layers() -> None:
     heads = list(HeadSet(PLANTED_HEADS)) + list(HeadSet(DECOY_HEADS))
     assert not set(HeadSet(PLANTED_HEADS)) & set(HeadSet(DECOY_HEADS))

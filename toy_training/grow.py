@@ -71,3 +71,24 @@ def revive(model, floor: float = 0.25, noise: float = 0.01, seed: int = 0) -> di
                 o.weight[:, rows(h)] *= factor
                 scaled.append((layer, h, round(float(factor), 3)))
     return {"threshold": float(threshold), "target": target, "split": split, "scaled": scaled}
+
+
+@torch.no_grad()
+def share_with_layer_below(model, layers: tuple[int, ...]) -> list[tuple[int, int]]:
+    """Give each of ``layers`` (an inserted layer, its heads near-inert) the NEXT layer's attention: its input norm
+    and q / k / v / o weights copied from layer ``l + 1``, and both output projections halved, so the two layers
+    share that layer's job (function-preserving up to what the inserted layer's small MLP does with half the
+    attention update arriving one layer early). Head dropout then makes the copies diverge, as ``revive``'s
+    within-layer splits do. Returns the ``(layer, copied_from)`` pairs."""
+    blocks = model.model.language_model.layers
+    done = []
+    for layer in layers:
+        if not 0 <= layer < len(blocks) - 1:
+            raise ValueError(f"layer {layer} has no layer above it to share with (layers 0..{len(blocks) - 2})")
+        target, source = blocks[layer], blocks[layer + 1]
+        target.input_layernorm.load_state_dict(source.input_layernorm.state_dict())
+        target.self_attn.load_state_dict(source.self_attn.state_dict())
+        target.self_attn.o_proj.weight *= 0.5
+        source.self_attn.o_proj.weight *= 0.5
+        done.append((layer, layer + 1))
+    return done

@@ -281,14 +281,26 @@ def head_multipliers(model, multipliers: torch.Tensor | None) -> Iterator[None]:
             handle.remove()
 
 
-def dropout_multipliers(batch: int, roles: torch.Tensor, p: float) -> torch.Tensor | None:
+def dropout_multipliers(batch: int, roles: torch.Tensor, p: float, *, layers: tuple[int, ...] = (),
+                        layer_p: float = 0.0) -> torch.Tensor | None:
     """[layers, batch, heads]: each head except the planted ones kept with probability ``1 - p`` per row,
-    drawn from torch's global generator (saved in the trainer state, so resume stays bit-exact)."""
-    if p <= 0:
+    drawn from torch's global generator (saved in the trainer state, so resume stays bit-exact).
+
+    ``layers`` (empty: all) restricts the dropout to those layers; ``layer_p`` also zeroes each of them WHOLE
+    (every head) with that probability per row, so the other layers must be able to do its job: toy C's layers
+    that hold toy A's heads, dropped whole, make the inserted layers learn jobs of their own (issue 31). The
+    draws of ``p`` alone are unchanged by this, so older runs replay exactly."""
+    if p <= 0 and layer_p <= 0:
         return None
-    layers, heads = roles.shape
-    keep = (torch.rand(layers, batch, heads) >= p).float()
-    keep[(roles == 1)[:, None, :].expand(layers, batch, heads)] = 1.0
+    depth, heads = roles.shape
+    keep = (torch.rand(depth, batch, heads) >= p).float()
+    if layer_p > 0:
+        keep *= (torch.rand(depth, batch, 1) >= layer_p).float()
+    if layers:
+        spared = torch.ones(depth, dtype=torch.bool)
+        spared[list(layers)] = False
+        keep[spared] = 1.0
+    keep[(roles == 1)[:, None, :].expand(depth, batch, heads)] = 1.0
     return keep
 
 

@@ -119,11 +119,17 @@ class TrainConfig:
     attention_loss_weight: float = 0.0
     leak_loss_weight: float = 1.0  # weight of the leak term inside the attention loss (planted.attention_loss)
     head_dropout: float = 0.0
+    # head dropout only in these layers (empty: every layer), and the per-row probability that each of them is
+    # zeroed whole (planted.dropout_multipliers)
+    dropout_layers: tuple[int, ...] = ()
+    layer_dropout: float = 0.0
     init_backbone: str | None = None  # trained toy checkpoint whose language backbone is loaded at stage 2
     warm_start: str | None = None  # trained toy checkpoint whose whole model starts a grounding-only run
     # with warm_start: revive the heads whose output-projection norm is under this share of the 90th-percentile
     # head's (toy_training.grow.revive: function-preserving splits, scaled-up heads) before training; 0: off
     revive_floor: float = 0.0
+    # with warm_start: these layers take the next layer's attention, both halved (grow.share_with_layer_below)
+    share_layers: tuple[int, ...] = ()
     # with warm_start: a trained toy checkpoint whose language model (same shape) then replaces the warm start's
     # (the planted transfer pair: toy B's vision stack, toy:planted's backbone)
     language_from: str | None = None
@@ -624,7 +630,8 @@ def training_step(config: TrainConfig, model, heads, processor, optimizer, step:
             text_config = model.config.get_text_config()
             roles = planted.head_roles(text_config.num_hidden_layers, text_config.num_attention_heads, config.planted,
                                        config.decoys)
-            dropout = planted.dropout_multipliers(inputs["input_ids"].shape[0], roles, config.head_dropout)
+            dropout = planted.dropout_multipliers(inputs["input_ids"].shape[0], roles, config.head_dropout,
+                                                  layers=config.dropout_layers, layer_p=config.layer_dropout)
             supervise_attention = config.attention_loss_weight > 0
             with planted.head_multipliers(model, dropout):
                 outputs = model(**inputs, output_hidden_states=probe, output_attentions=supervise_attention)
@@ -679,6 +686,9 @@ def train(config: TrainConfig, out_dir: Path, resume: bool) -> list[dict]:
                 if config.revive_floor > 0:
                     revived = grow.revive(model, floor=config.revive_floor, seed=config.seed)
                     (out_dir / "revived.json").write_text(json.dumps(revived, indent=1))
+                if config.share_layers:
+                    shared = grow.share_with_layer_below(model, config.share_layers)
+                    (out_dir / "shared_layers.json").write_text(json.dumps(shared))
             elif config.init_backbone is not None:
                 load_language_backbone(model, config.init_backbone)
             configure_stage(model, "grounding")
@@ -733,7 +743,7 @@ def config_from_json(data: dict) -> TrainConfig:
     data["text_shape"] = TextBackboneShape(**data["text_shape"])
     data["vision_shape"] = VisionTowerShape(**data["vision_shape"])
     data["level_schedule"] = tuple((end, tuple((level, p) for level, p in mix)) for end, mix in data["level_schedule"])
-    for key in ("planted", "decoys"):
+    for key in ("planted", "decoys", "dropout_layers", "share_layers"):
         data[key] = tuple(data.get(key, ()))
     return TrainConfig(**data)
 

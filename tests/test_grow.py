@@ -1,0 +1,79 @@
+"""``toy_training.grow``: the head revival and the layer sharing that rebuild toy C (issue 31), checked on the wide
+model built from toy A (``planted.embed_donor``), against the donor's outputs and the weights they start from."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from toy_training import grow
+from toy_training import train as trainer
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def wide():
+    config = trainer.TrainConfig(**{**trainer.MODEL_PRESETS["c"], "model": "c"})
+    processor = trainer.build_processor("c")
+    model = trainer.build_model(config, processor).eval()
+    trainer.load_whole_model(model, config.warm_start)
+    samples = trainer.held_out_samples(1, 1)
+    inputs = dict(processor(images=[s.image for s in samples], text=trainer.grounding_prompts(processor, "c", samples),
+                            return_tensors="pt", padding=True))
+    return model, inputs
+
+
+def _logits(model, inputs) -> torch.Tensor:
+    with torch.no_grad():
+        return model(**inputs).logits[inputs["attention_mask"].bool()]
+
+
+def _copy(model):
+    clone = type(model)(model.config).eval()
+    clone.load_state_dict(model.state_dict())
+    return clone
+
+
+def test_revive_without_noise_preserves_the_function_and_leaves_no_head_inert(wide) -> None:
+    model, inputs = wide
+    revived = _copy(model)
+    norms_before = grow.head_norms(revived)
+    done = grow.revive(revived, noise=0.0)
+    assert done["split"], "the donor layers' inert slots were not split"
+    assert torch.allclose(_logits(revived, inputs), _logits(model, inputs), atol=1e-4)
+    donor_layers = sorted({layer for layer, _, _ in done["split"]})
+    norms = grow.head_norms(revived)[donor_layers]
+    assert (norms_before[donor_layers] < done["threshold"]).any()
+    assert (norms >= 0.25 * norms.max() / 2).all()  # every slot of a donor layer now holds half a live head
+
+
+def test_share_with_layer_below_copies_the_next_layer_and_halves_both(wide) -> None:
+    model, inputs = wide
+    original = model.model.language_model.layers
+    shared = _copy(model)
+    assert grow.share_with_layer_below(shared, (1, 3)) == [(1, 2), (3, 4)]
+    layers = shared.model.language_model.layers
+    for low in (1, 3):
+        high = original[low + 1].self_attn
+        for name in ("q_proj", "k_proj", "v_proj"):
+            assert torch.equal(getattr(layers[low].self_attn, name).weight, getattr(high, name).weight)
+        assert torch.equal(layers[low].input_layernorm.weight, original[low + 1].input_layernorm.weight)
+        total = layers[low].self_attn.o_proj.weight + layers[low + 1].self_attn.o_proj.weight
+        assert torch.allclose(total, high.o_proj.weight)
+        assert torch.equal(layers[low].self_attn.o_proj.weight, layers[low + 1].self_attn.o_proj.weight)
+    # near the original function; without the halving the shared layers' attention would count twice
+    doubled = _copy(model)
+    for low in (1, 3):
+        doubled.model.language_model.layers[low].load_state_dict(
+            {**doubled.model.language_model.layers[low].state_dict(),
+             **{f"self_attn.{k}": v for k, v in original[low + 1].self_attn.state_dict().items()},
+             **{f"input_layernorm.{k}": v for k, v in original[low + 1].input_layernorm.state_dict().items()}})
+    reference = _logits(model, inputs)
+    assert (_logits(shared, inputs) - reference).norm() < 0.5 * (_logits(doubled, inputs) - reference).norm()
+
+
+def test_share_with_layer_below_refuses_the_last_layer(wide) -> None:
+    model, _ = wide
+    with pytest.raises(ValueError, match="no layer above"):
+        grow.share_with_layer_below(_copy(model), (7,))
