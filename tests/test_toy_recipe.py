@@ -182,4 +182,4 @@ def test_reseeded_moves_every_stage_seed_and_nothing_else() -> None:
     assert recipe.reseeded(stages, 0) == stages
     # the stage config the trainer gets carries the moved seed
     last = moved[-1]
-    assert recipe.stage_config(last, Path("/nonexistent/final")).seed == 0 + 2
+    assert recipe.stage_config(last, Path("/nonexistent/final")).seed == stages[-1].overrides["seed"] + 2

@@ -124,6 +124,14 @@ RECIPES: dict[str, tuple[RecipeStage, ...]] = {
 }
 
 
+# toy C's next stage, trained and measured, not shipped yet (docs/toy-models.md; issue 31): the inserted layers
+# 1, 3, 5 (q / k / v a third of the donor layers', inert on every task but text) each take the next layer's
+# attention, both halved (toy_training.grow.share_with_layer_below), then 400 steps with head dropout so the twins
+# diverge. Its own key until it ships: recipe "c"'s last stage is the shipped run (tests/test_toy_recipe.py)
+RECIPES["c-next"] = (*RECIPES["c"], RecipeStage("c-share", "c", "warm", dict(
+    seed=3, grounding_steps=400, eval_every=100, bf16=False, head_dropout=0.15, share_layers=(1, 3, 5))))
+
+
 def stage_config(stage: RecipeStage, previous_final: Path | None, base_overrides: dict | None = None) -> TrainConfig:
     """The ``TrainConfig`` of one stage, given the previous stage's final weights folder."""
     overrides: dict = {**MODEL_PRESETS[stage.model], **(base_overrides or {}), **stage.overrides, "model": stage.model}
@@ -243,8 +251,8 @@ def main() -> None:
         print(table.drop(columns=["model"]).round(3).to_string(index=False))
         return
     last = run_recipe(reseeded(RECIPES[args.model], args.reseed), args.out)
-    print(f"done: ship with  python -m toy_training.train --model {args.model} --ship {last} --checkpoint final "
-          "--dest vrh_interp/toy/checkpoints")
+    print(f"done: ship with  python -m toy_training.train --model {RECIPES[args.model][-1].model} --ship {last} "
+          "--checkpoint final --dest vrh_interp/toy/checkpoints")
 
 
 if __name__ == "__main__":
