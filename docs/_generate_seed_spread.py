@@ -2,20 +2,23 @@
 
     python docs/_generate_seed_spread.py [--trained 2=DIR2,3=DIR3] [--out runs/seed-spread] [--demo-seed 1]
 
-Toy C's heads are decided by its last recipe stage (``c-revive``: the revive of the inert heads and 500 multitask
-steps, ``toy_training.recipe``). Seed 0 is the shipped ``toy:c``; the others are the same stage retrained from the
-same starting weights (toy C 0.2, commit ee3b141) with every stage's seed moved by N:
+Toy C's heads are decided by its last two recipe stages (``c-revive``: the revive of the inert heads and 500
+multitask steps; ``c-share``: the inserted layers take the next layer's attention, then 400 multitask steps;
+``toy_training.recipe``). Seed 0 is the shipped ``toy:c``; the others are the same stages retrained from the same
+starting weights (toy C 0.2, commit ee3b141) with every stage's seed moved by N:
 
     python -m toy_training.recipe --model c --out DIR --threads 1 --reseed N
 
-(with ``DIR/00-cd-text/final`` an empty folder and ``DIR/01-c/final`` toy C 0.2's checkpoint, so only the last stage
-trains). N = 1 is left out: the previous stage (``c``) trained with seed 1, and the stage's fresh training heads
-(the query-probe scaffold, seeded from the stage's seed) would then start as that stage's probe started, already
+(with ``DIR/00-cd-text/final`` an empty folder and ``DIR/01-c/final`` toy C 0.2's checkpoint, so only the last two
+stages train). N = 1 is left out: the stage before them (``c``) trained with seed 1, and ``c-revive``'s fresh training
+heads (the query-probe scaffold, seeded from the stage's seed) would then start as that stage's probe started, already
 reading the representation the model learnt beside it (query accuracy 0.97 at step 1, against 0.03-0.09 for seeds 2
 and 3): a warm scaffold, not another draw of the recipe. The retrained weights of seeds 2 and 3 are kept in
 ``toy_training/seed_spread/`` (the default ``--trained``; not in the wheel). Every trained model then runs the same
 ``vrh demo`` (fixed default sizes, ``--seed`` of the control draws and the bootstrap fixed, positive control left
-out: it does not depend on the main model), each into its own resumable folder under ``--out``. The page lists per
+out: it does not depend on the main model), each into its own resumable folder under ``--out``; a finished folder is
+reused as it is, so training 0's may be the results page's run (``docs/_generate_results.py --model c --seed 1``:
+the same sizes and seed, its positive-control claims left out here). The page lists per
 trained model: the head census, grounding accuracy, the top heads with their scores, the overlap of the top heads
 between trainings, and every claim's verdict; the variation across samples (control draws, bootstrap) is on
 verdict-stability.md.
@@ -38,6 +41,7 @@ from vrh_interp.scoring.scores import HeadScores
 HERE = Path(__file__).resolve().parent
 SHORT = {"holds": "holds", "does not hold": "NOT", "inconclusive": "inc.", "not measured": "-"}
 TOP = 10
+POSITIVE_CONTROL_CLAIMS = {"positive_control", "transfer_control"}  # about toy:planted, whatever the main model
 
 
 def run(out: Path, model: str, demo_seed: int, extra: list[str]) -> dict:
@@ -130,6 +134,8 @@ def main() -> None:
     verdicts: dict[tuple[str, str], dict] = {}
     for seed in models:
         for verdict in demos[seed]["verdicts"]:
+            if verdict.get("id") in POSITIVE_CONTROL_CLAIMS:  # in a reused results-page run: not the main model's
+                continue
             verdicts.setdefault((verdict["table"], verdict["claim"].split(":")[0]), {})[f"training {seed}"] = (
                 verdict["verdict"], verdict.get("estimate"))
     rows = []

@@ -14,6 +14,7 @@ opposite verdict) where it is not.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 from pathlib import Path
 
@@ -29,6 +30,12 @@ SHORT = {"holds": "holds", "does not hold": "NOT", "inconclusive": "inc.", "not 
 
 
 RESUMED = "demo.before-resume.json"  # a finished run's demo.json, moved aside to resume it with newer code
+
+
+def weights_sha256(model: str) -> str:
+    from vrh_interp.toy import checkpoint_dir
+
+    return hashlib.sha256((checkpoint_dir(model) / "model.safetensors").read_bytes()).hexdigest()
 
 
 def run(out: Path, model: str, extra: list[str]) -> dict:
@@ -113,7 +120,8 @@ def main() -> None:
         census = next(iter(runs.values()))["census"]
         lines += [f"## toy {model.upper()} (transfer partner toy {TRANSFER[model].upper()})", "",
                   f"Head census: {census['live']} of {census['heads']} heads live ({census['inert_by_norm']} inert by "
-                  f"output norm, {census['inert_by_effect']} by single-head effect).", "",
+                  f"output norm, {census['inert_by_effect']} by single-head effect). Weights: the shipped toy "
+                  f"{model.upper()}, sha256 {weights_sha256(model)[:12]}.", "",
                   shown.to_markdown(index=False), "", "Seconds per run on this machine: " + "; ".join(notes) + ".", "",
                   agreement(frame, list(runs)), ""]
     page = HERE / "results" / "verdict-stability.md"

@@ -275,6 +275,29 @@ def test_grounding_status_words_the_logged_accuracy_against_the_target(name: str
     assert ("reaches" in sentence) == (min(report, fresh) >= GROUNDING_TARGET)
 
 
+def test_regime_status_words_the_census_and_every_missed_goal(tmp_path: Path) -> None:
+    from vrh_interp.toy import regime_status
+
+    regime = {"heads": 128, "inert_by_norm": [], "live_heads": 112, "accuracy": 0.89, "n": 665,
+              "inert_by_effect_per_task": {"grounding": ["L7H1"], "every task": ["L7H12", "L7H14"]},
+              "goals": {"no_head_inert_by_norm": True, "no_head_inert_on_every_task": False,
+                        "grounding_goal_met": False}, "in_regime": False}
+    (tmp_path / "regime.json").write_text(json.dumps(regime))
+    clause = regime_status("c", folder=tmp_path)
+    assert clause.startswith("128 heads: 0 inert by output norm, 112 live on grounding, 2 inert on every task "
+                             "(L7H12, L7H14); short of the paper's regime")
+    assert clause.endswith("(heads with no job; grounding 0.890 on 665 fresh items, goal 0.90)")
+    (tmp_path / "regime.json").write_text(json.dumps({**regime, "inert_by_effect_per_task": {"every task": []},
+                                                      "goals": {}, "in_regime": True}))
+    assert regime_status("c", folder=tmp_path).endswith("0 inert on every task; in the paper's regime by every goal "
+                                                        "of toy_training.regime")
+    assert regime_status("c", folder=tmp_path / "none") is None
+    # the shipped default organism: the clause follows its regime.json
+    shipped = json.loads((checkpoint_dir("c") / "regime.json").read_text())
+    assert f"{shipped['live_heads']} live on grounding" in regime_status("c")
+    assert ("short of" in regime_status("c")) == (not shipped["in_regime"])
+
+
 def test_load_reads_a_trainer_folder_instead_of_the_shipped_checkpoint(tmp_path: Path) -> None:
     config = trainer.TrainConfig(**{**trainer.TINY_TEST_CONFIG, "vision_steps": 0})
     processor = trainer.build_processor("a")

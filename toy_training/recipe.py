@@ -112,10 +112,14 @@ RECIPES: dict[str, tuple[RecipeStage, ...]] = {
     # and parsed 72 % of its answers (docs/toy-models.md)
     # 0.3 (issue 31): the 0.2 C's 96 inert heads revived (toy_training.grow.revive: function-preserving splits in the
     # donor layers, scaled-up heads in the inserted ones), then 500 more steps with more head dropout, in fp32
-    # (bf16 autocast is ~6x slower on CPUs without native bf16)
+    # (bf16 autocast is ~6x slower on CPUs without native bf16). 0.4: the inserted layers 1, 3, 5 still did nothing
+    # on images (q / k / v a third of the donor layers'), so each takes the next layer's attention, both halved
+    # (toy_training.grow.share_with_layer_below), then 400 steps with head dropout so the twins diverge
     "c": (_CD_TEXT, RecipeStage("c", "c", "warm", dict(seed=1)),
           RecipeStage("c-revive", "c", "warm", dict(seed=0, grounding_steps=500, eval_every=100, bf16=False,
-                                                    head_dropout=0.15, revive_floor=0.25), "held_out")),
+                                                    head_dropout=0.15, revive_floor=0.25)),
+          RecipeStage("c-share", "c", "warm", dict(seed=3, grounding_steps=400, eval_every=100, bf16=False,
+                                                   head_dropout=0.15, share_layers=(1, 3, 5)), "held_out")),
     "d": (RecipeStage("d", "d", "scratch", dict(seed=2, grounding_steps=400), "held_out"),),
     # the positive control's transfer partner (MODEL_PRESETS["planted-b"]: the SHIPPED toy:planted's backbone behind
     # the shipped toy B's vision stack, one stage); toy:planted-x is made from it without training
@@ -123,13 +127,6 @@ RECIPES: dict[str, tuple[RecipeStage, ...]] = {
     "planted-b": (RecipeStage("planted-b", "planted-b", "scratch", dict(seed=0, bf16=False), "held_out"),),
 }
 
-
-# toy C's next stage, trained and measured, not shipped yet (docs/toy-models.md; issue 31): the inserted layers
-# 1, 3, 5 (q / k / v a third of the donor layers', inert on every task but text) each take the next layer's
-# attention, both halved (toy_training.grow.share_with_layer_below), then 400 steps with head dropout so the twins
-# diverge. Its own key until it ships: recipe "c"'s last stage is the shipped run (tests/test_toy_recipe.py)
-RECIPES["c-next"] = (*RECIPES["c"], RecipeStage("c-share", "c", "warm", dict(
-    seed=3, grounding_steps=400, eval_every=100, bf16=False, head_dropout=0.15, share_layers=(1, 3, 5))))
 
 
 def stage_config(stage: RecipeStage, previous_final: Path | None, base_overrides: dict | None = None) -> TrainConfig:

@@ -88,8 +88,9 @@ def resolve_models(model_spec: str | None, transfer_model: str | None = "auto") 
     "auto" means the main model's partner (``MODEL_PAIRS``), None or "" no transfer."""
     if model_spec is None:
         if shipped("toy:c"):
-            main, why = "toy:c", ("toy:c is shipped (128 heads, built towards the paper's regime but short of it: its "
-                                  "4 inserted layers barely act on grounding; the head census below says which act)")
+            from vrh_interp.toy import regime_status
+
+            main, why = "toy:c", f"toy:c is shipped ({regime_status('c')}; the head census below says which act)"
         else:
             main, why = "toy:a", "toy:c is not shipped in this installation, so the 32-head toy:a"
     else:

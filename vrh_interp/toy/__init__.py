@@ -79,3 +79,26 @@ def grounding_status(name: str) -> str:
     return (f"Model {name.upper()}'s level-1 grounding accuracy is {measured}: it "
             f"{'reaches' if reached else 'is below'} the {GROUNDING_TARGET:.0%} target "
             "(see [toy models](../toy-models.md)).")
+
+
+def regime_status(name: str, folder: str | Path | None = None) -> str | None:
+    """One clause on the shipped checkpoint's head census against the paper's regime, from its ``regime.json``
+    (written by the trainer's ``--ship`` with ``toy_training.regime``); None for a toy without one. The demo's
+    first line quotes it, so what it says of the default organism follows the checkpoint, not a hand-typed text."""
+    path = (checkpoint_dir(name) if folder is None else Path(folder)) / "regime.json"
+    if not path.is_file():
+        return None
+    regime = json.loads(path.read_text())
+    everywhere = regime.get("inert_by_effect_per_task", {}).get("every task", [])
+    census = (f"{regime['heads']} heads: {len(regime.get('inert_by_norm', []))} inert by output norm, "
+              f"{regime['live_heads']} live on grounding, {len(everywhere)} inert on every task"
+              + (f" ({', '.join(everywhere)})" if everywhere else ""))
+    if regime.get("in_regime"):
+        return f"{census}; in the paper's regime by every goal of toy_training.regime"
+    missed = {"no_head_inert_by_norm": "heads inert by norm", "no_head_inert_on_every_task": "heads with no job",
+              "live_random_sets_within_budget": "random live-head sets too costly",
+              "single_heads_within_budget": "a single head too costly",
+              "grounding_goal_met": f"grounding {regime.get('accuracy', float('nan')):.3f} on {regime.get('n')} fresh "
+                                    f"items, goal {GROUNDING_TARGET:.2f}"}
+    misses = [missed.get(goal, goal.replace("_", " ")) for goal, met in regime.get("goals", {}).items() if not met]
+    return f"{census}; short of the paper's regime" + (f" ({'; '.join(misses)})" if misses else "")
