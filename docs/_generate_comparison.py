@@ -91,7 +91,7 @@ def generate(demo_a: Path, demo_c: Path, regime_a: Path | None = None) -> Path:
     rows = []
     for label in ("A", "C"):
         r, d = regimes[label], demos[label]
-        scan = d.get("head_scan") or {}
+        scan = next((v for v in d["verdicts"] if v.get("id") == "score_damage"), {})  # the single-head scan's claim
         rows.append({
             "model": label, "heads": r["heads"], "grounding (fresh level 1)": f"{r['accuracy']:.3f}",
             "query-ignoring ceiling": f"{r['query_ignoring_ceiling']:.3f}",
@@ -108,8 +108,8 @@ def generate(demo_a: Path, demo_c: Path, regime_a: Path | None = None) -> Path:
             "k*": d["k_star"],
             "top-k* / random / matched at k*": f"{spread[label]['top']} / {spread[label].get('random', '-')} / "
                                                f"{spread[label].get('matched', '-')}",
-            "Spearman(score, single-head damage)": f"{scan.get('spearman', float('nan')):.2f} (p = "
-                                                   f"{scan.get('p_value', float('nan')):.2f})",
+            "Spearman(score, single-head damage)": f"{scan.get('estimate', float('nan')):.2f} (p = "
+                                                   f"{scan.get('p', float('nan')):.3f}, {scan.get('n', '-')} heads)",
         })
     table = pd.DataFrame(rows).set_index("model").T
     claims = {}

@@ -40,9 +40,9 @@ def _layer(vlm, layer: int) -> HeadSet:
 
 
 def _toy_c_conditions(vlm) -> list[HeadSet]:
-    """Out of first-layer order on purpose. On toy C, zeroing all of layer 4 (or 6) changes every answer, all
-    of layer 7 one answer of 8, layer 1 none (checked in ``test_toy_c_conditions_cover_tied_and_untied_rows``)."""
-    return [_layer(vlm, 4), HeadSet(), _layer(vlm, 7), HeadSet([Head(6, 3), Head(2, 5)]), HeadSet([Head(0, 0)]),
+    """Out of first-layer order on purpose. On toy C, zeroing all of layer 0 changes every answer, all of layer 1
+    three answers of 8, layer 7 none (checked in ``test_toy_c_conditions_cover_tied_and_untied_rows``)."""
+    return [_layer(vlm, 0), HeadSet(), _layer(vlm, 7), HeadSet([Head(6, 3), Head(2, 5)]), HeadSet([Head(0, 0)]),
             _layer(vlm, 1), HeadSet([Head(6, h) for h in range(16)] + [Head(5, 2)])]
 
 
@@ -91,7 +91,7 @@ def test_toy_c_conditions_cover_tied_and_untied_rows(toy_c):
     encoding = dict(encode_samples(toy_c, _scene_items(2)).encoding)
     base = _reference(toy_c, encoding, HeadSet())
     moved = []
-    for heads in (_layer(toy_c, 4), _layer(toy_c, 7), _layer(toy_c, 1)):
+    for heads in (_layer(toy_c, 0), _layer(toy_c, 1), _layer(toy_c, 7)):
         out = _reference(toy_c, encoding, heads)
         width = min(out.shape[1], base.shape[1])
         moved.append(int((out[:, :width] != base[:, :width]).any(dim=1).sum()))
