@@ -112,9 +112,9 @@ RECIPES: dict[str, tuple[RecipeStage, ...]] = {
     # and parsed 72 % of its answers (docs/toy-models.md)
     # 0.3 (issue 31): the 0.2 C's 96 inert heads revived (toy_training.grow.revive: function-preserving splits in the
     # donor layers, scaled-up heads in the inserted ones), then 500 more steps with more head dropout, in fp32
-    # (bf16 autocast is ~6x slower on CPUs without native bf16). 0.4: the inserted layers 1, 3, 5 still did nothing
-    # on images (q / k / v a third of the donor layers'), so each takes the next layer's attention, both halved
-    # (toy_training.grow.share_with_layer_below), then 400 steps with head dropout so the twins diverge
+    # (bf16 autocast is ~6x slower on CPUs without native bf16). 2026-12-04: the inserted layers 1, 3, 5 still did
+    # nothing on images (q / k / v a third of the donor layers'), so each takes the next layer's attention, both
+    # halved (toy_training.grow.share_with_layer_below), then 400 steps with head dropout so the twins diverge
     "c": (_CD_TEXT, RecipeStage("c", "c", "warm", dict(seed=1)),
           RecipeStage("c-revive", "c", "warm", dict(seed=0, grounding_steps=500, eval_every=100, bf16=False,
                                                     head_dropout=0.15, revive_floor=0.25)),
