@@ -103,6 +103,27 @@ def test_the_lock_is_shared_within_a_process_and_released_with_the_last_holder(t
     lock_run_folder(tmp_path)
 
 
+def test_a_run_refused_in_the_instant_before_the_holder_writes_its_details_waits_for_them(tmp_path):
+    """The race the two-process test can hit: the holder has the lock but has not written who it is yet."""
+    import fcntl
+    import threading
+
+    fd = os.open(tmp_path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)  # its own open file: flock conflicts with it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        owner = {"pid": 4242, "host": "elsewhere", "started": "2026-12-04T08:00:00+00:00", "command": "vrh sweep"}
+        late = threading.Timer(0.3, lambda: os.write(fd, json.dumps(owner).encode()))
+        late.start()
+        with pytest.raises(RunLockedError, match=r"in use by another run \(process 4242 on host elsewhere, started "):
+            RunFolder(tmp_path, {"kind": "test"})
+        late.join()
+        os.ftruncate(fd, 0)  # a holder that never writes them (or has emptied the file): named as such, no hang
+        with pytest.raises(RunLockedError, match=r"another process; it wrote no details"):
+            RunFolder(tmp_path, {"kind": "test"})
+    finally:
+        os.close(fd)
+
+
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory) -> tuple[Path, pd.DataFrame]:
     run = tmp_path_factory.mktemp("sweep") / "run"

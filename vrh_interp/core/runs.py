@@ -32,6 +32,7 @@ import json
 import os
 import socket
 import sys
+import time
 import weakref
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -111,14 +112,22 @@ def _release(fd: int) -> None:
     os.close(fd)
 
 
-def _holder(path: Path) -> str:
-    """Who holds ``path``, as its owner wrote it (empty while the holder is still writing it)."""
-    try:
-        owner = json.loads(path.read_text(encoding="utf-8"))
-        return (f"process {owner['pid']} on host {owner['host']}, started {owner['started']}: "
-                f"{owner['command']}")
-    except (OSError, ValueError, KeyError, TypeError):
-        return "another process; its details are not written yet"
+HOLDER_WAIT_SECONDS = 2.0
+
+
+def _holder(path: Path, wait: float = HOLDER_WAIT_SECONDS) -> str:
+    """Who holds ``path``, as its owner wrote it. The owner writes its details just after taking the lock, so a run
+    refused in that instant waits up to ``wait`` seconds for them rather than naming no one."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            owner = json.loads(path.read_text(encoding="utf-8"))
+            return (f"process {owner['pid']} on host {owner['host']}, started {owner['started']}: "
+                    f"{owner['command']}")
+        except (OSError, ValueError, KeyError, TypeError):
+            if time.monotonic() >= deadline:
+                return "another process; it wrote no details (starting, or just finishing)"
+            time.sleep(0.02)
 
 
 def lock_run_folder(path: str | os.PathLike[str]) -> Any:
