@@ -27,7 +27,6 @@ verdict-stability.md.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import itertools
 import json
 from pathlib import Path
@@ -36,12 +35,13 @@ import pandas as pd
 
 from vrh_interp.apps.cli import main as vrh
 from vrh_interp.core.provenance import library_versions
+from vrh_interp.evaluation.claims import POSITIVE_CONTROL_CLAIMS
 from vrh_interp.scoring.scores import HeadScores
+from vrh_interp.toy import weights_sha256
 
 HERE = Path(__file__).resolve().parent
 SHORT = {"holds": "holds", "does not hold": "NOT", "inconclusive": "inc.", "not measured": "-"}
 TOP = 10
-POSITIVE_CONTROL_CLAIMS = {"positive_control", "transfer_control"}  # about toy:planted, whatever the main model
 
 
 def run(out: Path, model: str, demo_seed: int, extra: list[str]) -> dict:
@@ -54,8 +54,7 @@ def run(out: Path, model: str, demo_seed: int, extra: list[str]) -> dict:
 
 
 def weights_digest(model: str) -> str:
-    folder = Path(model) if not model.startswith("toy:") else HERE.parent / "vrh_interp/toy/checkpoints/c"
-    return hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()[:12]
+    return weights_sha256("c", None if model.startswith("toy:") else model)[:12]
 
 
 def training_level1(model: str) -> str:

@@ -14,7 +14,6 @@ opposite verdict) where it is not.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import pandas as pd
 
 from vrh_interp.apps.cli import main as vrh
 from vrh_interp.core.provenance import library_versions
+from vrh_interp.toy import weights_sha256
 
 HERE = Path(__file__).resolve().parent
 TRANSFER = {"a": "b", "c": "d"}
@@ -30,12 +30,6 @@ SHORT = {"holds": "holds", "does not hold": "NOT", "inconclusive": "inc.", "not 
 
 
 RESUMED = "demo.before-resume.json"  # a finished run's demo.json, moved aside to resume it with newer code
-
-
-def weights_sha256(model: str) -> str:
-    from vrh_interp.toy import checkpoint_dir
-
-    return hashlib.sha256((checkpoint_dir(model) / "model.safetensors").read_bytes()).hexdigest()
 
 
 def run(out: Path, model: str, extra: list[str]) -> dict:

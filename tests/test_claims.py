@@ -118,3 +118,9 @@ def test_every_declared_claim_states_its_rule():
         assert spec.table in (claims.PAPER, claims.METHOD)
         assert spec.minimum >= spec.null
         assert "holds" in spec.rule()
+
+
+def test_the_positive_control_claims_are_declared_and_about_the_control_scenes():
+    """Generators that drop them from a run about another model (docs/_generate_seed_spread.py) read this set."""
+    assert claims.POSITIVE_CONTROL_CLAIMS <= set(CLAIMS)
+    assert {id for id, spec in CLAIMS.items() if spec.unit == "control scenes"} == claims.POSITIVE_CONTROL_CLAIMS

@@ -77,3 +77,33 @@ def test_share_with_layer_below_refuses_the_last_layer(wide) -> None:
     model, _ = wide
     with pytest.raises(ValueError, match="no layer above"):
         grow.share_with_layer_below(_copy(model), (7,))
+
+
+def test_split_heads_makes_a_slot_half_of_its_kv_groups_largest_head(wide) -> None:
+    model, inputs = wide
+    norms = grow.head_norms(model)
+    group = model.config.get_text_config().num_attention_heads // model.config.get_text_config().num_key_value_heads
+    layer = int(norms.max(axis=1).argmax())  # a donor layer: it has live heads and zero-output slots
+    slot = next(h for h in range(norms.shape[1])
+                if norms[layer, h] < 1e-6 and norms[layer, h - h % group:h - h % group + group].max() > 0)
+    start = slot - slot % group
+    donor = max(range(start, start + group), key=lambda h: norms[layer, h])
+    split = _copy(model)
+    assert grow.split_heads(split, ((layer, slot),), noise=0.0) == [(layer, donor, slot)]
+    # the slot output nothing, so the split preserves the function exactly (no noise)
+    assert torch.allclose(_logits(split, inputs), _logits(model, inputs), atol=1e-4)
+    head_dim = model.config.get_text_config().head_dim
+    rows = lambda h: slice(h * head_dim, (h + 1) * head_dim)  # noqa: E731
+    before = model.model.language_model.layers[layer].self_attn
+    after = split.model.language_model.layers[layer].self_attn
+    assert torch.equal(after.q_proj.weight[rows(slot)], before.q_proj.weight[rows(donor)])
+    for h in (donor, slot):
+        assert torch.allclose(after.o_proj.weight[:, rows(h)], 0.5 * before.o_proj.weight[:, rows(donor)])
+
+
+def test_split_heads_refuses_unknown_heads_and_a_group_with_no_donor(wide) -> None:
+    model, _ = wide
+    with pytest.raises(ValueError, match="no head L9H0"):
+        grow.split_heads(_copy(model), ((9, 0),))
+    with pytest.raises(ValueError, match="none can donate"):
+        grow.split_heads(_copy(model), tuple((0, h) for h in range(4)))

@@ -47,30 +47,59 @@ def revive(model, floor: float = 0.25, noise: float = 0.01, seed: int = 0) -> di
     split, scaled = [], []
     for layer, block in enumerate(model.model.language_model.layers):
         attention = block.self_attn
-        q, o = attention.q_proj, attention.o_proj
-
-        def rows(h: int) -> slice:
-            return slice(h * head_dim, (h + 1) * head_dim)
-
+        o = attention.o_proj
         if live[layer].any():
             for start in range(0, heads, group):
                 donors = [h for h in range(start, start + group) if live[layer, h]]
                 inert = [h for h in range(start, start + group) if not live[layer, h]]
                 for donor, slot in zip(donors * len(inert), inert):
-                    q.weight[rows(slot)] = q.weight[rows(donor)]
-                    q.weight[rows(slot)] += noise * q.weight[rows(donor)].std() * torch.randn(
-                        q.weight[rows(slot)].shape, generator=generator)
-                    if q.bias is not None:
-                        q.bias[rows(slot)] = q.bias[rows(donor)]
-                    o.weight[:, rows(donor)] *= 0.5
-                    o.weight[:, rows(slot)] = o.weight[:, rows(donor)]
+                    _split(attention, head_dim, donor, slot, noise, generator)
                     split.append((layer, donor, slot))
         else:
             for h in range(heads):
                 factor = target / max(norms[layer, h], 1e-8)
-                o.weight[:, rows(h)] *= factor
+                o.weight[:, h * head_dim:(h + 1) * head_dim] *= factor
                 scaled.append((layer, h, round(float(factor), 3)))
     return {"threshold": float(threshold), "target": target, "split": split, "scaled": scaled}
+
+
+def _split(attention, head_dim: int, donor: int, slot: int, noise: float, generator: torch.Generator) -> None:
+    """Head ``slot`` becomes a copy of ``donor`` (same KV group: same keys and values; the donor's query weights plus
+    ``noise`` of their std) and the two share the donor's output projection half and half."""
+    q, o = attention.q_proj, attention.o_proj
+    d, s = slice(donor * head_dim, (donor + 1) * head_dim), slice(slot * head_dim, (slot + 1) * head_dim)
+    q.weight[s] = q.weight[d] + noise * q.weight[d].std() * torch.randn(q.weight[d].shape, generator=generator)
+    if q.bias is not None:
+        q.bias[s] = q.bias[d]
+    o.weight[:, d] *= 0.5
+    o.weight[:, s] = o.weight[:, d]
+
+
+@torch.no_grad()
+def split_heads(model, slots: tuple[tuple[int, int], ...], noise: float = 0.01, seed: int = 0) -> list:
+    """Give each ``(layer, head)`` of ``slots`` (a head with no job on any task, though its output norm is
+    ordinary) a job: it becomes a split of the head of its key/value group with the largest output norm among those
+    not in ``slots`` (``_split``: function-preserving up to ``noise`` and to what the slot did, nothing measurable);
+    head dropout then makes the two diverge.
+    Returns the ``(layer, donor, slot)`` triples."""
+    config = model.config.get_text_config()
+    heads, head_dim = config.num_attention_heads, config.head_dim
+    group = heads // config.num_key_value_heads
+    norms = head_norms(model)
+    taken = {tuple(slot) for slot in slots}
+    generator = torch.Generator().manual_seed(seed)
+    done = []
+    for layer, slot in slots:
+        if not (0 <= layer < norms.shape[0] and 0 <= slot < heads):
+            raise ValueError(f"no head L{layer}H{slot} in a model of {norms.shape[0]} layers x {heads} heads")
+        start = slot - slot % group
+        donors = [h for h in range(start, start + group) if (layer, h) not in taken]
+        if not donors:
+            raise ValueError(f"every head of L{layer}H{slot}'s key/value group is to be split: none can donate")
+        donor = max(donors, key=lambda h: norms[layer, h])
+        _split(model.model.language_model.layers[layer].self_attn, head_dim, donor, slot, noise, generator)
+        done.append((layer, donor, slot))
+    return done
 
 
 @torch.no_grad()

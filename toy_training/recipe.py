@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,6 +41,7 @@ import torch
 
 from vrh_interp.core.runs import write_json_atomic
 from vrh_interp.toy import checkpoint_dir, load
+from vrh_interp.toy import weights_sha256 as toy_weights_sha256
 from vrh_interp.toy.configs import ModelName
 from toy_training.train import (MODEL_PRESETS, REPORT_SCENES, WARM_START_LEVELS, TrainConfig, export_final,
                                   measure_held_out, train)
@@ -183,7 +183,7 @@ def measure_stage(stage: RecipeStage, folder: Path, n_scenes: int = REPORT_SCENE
     on another number of scenes or on other final weights (a stage retrained after its ``final/`` was deleted).
     """
     cache = folder / STAGE_MEASUREMENT_FILE
-    weights_sha256 = hashlib.sha256((folder / "final" / "model.safetensors").read_bytes()).hexdigest()
+    weights_sha256 = toy_weights_sha256(stage.model, folder / "final")
     if cache.is_file():
         cached = json.loads(cache.read_text())
         if (cached.get("n_scenes"), cached.get("weights_sha256")) == (n_scenes, weights_sha256):

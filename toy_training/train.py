@@ -130,6 +130,8 @@ class TrainConfig:
     revive_floor: float = 0.0
     # with warm_start: these layers take the next layer's attention, both halved (grow.share_with_layer_below)
     share_layers: tuple[int, ...] = ()
+    # with warm_start: these (layer, head) slots become splits of their KV group's largest head (grow.split_heads)
+    split_heads: tuple[tuple[int, int], ...] = ()
     # with warm_start: a trained toy checkpoint whose language model (same shape) then replaces the warm start's
     # (the planted transfer pair: toy B's vision stack, toy:planted's backbone)
     language_from: str | None = None
@@ -689,6 +691,9 @@ def train(config: TrainConfig, out_dir: Path, resume: bool) -> list[dict]:
                 if config.share_layers:
                     shared = grow.share_with_layer_below(model, config.share_layers)
                     (out_dir / "shared_layers.json").write_text(json.dumps(shared))
+                if config.split_heads:
+                    split = grow.split_heads(model, config.split_heads, seed=config.seed)
+                    (out_dir / "split_heads.json").write_text(json.dumps(split))
             elif config.init_backbone is not None:
                 load_language_backbone(model, config.init_backbone)
             configure_stage(model, "grounding")
@@ -745,6 +750,7 @@ def config_from_json(data: dict) -> TrainConfig:
     data["level_schedule"] = tuple((end, tuple((level, p) for level, p in mix)) for end, mix in data["level_schedule"])
     for key in ("planted", "decoys", "dropout_layers", "share_layers"):
         data[key] = tuple(data.get(key, ()))
+    data["split_heads"] = tuple(tuple(slot) for slot in data.get("split_heads", ()))
     return TrainConfig(**data)
 
 

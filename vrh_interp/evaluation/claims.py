@@ -101,6 +101,9 @@ CLAIMS: dict[str, ClaimSpec] = _specs(
               "drop) > 0", "Spearman correlation over the scanned heads", 0.0, 0.2, unit="items"),
 )
 
+# the claims about toy:planted (the demo's positive-control step), whatever model the run studies
+POSITIVE_CONTROL_CLAIMS = frozenset({"positive_control", "transfer_control"})
+
 
 @dataclass
 class Evidence:

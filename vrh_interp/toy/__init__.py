@@ -13,6 +13,7 @@ is ``toy_training`` at the repository root (dev tooling, not in the wheel).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -34,6 +35,13 @@ def checkpoint_dir(name: str) -> Path:
 def is_shipped(name: str) -> bool:
     """Whether toy model ``name``'s checkpoint is in this installation (the one test for it)."""
     return (checkpoint_dir(name) / "model.safetensors").exists()
+
+
+def weights_sha256(name: str, folder: str | Path | None = None) -> str:
+    """SHA-256 of toy ``name``'s ``model.safetensors`` (the shipped checkpoint, or the one in ``folder``): the
+    identity results pages and stage measurements quote for the weights they were measured on."""
+    path = Path(folder or checkpoint_dir(name)) / "model.safetensors"
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def load(name: str = "a", device: str | torch.device = "cpu",
