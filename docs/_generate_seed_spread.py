@@ -66,11 +66,11 @@ def training_level1(model: str) -> str:
     return f"{level1['accuracy']:.3f} (n={level1['n']})"
 
 
-def task_census(out: Path, model: str) -> dict[str, int]:
+def task_census(out: Path, model: str) -> dict[str, list[str]]:
     """Heads inert by single-head effect per task (``toy_training.regime.task_effects``: grounding, VQA, text, 12
-    fresh items each) and on every task; kept in ``out/task_census.json``."""
+    fresh items each) and on every task; kept in ``out/task_census.json`` (re-measured when it holds counts only)."""
     path = out / "task_census.json"
-    if not path.exists():
+    if not path.exists() or not all(isinstance(v, list) for v in json.loads(path.read_text()).values()):
         import sys
 
         sys.path.insert(0, str(HERE.parent))  # toy_training: dev tooling at the repository root
@@ -80,7 +80,7 @@ def task_census(out: Path, model: str) -> dict[str, int]:
 
         vlm = load_spec(model)
         inert = regime.inert_by_task(regime.task_effects(vlm.hf_model, vlm.processor), EFFECT_FLOOR)
-        path.write_text(json.dumps({task: len(heads) for task, heads in inert.items()}))
+        path.write_text(json.dumps(inert))
     return json.loads(path.read_text())
 
 
@@ -117,7 +117,8 @@ def main() -> None:
         "inert by norm": demos[seed]["census"]["inert_by_norm"],
         "inert by effect (grounding, demo census)": demos[seed]["census"]["inert_by_effect"],
         "inert by effect per task: grounding / VQA / text / every task": " / ".join(
-            str(n) for n in census[seed].values()),
+            str(len(heads)) for heads in census[seed].values())
+        + (f" ({', '.join(census[seed]['every task'])})" if census[seed]["every task"] else ""),
         "k*": demos[seed]["k_star"],
         "level 1 at the last training evaluation": training_level1(model),
         "demo baseline accuracy": baseline_accuracy(args.out / f"c-train{seed}"),

@@ -157,3 +157,17 @@ def test_regime_goals_fail_on_each_unmet_goal() -> None:
                    {"live_cost": 0.06}, {"worst_single": 0.2}, {"live_cost": float("nan")}):
         judged = regime._goals(**{**met, **change})
         assert not judged["in_regime"] and sum(not v for v in judged["goals"].values()) == 1, change
+
+
+def test_regime_grounding_goal_is_judged_on_the_shipped_logs_fresh_scenes() -> None:
+    """``measure``'s defaults read the same fresh scenes as the shipping log's ``fresh_level1`` (on a fifth of them
+    toy C read 0.910, "met", where all give 0.890); for a shipped wide toy the two accuracies are the same number."""
+    import inspect
+
+    defaults = {k: p.default for k, p in inspect.signature(regime.measure).parameters.items()}
+    assert (defaults["offset"], defaults["n_scenes"]) == (trainer.FRESH_SCENES_OFFSET, trainer.REPORT_SCENES)
+    for name in SHIPPED:
+        log = json.loads((checkpoint_dir(name) / "training_log.json").read_text())
+        measured = json.loads((checkpoint_dir(name) / regime.REGIME_FILE).read_text())
+        assert measured["scenes"] == log["fresh_scenes"]
+        assert (measured["n"], measured["accuracy"]) == (log["fresh_level1"]["n"], log["fresh_level1"]["accuracy"])

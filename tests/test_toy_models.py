@@ -292,6 +292,10 @@ def test_regime_status_words_the_census_and_every_missed_goal(tmp_path: Path) ->
     assert regime_status("c", folder=tmp_path).endswith("0 inert on every task; in the paper's regime by every goal "
                                                         "of toy_training.regime")
     assert regime_status("c", folder=tmp_path / "none") is None
+    many = [f"L1H{h}" for h in range(12)]  # a toy with dozens of idle heads (toy D: 78) names the first 8 in the line
+    (tmp_path / "regime.json").write_text(json.dumps({**regime, "inert_by_effect_per_task": {"every task": many}}))
+    assert "12 inert on every task (L1H0, L1H1, L1H2, L1H3, L1H4, L1H5, L1H6, L1H7, ...);" in regime_status(
+        "c", folder=tmp_path)
     # the shipped default organism: the clause follows its regime.json
     shipped = json.loads((checkpoint_dir("c") / "regime.json").read_text())
     assert f"{shipped['live_heads']} live on grounding" in regime_status("c")

@@ -862,6 +862,9 @@ def _parse_args() -> argparse.Namespace:
                         help="train in float32 (no bf16 autocast: on CPUs without native bf16, e.g. AVX2 only, "
                              "bf16 autocast is several times slower)")
     parser.add_argument("--head-dropout", type=float, default=None, help="per-row head dropout probability")
+    parser.add_argument("--split-heads", default=None, metavar="HEADS",
+                        help="with --warm-start: heads with no job (e.g. L7H12,L7H14) that become splits of their "
+                             "KV group's largest head before training (toy_training.grow.split_heads)")
     parser.add_argument("--vqa-scenes", type=int, default=None,
                         help="scenes per grounding step whose synthetic VQA items join the batch")
     parser.add_argument("--vqa-query-probe", action="store_true",
@@ -927,6 +930,10 @@ def main() -> None:
         overrides["revive_floor"] = args.revive_floor
     if args.head_dropout is not None:
         overrides["head_dropout"] = args.head_dropout
+    if args.split_heads is not None:
+        from vrh_interp.core.heads import HeadSet
+
+        overrides["split_heads"] = tuple((h.layer, h.head) for h in HeadSet.parse(args.split_heads))
     if args.fp32:
         overrides["bf16"] = False
     if args.vqa_query_probe:

@@ -89,6 +89,9 @@ def grounding_status(name: str) -> str:
             "(see [toy models](../toy-models.md)).")
 
 
+LISTED_HEADS = 8  # heads named in a one-line census; the rest are counted
+
+
 def regime_status(name: str, folder: str | Path | None = None) -> str | None:
     """One clause on the shipped checkpoint's head census against the paper's regime, from its ``regime.json``
     (written by the trainer's ``--ship`` with ``toy_training.regime``); None for a toy without one. The demo's
@@ -100,7 +103,8 @@ def regime_status(name: str, folder: str | Path | None = None) -> str | None:
     everywhere = regime.get("inert_by_effect_per_task", {}).get("every task", [])
     census = (f"{regime['heads']} heads: {len(regime.get('inert_by_norm', []))} inert by output norm, "
               f"{regime['live_heads']} live on grounding, {len(everywhere)} inert on every task"
-              + (f" ({', '.join(everywhere)})" if everywhere else ""))
+              + (f" ({', '.join(everywhere[:LISTED_HEADS])}{', ...' if len(everywhere) > LISTED_HEADS else ''})"
+                 if everywhere else ""))
     if regime.get("in_regime"):
         return f"{census}; in the paper's regime by every goal of toy_training.regime"
     missed = {"no_head_inert_by_norm": "heads inert by norm", "no_head_inert_on_every_task": "heads with no job",
