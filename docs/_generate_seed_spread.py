@@ -18,7 +18,8 @@ and 3): a warm scaffold, not another draw of the recipe. The retrained weights o
 ``vrh demo`` (fixed default sizes, ``--seed`` of the control draws and the bootstrap fixed, positive control left
 out: it does not depend on the main model), each into its own resumable folder under ``--out``; a finished folder is
 reused as it is, so training 0's may be the results page's run (``docs/_generate_results.py --model c --seed 1``:
-the same sizes and seed, its positive-control claims left out here). The page lists per
+the same sizes and seed, its positive-control claims left out here; checked on 2026-12-04: training 0 rerun without
+the positive control gave the same scores, sweep table and main-model verdicts and estimates). The page lists per
 trained model: the head census, grounding accuracy, the top heads with their scores, the overlap of the top heads
 between trainings, and every claim's verdict; the variation across samples (control draws, bootstrap) is on
 verdict-stability.md.
