@@ -11,6 +11,9 @@ Toy C was built by embedding toy A in a 128-head backbone with every new head's 
 * in a layer with no live head (the layers inserted between donor layers), every head's output projection
   is scaled up to half the live heads' median norm, keeping the direction it learnt.
 
+``split_heads`` makes named heads (ones with no job on any task, though of ordinary norm) splits of their key/value
+group's largest head the same way; ``share_with_layer_below`` gives a whole inserted layer the next layer's attention.
+
 A head is inert when its output-projection norm is under ``floor`` (a quarter) of the 90th-percentile head's,
 the census rule of ``vrh_interp.evaluation.census``.
 """
