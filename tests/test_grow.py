@@ -107,3 +107,17 @@ def test_split_heads_refuses_unknown_heads_and_a_group_with_no_donor(wide) -> No
         grow.split_heads(_copy(model), ((9, 0),))
     with pytest.raises(ValueError, match="none can donate"):
         grow.split_heads(_copy(model), tuple((0, h) for h in range(4)))
+
+
+def test_train_cli_refuses_a_malformed_split_heads_list_without_a_traceback(tmp_path) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-m", "toy_training.train", "--model", "c", "--warm-start", "x",
+                           "--split-heads", "7,12", "--out", str(tmp_path / "run")], cwd=root, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert "--split-heads: cannot parse '7' as a head" in done.stderr
+    assert not (tmp_path / "run").exists()

@@ -931,9 +931,12 @@ def main() -> None:
     if args.head_dropout is not None:
         overrides["head_dropout"] = args.head_dropout
     if args.split_heads is not None:
-        from vrh_interp.core.heads import HeadSet
+        from vrh_interp.core.heads import HeadSet, HeadSpecError
 
-        overrides["split_heads"] = tuple((h.layer, h.head) for h in HeadSet.parse(args.split_heads))
+        try:
+            overrides["split_heads"] = tuple((h.layer, h.head) for h in HeadSet.parse(args.split_heads))
+        except HeadSpecError as error:
+            raise SystemExit(f"--split-heads: {error}") from None
     if args.fp32:
         overrides["bf16"] = False
     if args.vqa_query_probe:
