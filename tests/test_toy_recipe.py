@@ -183,3 +183,24 @@ def test_reseeded_moves_every_stage_seed_and_nothing_else() -> None:
     # the stage config the trainer gets carries the moved seed
     last = moved[-1]
     assert recipe.stage_config(last, Path("/nonexistent/final")).seed == stages[-1].overrides["seed"] + 2
+
+
+def test_training_command_options_reach_the_config() -> None:
+    """The task mixture of a warm restart is set from the command line (the text-only and text-heavy stages of
+    docs/toy-models.md): each option lands in its ``TrainConfig`` field, the rest stay the preset's."""
+    preset = trainer.MODEL_PRESETS["c"]
+    args = trainer._parse_args(["--model", "c", "--warm-start", "CKPT", "--grounding-scenes", "2", "--text-scenes",
+                                "16", "--vqa-scenes", "0", "--head-dropout", "0", "--lr", "1e-3", "--steps", "800",
+                                "--fp32"])
+    config = trainer.training_config(args)
+    assert (config.grounding_batch_scenes, config.text_batch_scenes, config.vqa_batch_scenes) == (2, 16, 0)
+    assert (config.head_dropout, config.grounding_lr, config.grounding_steps, config.bf16) == (0.0, 1e-3, 800, False)
+    assert (config.warm_start, config.vision_steps, config.level_schedule) == ("CKPT", 0, trainer.WARM_START_LEVELS)
+    assert config.query_probe_weight == trainer.TrainConfig().query_probe_weight > 0
+    assert config.query_probe_layer == preset["query_probe_layer"]
+    plain = trainer.training_config(trainer._parse_args(["--model", "c"]))
+    assert (plain.grounding_batch_scenes, plain.text_batch_scenes) == (preset["grounding_batch_scenes"],
+                                                                      preset["text_batch_scenes"])
+    # no grounding rows: the query probe (which reads grounding rows) is off instead of averaging nothing
+    text_only = trainer.training_config(trainer._parse_args(["--model", "c", "--grounding-scenes", "0"]))
+    assert (text_only.grounding_batch_scenes, text_only.query_probe_weight) == (0, 0.0)

@@ -840,7 +840,7 @@ def ship(run_dir: Path, name: ModelName, dest: Path, lineage: str = "", checkpoi
     return log
 
 
-def _parse_args() -> argparse.Namespace:
+def _parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", choices=sorted(MODEL_PRESETS), default="a")
     parser.add_argument("--out", type=Path, help="run folder (training)")
@@ -867,6 +867,10 @@ def _parse_args() -> argparse.Namespace:
                              "KV group's largest head before training (toy_training.grow.split_heads)")
     parser.add_argument("--vqa-scenes", type=int, default=None,
                         help="scenes per grounding step whose synthetic VQA items join the batch")
+    parser.add_argument("--grounding-scenes", type=int, default=None,
+                        help="scenes per grounding step (their grounding rows; 0: none, and no query probe)")
+    parser.add_argument("--text-scenes", type=int, default=None,
+                        help="scenes per grounding step whose text-only items (toy_training.text_tasks) join the batch")
     parser.add_argument("--vqa-query-probe", action="store_true",
                         help="apply the query-probe scaffold to one-object VQA rows too")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes and step counts (tests)")
@@ -889,7 +893,52 @@ def _parse_args() -> argparse.Namespace:
                         help="with --ship: the best checkpoint by level-1 accuracy on eval scenes 0-31, or the "
                              "finished run's last weights")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (1 each when two runs share 2 cores)")
-    return parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def training_config(args: argparse.Namespace) -> TrainConfig:
+    """The ``TrainConfig`` of a training command: the model's preset, then the command's options."""
+    overrides: dict = dict(MODEL_PRESETS[args.model])
+    if args.tiny:
+        overrides.update(TINY_TEST_CONFIG)
+    init_backbone = args.init_backbone
+    if args.warm_start is not None:
+        overrides.update(warm_start=args.warm_start, vision_steps=0, level_schedule=WARM_START_LEVELS)
+    elif init_backbone is None and args.model == "b":
+        init_backbone = str(checkpoint_dir("a"))
+    overrides.update(model=args.model, seed=args.seed, init_backbone=init_backbone)
+    if args.lr is not None:
+        overrides["grounding_lr"] = args.lr
+    if args.vqa_scenes is not None:
+        overrides["vqa_batch_scenes"] = args.vqa_scenes
+    if args.grounding_scenes is not None:
+        overrides["grounding_batch_scenes"] = args.grounding_scenes
+    if args.text_scenes is not None:
+        overrides["text_batch_scenes"] = args.text_scenes
+    if overrides.get("grounding_batch_scenes") == 0:  # no grounding rows: nothing for the query probe to read
+        overrides["query_probe_weight"] = 0.0
+    if args.revive_floor is not None:
+        overrides["revive_floor"] = args.revive_floor
+    if args.head_dropout is not None:
+        overrides["head_dropout"] = args.head_dropout
+    if args.split_heads is not None:
+        from vrh_interp.core.heads import HeadSet, HeadSpecError
+
+        try:
+            overrides["split_heads"] = tuple((h.layer, h.head) for h in HeadSet.parse(args.split_heads))
+        except HeadSpecError as error:
+            raise SystemExit(f"--split-heads: {error}") from None
+    if args.fp32:
+        overrides["bf16"] = False
+    if args.vqa_query_probe:
+        overrides["vqa_query_probe"] = True
+    if args.steps is not None:
+        overrides["grounding_steps"] = args.steps
+    if args.vision_steps is not None:
+        overrides["vision_steps"] = args.vision_steps
+    if args.eval_every is not None:
+        overrides["eval_every"] = args.eval_every
+    return TrainConfig(**overrides)
 
 
 def main() -> None:
@@ -913,41 +962,7 @@ def main() -> None:
         print(json.dumps({key: log[key] for key in ("held_out", "held_out_vqa", "test_set_level1", "fresh_level1")},
                          indent=1))
         return
-    overrides: dict = dict(MODEL_PRESETS[args.model])
-    if args.tiny:
-        overrides.update(TINY_TEST_CONFIG)
-    init_backbone = args.init_backbone
-    if args.warm_start is not None:
-        overrides.update(warm_start=args.warm_start, vision_steps=0, level_schedule=WARM_START_LEVELS)
-    elif init_backbone is None and args.model == "b":
-        init_backbone = str(checkpoint_dir("a"))
-    overrides.update(model=args.model, seed=args.seed, init_backbone=init_backbone)
-    if args.lr is not None:
-        overrides["grounding_lr"] = args.lr
-    if args.vqa_scenes is not None:
-        overrides["vqa_batch_scenes"] = args.vqa_scenes
-    if args.revive_floor is not None:
-        overrides["revive_floor"] = args.revive_floor
-    if args.head_dropout is not None:
-        overrides["head_dropout"] = args.head_dropout
-    if args.split_heads is not None:
-        from vrh_interp.core.heads import HeadSet, HeadSpecError
-
-        try:
-            overrides["split_heads"] = tuple((h.layer, h.head) for h in HeadSet.parse(args.split_heads))
-        except HeadSpecError as error:
-            raise SystemExit(f"--split-heads: {error}") from None
-    if args.fp32:
-        overrides["bf16"] = False
-    if args.vqa_query_probe:
-        overrides["vqa_query_probe"] = True
-    if args.steps is not None:
-        overrides["grounding_steps"] = args.steps
-    if args.vision_steps is not None:
-        overrides["vision_steps"] = args.vision_steps
-    if args.eval_every is not None:
-        overrides["eval_every"] = args.eval_every
-    train(TrainConfig(**overrides), args.out, args.resume)
+    train(training_config(args), args.out, args.resume)
 
 
 if __name__ == "__main__":
