@@ -204,3 +204,11 @@ def test_training_command_options_reach_the_config() -> None:
     # no grounding rows: the query probe (which reads grounding rows) is off instead of averaging nothing
     text_only = trainer.training_config(trainer._parse_args(["--model", "c", "--grounding-scenes", "0"]))
     assert (text_only.grounding_batch_scenes, text_only.query_probe_weight) == (0, 0.0)
+
+
+@pytest.mark.parametrize("value", ["-1", "two"])
+def test_training_command_refuses_a_scene_count_that_is_not_a_count(value: str,
+                                                                     capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit):
+        trainer._parse_args(["--model", "c", "--text-scenes", value])
+    assert f"--text-scenes: {value!r} is not a number of scenes (a whole number >= 0)" in capsys.readouterr().err

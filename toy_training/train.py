@@ -840,6 +840,17 @@ def ship(run_dir: Path, name: ModelName, dest: Path, lineage: str = "", checkpoi
     return log
 
 
+def _scene_count(text: str) -> int:
+    """argparse type of the per-step scene counts: a whole number >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of scenes (a whole number >= 0)")
+    return value
+
+
 def _parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", choices=sorted(MODEL_PRESETS), default="a")
@@ -865,11 +876,11 @@ def _parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--split-heads", default=None, metavar="HEADS",
                         help="with --warm-start: heads with no job (e.g. L7H12,L7H14) that become splits of their "
                              "KV group's largest head before training (toy_training.grow.split_heads)")
-    parser.add_argument("--vqa-scenes", type=int, default=None,
+    parser.add_argument("--vqa-scenes", type=_scene_count, default=None,
                         help="scenes per grounding step whose synthetic VQA items join the batch")
-    parser.add_argument("--grounding-scenes", type=int, default=None,
+    parser.add_argument("--grounding-scenes", type=_scene_count, default=None,
                         help="scenes per grounding step (their grounding rows; 0: none, and no query probe)")
-    parser.add_argument("--text-scenes", type=int, default=None,
+    parser.add_argument("--text-scenes", type=_scene_count, default=None,
                         help="scenes per grounding step whose text-only items (toy_training.text_tasks) join the batch")
     parser.add_argument("--vqa-query-probe", action="store_true",
                         help="apply the query-probe scaffold to one-object VQA rows too")
