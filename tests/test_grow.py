@@ -48,35 +48,39 @@ def test_revive_without_noise_preserves_the_function_and_leaves_no_head_inert(wi
     assert (norms >= 0.25 * norms.max() / 2).all()  # every slot of a donor layer now holds half a live head
 
 
-def test_share_with_layer_below_copies_the_next_layer_and_halves_both(wide) -> None:
+@pytest.mark.parametrize("pairs", [((1, 2), (3, 4)), ((7, 6),)])
+def test_share_attention_copies_the_source_layer_and_halves_both(wide, pairs) -> None:
+    """The inserted layers take the layer above (toy C's c-share); the last layer, with none above, the one below."""
     model, inputs = wide
     original = model.model.language_model.layers
     shared = _copy(model)
-    assert grow.share_with_layer_below(shared, (1, 3)) == [(1, 2), (3, 4)]
+    assert grow.share_attention(shared, pairs) == list(pairs)
     layers = shared.model.language_model.layers
-    for low in (1, 3):
-        high = original[low + 1].self_attn
+    for layer, source in pairs:
+        donor = original[source].self_attn
         for name in ("q_proj", "k_proj", "v_proj"):
-            assert torch.equal(getattr(layers[low].self_attn, name).weight, getattr(high, name).weight)
-        assert torch.equal(layers[low].input_layernorm.weight, original[low + 1].input_layernorm.weight)
-        total = layers[low].self_attn.o_proj.weight + layers[low + 1].self_attn.o_proj.weight
-        assert torch.allclose(total, high.o_proj.weight)
-        assert torch.equal(layers[low].self_attn.o_proj.weight, layers[low + 1].self_attn.o_proj.weight)
+            assert torch.equal(getattr(layers[layer].self_attn, name).weight, getattr(donor, name).weight)
+        assert torch.equal(layers[layer].input_layernorm.weight, original[source].input_layernorm.weight)
+        total = layers[layer].self_attn.o_proj.weight + layers[source].self_attn.o_proj.weight
+        assert torch.allclose(total, donor.o_proj.weight)
+        assert torch.equal(layers[layer].self_attn.o_proj.weight, layers[source].self_attn.o_proj.weight)
     # near the original function; without the halving the shared layers' attention would count twice
     doubled = _copy(model)
-    for low in (1, 3):
-        doubled.model.language_model.layers[low].load_state_dict(
-            {**doubled.model.language_model.layers[low].state_dict(),
-             **{f"self_attn.{k}": v for k, v in original[low + 1].self_attn.state_dict().items()},
-             **{f"input_layernorm.{k}": v for k, v in original[low + 1].input_layernorm.state_dict().items()}})
+    for layer, source in pairs:
+        doubled.model.language_model.layers[layer].load_state_dict(
+            {**doubled.model.language_model.layers[layer].state_dict(),
+             **{f"self_attn.{k}": v for k, v in original[source].self_attn.state_dict().items()},
+             **{f"input_layernorm.{k}": v for k, v in original[source].input_layernorm.state_dict().items()}})
     reference = _logits(model, inputs)
     assert (_logits(shared, inputs) - reference).norm() < 0.5 * (_logits(doubled, inputs) - reference).norm()
 
 
-def test_share_with_layer_below_refuses_the_last_layer(wide) -> None:
+def test_share_attention_refuses_a_missing_layer_and_a_layer_sharing_with_itself(wide) -> None:
     model, _ = wide
-    with pytest.raises(ValueError, match="no layer above"):
-        grow.share_with_layer_below(_copy(model), (7,))
+    with pytest.raises(ValueError, match="no layer 8"):
+        grow.share_attention(_copy(model), ((7, 8),))
+    with pytest.raises(ValueError, match="cannot share its own attention"):
+        grow.share_attention(_copy(model), ((3, 3),))
 
 
 def test_split_heads_makes_a_slot_half_of_its_kv_groups_largest_head(wide) -> None:

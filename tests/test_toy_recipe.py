@@ -212,3 +212,21 @@ def test_training_command_refuses_a_scene_count_that_is_not_a_count(value: str,
     with pytest.raises(SystemExit):
         trainer._parse_args(["--model", "c", "--text-scenes", value])
     assert f"--text-scenes: {value!r} is not a number of scenes (a whole number >= 0)" in capsys.readouterr().err
+
+
+def test_share_attention_option_reaches_the_config_and_refuses_bad_pairs(capsys: pytest.CaptureFixture) -> None:
+    args = trainer._parse_args(["--model", "c", "--warm-start", "CKPT", "--share-attention", "7:6, 1:2"])
+    assert trainer.training_config(args).share_layers == ((7, 6), (1, 2))
+    with pytest.raises(SystemExit):
+        trainer._parse_args(["--model", "c", "--share-attention", "7-6"])
+    assert "--share-attention: '7-6' is not LAYER:SOURCE" in capsys.readouterr().err
+    for pair in ("8:6", "6:6"):
+        with pytest.raises(SystemExit, match=f"--share-attention {pair}: name two different layers of the c model"):
+            trainer.training_config(trainer._parse_args(["--model", "c", "--share-attention", pair]))
+
+
+def test_an_older_train_config_reads_bare_shared_layers_as_the_layer_above() -> None:
+    """Run folders written before ``share_layers`` held pairs (the shipped toy:c's log: ``[1, 3, 5]``)."""
+    data = json.loads((checkpoint_dir("c") / "training_log.json").read_text())["config"]
+    assert data["share_layers"] == [1, 3, 5]
+    assert trainer.config_from_json(data).share_layers == ((1, 2), (3, 4), (5, 6))

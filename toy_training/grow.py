@@ -12,7 +12,7 @@ Toy C was built by embedding toy A in a 128-head backbone with every new head's 
   is scaled up to half the live heads' median norm, keeping the direction it learnt.
 
 ``split_heads`` makes named heads (ones with no job on any task, though of ordinary norm) splits of their key/value
-group's largest head the same way; ``share_with_layer_below`` gives a whole inserted layer the next layer's attention.
+group's largest head the same way; ``share_attention`` gives a whole layer another layer's attention.
 
 A head is inert when its output-projection norm is under ``floor`` (a quarter) of the 90th-percentile head's,
 the census rule of ``vrh_interp.evaluation.census``.
@@ -106,21 +106,25 @@ def split_heads(model, slots: tuple[tuple[int, int], ...], noise: float = 0.01, 
 
 
 @torch.no_grad()
-def share_with_layer_below(model, layers: tuple[int, ...]) -> list[tuple[int, int]]:
-    """Give each of ``layers`` (an inserted layer, its heads near-inert) the NEXT layer's attention: its input norm
-    and q / k / v / o weights copied from layer ``l + 1``, and both output projections halved, so the two layers
-    share that layer's job (function-preserving up to what the inserted layer's small MLP does with half the
-    attention update arriving one layer early). Head dropout then makes the copies diverge, as ``revive``'s
-    within-layer splits do. Returns the ``(layer, copied_from)`` pairs."""
+def share_attention(model, pairs: tuple[tuple[int, int], ...]) -> list[tuple[int, int]]:
+    """Each ``(layer, source)`` pair: ``layer`` (near-inert heads) takes ``source``'s attention: its input norm and
+    q / k / v / o weights copied from ``source``, and both output projections halved, so the two layers share that
+    layer's job (function-preserving up to what the MLPs between them do with half the update arriving a layer
+    early or late). The inserted layers 1, 3, 5 take the layer above (``source = layer + 1``); the last layer, with
+    none above, the layer below. Head dropout then makes the copies diverge, as ``revive``'s within-layer splits do.
+    Returns the pairs done."""
     blocks = model.model.language_model.layers
     done = []
-    for layer in layers:
-        if not 0 <= layer < len(blocks) - 1:
-            raise ValueError(f"layer {layer} has no layer above it to share with (layers 0..{len(blocks) - 2})")
-        target, source = blocks[layer], blocks[layer + 1]
-        target.input_layernorm.load_state_dict(source.input_layernorm.state_dict())
-        target.self_attn.load_state_dict(source.self_attn.state_dict())
+    for layer, source in pairs:
+        for index in (layer, source):
+            if not 0 <= index < len(blocks):
+                raise ValueError(f"no layer {index} in a model of {len(blocks)} layers (0..{len(blocks) - 1})")
+        if layer == source:
+            raise ValueError(f"layer {layer} cannot share its own attention: name another layer as the source")
+        target, donor = blocks[layer], blocks[source]
+        target.input_layernorm.load_state_dict(donor.input_layernorm.state_dict())
+        target.self_attn.load_state_dict(donor.self_attn.state_dict())
         target.self_attn.o_proj.weight *= 0.5
-        source.self_attn.o_proj.weight *= 0.5
-        done.append((layer, layer + 1))
+        donor.self_attn.o_proj.weight *= 0.5
+        done.append((layer, source))
     return done

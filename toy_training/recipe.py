@@ -114,12 +114,13 @@ RECIPES: dict[str, tuple[RecipeStage, ...]] = {
     # donor layers, scaled-up heads in the inserted ones), then 500 more steps with more head dropout, in fp32
     # (bf16 autocast is ~6x slower on CPUs without native bf16). 2026-12-04: the inserted layers 1, 3, 5 still did
     # nothing on images (q / k / v a third of the donor layers'), so each takes the next layer's attention, both
-    # halved (toy_training.grow.share_with_layer_below), then 400 steps with head dropout so the twins diverge
+    # halved (toy_training.grow.share_attention), then 400 steps with head dropout so the twins diverge
     "c": (_CD_TEXT, RecipeStage("c", "c", "warm", dict(seed=1)),
           RecipeStage("c-revive", "c", "warm", dict(seed=0, grounding_steps=500, eval_every=100, bf16=False,
                                                     head_dropout=0.15, revive_floor=0.25)),
           RecipeStage("c-share", "c", "warm", dict(seed=3, grounding_steps=400, eval_every=100, bf16=False,
-                                                   head_dropout=0.15, share_layers=(1, 3, 5)), "held_out")),
+                                                   head_dropout=0.15, share_layers=((1, 2), (3, 4), (5, 6))),
+                      "held_out")),
     "d": (RecipeStage("d", "d", "scratch", dict(seed=2, grounding_steps=400), "held_out"),),
     # the positive control's transfer partner (MODEL_PRESETS["planted-b"]: the SHIPPED toy:planted's backbone behind
     # the shipped toy B's vision stack, one stage); toy:planted-x is made from it without training

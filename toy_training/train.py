@@ -128,8 +128,9 @@ class TrainConfig:
     # with warm_start: revive the heads whose output-projection norm is under this share of the 90th-percentile
     # head's (toy_training.grow.revive: function-preserving splits, scaled-up heads) before training; 0: off
     revive_floor: float = 0.0
-    # with warm_start: these layers take the next layer's attention, both halved (grow.share_with_layer_below)
-    share_layers: tuple[int, ...] = ()
+    # with warm_start: (layer, source) pairs: each layer takes the source layer's attention, both halved
+    # (grow.share_attention); a bare layer number in an older train_config.json means (layer, layer + 1)
+    share_layers: tuple[tuple[int, int], ...] = ()
     # with warm_start: these (layer, head) slots become splits of their KV group's largest head (grow.split_heads)
     split_heads: tuple[tuple[int, int], ...] = ()
     # with warm_start: a trained toy checkpoint whose language model (same shape) then replaces the warm start's
@@ -689,7 +690,7 @@ def train(config: TrainConfig, out_dir: Path, resume: bool) -> list[dict]:
                     revived = grow.revive(model, floor=config.revive_floor, seed=config.seed)
                     (out_dir / "revived.json").write_text(json.dumps(revived, indent=1))
                 if config.share_layers:
-                    shared = grow.share_with_layer_below(model, config.share_layers)
+                    shared = grow.share_attention(model, config.share_layers)
                     (out_dir / "shared_layers.json").write_text(json.dumps(shared))
                 if config.split_heads:
                     split = grow.split_heads(model, config.split_heads, seed=config.seed)
@@ -748,8 +749,10 @@ def config_from_json(data: dict) -> TrainConfig:
     data["text_shape"] = TextBackboneShape(**data["text_shape"])
     data["vision_shape"] = VisionTowerShape(**data["vision_shape"])
     data["level_schedule"] = tuple((end, tuple((level, p) for level, p in mix)) for end, mix in data["level_schedule"])
-    for key in ("planted", "decoys", "dropout_layers", "share_layers"):
+    for key in ("planted", "decoys", "dropout_layers"):
         data[key] = tuple(data.get(key, ()))
+    data["share_layers"] = tuple((pair, pair + 1) if isinstance(pair, int) else tuple(pair)
+                                 for pair in data.get("share_layers", ()))
     data["split_heads"] = tuple(tuple(slot) for slot in data.get("split_heads", ()))
     return TrainConfig(**data)
 
@@ -851,6 +854,17 @@ def _scene_count(text: str) -> int:
     return value
 
 
+def _layer_pairs(text: str) -> tuple[tuple[int, int], ...]:
+    """argparse type of ``--share-attention``: comma-separated ``LAYER:SOURCE`` pairs of layer numbers."""
+    pairs = []
+    for item in text.split(","):
+        layer, _, source = item.strip().partition(":")
+        if not (layer.isdigit() and source.isdigit()):
+            raise argparse.ArgumentTypeError(f"{item.strip()!r} is not LAYER:SOURCE (two layer numbers, e.g. 7:6)")
+        pairs.append((int(layer), int(source)))
+    return tuple(pairs)
+
+
 def _parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", choices=sorted(MODEL_PRESETS), default="a")
@@ -876,6 +890,9 @@ def _parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--split-heads", default=None, metavar="HEADS",
                         help="with --warm-start: heads with no job (e.g. L7H12,L7H14) that become splits of their "
                              "KV group's largest head before training (toy_training.grow.split_heads)")
+    parser.add_argument("--share-attention", type=_layer_pairs, default=None, metavar="LAYER:SOURCE,...",
+                        help="with --warm-start: each LAYER takes SOURCE's attention (input norm, q/k/v/o), both "
+                             "output projections halved, before training (toy_training.grow.share_attention; e.g. 7:6)")
     parser.add_argument("--vqa-scenes", type=_scene_count, default=None,
                         help="scenes per grounding step whose synthetic VQA items join the batch")
     parser.add_argument("--grounding-scenes", type=_scene_count, default=None,
@@ -939,6 +956,13 @@ def training_config(args: argparse.Namespace) -> TrainConfig:
             overrides["split_heads"] = tuple((h.layer, h.head) for h in HeadSet.parse(args.split_heads))
         except HeadSpecError as error:
             raise SystemExit(f"--split-heads: {error}") from None
+    if args.share_attention is not None:
+        layers = overrides.get("text_shape", TextBackboneShape()).num_hidden_layers
+        for layer, source in args.share_attention:
+            if max(layer, source) >= layers or layer == source:
+                raise SystemExit(f"--share-attention {layer}:{source}: name two different layers of the {args.model} "
+                                 f"model's 0..{layers - 1}")
+        overrides["share_layers"] = args.share_attention
     if args.fp32:
         overrides["bf16"] = False
     if args.vqa_query_probe:
