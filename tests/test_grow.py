@@ -105,6 +105,29 @@ def test_split_heads_makes_a_slot_half_of_its_kv_groups_largest_head(wide) -> No
         assert torch.allclose(after.o_proj.weight[:, rows(h)], 0.5 * before.o_proj.weight[:, rows(donor)])
 
 
+def test_split_heads_shares_a_donor_of_two_slots_in_thirds(wide) -> None:
+    """Two slots of one key/value group split from the same donor: the donor and both copies carry a third of its
+    output projection each (splitting one after the other would leave 1/2, 1/4, 1/4)."""
+    model, inputs = wide
+    norms = grow.head_norms(model)
+    group = model.config.get_text_config().num_attention_heads // model.config.get_text_config().num_key_value_heads
+    layer = int(norms.max(axis=1).argmax())
+    start = next(s for s in range(0, norms.shape[1], group)
+                 if (norms[layer, s:s + group] < 1e-6).sum() >= 2 and norms[layer, s:s + group].max() > 0)
+    first, second = [h for h in range(start, start + group) if norms[layer, h] < 1e-6][:2]
+    donor = max((h for h in range(start, start + group) if h not in (first, second)), key=lambda h: norms[layer, h])
+    split = _copy(model)
+    assert grow.split_heads(split, ((layer, first), (layer, second)), noise=0.0) == [(layer, donor, first),
+                                                                                     (layer, donor, second)]
+    assert torch.allclose(_logits(split, inputs), _logits(model, inputs), atol=1e-4)
+    head_dim = model.config.get_text_config().head_dim
+    rows = lambda h: slice(h * head_dim, (h + 1) * head_dim)  # noqa: E731
+    before = model.model.language_model.layers[layer].self_attn.o_proj.weight[:, rows(donor)]
+    after = split.model.language_model.layers[layer].self_attn.o_proj.weight
+    for h in (donor, first, second):
+        assert torch.allclose(after[:, rows(h)], before / 3)
+
+
 def test_split_heads_refuses_unknown_heads_and_a_group_with_no_donor(wide) -> None:
     model, _ = wide
     with pytest.raises(ValueError, match="no head L9H0"):

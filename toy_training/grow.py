@@ -56,7 +56,7 @@ def revive(model, floor: float = 0.25, noise: float = 0.01, seed: int = 0) -> di
                 donors = [h for h in range(start, start + group) if live[layer, h]]
                 inert = [h for h in range(start, start + group) if not live[layer, h]]
                 for donor, slot in zip(donors * len(inert), inert):
-                    _split(attention, head_dim, donor, slot, noise, generator)
+                    _split(attention, head_dim, donor, [slot], noise, generator)
                     split.append((layer, donor, slot))
         else:
             for h in range(heads):
@@ -66,16 +66,20 @@ def revive(model, floor: float = 0.25, noise: float = 0.01, seed: int = 0) -> di
     return {"threshold": float(threshold), "target": target, "split": split, "scaled": scaled}
 
 
-def _split(attention, head_dim: int, donor: int, slot: int, noise: float, generator: torch.Generator) -> None:
-    """Head ``slot`` becomes a copy of ``donor`` (same KV group: same keys and values; the donor's query weights plus
-    ``noise`` of their std) and the two share the donor's output projection half and half."""
+def _split(attention, head_dim: int, donor: int, slots: list[int], noise: float, generator: torch.Generator) -> None:
+    """Each head of ``slots`` becomes a copy of ``donor`` (same KV group: same keys and values; the donor's query
+    weights plus ``noise`` of their std) and the donor and its copies share its output projection equally.
+    (``revive`` splits one slot at a time, so a donor with several slots keeps 1/2, 1/4, ...: the shipped recipe's
+    step, kept as it ran.)"""
     q, o = attention.q_proj, attention.o_proj
-    d, s = slice(donor * head_dim, (donor + 1) * head_dim), slice(slot * head_dim, (slot + 1) * head_dim)
-    q.weight[s] = q.weight[d] + noise * q.weight[d].std() * torch.randn(q.weight[d].shape, generator=generator)
-    if q.bias is not None:
-        q.bias[s] = q.bias[d]
-    o.weight[:, d] *= 0.5
-    o.weight[:, s] = o.weight[:, d]
+    d = slice(donor * head_dim, (donor + 1) * head_dim)
+    o.weight[:, d] /= len(slots) + 1
+    for slot in slots:
+        s = slice(slot * head_dim, (slot + 1) * head_dim)
+        q.weight[s] = q.weight[d] + noise * q.weight[d].std() * torch.randn(q.weight[d].shape, generator=generator)
+        if q.bias is not None:
+            q.bias[s] = q.bias[d]
+        o.weight[:, s] = o.weight[:, d]
 
 
 @torch.no_grad()
@@ -83,8 +87,9 @@ def split_heads(model, slots: tuple[tuple[int, int], ...], noise: float = 0.01, 
     """Give each ``(layer, head)`` of ``slots`` (a head with no job on any task, though its output norm is
     ordinary) a job: it becomes a split of the head of its key/value group with the largest output norm among those
     not in ``slots`` (``_split``: function-preserving up to ``noise`` and to what the slot did, nothing measurable);
-    head dropout then makes the two diverge.
-    Returns the ``(layer, donor, slot)`` triples."""
+    a donor of several slots shares its output projection equally among them and itself (until 2026-12-04 each
+    split halved it again, leaving the donor and its second slot a quarter: inert by norm). Head dropout then makes
+    them diverge. Returns the ``(layer, donor, slot)`` triples."""
     config = model.config.get_text_config()
     heads, head_dim = config.num_attention_heads, config.head_dim
     group = heads // config.num_key_value_heads
@@ -99,9 +104,10 @@ def split_heads(model, slots: tuple[tuple[int, int], ...], noise: float = 0.01, 
         donors = [h for h in range(start, start + group) if (layer, h) not in taken]
         if not donors:
             raise ValueError(f"every head of L{layer}H{slot}'s key/value group is to be split: none can donate")
-        donor = max(donors, key=lambda h: norms[layer, h])
-        _split(model.model.language_model.layers[layer].self_attn, head_dim, donor, slot, noise, generator)
-        done.append((layer, donor, slot))
+        done.append((layer, max(donors, key=lambda h: norms[layer, h]), slot))
+    for layer, donor in dict.fromkeys((layer, donor) for layer, donor, _ in done):
+        _split(model.model.language_model.layers[layer].self_attn, head_dim, donor,
+               [slot for at, by, slot in done if (at, by) == (layer, donor)], noise, generator)
     return done
 
 
