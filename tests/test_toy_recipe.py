@@ -222,7 +222,12 @@ def test_share_attention_option_reaches_the_config_and_refuses_bad_pairs(capsys:
     assert "--share-attention: '7-6' is not LAYER:SOURCE" in capsys.readouterr().err
     for pair in ("8:6", "6:6"):
         with pytest.raises(SystemExit, match=f"--share-attention {pair}: name two different layers of the c model"):
-            trainer.training_config(trainer._parse_args(["--model", "c", "--share-attention", pair]))
+            trainer.training_config(trainer._parse_args(["--model", "c", "--warm-start", "CKPT",
+                                                         "--share-attention", pair]))
+    # a growth step changes a trained model's weights: without --warm-start it used to be silently ignored
+    with pytest.raises(SystemExit, match="--split-heads, --share-attention need --warm-start"):
+        trainer.training_config(trainer._parse_args(["--model", "c", "--share-attention", "7:6",
+                                                     "--split-heads", "L7H12"]))
 
 
 def test_an_older_train_config_reads_bare_shared_layers_as_the_layer_above() -> None:

@@ -945,6 +945,10 @@ def training_config(args: argparse.Namespace) -> TrainConfig:
         overrides["text_batch_scenes"] = args.text_scenes
     if overrides.get("grounding_batch_scenes") == 0:  # no grounding rows: nothing for the query probe to read
         overrides["query_probe_weight"] = 0.0
+    growth = [option for option, value in (("--revive-floor", args.revive_floor), ("--split-heads", args.split_heads),
+                                           ("--share-attention", args.share_attention)) if value is not None]
+    if growth and args.warm_start is None:  # they change a trained model's weights: without one they did nothing
+        raise SystemExit(f"{', '.join(growth)} need --warm-start: the trained checkpoint whose heads they change")
     if args.revive_floor is not None:
         overrides["revive_floor"] = args.revive_floor
     if args.head_dropout is not None:
