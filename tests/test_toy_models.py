@@ -273,6 +273,9 @@ def test_grounding_status_words_the_logged_accuracy_against_the_target(name: str
     sentence = grounding_status(name)
     assert f"{report:.3f} on the report scenes, {fresh:.3f} on fresh scenes" in sentence
     assert ("reaches" in sentence) == (min(report, fresh) >= GROUNDING_TARGET)
+    # a half miss says where the target was reached: toy C 0.4 is over it on the fresh scenes, under on the report ones
+    assert ("reached on the fresh scenes only" in sentence) == (report < GROUNDING_TARGET <= fresh)
+    assert ("reached on the report scenes only" in sentence) == (fresh < GROUNDING_TARGET <= report)
 
 
 def test_regime_status_words_the_census_and_every_missed_goal(tmp_path: Path) -> None:

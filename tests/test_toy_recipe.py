@@ -41,7 +41,8 @@ def _portable(config: trainer.TrainConfig) -> trainer.TrainConfig:
 def test_last_recipe_stage_is_the_shipped_run(name: str) -> None:
     log = json.loads((checkpoint_dir(name) / "training_log.json").read_text())
     shipped = trainer.config_from_json(log["config"])
-    stage = recipe.stage_config(recipe.RECIPES[name][-1], Path(shipped.warm_start) if shipped.warm_start else None)
+    stage = recipe.stage_config(recipe.trained_stages(name)[-1],
+                                Path(shipped.warm_start) if shipped.warm_start else None)
     assert _portable(stage) == _portable(shipped)
 
 
@@ -185,6 +186,21 @@ def test_reseeded_moves_every_stage_seed_and_nothing_else() -> None:
     assert recipe.stage_config(last, Path("/nonexistent/final")).seed == stages[-1].overrides["seed"] + 2
 
 
+def test_a_spread_moves_the_seeds_from_its_first_stage_on_only() -> None:
+    """Toy C's trainings retrain its last stages from toy C 0.2: the earlier stages keep the seeds they were trained
+    with, so ``--reseed N`` from an empty folder is the same lineage as the spread's."""
+    stages = recipe.RECIPES["c"]
+    first = [s.name for s in stages].index(recipe.SPREAD_FROM["c"])
+    moved = recipe.trained_stages("c", 3)
+    assert moved[:first] == stages[:first] and first > 0
+    assert [s.overrides["seed"] for s in moved[first:]] == [s.overrides["seed"] + 3 for s in stages[first:]]
+    # the shipped training: toy C's declared offset; the other recipes' own seeds
+    assert recipe.trained_stages("c")[-1].overrides["seed"] == stages[-1].overrides["seed"] + recipe.SHIPPED_RESEED["c"]
+    assert recipe.trained_stages("a") == recipe.RECIPES["a"]
+    with pytest.raises(ValueError, match="no recipe stage named 'c-nope'"):
+        recipe.reseeded(stages, 1, "c-nope")
+
+
 def test_training_command_options_reach_the_config() -> None:
     """The task mixture of a warm restart is set from the command line (the text-only and text-heavy stages of
     docs/toy-models.md): each option lands in its ``TrainConfig`` field, the rest stay the preset's."""
@@ -231,7 +247,9 @@ def test_share_attention_option_reaches_the_config_and_refuses_bad_pairs(capsys:
 
 
 def test_an_older_train_config_reads_bare_shared_layers_as_the_layer_above() -> None:
-    """Run folders written before ``share_layers`` held pairs (the shipped toy:c's log: ``[1, 3, 5]``)."""
-    data = json.loads((checkpoint_dir("c") / "training_log.json").read_text())["config"]
+    """Run folders written before ``share_layers`` held pairs (the shipped toy:c's warm start, the seed spread's
+    ``c-share`` stage: ``[1, 3, 5]``)."""
+    root = Path(__file__).resolve().parents[1]
+    data = json.loads((root / "toy_training/seed_spread/c-train2/train_config.json").read_text())
     assert data["share_layers"] == [1, 3, 5]
     assert trainer.config_from_json(data).share_layers == ((1, 2), (3, 4), (5, 6))

@@ -3,10 +3,10 @@
 ``load("a")`` -> LLaVA-1.5-class model (CLIP tower + MLP projector, tiny Qwen2 backbone);
 ``load("b")`` -> InternVL-class model (InternViT tower + pixel-shuffle projector, same backbone
 architecture, initialised from model a's backbone); ``load("c")`` / ``load("d")`` -> the same two classes with a
-128-head backbone in the paper's regime (spare capacity: ``toy_training.regime``); ``load("planted")`` -> the
-positive control with known heads; ``load("planted-b")`` -> its backbone behind an InternVL-class vision stack
-(same planted heads: transfer must hold) and ``load("planted-x")`` -> that model with its heads relabelled (no head
-index shared: transfer must not hold). Checkpoints ship in ``checkpoints/<name>/``
+128-head backbone with spare capacity (C in the paper's regime, D short of it: ``regime.json``);
+``load("planted")`` -> the positive control with known heads; ``load("planted-b")`` -> its backbone behind an
+InternVL-class vision stack (same planted heads: transfer must hold) and ``load("planted-x")`` -> that model with its
+heads relabelled (no head index shared: transfer must not hold). Checkpoints ship in ``checkpoints/<name>/``
 (fp16 safetensors, loaded back to fp32) and load fully offline from that folder. The trainer that made them
 is ``toy_training`` at the repository root (dev tooling, not in the wheel).
 """
@@ -77,15 +77,19 @@ def grounding_status(name: str) -> str:
     """One sentence on the shipped checkpoint's level-1 accuracy vs the 90 % target, from its training log.
 
     The target counts as reached only if BOTH the 200 report scenes and the fresh scenes (used for no
-    shipping choice) are at or above it; results pages quote this so their caveat follows the checkpoint.
+    shipping choice) are at or above it, and a miss names where it is (issue 31's regime goal reads the fresh scenes
+    alone); results pages quote this so their caveat follows the checkpoint.
     """
     log = json.loads((checkpoint_dir(name) / "training_log.json").read_text())
     report = log["held_out"]["level1"]["accuracy"]
     fresh = log.get("fresh_level1", {}).get("accuracy")
     measured = f"{report:.3f} on the report scenes" + (f", {fresh:.3f} on fresh scenes" if fresh is not None else "")
-    reached = report >= GROUNDING_TARGET and fresh is not None and fresh >= GROUNDING_TARGET
-    return (f"Model {name.upper()}'s level-1 grounding accuracy is {measured}: it "
-            f"{'reaches' if reached else 'is below'} the {GROUNDING_TARGET:.0%} target "
+    places = (("the report scenes", report), ("the fresh scenes", fresh))
+    reached = [where for where, accuracy in places if accuracy is not None and accuracy >= GROUNDING_TARGET]
+    verdict = (f"it reaches the {GROUNDING_TARGET:.0%} target" if len(reached) == 2 else
+               f"it is below the {GROUNDING_TARGET:.0%} target"
+               + (f" (reached on {reached[0]} only; it needs both)" if reached else ""))
+    return (f"Model {name.upper()}'s level-1 grounding accuracy is {measured}: {verdict} "
             "(see [toy models](../toy-models.md)).")
 
 
