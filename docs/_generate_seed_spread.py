@@ -174,7 +174,11 @@ def main() -> None:
              "job, one acting on the text tasks only is a trained head with another job.", "",
              "## Do the top heads stay the same?", "", pd.DataFrame(overlaps).to_markdown(index=False), "",
              "## Every verdict per training (estimate in brackets)", "",
-             "Cells: holds / NOT (does not hold) / inc. (inconclusive) / - (not measured).", "",
+             "Cells: holds / NOT (does not hold) / inc. (inconclusive) / - (not measured). The transfer partner "
+             f"is toy:d in every training, and toy:d is built on the shipped training's language backbone "
+             f"(training {SHIPPED}; docs/toy-models.md): for the other trainings the \"shared\" claim pairs them "
+             "with a model on another training's backbone (their common ancestor is toy C 0.2), not with a "
+             "partner of their own.", "",
              frame.to_markdown(index=False), "",
              f"Same verdict in every training: {same} of {len(frame)} claims; opposite decisive verdicts (holds in "
              f"one training, does not hold in another): {len(opposite)}"

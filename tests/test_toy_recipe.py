@@ -37,7 +37,7 @@ def _portable(config: trainer.TrainConfig) -> trainer.TrainConfig:
         if isinstance(value := getattr(config, f.name), str) and marker in value})
 
 
-@pytest.mark.parametrize("name", ["a", "b", "c", "planted-b"])
+@pytest.mark.parametrize("name", ["a", "b", "c", "d", "planted-b"])
 def test_last_recipe_stage_is_the_shipped_run(name: str) -> None:
     log = json.loads((checkpoint_dir(name) / "training_log.json").read_text())
     shipped = trainer.config_from_json(log["config"])

@@ -125,7 +125,14 @@ RECIPES: dict[str, tuple[RecipeStage, ...]] = {
           RecipeStage("c-share7", "c", "warm", dict(seed=10, grounding_steps=800, eval_every=100, bf16=False,
                                                     head_dropout=0.15, share_layers=((7, 6),)),
                       "held_out")),
-    "d": (RecipeStage("d", "d", "scratch", dict(seed=2, grounding_steps=400), "held_out"),),
+    # 0.4 (issue 31, item 2): toy C 0.4's language backbone (every head with a job) behind D 0.2's InternVL-class
+    # vision stack (toy B's tower and projector), InternVL coordinate tokens started from the LLaVA ones, then
+    # multitask steps with head dropout: the pair shares a backbone as the paper's pairs do (one language model, two
+    # vision stacks, each tuned on its own), so the transfer claim can be judged on it
+    "d": (RecipeStage("d", "d", "scratch", dict(seed=2, grounding_steps=400)),
+          RecipeStage("d-on-c", "d", "warm", dict(seed=0, grounding_steps=1000, eval_every=100, bf16=False,
+                                                  head_dropout=0.15, language_from=str(checkpoint_dir("c")),
+                                                  coordinates_from_llava=True), "held_out")),
     # the positive control's transfer partner (MODEL_PRESETS["planted-b"]: the SHIPPED toy:planted's backbone behind
     # the shipped toy B's vision stack, one stage); toy:planted-x is made from it without training
     # (``--model planted-x --relabel RUN --out RUN_X``)
