@@ -184,7 +184,7 @@ def main() -> None:
              f"one training, does not hold in another): {len(opposite)}"
              + (f" ({', '.join(opposite)})." if opposite else "."), "",
              "Across samples instead of trainings (one trained model, five seeds of the control draws and the "
-             "bootstrap, and two time caps): [verdict-stability.md](verdict-stability.md).", "",
+             "bootstrap, two time caps and a full-size run): [verdict-stability.md](verdict-stability.md).", "",
              "Seconds per demo run on this machine: "
              + "; ".join(f"training {seed}: {demos[seed]['seconds']:.0f} s" for seed in models) + "."]
     page = HERE / "results" / "seed-spread.md"
