@@ -201,10 +201,12 @@ def _goals(accuracy: float, inert_norm: list[str], inert_everywhere: list[str], 
 def measure(model, processor, name: str, *, n_scenes: int = 200, offset: int = 200, damage_scenes: int = 10,
             random_sets: int = 20, seed: int = 0) -> dict:
     """Regime properties (module docstring). Grounding and query checks on level-1 eval scenes
-    ``offset..offset+n_scenes-1`` (the fresh scenes: used for no training choice); single-head and random-set
-    damage on the first ``damage_scenes`` of them (every head is one more full evaluation). The grounding goal is
-    judged on all 200 fresh scenes (665 items, the shipped log's ``fresh_level1``): on the first 50 (166 items,
-    the default before 2026-12-04) toy C read 0.910, "met", where the 665 items give 0.890."""
+    ``offset..offset+n_scenes-1`` (the fresh scenes: no training run selects a checkpoint on them; choosing
+    between whole trainings of toys C and D by the regime goals reads them, declared in the model card);
+    single-head and random-set damage on the first ``damage_scenes`` of them (every head is one more full
+    evaluation). The grounding goal is judged on all 200 fresh scenes (665 items, the shipped log's
+    ``fresh_level1``): on the first 50 (166 items, the default before 2026-12-04) toy C read 0.910, "met", where the
+    665 items give 0.890."""
     samples = held_out_samples(n_scenes, 1, offset)
     config = model.config.get_text_config()
     layers, heads = config.num_hidden_layers, config.num_attention_heads

@@ -76,9 +76,9 @@ GROUNDING_TARGET = 0.90  # level-1 accuracy (IoU >= 0.5) the toy-models issue as
 def grounding_status(name: str) -> str:
     """One sentence on the shipped checkpoint's level-1 accuracy vs the 90 % target, from its training log.
 
-    The target counts as reached only if BOTH the 200 report scenes and the fresh scenes (used for no
-    shipping choice) are at or above it; a half miss names where it was reached (issue 31's regime goal reads the
-    fresh scenes alone). Results pages quote this so their caveat follows the checkpoint.
+    The target counts as reached only if BOTH the 200 report scenes and the fresh scenes (no checkpoint within a
+    run is selected on them) are at or above it; a half miss names where it was reached (issue 31's regime goal
+    reads the fresh scenes alone). Results pages quote this so their caveat follows the checkpoint.
     """
     log = json.loads((checkpoint_dir(name) / "training_log.json").read_text())
     report = log["held_out"]["level1"]["accuracy"]
