@@ -145,6 +145,59 @@ def test_run_folder_of_another_configuration_is_refused(tmp_path):
               run_dir=tmp_path, progress=False)
 
 
+
+def test_resuming_with_other_weights_of_the_same_model_is_refused(tmp_path):
+    """A folder made with one set of weights refuses the same model id with others (a checkpoint retrained in place,
+    a toy of another version): their records would otherwise mix silently. A manifest written before the weights
+    fingerprint existed still resumes."""
+    import json
+
+    import torch
+
+    from vrh_interp.core.model import wrap
+    from vrh_interp.core.provenance import weights_fingerprint
+    from vrh_interp.core.tiny import build_tiny
+
+    vlm = tiny_vlm(FAMILY)
+    samples = synthetic_samples("eval", 2)
+    kwargs = dict(ks=(0, 1), random_seeds=(0,), max_new_tokens=2, progress=False)
+    sweep(vlm, samples, vlm.geometry.all_heads(), run_dir=tmp_path / "run", **kwargs)
+    tiny = build_tiny(FAMILY, seed=0)  # the same weights, built again (not the shared fixture: edited below): resumes
+    again = wrap(tiny.model, tiny.processor)
+    assert weights_fingerprint(again.hf_model) == weights_fingerprint(vlm.hf_model)
+    sweep(again, samples, again.geometry.all_heads(), run_dir=tmp_path / "run", **kwargs)
+    with torch.no_grad():
+        next(again.hf_model.parameters()).mul_(1.5)
+    assert weights_fingerprint(again.hf_model) != weights_fingerprint(vlm.hf_model)
+    with pytest.raises(RunMismatchError, match="the same model with other weights"):
+        sweep(again, samples, again.geometry.all_heads(), run_dir=tmp_path / "run", **kwargs)
+    manifest = tmp_path / "run" / "manifest.json"
+    older = json.loads(manifest.read_text())
+    del older["model"]["weights"]
+    manifest.write_text(json.dumps(older))
+    sweep(vlm, samples, vlm.geometry.all_heads(), run_dir=tmp_path / "run", **kwargs)
+
+
+def test_weights_fingerprint_reads_every_parameter_and_is_none_for_weights_not_in_memory():
+    import torch
+
+    from vrh_interp.core.provenance import FINGERPRINT_VALUES, weights_fingerprint
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 2))
+    base = weights_fingerprint(model)
+    assert model[0].weight.numel() > FINGERPRINT_VALUES  # sampled
+    for parameter in model.parameters():  # the last value of each parameter is always read
+        kept = parameter.detach().view(-1)[-1].item()
+        with torch.no_grad():
+            parameter.view(-1)[-1] = kept + 1.0
+        assert weights_fingerprint(model) != base
+        with torch.no_grad():
+            parameter.view(-1)[-1] = kept
+        assert weights_fingerprint(model) == base
+    assert weights_fingerprint(model.to(torch.float16)) != base  # the dtype is part of it
+    with torch.device("meta"):
+        assert weights_fingerprint(torch.nn.Linear(4, 4)) is None
+
 def test_bad_sample_sets_are_refused():
     vlm = tiny_vlm(FAMILY)
     samples = synthetic_samples("eval", 2)

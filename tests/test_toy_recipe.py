@@ -253,3 +253,54 @@ def test_an_older_train_config_reads_bare_shared_layers_as_the_layer_above() -> 
     data = json.loads((root / "toy_training/seed_spread/c-train2/train_config.json").read_text())
     assert data["share_layers"] == [1, 3, 5]
     assert trainer.config_from_json(data).share_layers == ((1, 2), (3, 4), (5, 6))
+
+
+
+def test_tower_lr_scale_trains_the_vision_tower_in_stage_2_at_that_share_and_resumes_exactly(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--tower-lr-scale``: after stage 1 the vision tower is frozen unless this is > 0; then it has a parameter
+    group of its own at that fraction of the grounding learning rate, and a killed run resumes bit-exactly."""
+    args = trainer._parse_args(["--model", "d", "--warm-start", "CKPT", "--tower-lr-scale", "0.25"])
+    assert trainer.training_config(args).tower_lr_scale == 0.25
+    with pytest.raises(SystemExit, match="--tower-lr-scale -1.0: give a fraction >= 0"):
+        trainer.training_config(trainer._parse_args(["--model", "d", "--tower-lr-scale", "-1"]))
+    base = dict(trainer.TINY_TEST_CONFIG, model="a", vision_steps=2, grounding_steps=3, eval_every=1)
+
+    def tower(out: Path) -> dict[str, torch.Tensor]:
+        state = load_file(str(out / trainer.CHECKPOINT_FILE))
+        return {k: v for k, v in state.items() if k.startswith("model.model.vision_tower.")}
+
+    frozen, tuned = trainer.TrainConfig(**base), trainer.TrainConfig(**base, tower_lr_scale=0.25)
+    trainer.train(dataclasses.replace(frozen, grounding_steps=0), tmp_path / "stage1", resume=False)
+    after_stage1 = tower(tmp_path / "stage1")
+    trainer.train(frozen, tmp_path / "frozen", resume=False)
+    assert all(torch.equal(after_stage1[k], v) for k, v in tower(tmp_path / "frozen").items())
+    rates: list[list[float]] = []
+    real_step = trainer.training_step
+
+    def recording(cfg, model, heads, processor, optimizer, step):
+        result = real_step(cfg, model, heads, processor, optimizer, step)
+        rates.append([group["lr"] for group in optimizer.param_groups])
+        return result
+
+    monkeypatch.setattr(trainer, "training_step", recording)
+    trainer.train(tuned, tmp_path / "tuned", resume=False)
+    moved = tower(tmp_path / "tuned")
+    assert any(not torch.equal(after_stage1[k], v) for k, v in moved.items())
+    grounding_rates = rates[base["vision_steps"]:]
+    assert len(grounding_rates) == 3 and all(len(pair) == 2 for pair in grounding_rates)
+    for step, (main, tower_rate) in enumerate(grounding_rates, base["vision_steps"]):
+        assert main == trainer.learning_rate(tuned, step) and tower_rate == pytest.approx(0.25 * main, rel=1e-12)
+
+    def killed(cfg, model, heads, processor, optimizer, step):
+        if step == 4:
+            raise KeyboardInterrupt("simulated kill")
+        return real_step(cfg, model, heads, processor, optimizer, step)
+
+    monkeypatch.setattr(trainer, "training_step", killed)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train(tuned, tmp_path / "killed", resume=False)
+    monkeypatch.setattr(trainer, "training_step", real_step)
+    trainer.train(tuned, tmp_path / "killed", resume=True)
+    expected, resumed = _model_weights(tmp_path / "tuned"), _model_weights(tmp_path / "killed")
+    assert all(torch.equal(expected[k], resumed[k]) for k in expected)

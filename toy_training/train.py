@@ -139,6 +139,9 @@ class TrainConfig:
     # with language_from: start each InternVL coordinate token ("230") as the LLaVA token of the same value ("0.23"),
     # which the donated backbone already reads and writes (the embedding is tied, so its output row too)
     coordinates_from_llava: bool = False
+    # > 0: stage 2 also trains the vision tower (frozen since stage 1 otherwise), at this fraction of the grounding
+    # learning rate: the tower's features can then change to serve grounding's attribute binding
+    tower_lr_scale: float = 0.0
 
     @property
     def total_steps(self) -> int:
@@ -508,18 +511,23 @@ def load_whole_model(model: PreTrainedModel, checkpoint_folder: str) -> None:
     model.load_state_dict(donor.state_dict(), strict=True)
 
 
-def build_optimizer(config: TrainConfig, params: list[nn.Parameter], lr: float) -> torch.optim.AdamW:
-    return torch.optim.AdamW(params, lr=lr, weight_decay=config.weight_decay, betas=(0.9, 0.98))
+def build_optimizer(config: TrainConfig, groups: list[dict], lr: float) -> torch.optim.AdamW:
+    return torch.optim.AdamW(groups, lr=lr, weight_decay=config.weight_decay, betas=(0.9, 0.98))
 
 
-def stage_parameters(model: PreTrainedModel, heads: TrainingHeads, stage: str) -> list[nn.Parameter]:
-    """Stage 1: vision tower + projector + dense heads. Stage 2: projector + language model + query probe."""
+def stage_parameters(model: PreTrainedModel, heads: TrainingHeads, stage: str, config: TrainConfig) -> list[dict]:
+    """The optimiser's parameter groups. Stage 1: vision tower + projector + dense heads. Stage 2: projector +
+    language model + query probe, and with ``tower_lr_scale`` > 0 the vision tower in a group of its own whose
+    learning rate is that fraction of the stage's (``lr_scale``, applied by ``training_step``)."""
     vision = list(model.model.vision_tower.parameters())
     projector = list(model.model.multi_modal_projector.parameters())
     language = list(model.model.language_model.parameters())
     if stage == "vision":
-        return vision + projector + list(heads.vision.parameters())
-    return projector + language + list(heads.query.parameters())  # lm_head is tied to the input embedding
+        return [{"params": vision + projector + list(heads.vision.parameters())}]
+    groups = [{"params": projector + language + list(heads.query.parameters())}]  # lm_head is tied to the embedding
+    if config.tower_lr_scale > 0:
+        groups.append({"params": vision, "lr_scale": config.tower_lr_scale})
+    return groups
 
 
 def learning_rate(config: TrainConfig, step: int) -> float:
@@ -567,9 +575,8 @@ def load_trainer_state(path: Path, model: PreTrainedModel, heads: TrainingHeads,
     # a checkpoint written at the end of stage 1 (step == vision_steps) holds the stage-1 optimiser;
     # the training loop switches to stage 2 at that step
     stage = "vision" if step <= config.vision_steps else "grounding"  # checkpoints are written at step >= 1
-    configure_stage(model, stage)
-    params = stage_parameters(model, heads, stage)
-    optimizer = build_optimizer(config, params, learning_rate(config, step))
+    configure_stage(model, stage, config)
+    optimizer = build_optimizer(config, stage_parameters(model, heads, stage, config), learning_rate(config, step))
     state: dict[int, dict[str, torch.Tensor]] = {}
     for key, value in tensors.items():
         if key.startswith("optim."):
@@ -580,8 +587,8 @@ def load_trainer_state(path: Path, model: PreTrainedModel, heads: TrainingHeads,
     return step, optimizer, json.loads(metadata["history"])
 
 
-def configure_stage(model: PreTrainedModel, stage: str) -> None:
-    model.model.vision_tower.requires_grad_(stage == "vision")
+def configure_stage(model: PreTrainedModel, stage: str, config: TrainConfig) -> None:
+    model.model.vision_tower.requires_grad_(stage == "vision" or config.tower_lr_scale > 0)
     model.model.language_model.requires_grad_(stage != "vision")
     model.model.multi_modal_projector.requires_grad_(True)
 
@@ -612,7 +619,7 @@ def probe_targets(config: TrainConfig, labels: torch.Tensor, samples: Sequence[G
 
 def training_step(config: TrainConfig, model, heads, processor, optimizer, step: int) -> dict[str, float]:
     for group in optimizer.param_groups:
-        group["lr"] = learning_rate(config, step)
+        group["lr"] = learning_rate(config, step) * group.get("lr_scale", 1.0)
     model.train()
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
         if step < config.vision_steps:
@@ -672,8 +679,8 @@ def train(config: TrainConfig, out_dir: Path, resume: bool) -> list[dict]:
         step, optimizer, history = load_trainer_state(checkpoint, model, heads, config)
     else:
         step, history = 0, []
-        configure_stage(model, "vision")
-        optimizer = build_optimizer(config, stage_parameters(model, heads, "vision"), learning_rate(config, 0))
+        configure_stage(model, "vision", config)
+        optimizer = build_optimizer(config, stage_parameters(model, heads, "vision", config), learning_rate(config, 0))
     started = time.time()
     elapsed_before = history[-1]["train_seconds"] if history else 0.0
     running: dict[str, float] = {}
@@ -697,8 +704,8 @@ def train(config: TrainConfig, out_dir: Path, resume: bool) -> list[dict]:
                     (out_dir / "split_heads.json").write_text(json.dumps(split))
             elif config.init_backbone is not None:
                 load_language_backbone(model, config.init_backbone)
-            configure_stage(model, "grounding")
-            optimizer = build_optimizer(config, stage_parameters(model, heads, "grounding"),
+            configure_stage(model, "grounding", config)
+            optimizer = build_optimizer(config, stage_parameters(model, heads, "grounding", config),
                                         learning_rate(config, step))
         stats = training_step(config, model, heads, processor, optimizer, step)
         running = {k: 0.95 * running.get(k, v) + 0.05 * v for k, v in stats.items()}
@@ -920,6 +927,9 @@ def _parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--checkpoint", choices=("best", "final"), default="best",
                         help="with --ship: the best checkpoint by level-1 accuracy on eval scenes 0-31, or the "
                              "finished run's last weights")
+    parser.add_argument("--tower-lr-scale", type=float, default=None,
+                        help="stage 2 also trains the vision tower, at this fraction of the grounding learning rate "
+                             "(default 0: the tower stays frozen after stage 1)")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (1 each when two runs share 2 cores)")
     return parser.parse_args(argv)
 
@@ -977,6 +987,11 @@ def training_config(args: argparse.Namespace) -> TrainConfig:
         overrides["vision_steps"] = args.vision_steps
     if args.eval_every is not None:
         overrides["eval_every"] = args.eval_every
+    if args.tower_lr_scale is not None:
+        if args.tower_lr_scale < 0:
+            raise SystemExit(f"--tower-lr-scale {args.tower_lr_scale}: give a fraction >= 0 of the grounding learning "
+                             "rate (0: the vision tower stays frozen)")
+        overrides["tower_lr_scale"] = args.tower_lr_scale
     return TrainConfig(**overrides)
 
 

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import importlib.metadata as _md
 from typing import Any
 
+import torch
+
 from vrh_interp.core.model import VLM
+
+FINGERPRINT_VALUES = 1024  # evenly spaced values read from each parameter (all of a smaller one)
 
 
 def library_versions() -> dict[str, str]:
@@ -19,11 +24,34 @@ def library_versions() -> dict[str, str]:
     return versions
 
 
+def weights_fingerprint(model: torch.nn.Module) -> str | None:
+    """SHA-256 over every parameter's name, shape, dtype and up to ``FINGERPRINT_VALUES`` evenly spaced values.
+
+    What tells two sets of weights apart where a name does not: a local folder retrained in place, a toy of
+    another version, weights edited in a notebook. Run folders record it (``model_provenance``), so resuming into
+    a folder made with other weights is refused instead of mixing their records. Sampled, not every value: cheap
+    on a 7B model, and any training step or edit of a whole tensor moves the sampled values. ``None`` when the
+    weights are not in memory (a remote NDIF model: its hub id and revision identify it).
+    """
+    digest = hashlib.sha256()
+    for name, parameter in model.named_parameters():
+        if parameter.is_meta:
+            return None
+        flat = parameter.detach().reshape(-1)
+        if flat.numel() > FINGERPRINT_VALUES:
+            index = torch.linspace(0, flat.numel() - 1, FINGERPRINT_VALUES, device=flat.device).round().long()
+            flat = flat[index]
+        digest.update(f"{name}:{tuple(parameter.shape)}:{parameter.dtype};".encode())
+        digest.update(flat.to("cpu", torch.float64).numpy().tobytes())
+    return digest.hexdigest()
+
+
 def model_provenance(vlm: VLM) -> dict[str, Any]:
     g = vlm.geometry
     return {
         "model_id": vlm.model_id,
         "revision": vlm.revision,
+        "weights": weights_fingerprint(vlm.hf_model),
         "family": vlm.adapter.name,
         "architecture": type(vlm.hf_model).__name__,
         "geometry": {"layers": g.num_layers, "heads": g.num_heads, "kv_heads": g.num_kv_heads, "head_dim": g.head_dim},

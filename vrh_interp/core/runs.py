@@ -274,6 +274,9 @@ def _difference(key: str, old: Any, new: Any) -> str:
     """One manifest entry's difference in a line: for mappings (a run's conditions), the keys only on one side and
     the keys whose values differ, a few of each named, instead of both mappings printed whole."""
     if isinstance(old, dict) and isinstance(new, dict):
+        if key == "model" and {k for k in set(old) | set(new) if old.get(k) != new.get(k)} == {"weights"}:
+            return ("model: the same model with other weights (retrained, edited or another version; "
+                    "provenance.weights_fingerprint)")
         sides = (("only in the folder", sorted(set(old) - set(new))), ("only in this run", sorted(set(new) - set(old))),
                  ("different", sorted(k for k in set(old) & set(new) if old[k] != new[k])))
         return f"{key}: " + ", ".join(f"{len(keys)} {label} (e.g. {', '.join(map(str, keys[:3]))})"
@@ -286,6 +289,15 @@ def _difference(key: str, old: Any, new: Any) -> str:
     return f"{key}: folder has {shown(old)}, this run has {shown(new)}"
 
 
+def _as_written_then(previous: Mapping[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` without the model's weights fingerprint when the folder's manifest predates it (written by
+    vrh-interp 0.2.0 or older): such a folder resumes as before, since it cannot tell which weights made it."""
+    model, stored = config.get("model"), previous.get("model")
+    if isinstance(model, dict) and isinstance(stored, dict) and "weights" in model and "weights" not in stored:
+        return {**config, "model": {k: v for k, v in model.items() if k != "weights"}}
+    return config
+
+
 class RunFolder:
     """A folder holding a manifest and record logs for one configuration."""
 
@@ -296,9 +308,10 @@ class RunFolder:
         manifest = self.path / "manifest.json"
         if manifest.exists():
             previous = read_manifest(manifest)
-            differing = sorted(k for k in set(previous) | set(self.config) if previous.get(k) != self.config.get(k))
+            current = _as_written_then(previous, self.config)
+            differing = sorted(k for k in set(previous) | set(current) if previous.get(k) != current.get(k))
             if differing:
-                details = "; ".join(_difference(k, previous.get(k), self.config.get(k)) for k in differing[:5])
+                details = "; ".join(_difference(k, previous.get(k), current.get(k)) for k in differing[:5])
                 raise RunMismatchError(
                     f"run folder {self.path} was made by a different configuration ({details}). "
                     "Refusing to resume into it: use a new --out folder, or delete this one to start over."
