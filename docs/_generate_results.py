@@ -24,6 +24,19 @@ HERE = Path(__file__).resolve().parent
 
 
 TRANSFER = {"a": "b", "c": "d"}
+# a finished run resumed (newer code, or a new transfer partner: its step folders dropped first): its first
+# demo.json is moved aside here, and RESUME_REASON may say in a few words why it was resumed
+RESUMED, RESUME_REASON = "demo.before-resume.json", "resume-reason.txt"
+
+
+def demo_seconds(out: Path) -> str:
+    """How long the demo in ``out`` took: its seconds, or a resumed run's first seconds plus the resume's."""
+    seconds = json.loads((out / "demo.json").read_text())["seconds"]
+    if not (out / RESUMED).exists():
+        return f"{seconds:.0f} s"
+    first = json.loads((out / RESUMED).read_text())["seconds"]
+    reason = (out / RESUME_REASON).read_text().strip() if (out / RESUME_REASON).exists() else "with newer code"
+    return f"{first:.0f} s (+ {seconds:.0f} s resumed {reason}: steps whose records exist are read back)"
 
 
 def generate(out: Path, *, model: str = "a", reuse: bool = False, extra: list[str] | None = None) -> Path:
@@ -44,10 +57,7 @@ def generate(out: Path, *, model: str = "a", reuse: bool = False, extra: list[st
     demo = json.loads((out / "demo.json").read_text())
     # a rerun over a finished folder resumes it: quote the run that measured, and the resume's own time
     timing = (f"{before['seconds']:.0f} s for the run that measured, resumed in {demo['seconds']:.0f} s"
-              if rerun and before is not None else f"{demo['seconds']:.0f} s on this machine")
-    if (out / "demo.before-resume.json").exists():  # a finished run resumed with newer code (new steps only)
-        first = json.loads((out / "demo.before-resume.json").read_text())["seconds"]
-        timing = f"{first:.0f} s for the first run, resumed with newer code in {demo['seconds']:.0f} s"
+              if rerun and before is not None else f"{demo_seconds(out)} on this machine")
     header = [
         f"# Results: the paper's claims on the shipped toy model {model.upper()}",
         "",

@@ -43,6 +43,8 @@ from vrh_interp.evaluation.claims import POSITIVE_CONTROL_CLAIMS
 from vrh_interp.scoring.scores import HeadScores
 from vrh_interp.toy import weights_sha256
 
+from _generate_results import demo_seconds  # noqa: E402  (docs/ is the script's folder: sys.path[0])
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # toy_training: dev tooling at the repository root
 from toy_training.recipe import SHIPPED_RESEED  # noqa: E402
@@ -58,7 +60,7 @@ def run(out: Path, model: str, demo_seed: int, extra: list[str]) -> dict:
                       "--no-positive-control", "--seed", str(demo_seed), *extra])
         if status != 0:
             raise SystemExit(f"vrh demo --model {model} failed with status {status}")
-    return json.loads((out / "demo.json").read_text())
+    return {**json.loads((out / "demo.json").read_text()), "timing": demo_seconds(out)}
 
 
 def weights_digest(model: str) -> str:
@@ -186,7 +188,7 @@ def main() -> None:
              "Across samples instead of trainings (one trained model, five seeds of the control draws and the "
              "bootstrap, two time caps and a full-size run): [verdict-stability.md](verdict-stability.md).", "",
              "Seconds per demo run on this machine: "
-             + "; ".join(f"training {seed}: {demos[seed]['seconds']:.0f} s" for seed in models) + "."]
+             + "; ".join(f"training {seed}: {demos[seed]['timing']}" for seed in models) + "."]
     page = HERE / "results" / "seed-spread.md"
     page.write_text("\n".join(lines) + "\n")
     print(page)

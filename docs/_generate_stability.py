@@ -23,13 +23,13 @@ from vrh_interp.apps.cli import main as vrh
 from vrh_interp.core.provenance import library_versions
 from vrh_interp.toy import weights_sha256
 
+from _generate_results import demo_seconds  # noqa: E402  (docs/ is the script's folder: sys.path[0])
+
 HERE = Path(__file__).resolve().parent
 TRANSFER = {"a": "b", "c": "d"}
 FULL = ["--eval", "152", "--random-sets", "40", "--check-items", "80", "--vqa-scenes", "25"]
 SHORT = {"holds": "holds", "does not hold": "NOT", "inconclusive": "inc.", "not measured": "-"}
 
-
-RESUMED = "demo.before-resume.json"  # a finished run's demo.json, moved aside to resume it with newer code
 
 
 def run(out: Path, model: str, extra: list[str]) -> dict:
@@ -38,10 +38,7 @@ def run(out: Path, model: str, extra: list[str]) -> dict:
                       f"toy:{TRANSFER[model]}", *extra])
         if status != 0:
             raise SystemExit(f"vrh demo {' '.join(extra)} failed with status {status}")
-    demo = json.loads((out / "demo.json").read_text())
-    if (out / RESUMED).exists():  # the run's time is the first invocation's plus the resumed one's
-        demo["resumed_seconds"], demo["seconds"] = demo["seconds"], json.loads((out / RESUMED).read_text())["seconds"]
-    return demo
+    return {**json.loads((out / "demo.json").read_text()), "timing": demo_seconds(out)}
 
 
 def table(model: str, runs: dict[str, dict]) -> tuple[pd.DataFrame, list[str]]:
@@ -49,9 +46,7 @@ def table(model: str, runs: dict[str, dict]) -> tuple[pd.DataFrame, list[str]]:
     for label, demo in runs.items():
         for verdict in demo["verdicts"]:
             rows.setdefault((verdict["table"], verdict["claim"].split(":")[0]), {})[label] = verdict["verdict"]
-        notes.append(f"{label}: {demo['seconds']:.0f} s" + (f" (+ {demo['resumed_seconds']:.0f} s resumed with newer "
-                                                              "code: steps whose records exist are read back)"
-                                                              if "resumed_seconds" in demo else ""))
+        notes.append(f"{label}: {demo['timing']}")
     frame = pd.DataFrame([{"table": t, "claim": c, **v} for (t, c), v in rows.items()])
     full = "full size" if "full size" in frame else None
     if full:

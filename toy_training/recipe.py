@@ -130,7 +130,9 @@ RECIPES: dict[str, tuple[RecipeStage, ...]] = {
     # multitask steps with head dropout: the pair shares a backbone as the paper's pairs do (one language model, two
     # vision stacks, each tuned on its own), so the transfer claim can be judged on it. 0.5 (2026-12-05): D 0.4's
     # grounding (0.820 fresh) was short of issue 31's 0.90, so two more stages of the same mixture continue it
-    # (d-more2's other candidate, 8 grounding scenes a step, reached 0.890 against d-more2's 0.893: not shipped)
+    # (d-more2's other candidate, 8 grounding scenes a step, reached 0.890 against d-more2's 0.893: not shipped).
+    # Tried after 0.5, not shipped (neither met 0.90, the declared rule): a stage after d-more2 that also trains the
+    # vision tower (seed 3, lr 3e-4, tower_lr_scale 0.3 / 1.0): 0.893 / 0.889 fresh (docs/toy-models.md)
     "d": (RecipeStage("d", "d", "scratch", dict(seed=2, grounding_steps=400)),
           RecipeStage("d-on-c", "d", "warm", dict(seed=0, grounding_steps=1000, eval_every=100, bf16=False,
                                                   head_dropout=0.15, language_from=str(checkpoint_dir("c")),
