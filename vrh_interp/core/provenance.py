@@ -38,9 +38,9 @@ def weights_fingerprint(model: torch.nn.Module) -> str | None:
         if parameter.is_meta:
             return None
         flat = parameter.detach().reshape(-1)
-        if flat.numel() > FINGERPRINT_VALUES:
-            index = torch.linspace(0, flat.numel() - 1, FINGERPRINT_VALUES, device=flat.device).round().long()
-            flat = flat[index]
+        if flat.numel() > FINGERPRINT_VALUES:  # integer positions: the same on every device and for any size
+            index = torch.arange(FINGERPRINT_VALUES, dtype=torch.int64) * (flat.numel() - 1) // (FINGERPRINT_VALUES - 1)
+            flat = flat[index.to(flat.device)]
         digest.update(f"{name}:{tuple(parameter.shape)}:{parameter.dtype};".encode())
         digest.update(flat.to("cpu", torch.float64).numpy().tobytes())
     return digest.hexdigest()
