@@ -132,6 +132,35 @@ def test_vqa_rows_supervise_only_their_answer_words_and_leave_the_grounding_batc
         assert any(row[i : i + len(question)] == question for i in range(len(row)))
 
 
+def test_contrast_scenes_add_only_referents_that_colour_decides() -> None:
+    """``contrast_batch_scenes``: the base batch is unchanged, and the added rows are exactly the level-1 referents
+    of other scenes whose expression names a colour that another object, alike in every other named attribute,
+    lacks (read off the rendered scene and the expression's words)."""
+    from vrh_interp.data.scenes import grounding_samples, make_scene
+
+    plain = trainer.TrainConfig(**{**trainer.TINY_TEST_CONFIG, "vision_steps": 0})
+    contrast = trainer.TrainConfig(**{**trainer.TINY_TEST_CONFIG, "vision_steps": 0, "contrast_batch_scenes": 6})
+    base, _ = trainer.grounding_batch(plain, 4)
+    samples, _ = trainer.grounding_batch(contrast, 4)
+    assert [s.sample_id for s in samples[:len(base)]] == [s.sample_id for s in base]
+    added = samples[len(base):]
+    scenes = {(s.meta["split"], s.meta["index"]) for s in added}
+    assert not scenes & {(s.meta["split"], s.meta["index"]) for s in base} and added
+    expected = []
+    for split, index in sorted(scenes):
+        objects = make_scene(split, index, 1).objects
+        for sample in grounding_samples(split, index, 1):
+            target, words = objects[sample.meta["target_index"]], sample.expression.split()
+            size_named = target.size in words
+            if target.colour in words and any(o.shape == target.shape and o.colour != target.colour
+                                              and (not size_named or o.size == target.size) for o in objects):
+                expected.append(sample.sample_id)
+    assert sorted(s.sample_id for s in added) == sorted(expected)
+    assert all(s.meta["difficulty"] == 1 for s in added)
+    # some referents of those scenes are left out (colour does not decide them): the filter is not a no-op
+    assert sum(len(grounding_samples(split, index, 1)) for split, index in scenes) > len(added)
+
+
 def test_warm_start_continues_from_the_shipped_weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from transformers import AutoModelForImageTextToText
 
@@ -247,6 +276,26 @@ def test_binding_errors_name_the_attributes_the_boxed_object_gets_wrong() -> Non
     metrics = trainer.grounding_metrics(samples, predictions)
     assert sum(measured.values()) == pytest.approx(1 - metrics["nearest_object_is_target_rate"]
                                                    - metrics["parse_failure_rate"])
+
+
+def test_colour_decided_accuracy_counts_only_the_items_colour_decides() -> None:
+    """``colour_decides_accuracy``: right on exactly the items whose named colour tells the referent apart from an
+    object alike in every other named attribute (read off the expression's words and the scene), wrong elsewhere."""
+    samples = trainer.held_out_samples(30, difficulty=1)
+    decided = []
+    for s in samples:
+        words, attributes = s.expression.split(), s.meta["object_attributes"]
+        colour, shape, size = attributes[s.meta["target_index"]]
+        decided.append(colour in words and any(
+            c != colour and sh == shape and (size not in words or sz == size)
+            for i, (c, sh, sz) in enumerate(attributes) if i != s.meta["target_index"]))
+    assert 0 < sum(decided) < len(samples)
+    right_there = [Box(*s.box) if d else None for s, d in zip(samples, decided)]
+    measured = trainer.grounding_metrics(samples, right_there)
+    assert (measured["colour_decides_n"], measured["colour_decides_accuracy"]) == (sum(decided), 1.0)
+    assert measured["accuracy"] == pytest.approx(sum(decided) / len(samples))
+    wrong_there = [None if d else Box(*s.box) for s, d in zip(samples, decided)]
+    assert trainer.grounding_metrics(samples, wrong_there)["colour_decides_accuracy"] == 0.0
 
 
 def test_accuracy_interval_resamples_whole_scenes() -> None:

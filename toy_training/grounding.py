@@ -83,6 +83,18 @@ def nearest_object(sample: GroundingSample, box: Box) -> int:
     return min(range(len(boxes)), key=lambda k: _centre_distance(box, Box(*boxes[k])))
 
 
+def colour_decides(sample: GroundingSample) -> bool:
+    """Whether the expression's colour is what tells the referent apart from some other object: it names a colour,
+    and another object has every other attribute it names (the shape, and the size if named) in another colour.
+    The toys' level-1 errors lie almost all on these items (docs/toy-models.md)."""
+    named = sample.meta["query_attributes"]
+    if named["colour"] is None:
+        return False
+    return any(colour != named["colour"] and shape == named["shape"] and named["size"] in (None, size)
+               for index, (colour, shape, size) in enumerate(sample.meta["object_attributes"])
+               if index != sample.meta["target_index"])
+
+
 def grounding_metrics(samples: Sequence[GroundingSample], predictions: Sequence[Box | None]) -> dict[str, float]:
     """Accuracy (IoU >= 0.5) with a 95 % bootstrap interval over scenes, query-ignoring baselines and the
     swap test for one set of samples."""
@@ -112,9 +124,12 @@ def grounding_metrics(samples: Sequence[GroundingSample], predictions: Sequence[
     scene_hits = np.array([sum(hits[i] for i in idx) for idx in by_image.values()], dtype=float)
     scene_sizes = np.array([len(idx) for idx in by_image.values()], dtype=float)
     accuracy_ci = bootstrap_statistic_ci(lambda pick: scene_hits[pick].sum() / scene_sizes[pick].sum(), len(scene_hits))
+    decided = [i for i, s in enumerate(samples) if colour_decides(s)]
     return {
         "n": len(samples),
         "accuracy": float(np.mean(hits)),
+        "colour_decides_n": len(decided),
+        "colour_decides_accuracy": float(np.mean([hits[i] for i in decided])) if decided else float("nan"),
         "accuracy_ci_low": accuracy_ci[0],
         "accuracy_ci_high": accuracy_ci[1],
         "any_object_hit_rate": float(np.mean(object_hits)),

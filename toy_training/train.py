@@ -72,8 +72,8 @@ from toy_training.configs import (
 from vrh_interp.toy import checkpoint_dir, load
 from vrh_interp.toy.planted import DECOY_HEADS, PLANTED_HEADS
 from toy_training import grow, planted
-from toy_training.grounding import (IGNORE_INDEX, binding_errors, encode_supervised, grounding_metrics,
-                                     grounding_prompts, held_out_samples, predict_boxes)
+from toy_training.grounding import (IGNORE_INDEX, binding_errors, colour_decides, encode_supervised,
+                                     grounding_metrics, grounding_prompts, held_out_samples, predict_boxes)
 from toy_training.text_tasks import scene_text_items, text_messages
 
 MODEL_CLASSES: dict[str, type[PreTrainedModel]] = {
@@ -104,6 +104,9 @@ class TrainConfig:
     vqa_batch_scenes: int = 0  # scenes per grounding step whose synthetic VQA items join the batch
     vqa_query_probe: bool = False  # the query probe also reads the answer positions of one-object VQA rows
     text_batch_scenes: int = 0  # scenes per grounding step whose text-only items (text_tasks) join the batch
+    # extra level-1 scenes per grounding step of which only the referents that colour decides join the batch
+    # (grounding.colour_decides: another object has the referent's shape in another colour)
+    contrast_batch_scenes: int = 0
     # level mix per grounding phase: (fraction of grounding steps, {level: probability})
     level_schedule: tuple[tuple[float, tuple[tuple[int, float], ...]], ...] = (
         (0.4, ((0, 0.8), (1, 0.2))),
@@ -348,7 +351,8 @@ def training_scene_indices(config: TrainConfig, step: int, n_scenes: int) -> lis
 
 
 def grounding_batch(config: TrainConfig, step: int) -> tuple[list[GroundingSample], list[VQASample]]:
-    """Batch ``step``: all referents of each scene, plus the VQA items of the first ``vqa_batch_scenes`` scenes."""
+    """Batch ``step``: all referents of each scene, plus the VQA items of the first ``vqa_batch_scenes`` scenes,
+    then the referents that colour decides in ``contrast_batch_scenes`` more level-1 scenes (disjoint indices)."""
     rng = _step_rng(config, step)
     levels, probs = zip(*level_probabilities(config, step - config.vision_steps), strict=True)
     samples: list[GroundingSample] = []
@@ -358,6 +362,9 @@ def grounding_batch(config: TrainConfig, step: int) -> tuple[list[GroundingSampl
         samples.extend(grounding_samples("train", index, level))
         if position < config.vqa_batch_scenes:
             questions.extend(vqa_samples("train", index, level))
+    for index in training_scene_indices(config, step, config.contrast_batch_scenes):
+        samples.extend(s for s in grounding_samples("train", (index + 250_000_000) % 1_000_000_000, 1)
+                       if colour_decides(s))
     return samples, questions
 
 
@@ -906,6 +913,9 @@ def _parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="scenes per grounding step (their grounding rows; 0: none, and no query probe)")
     parser.add_argument("--text-scenes", type=_scene_count, default=None,
                         help="scenes per grounding step whose text-only items (toy_training.text_tasks) join the batch")
+    parser.add_argument("--contrast-scenes", type=_scene_count, default=None,
+                        help="extra level-1 scenes per grounding step whose referents that colour decides (another "
+                             "object has their shape in another colour) join the batch")
     parser.add_argument("--vqa-query-probe", action="store_true",
                         help="apply the query-probe scaffold to one-object VQA rows too")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes and step counts (tests)")
@@ -953,6 +963,8 @@ def training_config(args: argparse.Namespace) -> TrainConfig:
         overrides["grounding_batch_scenes"] = args.grounding_scenes
     if args.text_scenes is not None:
         overrides["text_batch_scenes"] = args.text_scenes
+    if args.contrast_scenes is not None:
+        overrides["contrast_batch_scenes"] = args.contrast_scenes
     if overrides.get("grounding_batch_scenes") == 0:  # no grounding rows: nothing for the query probe to read
         overrides["query_probe_weight"] = 0.0
     growth = [option for option, value in (("--revive-floor", args.revive_floor), ("--split-heads", args.split_heads),
