@@ -207,9 +207,10 @@ def test_training_command_options_reach_the_config() -> None:
     preset = trainer.MODEL_PRESETS["c"]
     args = trainer._parse_args(["--model", "c", "--warm-start", "CKPT", "--grounding-scenes", "2", "--text-scenes",
                                 "16", "--vqa-scenes", "0", "--head-dropout", "0", "--lr", "1e-3", "--steps", "800",
-                                "--fp32"])
+                                "--fp32", "--contrast-scenes", "4"])
     config = trainer.training_config(args)
     assert (config.grounding_batch_scenes, config.text_batch_scenes, config.vqa_batch_scenes) == (2, 16, 0)
+    assert config.contrast_batch_scenes == 4
     assert (config.head_dropout, config.grounding_lr, config.grounding_steps, config.bf16) == (0.0, 1e-3, 800, False)
     assert (config.warm_start, config.vision_steps, config.level_schedule) == ("CKPT", 0, trainer.WARM_START_LEVELS)
     assert config.query_probe_weight == trainer.TrainConfig().query_probe_weight > 0
@@ -217,6 +218,7 @@ def test_training_command_options_reach_the_config() -> None:
     plain = trainer.training_config(trainer._parse_args(["--model", "c"]))
     assert (plain.grounding_batch_scenes, plain.text_batch_scenes) == (preset["grounding_batch_scenes"],
                                                                       preset["text_batch_scenes"])
+    assert plain.contrast_batch_scenes == 0
     # no grounding rows: the query probe (which reads grounding rows) is off instead of averaging nothing
     text_only = trainer.training_config(trainer._parse_args(["--model", "c", "--grounding-scenes", "0"]))
     assert (text_only.grounding_batch_scenes, text_only.query_probe_weight) == (0, 0.0)
@@ -225,9 +227,10 @@ def test_training_command_options_reach_the_config() -> None:
 @pytest.mark.parametrize("value", ["-1", "two"])
 def test_training_command_refuses_a_scene_count_that_is_not_a_count(value: str,
                                                                      capsys: pytest.CaptureFixture) -> None:
-    with pytest.raises(SystemExit):
-        trainer._parse_args(["--model", "c", "--text-scenes", value])
-    assert f"--text-scenes: {value!r} is not a number of scenes (a whole number >= 0)" in capsys.readouterr().err
+    for option in ("--text-scenes", "--contrast-scenes"):
+        with pytest.raises(SystemExit):
+            trainer._parse_args(["--model", "c", option, value])
+        assert f"{option}: {value!r} is not a number of scenes (a whole number >= 0)" in capsys.readouterr().err
 
 
 def test_share_attention_option_reaches_the_config_and_refuses_bad_pairs(capsys: pytest.CaptureFixture) -> None:
