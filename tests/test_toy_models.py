@@ -391,3 +391,25 @@ def test_ship_cli_needs_a_destination(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.setattr("sys.argv", ["train", "--model", "a", "--ship", str(tmp_path)])
     with pytest.raises(SystemExit, match="--ship needs --dest"):
         trainer.main()
+
+
+def test_evaluate_scenes_from_measures_the_named_eval_scenes(monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture) -> None:
+    """``--evaluate --scenes-from N`` (the confirmation scenes): level-1 accuracy on eval scenes N.. (2 here), equal
+    to the IoU >= 0.5 rate of the same scenes' referents computed directly; without --evaluate it is refused."""
+    from vrh_interp.core.boxes import iou
+    from vrh_interp.data.scenes import grounding_samples
+
+    monkeypatch.setattr(trainer, "REPORT_SCENES", 2)
+    monkeypatch.setattr("sys.argv", ["train", "--model", "a", "--evaluate", "--scenes-from", "400", "--threads", "1"])
+    trainer.main()
+    printed = json.loads(capsys.readouterr().out)
+    samples = [s for index in (400, 401) for s in grounding_samples("eval", index, 1)]
+    model, processor = load("a")
+    boxes = [box for _, box in trainer.predict_boxes(model, processor, "a", samples)]
+    expected = sum(b is not None and iou(b, Box(*s.box)) >= 0.5 for s, b in zip(samples, boxes)) / len(samples)
+    measured = printed["level1"]
+    assert (printed["scenes"], measured["n"], measured["accuracy"]) == ([400, 401], len(samples), expected)
+    monkeypatch.setattr("sys.argv", ["train", "--model", "a", "--scenes-from", "400"])
+    with pytest.raises(SystemExit, match="--scenes-from chooses the scenes --evaluate measures: add --evaluate"):
+        trainer.main()

@@ -929,6 +929,9 @@ def _parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                              "the shipped toy models")
     parser.add_argument("--evaluate", action="store_true",
                         help="print held-out metrics of the shipped checkpoint of --model (or of --folder)")
+    parser.add_argument("--scenes-from", type=_scene_count, default=None, metavar="N",
+                        help="with --evaluate: level-1 metrics on the 200 eval scenes from N instead (400: the "
+                             "confirmation scenes, which no training or selection rule reads)")
     parser.add_argument("--folder", type=Path, default=None,
                         help="with --evaluate: a checkpoint folder of --model's family (e.g. RUN/final) instead of the "
                              "shipped one")
@@ -1011,9 +1014,15 @@ def main() -> None:
     """CLI entry point (run with OMP_WAIT_POLICY=PASSIVE on shared CPUs)."""
     args = _parse_args()
     torch.set_num_threads(args.threads)
+    if args.scenes_from is not None and not args.evaluate:
+        raise SystemExit("--scenes-from chooses the scenes --evaluate measures: add --evaluate")
     if args.evaluate:
         model, processor = load(args.model, folder=args.folder)
-        print(json.dumps(measure_held_out(model, processor, args.model), indent=1))
+        if args.scenes_from is not None:
+            metrics = evaluate(model, processor, args.model, REPORT_SCENES, levels=(1,), offset=args.scenes_from)
+            print(json.dumps({"scenes": [args.scenes_from, args.scenes_from + REPORT_SCENES - 1], **metrics}, indent=1))
+        else:
+            print(json.dumps(measure_held_out(model, processor, args.model), indent=1))
         return
     if args.relabel is not None:
         if args.model != "planted-x" or args.out is None:
