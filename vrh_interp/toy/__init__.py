@@ -3,7 +3,7 @@
 ``load("a")`` -> LLaVA-1.5-class model (CLIP tower + MLP projector, tiny Qwen2 backbone);
 ``load("b")`` -> InternVL-class model (InternViT tower + pixel-shuffle projector, same backbone
 architecture, initialised from model a's backbone); ``load("c")`` / ``load("d")`` -> the same two classes with a
-128-head backbone with spare capacity (C in the paper's regime, D short of it: ``regime.json``);
+128-head backbone with spare capacity (both in the paper's regime: ``regime.json``);
 ``load("planted")`` -> the positive control with known heads; ``load("planted-b")`` -> its backbone behind an
 InternVL-class vision stack (same planted heads: transfer must hold) and ``load("planted-x")`` -> that model with its
 heads relabelled (no head index shared: transfer must not hold). Checkpoints ship in ``checkpoints/<name>/``
