@@ -105,7 +105,7 @@ class TrainConfig:
     vqa_query_probe: bool = False  # the query probe also reads the answer positions of one-object VQA rows
     text_batch_scenes: int = 0  # scenes per grounding step whose text-only items (text_tasks) join the batch
     # extra level-1 scenes per grounding step of which only the referents that colour decides join the batch
-    # (grounding.colour_decides: another object has the referent's shape in another colour)
+    # (grounding.colour_decides: the named colour is what tells the referent apart from another object)
     contrast_batch_scenes: int = 0
     # level mix per grounding phase: (fraction of grounding steps, {level: probability})
     level_schedule: tuple[tuple[float, tuple[tuple[int, float], ...]], ...] = (
@@ -914,8 +914,8 @@ def _parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--text-scenes", type=_scene_count, default=None,
                         help="scenes per grounding step whose text-only items (toy_training.text_tasks) join the batch")
     parser.add_argument("--contrast-scenes", type=_scene_count, default=None,
-                        help="extra level-1 scenes per grounding step whose referents that colour decides (another "
-                             "object has their shape in another colour) join the batch")
+                        help="extra level-1 scenes per grounding step whose referents that colour decides (the named "
+                             "colour tells them apart from another object) join the batch")
     parser.add_argument("--vqa-query-probe", action="store_true",
                         help="apply the query-probe scaffold to one-object VQA rows too")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes and step counts (tests)")
