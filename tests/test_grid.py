@@ -446,3 +446,27 @@ def test_ray_driver_killed_then_rerun_resumes(cluster: str, grid_file: Path, loc
     assert len(attempts) == 1 or attempts[-1]["records_before"] > 0  # rerun: resumed from its records
     assert _files(out) == _files(local)
     assert (out / SUMMARY_CSV).read_bytes() == (local / SUMMARY_CSV).read_bytes()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_cell_runs_on_the_threads_its_spec_fixes_whatever_the_process_has(threads: int, tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cell's torch thread count comes from ``[options] threads`` (CPU reductions depend on it: a Ray worker
+    inherits OMP_NUM_THREADS=1, a test process 2), and the process's own count is restored after the cell."""
+    import torch
+
+    from vrh_interp.experiments import grid
+
+    seen = []
+    monkeypatch.setitem(grid.RUNNERS, "detect", lambda *_: seen.append(torch.get_num_threads()) or {})
+    spec = parse_grid(MODEL + BENCH + f"[options]\nthreads = {threads}\n")
+    before = torch.get_num_threads()
+    other = 3 if threads != 3 else 2
+    torch.set_num_threads(other)
+    try:
+        grid.run_cell(tmp_path, spec, "detect:a:x")
+        assert seen == [threads] and torch.get_num_threads() == other
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(GridSpecError, match="threads = 0 must be >= 1"):
+        parse_grid(MODEL + BENCH + "[options]\nthreads = 0\n")

@@ -135,6 +135,9 @@ class GridOptions:
     summary_k: int | None = None  # the k of the heatmap (default: the largest)
     cpus: float = 1.0
     retries: int = 2
+    # torch threads inside every cell, whatever the executor or the worker's environment: CPU reductions depend on
+    # the thread count, so a cell gives the same bytes wherever it runs only if its spec fixes it
+    threads: int = 1
 
 
 @dataclass(frozen=True)
@@ -213,7 +216,7 @@ def _options(table: Mapping[str, Any]) -> GridOptions:
 
     fields = {f.name: f for f in dataclasses.fields(GridOptions)}
     _check_keys(table, "options", list(fields))
-    positive = ("random_sets", "batch_size", "max_new_tokens", "max_batch_rows", "vqa_k", "shards")
+    positive = ("random_sets", "batch_size", "max_new_tokens", "max_batch_rows", "vqa_k", "shards", "threads")
     values: dict[str, Any] = {}
     for key in table:
         if key in positive:
@@ -664,6 +667,15 @@ def _hold(folder: Path, wait_s: float) -> Any:
             time.sleep(0.5)
 
 
+def torch_threads(count: int | None = None) -> int:
+    """torch's intra-op thread count; with ``count``, set it first (what ``run_cell`` fixes per cell)."""
+    import torch
+
+    if count is not None:
+        torch.set_num_threads(count)
+    return torch.get_num_threads()
+
+
 def run_cell(grid_dir: str | os.PathLike[str], spec: GridSpec | Mapping[str, Any], cell_id: str,
              *_dependencies: Any) -> dict[str, Any]:
     """Run (or resume) one cell of the grid in this process and return its status; what both executors call.
@@ -684,12 +696,15 @@ def run_cell(grid_dir: str | os.PathLike[str], spec: GridSpec | Mapping[str, Any
         handle.write(json.dumps(attempt) + "\n")
     write_status(grid_dir, cell_id, "running", pid=attempt["pid"], host=attempt["host"])
     started = time.monotonic()
+    threads = torch_threads()
+    torch_threads(spec.options.threads)
     try:
         facts = RUNNERS[cell.kind](grid_dir, spec, cell)
     except Exception as error:
         write_status(grid_dir, cell_id, "failed", reason=one_line(error))
         raise
     finally:
+        torch_threads(threads)
         del lock
     done = {"status": "done", "seconds": round(time.monotonic() - started, 3), **facts}
     write_status(grid_dir, cell_id, "done", **{k: v for k, v in done.items() if k != "status"})
