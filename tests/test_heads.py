@@ -28,7 +28,7 @@ def test_head_is_ordered_hashable_and_typed():
         Head(1, 2).layer = 3  # type: ignore[misc]
 
 
-def test_headset_keeps_order_rejects_tuples_and_duplicates():
+def test_headset_keeps_order_reads_layer_head_tuples_and_rejects_duplicates():
     hs = HeadSet.parse("L3H1, L0H2 L1H0")
     assert hs.to_list() == ["L3H1", "L0H2", "L1H0"]
     assert hs[0] == Head(3, 1) and hs[:2] == HeadSet([Head(3, 1), Head(0, 2)])
@@ -36,8 +36,9 @@ def test_headset_keeps_order_rejects_tuples_and_duplicates():
     assert Head(0, 2) in hs and Head(0, 3) not in hs
     assert hs.difference([Head(0, 2)]).to_list() == ["L3H1", "L1H0"]
     assert hs.union([Head(9, 9), Head(3, 1)]).to_list() == ["L3H1", "L0H2", "L1H0", "L9H9"]
-    with pytest.raises(TypeError, match="bare tuple"):
-        HeadSet([(1, 2)])  # type: ignore[list-item]
+    assert HeadSet([(1, 2), "L0H3"]) == HeadSet([Head(1, 2), Head(0, 3)])  # (layer, head), layer first
+    with pytest.raises(TypeError, match="is not a head"):
+        HeadSet([(1, 2, 3)])  # type: ignore[list-item]
     with pytest.raises(ValueError, match="duplicate"):
         HeadSet([Head(1, 2), Head(1, 2)])
 

@@ -143,3 +143,59 @@ def test_loading_a_builtin_spec_in_bf16_keeps_rotary_frequencies_float32():
     buffers = _rotary_buffers(vlm.hf_model)
     assert buffers and {b.dtype for b in buffers.values()} == {torch.float32}
     assert {p.dtype for p in vlm.hf_model.parameters()} == {torch.bfloat16}
+
+
+def test_attn_implementation_is_honoured_for_builtin_specs():
+    """``vrh.load("toy:planted", attn_implementation="eager")`` loads eager attention (it once ran sdpa), so a user's
+    own read of ``self_attn.output[1]`` in a trace is the attention pattern."""
+    import nnsight
+
+    toy = load("toy:planted", attn_implementation="eager", progress=False)
+    assert toy.hf_model.config._attn_implementation == "eager"
+    assert toy.hf_model.config.get_text_config()._attn_implementation == "eager"
+    assert load("toy:planted", progress=False).hf_model.config._attn_implementation == "sdpa"  # the default stays
+
+    for attention in ("eager", None):
+        vlm = load("tiny:qwen2_vl", attn_implementation=attention, progress=False)
+        batch = vlm.encode_grounding([noise_image(70, 50)], ["the red circle"])
+        with torch.no_grad(), vlm.nn.trace(**batch.encoding):
+            pattern = nnsight.save(vlm.adapter.attention_module(vlm.nn, 1).output[1])
+        if attention == "eager":
+            assert pattern.shape == (1, vlm.geometry.num_heads, batch.prompt_length, batch.prompt_length)
+            torch.testing.assert_close(pattern.sum(-1), torch.ones(pattern.shape[:3]))
+        else:
+            assert pattern is None  # sdpa builds no pattern: what eager on demand is for
+
+
+def test_load_refuses_keywords_it_would_drop_in_one_line():
+    with pytest.raises(ValueError, match="unknown keyword attn_implementaton=: did you mean attn_implementation=") \
+            as info:
+        load("toy:planted", attn_implementaton="eager")
+    assert "\n" not in str(info.value) and "device_map, dtype, revision" in str(info.value)
+    with pytest.raises(ValueError, match="unknown keyword attn_implementaton="):  # the same for a hub id or folder
+        load("Qwen/Qwen2-VL-2B-Instruct", attn_implementaton="eager")
+    for keywords, named in (({"revision": "main"}, "revision="), ({"low_cpu_mem_usage": True}, "low_cpu_mem_usage="),
+                            ({"trust_remote_code": True}, "trust_remote_code=")):
+        with pytest.raises(ValueError, match=f"load\\('tiny:qwen2_vl'\\) does not take {named}.* takes only "
+                                             "device_map, dtype, adapter, attn_implementation"):
+            load("tiny:qwen2_vl", **keywords)
+    with pytest.raises(ValueError, match="attn_implementation='eagr'"):
+        load("tiny:qwen2_vl", attn_implementation="eagr")
+    with pytest.raises(ValueError, match="a built-in spec loads on one device"):
+        load("tiny:qwen2_vl", device_map={"": "cpu"})
+
+
+def test_remote_id_and_device_are_honoured_for_builtin_specs():
+    assert load("tiny:qwen2_vl", remote_id="me/tiny").remote_id == "me/tiny"
+    assert load("toy:planted", remote_id="me/planted", progress=False).remote_id == "me/planted"
+    assert load("tiny:qwen2_vl", device_map="cpu").device.type == "cpu"
+
+
+def test_a_from_pretrained_keyword_no_model_takes_is_one_line(tmp_path):
+    tiny = build_tiny("llava")
+    tiny.model.save_pretrained(tmp_path)
+    tiny.processor.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="does not take foo_bar=: neither vrh_interp.load nor transformers' "
+                                         "from_pretrained") as info:
+        load(tmp_path, foo_bar=1, progress=False)
+    assert "\n" not in str(info.value)

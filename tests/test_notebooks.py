@@ -74,3 +74,19 @@ def test_notebook_executes(path, tmp_path):
             assert output_kinds(new) == output_kinds(old), (
                 f"{path.name} cell {index}: it now shows {output_kinds(new)}, the stored output shows "
                 f"{output_kinds(old)}: run `python notebooks/_build.py --execute {path.name[:2]}`")
+
+
+def test_a_figure_shows_as_one_image_in_a_fresh_kernel_without_magics(tmp_path):
+    """No ``%matplotlib inline``: a cell ending in ``heatmap()`` displays a PNG, once, and no ``<Figure ...>`` text."""
+    notebook = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("import numpy as np\n"
+                                  "from vrh_interp.scoring.design import ScoringDesign\n"
+                                  "from vrh_interp.scoring.scores import HeadScores\n"
+                                  "scores = HeadScores(np.arange(12.0).reshape(3, 4), ScoringDesign())"),
+        nbformat.v4.new_code_cell("scores.heatmap()"),
+    ])
+    NotebookClient(notebook, timeout=120, kernel_name="python3",
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    outputs = notebook.cells[1].outputs
+    assert [o["output_type"] for o in outputs] == ["execute_result"], outputs
+    assert "image/png" in outputs[0]["data"]

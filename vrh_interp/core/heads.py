@@ -1,17 +1,22 @@
 """Typed attention-head identities.
 
 A head is always a ``Head(layer, head)``: an immutable, ordered, hashable value printed as ``L19H17``.
-Bare ``(layer, head)`` tuples never cross the public API, because the order convention is exactly what
-peer code gets wrong (VERA swaps it). ``HeadSet`` is an ordered, duplicate-free collection (a ranking
-keeps its order; set operations keep the left operand's order) and ``HeadGeometry`` is a model's
-(layers, heads, KV heads, head_dim) grid, read from the config, against which head sets are validated.
+``HeadSet`` is an ordered, duplicate-free collection (a ranking keeps its order; set operations keep the left
+operand's order) and ``HeadGeometry`` is a model's (layers, heads, KV heads, head_dim) grid, read from the config,
+against which head sets are validated.
+
+One vocabulary for heads across the public API: ``Head.coerce`` reads one head (``Head(3, 2)``, ``"L3H2"`` or a
+``(layer, head)`` tuple of two ints, layer first) and ``HeadSet.coerce`` reads any head collection (those, a
+``HeadSet``, text ``"L3H2,L1H0"``, a list of any of them, or a ranking such as ``HeadScores``); every function
+that takes heads reads them through these two, and names the argument in its error.
 """
 
 from __future__ import annotations
 
+import numbers
 import re
 from dataclasses import dataclass
-from typing import Iterable, Iterator, overload
+from typing import Any, Iterable, Iterator, Union, overload
 
 _HEAD_PATTERN = re.compile(r"^\s*L(\d+)H(\d+)\s*$", re.IGNORECASE)
 
@@ -24,7 +29,29 @@ class HeadSpecError(ValueError):
     """A head or head-set text (``L19H17``, ``L1H2,L3H0``) that cannot be read."""
 
 
+class HeadTypeError(HeadSpecError, TypeError):
+    """A value given as heads whose type names no head (None, a float, a bare int, a dict)."""
+
+
 HEAD_SPEC_HELP = "write heads as 'L<layer>H<head>' separated by commas, e.g. 'L2H6,L2H7'"
+HEAD_FORMS = ("Head(3, 2), 'L3H2', (layer, head) = (3, 2), a HeadSet, 'L3H2,L1H0', a list of these, or a "
+              "HeadScores (its ranking)")
+HeadLike = Union["Head", str, tuple[int, int]]
+HeadsLike = Union[HeadLike, "HeadSet", Iterable[Any], Any]  # any form ``HeadSet.coerce`` reads
+
+
+def _is_index(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_pair(value: object) -> bool:
+    """A ``(layer, head)`` tuple of two ints (a tuple, not a list: ``[3, 2]`` could be two of something)."""
+    return isinstance(value, tuple) and len(value) == 2 and all(_is_index(v) for v in value)
+
+
+def names_one_head(value: object) -> bool:
+    """Whether ``value`` is a single-head form (``Head``, ``"L3H2"``, ``(3, 2)``) rather than a collection."""
+    return isinstance(value, Head) or _is_pair(value) or (isinstance(value, str) and bool(_HEAD_PATTERN.match(value)))
 
 
 @dataclass(frozen=True, order=True, slots=True)
@@ -55,27 +82,37 @@ class Head:
             raise HeadSpecError(f"cannot parse {text!r} as a head: expected the form 'L<layer>H<head>', e.g. 'L19H17'")
         return cls(int(match.group(1)), int(match.group(2)))
 
+    @classmethod
+    def coerce(cls, value: HeadLike, argument: str = "head") -> "Head":
+        """One head from ``Head(3, 2)``, ``"L3H2"`` or ``(3, 2)`` (layer first); errors name ``argument``."""
+        if isinstance(value, Head):
+            return value
+        try:
+            if isinstance(value, str):
+                return cls.parse(value)
+            if _is_pair(value):
+                return cls(int(value[0]), int(value[1]))
+        except ValueError as error:
+            raise HeadSpecError(f"{argument}: {error}") from None
+        hint = " (a bare int: write (layer, head), e.g. (3, 2))" if _is_index(value) else ""
+        raise HeadTypeError(f"{argument}={value!r} is not a head{hint}: write Head(3, 2), 'L3H2' or (3, 2)")
+
 
 class HeadSet:
     """An ordered collection of distinct heads (order = ranking order, or insertion order).
 
     ``HeadSet("L2H6,L2H7")`` reads the text with ``HeadSet.parse`` (a string is never iterated character by
-    character).
+    character); items are read by ``Head.coerce``. ``HeadSet.coerce`` reads every other form of heads.
     """
 
     __slots__ = ("_heads", "_members")
 
-    def __init__(self, heads: Iterable[Head | str] | str = ()) -> None:
+    def __init__(self, heads: Iterable[HeadLike] | str = ()) -> None:
         if isinstance(heads, str):
             heads = HeadSet.parse(heads)
         seen: dict[Head, None] = {}
-        for item in heads:
-            head = Head.parse(item) if isinstance(item, str) else item
-            if not isinstance(head, Head):
-                raise TypeError(
-                    f"HeadSet takes Head objects or 'L<l>H<h>' strings, got {item!r}; "
-                    "write Head(layer, head) instead of a bare tuple"
-                )
+        for index, item in enumerate(heads):
+            head = Head.coerce(item, f"head set item {index}")
             if head in seen:
                 raise HeadSpecError(f"duplicate head {head} in head set: list each head once")
             seen[head] = None
@@ -128,6 +165,44 @@ class HeadSet:
             raise HeadSpecError(f"empty head set {text!r}: {HEAD_SPEC_HELP}, or 'published:MODEL/BENCHMARK'")
         return cls(Head.parse(p) for p in parts)
 
+    @classmethod
+    def coerce(cls, heads: HeadsLike, argument: str = "heads") -> "HeadSet":
+        """Any form of heads as a ``HeadSet`` (a ``HeadSet`` itself, a published one included, unchanged): a head
+        (``Head.coerce``), text ``"L3H2,L1H0"``, a ranking (an object with ``ranking()``, e.g. ``HeadScores``: all
+        its heads, best first), or an iterable of any of these, flattened in order. Errors name ``argument``."""
+        if isinstance(heads, HeadSet):
+            return heads
+        ranking = getattr(heads, "ranking", None)
+        if callable(ranking) and not isinstance(heads, type):  # HeadScores: scoring sits above core
+            return cls.coerce(ranking(), argument)
+        if heads is None:
+            raise HeadTypeError(f"{argument} is None: pass {HEAD_FORMS}")
+        try:
+            if isinstance(heads, str):
+                return cls.parse(heads)
+            if isinstance(heads, Head) or _is_pair(heads):
+                return cls([Head.coerce(heads, argument)])
+            if isinstance(heads, (bytes, dict)) or not isinstance(heads, Iterable):
+                raise HeadTypeError(f"{argument}={heads!r} ({type(heads).__name__}) names no heads: pass {HEAD_FORMS}")
+            if isinstance(heads, (tuple, list)) and heads and all(_is_index(v) for v in heads):
+                raise HeadTypeError(f"{argument}={heads!r} names no heads: write one head as a (layer, head) tuple of "
+                                    "two ints, e.g. (3, 2), several as a list of such tuples, or Head(3, 2)")
+            items: list[Head] = []
+            for index, item in enumerate(heads):
+                where = f"{argument}[{index}]"
+                if isinstance(item, Head) or _is_pair(item):
+                    items.append(Head.coerce(item, where))
+                elif item is None or _is_index(item):
+                    raise HeadTypeError(f"{where}={item!r} is not a head: pass {HEAD_FORMS}")
+                else:
+                    items.extend(cls.coerce(item, where))
+            return cls(items)
+        except HeadTypeError:
+            raise
+        except HeadSpecError as error:
+            message = str(error)
+            raise HeadSpecError(message if message.startswith(argument) else f"{argument}: {message}") from None
+
     def union(self, other: Iterable[Head]) -> "HeadSet":
         return HeadSet([*self._heads, *(h for h in other if h not in self)])
 
@@ -172,9 +247,10 @@ class HeadGeometry:
     def all_heads(self) -> HeadSet:
         return HeadSet(Head(l, h) for l in range(self.num_layers) for h in range(self.num_heads))
 
-    def validate(self, heads: Iterable[Head]) -> HeadSet:
-        """Return ``heads`` as a HeadSet, raising HeadOutOfRangeError for any head the model lacks."""
-        head_set = heads if isinstance(heads, HeadSet) else HeadSet(heads)
+    def validate(self, heads: HeadsLike, argument: str = "heads") -> HeadSet:
+        """Return ``heads`` (any form ``HeadSet.coerce`` reads) as a HeadSet, raising HeadOutOfRangeError for any
+        head the model lacks."""
+        head_set = HeadSet.coerce(heads, argument)
         bad = [h for h in head_set if h.layer >= self.num_layers or h.head >= self.num_heads]
         if bad:
             raise HeadOutOfRangeError(

@@ -22,7 +22,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import torch
 
 from vrh_interp.core.layer_sharing import row_block
-from vrh_interp.core.heads import HeadSet
+from vrh_interp.core.heads import HeadSet, HeadsLike
 from vrh_interp.core.model import VLM, GroundingBatch
 from vrh_interp.core.templates import LayerTemplate, apply_in_order
 from vrh_interp.core.templates.ablation import PAD, ZERO_ABLATION, Ablation, HeadAblation, RowHeadAblation, segment_ids
@@ -132,12 +132,13 @@ def prepare_remote(vlm: VLM) -> None:
         nnsight.register("vrh_interp")
 
 
-def head_ablation(vlm: VLM, heads: HeadSet, ablation: Ablation = ZERO_ABLATION, *,
+def head_ablation(vlm: VLM, heads: HeadsLike, ablation: Ablation = ZERO_ABLATION, *,
                   segments: torch.Tensor | None = None, sample_ids: Sequence[str] | None = None) -> HeadAblation:
-    """Ablate ``heads`` (``ablation``: zero by default). ``mean`` / ``resample`` act segment by segment and need
-    the batch's ``segments`` (``batch_segments``); ``resample`` also its ``sample_ids`` (row order)."""
-    return HeadAblation.build(heads, vlm.geometry, projection_path(vlm), ablation, segments=segments,
-                              sample_ids=sample_ids)
+    """Ablate ``heads`` (``ablation``: zero by default); heads in any form ``HeadSet.coerce`` reads (``"L3H2"``,
+    ``Head(3, 2)``, ``(3, 2)``, a ``HeadSet``, a list of these). ``mean`` / ``resample`` act segment by segment and
+    need the batch's ``segments`` (``batch_segments``); ``resample`` also its ``sample_ids`` (row order)."""
+    return HeadAblation.build(vlm.geometry.validate(heads, "head_ablation(heads)"), vlm.geometry, projection_path(vlm),
+                              ablation, segments=segments, sample_ids=sample_ids)
 
 
 def row_head_ablation(vlm: VLM, heads: Sequence[HeadSet | None], ablations: Sequence[Ablation], *,
@@ -392,11 +393,11 @@ def encoding_segments(vlm: VLM, encoding: Mapping[str, Any], image_sizes: Sequen
 
 
 def attention_readout(vlm: VLM, prefill_rows: Sequence[int] | torch.Tensor, *, layers: Sequence[int] | None = None,
-                      heads: HeadSet | None = None) -> AttentionRowsReadout:
+                      heads: HeadsLike | None = None) -> AttentionRowsReadout:
     """Readout of ``prefill_rows`` (and the fed-in token at each decode step) for ``layers`` / ``heads``."""
     geometry = vlm.geometry
     if heads is not None:
-        heads = geometry.validate(heads)
+        heads = geometry.validate(heads, "attention_readout(heads)")
         by_layer = {layer: tuple(idx) for layer, idx in heads.by_layer().items()}
         layer_list = sorted(by_layer)
     else:
@@ -419,8 +420,9 @@ def head_output_capture(vlm: VLM, layers: Sequence[int] | None = None) -> HeadOu
                                    geometry, projection_path(vlm))
 
 
-def head_output_patch(vlm: VLM, heads: HeadSet, **kwargs: Any) -> HeadOutputPatch:
-    return HeadOutputPatch.build(heads, vlm.geometry, projection_path(vlm), **kwargs)
+def head_output_patch(vlm: VLM, heads: HeadsLike, **kwargs: Any) -> HeadOutputPatch:
+    return HeadOutputPatch.build(vlm.geometry.validate(heads, "head_output_patch(heads)"), vlm.geometry,
+                                 projection_path(vlm), **kwargs)
 
 
 @dataclass

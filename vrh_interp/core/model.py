@@ -222,7 +222,9 @@ class VLM:
         return self.adapter.image_token_id(self.processor)
 
     def encode_grounding(self, images: Sequence[Image.Image], expressions: Sequence[str]) -> GroundingBatch:
-        """Encode a left-padded batch of grounding prompts, one image each, with layouts and box frames."""
+        """Encode a left-padded batch of grounding prompts, one image each, with layouts and box frames: ``images``
+        (PIL) and ``expressions`` (str) are lists, one of each per row (``[image], [expression]`` for one)."""
+        _check_grounding_rows(images, expressions)
         if len(images) != len(expressions):
             raise ValueError(f"{len(images)} images but {len(expressions)} expressions")
         if not images:
@@ -260,6 +262,18 @@ class VLM:
         new_tokens = generated[:, prompt_length:].tolist()
         return [self.tokenizer.decode(row[:n], skip_special_tokens=False)
                 for row, n in zip(new_tokens, self.answer_lengths(generated, prompt_length))]
+
+
+def _check_grounding_rows(images: Any, expressions: Any) -> None:
+    """Refuse ``encode_grounding`` arguments that are not lists of PIL images and of strings, in one line."""
+    for name, value, kind, what in (("images", images, Image.Image, "PIL image"),
+                                    ("expressions", expressions, str, "string")):
+        if isinstance(value, (str, bytes, Image.Image)) or not isinstance(value, Sequence):
+            raise TypeError(f"encode_grounding({name}=...) takes a list with one {what} per row, got "
+                            f"{type(value).__name__}: for one row write encode_grounding([image], [expression])")
+        bad = next((i for i, item in enumerate(value) if not isinstance(item, kind)), None)
+        if bad is not None:
+            raise TypeError(f"encode_grounding: {name}[{bad}] is {type(value[bad]).__name__}, not a {what}")
 
 
 @functools.cache
@@ -387,5 +401,11 @@ def load_pretrained(model_id_or_path: str | os.PathLike[str], *, device_map: Any
             )
     except OSError as error:  # missing weights, gated, a download cut off: transformers' text says which
         raise ModelLoadError(f"could not load model {spec!r}: {error}") from error
+    except TypeError as error:  # a keyword from_pretrained passed on to the model class, which does not take it
+        unknown = [k for k in from_pretrained_kwargs if f"unexpected keyword argument '{k}'" in str(error)]
+        if not unknown:
+            raise
+        raise ValueError(f"load({spec!r}) does not take {unknown[0]}=: neither vrh_interp.load nor transformers' "
+                         f"from_pretrained for this model accepts it ({error})") from None
     return wrap(model, processor, adapter=adapter, model_id=source, revision=revision, remote_id=remote_id,
                 attention=attention)

@@ -100,14 +100,14 @@ class HeadScanResult:
         table = self.table()
         return spearman(table["score"].to_numpy(dtype=float), table["drop"].to_numpy(dtype=float))
 
-    def scatter(self, *, label_top: int = 5, title: str | None = None) -> Any:
+    def scatter(self, *, label_top: int = 5, title: str | None = None, ax: Any = None) -> Any:
         """Score vs accuracy drop, one dot per head, the ``label_top`` best-scored heads named
         (``plots.score_damage_scatter``)."""
         if self.scores is None:
             raise ValueError("the scatter plots scores against damage: pass scores= to head_scan / head_scan_from_run")
         from vrh_interp.viz.plots import score_damage_scatter
 
-        return score_damage_scatter(self.table(), label_top=label_top, title=title)
+        return score_damage_scatter(self.table(), label_top=label_top, title=title, ax=ax)
 
 
 def head_scan(vlm: VLM, samples: Sequence[GroundingSampleLike], scores: HeadScores | None = None, *,

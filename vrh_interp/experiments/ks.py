@@ -4,7 +4,8 @@ CLI checks the syntax before a model loads; ``experiments.sweep`` re-exports bot
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from numbers import Real
+from typing import Any, Iterable
 
 
 class KSpecError(ValueError):
@@ -44,3 +45,16 @@ def parse_ks(text: str | Iterable[int | str], total_heads: int) -> list[int]:
                                  "all heads as percentages, e.g. '2.5%'")
             counts.append(int(value))
     return sorted(set(counts))
+
+
+def check_ks(ks: Any, argument: str = "ks") -> None:
+    """Refuse a ``ks`` that is not a list of k values (None, one number, a mapping) in one line naming the fix."""
+    if ks is None:
+        raise KSpecError(f"{argument} is None: pass head counts and/or percentages, e.g. {argument}=[0, 1, 3] or "
+                         f"{argument}='0,1%,2.5%'")
+    if isinstance(ks, Real) and not isinstance(ks, bool):
+        raise KSpecError(f"{argument}={ks!r} is one number: {argument} is a list of k values, e.g. {argument}=[{ks}] "
+                         f"(that k alone, with the baseline) or {argument}=[0, 1, {ks}]")
+    if isinstance(ks, (bytes, dict, bool)) or not isinstance(ks, (str, Iterable)):
+        raise KSpecError(f"{argument}={ks!r} ({type(ks).__name__}) is not a list of k values: pass e.g. "
+                         f"{argument}=[0, 1, 3] or {argument}='0,1%,2.5%'")

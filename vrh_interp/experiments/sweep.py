@@ -53,9 +53,9 @@ from vrh_interp.evaluation.grounding import encode_samples, ground_conditions
 from vrh_interp.core.interventions import shared_image_prefix
 from vrh_interp.evaluation.statistics import (QUANTILES, bootstrap_ci, empirical_p_value, mcnemar_exact,
                                               random_set_distribution, set_level_verdict, two_level_bootstrap_ci)
-from vrh_interp.core.heads import HeadGeometry, HeadSet
+from vrh_interp.core.heads import HeadGeometry, HeadSet, HeadsLike
 from vrh_interp.core.limits import check_prompts_fit
-from vrh_interp.experiments.ks import KSpecError, parse_ks  # noqa: F401 - re-exported: sweep.parse_ks, KSpecError
+from vrh_interp.experiments.ks import KSpecError, check_ks, parse_ks  # noqa: F401 - re-exported: sweep.parse_ks, KSpecError
 from vrh_interp.core.model import VLM, GroundingBatch
 from vrh_interp.core.provenance import library_versions, model_provenance
 from vrh_interp.core.published import PublishedHeadSet, check_geometry
@@ -338,11 +338,12 @@ class SweepResult:
         title, _ = self._card()
         return card_html(title, [], table=self.accuracy_table().to_html(float_format="{:.2f}".format))
 
-    def plot(self, title: str = "grounding accuracy vs masked heads") -> Any:
-        """Accuracy against k, controls as bands (``viz.plots.k_sweep_curve`` of ``summary()``; a ``Figure``)."""
+    def plot(self, title: str = "grounding accuracy vs masked heads", *, ax: Any = None) -> Any:
+        """Accuracy against k, controls as bands (``viz.plots.k_sweep_curve`` of ``summary()``): a ``Figure`` a
+        notebook shows as a picture, or drawn into ``ax`` (then its figure)."""
         from vrh_interp.viz.plots import k_sweep_curve
 
-        return k_sweep_curve(self.summary(), title=title)
+        return k_sweep_curve(self.summary(), title=title, ax=ax)
 
     def _rates(self, part: pd.DataFrame) -> dict[str, Any]:
         counts = failure_counts(part, self.iou_threshold)
@@ -372,7 +373,7 @@ def failure_counts(records: pd.DataFrame, iou_threshold: float) -> dict[str, Any
             "no_object": int((wrong & ~hit).sum()) if known else float("nan")}
 
 
-def sweep(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], ranking: HeadScores | HeadSet, *,
+def sweep(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], ranking: HeadScores | HeadsLike, *,
           ks: Sequence[int | str] | str = (0, 1, 3, 5, 10, 20),
           random_seeds: Sequence[int] = DEFAULT_RANDOM_SEEDS, matched: bool = True,
           detection_ids: Sequence[str] | None = None, exclude_first_layer: bool = False,
@@ -389,12 +390,16 @@ def sweep(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], ranking: HeadSc
     detection samples). Conditions are batched ``max_batch_rows`` rows per generation (``run_conditions``). A
     published ranking (``vrh_interp.core.published``) is checked against the model's grid
     (``published.check_geometry``) and its source is recorded as ``heads_source`` in the run folder's manifest.
-    The model runs where the handle is placed (``run_conditions``)."""
+    The model runs where the handle is placed (``run_conditions``). ``ranking``: a ``HeadScores`` or heads in any
+    form ``HeadSet.coerce`` reads (a ``HeadSet``, ``"L3H2,L1H0"``, a list of ``Head`` / ``"L3H2"`` / ``(3, 2)``),
+    best first."""
     if isinstance(ranking, HeadScores):
         detection_ids = list(detection_ids or []) + list(ranking.sample_ids)
         head_ranking = ranking.ranking()
     else:
-        head_ranking = ranking
+        head_ranking = HeadSet.coerce(ranking, "sweep(ranking)")
+    check_ks(ks)
+    live = None if live is None else HeadSet.coerce(live, "sweep(live)")
     overlap = sorted(set(detection_ids or []) & {s.sample_id for s in eval_samples})
     if overlap:
         raise ValueError(

@@ -51,6 +51,16 @@ class HeadPatchingResult:
             grid[row.layer, row.head_index] = row.recovery
         return grid
 
+    def heatmap(self, num_layers: int | None = None, num_heads: int | None = None, *,
+                title: str = "recovery per head", ax: Any = None) -> Any:
+        """Layer x head heatmap of the recovery (``viz.plots.patching_heatmap``; the grid defaults to the patched
+        heads' extent): a ``Figure`` a notebook shows as a picture, or drawn into ``ax`` (then its figure)."""
+        from vrh_interp.viz.plots import patching_heatmap
+
+        layers = num_layers if num_layers is not None else int(self.frame["layer"].max()) + 1
+        heads = num_heads if num_heads is not None else int(self.frame["head_index"].max()) + 1
+        return patching_heatmap(self.recovery_grid(layers, heads), title, ax=ax)
+
 
 def patch_sets(vlm: VLM, pairs: PairBatch, sets: Sequence[HeadSet], *, positions: PatchPositions = "answer",
                sets_per_forward: int = 8, progress: bool = False,

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from vrh_interp.core._display import card_html, card_text
-from vrh_interp.core.heads import Head, HeadOutOfRangeError, HeadSet
+from vrh_interp.core.heads import Head, HeadLike, HeadOutOfRangeError, HeadSet, HeadsLike, names_one_head
 from vrh_interp.core.runs import write_atomic
 from vrh_interp.scoring.design import ScoringDesign
 
@@ -51,8 +51,29 @@ class HeadScores:
             raise ValueError(f"k={k} is out of range: the model has {total} heads")
         return self.ranking()[:k]
 
-    def score_of(self, head: Head) -> float:
-        return float(self.scores[head.layer, head.head])
+    def score_of(self, head: HeadLike) -> float:
+        """The score of one head: ``Head(3, 2)``, ``"L3H2"`` or ``(3, 2)`` (layer first)."""
+        return self._score(head, "score_of(head)")
+
+    def _score(self, head: HeadLike, argument: str) -> float:
+        found = self._in_grid(HeadSet([Head.coerce(head, argument)]), argument)[0]
+        return float(self.scores[found.layer, found.head])
+
+    def __getitem__(self, heads: HeadsLike) -> "float | pd.Series":
+        """``scores[h]``: one head's score (``scores["L3H2"]``, ``scores[3, 2]``, ``scores[Head(3, 2)]``); several
+        heads (a ``HeadSet``, a list, ``"L3H2,L1H0"``) give a Series of their scores indexed by head name, in order."""
+        if names_one_head(heads):
+            return self._score(heads, "scores[head]")
+        chosen = self._in_grid(HeadSet.coerce(heads, "scores[heads]"), "scores[heads]")
+        return pd.Series([float(self.scores[h.layer, h.head]) for h in chosen], index=chosen.to_list(), name="score",
+                         dtype=float)
+
+    def _in_grid(self, heads: HeadSet, argument: str) -> HeadSet:
+        bad = [str(h) for h in heads if h.layer >= self.num_layers or h.head >= self.num_heads]
+        if bad:
+            raise HeadOutOfRangeError(f"{argument}: {', '.join(bad)} not in these scores ({self.num_layers} layers x "
+                                      f"{self.num_heads} heads: L0H0 .. L{self.num_layers - 1}H{self.num_heads - 1})")
+        return heads
 
     def _card(self, top: int = 5) -> tuple[str, list[tuple[str, str]]]:
         model = (self.provenance.get("model") or {}).get("model_id") or "a model the provenance does not name"
@@ -73,11 +94,12 @@ class HeadScores:
         top = self.to_frame().head(10).to_html(index=False, float_format="{:.4g}".format)
         return card_html(*self._card(), table=top)
 
-    def heatmap(self, title: str | None = None) -> Any:
-        """The layer x head heatmap of the scores (a matplotlib ``Figure``; a notebook cell ending in it shows it)."""
+    def heatmap(self, title: str | None = None, *, ax: Any = None) -> Any:
+        """The layer x head heatmap of the scores: a ``Figure`` a notebook cell ending in it shows as a picture, or
+        drawn into ``ax`` (then its figure)."""
         from vrh_interp.viz.plots import score_heatmap
 
-        return score_heatmap(self.scores, title or f"head scores ({self.design.label})")
+        return score_heatmap(self.scores, title or f"head scores ({self.design.label})", ax=ax)
 
     def to_frame(self) -> pd.DataFrame:
         ranking = {h: r for r, h in enumerate(self.ranking(), start=1)}

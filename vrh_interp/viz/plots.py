@@ -1,35 +1,72 @@
-"""Figures (matplotlib, headless-safe): every function returns the Figure; notebooks display it inline."""
+"""Figures (matplotlib, headless-safe). One convention for every plotting call: it returns a figure, and takes
+``ax=`` (an Axes; several for a multi-panel figure) to draw into the caller's figure and return that figure instead.
+
+A figure the library makes is a ``Figure`` (a matplotlib ``Figure`` with ``_repr_png_``): a notebook cell ending in
+it shows the picture in a fresh kernel without ``%matplotlib inline``. It is never registered with pyplot, so
+``plt.show()`` and the inline backend do not show it a second time, and a script shows nothing."""
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
 import numpy as np
 import pandas as pd
+from matplotlib.figure import Figure as _MatplotlibFigure
 
 
-def _figure(width: float = 6.0, height: float = 4.0) -> tuple[Any, Any]:
-    from matplotlib.figure import Figure
+class Figure(_MatplotlibFigure):
+    """A matplotlib ``Figure`` that displays itself in a notebook as a PNG (module doc)."""
 
+    def _repr_png_(self) -> bytes:
+        buffer = io.BytesIO()
+        self.savefig(buffer, format="png", bbox_inches="tight")
+        return buffer.getvalue()
+
+
+def _figure(width: float = 6.0, height: float = 4.0, ax: Any = None) -> tuple[Any, Any, bool]:
+    """(figure, axes, whether the figure is ours): ``ax`` and its figure, or a new ``Figure`` with one Axes."""
+    if ax is not None:
+        if not hasattr(ax, "imshow") or isinstance(ax, (list, tuple, np.ndarray)):
+            raise TypeError(f"ax= takes one matplotlib Axes, got {type(ax).__name__}")
+        return ax.figure, ax, False
     fig = Figure(figsize=(width, height), dpi=100)
-    return fig, fig.add_subplot(1, 1, 1)
+    return fig, fig.add_subplot(1, 1, 1), True
 
 
-def score_heatmap(scores: np.ndarray, title: str = "head scores") -> Any:
+def _panels(count: int, ax: Any, width: float, height: float, **subplots: Any) -> tuple[Any, list[Any], bool]:
+    """(figure, ``count`` axes, ours): the caller's axes (a sequence of ``count``), or a new constrained-layout
+    ``Figure`` with ``count`` panels in a row (``subplots``: ``Figure.subplots`` options)."""
+    if ax is not None:
+        axes = list(np.ravel(np.asarray(ax, dtype=object)))
+        if len(axes) != count or not all(hasattr(a, "imshow") for a in axes):
+            raise ValueError(f"ax= takes {count} matplotlib Axes here (one per panel), got {len(axes)} object(s)")
+        return axes[0].figure, axes, False
+    fig = Figure(figsize=(width, height), dpi=100, layout="constrained")
+    return fig, list(fig.subplots(1, count, squeeze=False, **subplots)[0]), True
+
+
+def _done(fig: Any, own: bool) -> Any:
+    """Lay out a figure we made (a caller's figure keeps its own layout) and return it."""
+    if own:
+        fig.tight_layout()
+    return fig
+
+
+def score_heatmap(scores: np.ndarray, title: str = "head scores", *, ax: Any = None) -> Any:
     """Layer x head heatmap of a score table."""
-    fig, ax = _figure(max(4.0, scores.shape[1] * 0.35 + 2), max(3.0, scores.shape[0] * 0.35 + 1.5))
+    fig, ax, own = _figure(max(4.0, scores.shape[1] * 0.35 + 2), max(3.0, scores.shape[0] * 0.35 + 1.5), ax)
     image = ax.imshow(scores, aspect="auto", cmap="viridis", origin="lower")
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     ax.set_title(title)
     fig.colorbar(image, ax=ax)
-    fig.tight_layout()
-    return fig
+    return _done(fig, own)
 
 
-def score_distribution(scores: np.ndarray, thresholds: tuple[float, ...] = (1e-3, 5e-3)) -> Any:
+def score_distribution(scores: np.ndarray, thresholds: tuple[float, ...] = (1e-3, 5e-3), *, ax: Any = None) -> Any:
     """Sorted score curve with the paper's sparsity thresholds."""
-    fig, ax = _figure()
+    fig, ax, own = _figure(ax=ax)
     ordered = np.sort(scores.ravel())[::-1]
     ax.plot(np.arange(1, len(ordered) + 1), ordered, marker=".")
     for t in thresholds:
@@ -37,8 +74,7 @@ def score_distribution(scores: np.ndarray, thresholds: tuple[float, ...] = (1e-3
     ax.set_xlabel("head rank")
     ax.set_ylabel("score")
     ax.set_title("score distribution (sparsity)")
-    fig.tight_layout()
-    return fig
+    return _done(fig, own)
 
 
 CONTROL_STYLE = {"random": ("tab:blue", "random sets"), "matched": ("tab:green", "layer-matched sets")}
@@ -56,10 +92,10 @@ def _control_band(ax: Any, rows: pd.DataFrame, colour: str, alpha: float = 0.2) 
                     alpha=alpha, linewidth=0)
 
 
-def k_sweep_curve(summary: pd.DataFrame, title: str = "grounding accuracy vs masked heads") -> Any:
+def k_sweep_curve(summary: pd.DataFrame, title: str = "grounding accuracy vs masked heads", *, ax: Any = None) -> Any:
     """Accuracy vs k: the top-k heads with their bootstrap CI band, and for each control (random, layer-matched)
     the mean accuracy of its head sets (dashed) with the band where 90 % of the sets lie (5-95 % quantiles)."""
-    fig, ax = _figure()
+    fig, ax, own = _figure(ax=ax)
     base = summary[summary["condition"] == "baseline"]
     top = pd.concat([base, summary[summary["condition"] == "top"]]).sort_values("k")
     if len(top) >= 2:
@@ -86,14 +122,13 @@ def k_sweep_curve(summary: pd.DataFrame, title: str = "grounding accuracy vs mas
     ax.set_ylim(0, 1)
     ax.set_title(title)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
+    return _done(fig, own)
 
 
-def failure_bars(summary: pd.DataFrame) -> Any:
+def failure_bars(summary: pd.DataFrame, *, ax: Any = None) -> Any:
     """Per condition at each k (control sets pooled): parse failures and mislocations, the latter split into
     boxes on another annotated object and boxes on no object where the samples list their objects."""
-    fig, ax = _figure(7, 4)
+    fig, ax, own = _figure(7, 4, ax)
     rows = summary[(~summary["condition"].isin(tuple(CONTROL_STYLE))) | (summary["seed"].astype(str) == "all")]
     labels = [f"{c}\nk={k}" for c, k in zip(rows["condition"], rows["k"])]
     x = np.arange(len(rows))
@@ -111,28 +146,27 @@ def failure_bars(summary: pd.DataFrame) -> Any:
     ax.set_ylim(0, 1)
     ax.legend()
     ax.set_title("failure decomposition")
-    fig.tight_layout()
-    return fig
+    return _done(fig, own)
 
 
-def design_space_bars(table: pd.DataFrame) -> Any:
-    fig, ax = _figure(7, max(3.0, 0.3 * len(table) + 1))
+def design_space_bars(table: pd.DataFrame, *, ax: Any = None) -> Any:
+    """Accuracy drop per design-space variant, as horizontal bars (smallest at the bottom)."""
+    fig, ax, own = _figure(7, max(3.0, 0.3 * len(table) + 1), ax)
     ordered = table.dropna(subset=["drop"]).sort_values("drop")
     ax.barh(ordered["variant"], ordered["drop"], color="tab:purple")
     ax.set_xlabel("accuracy drop when masking the variant's top-k")
     ax.tick_params(axis="y", labelsize=7)
     ax.set_title("design space")
-    fig.tight_layout()
-    return fig
+    return _done(fig, own)
 
 
 def attention_overlay(image: Any, grid: np.ndarray, region: tuple[float, float, float, float],
-                      boxes: dict[str, tuple[float, float, float, float]] | None = None, title: str = "") -> Any:
+                      boxes: dict[str, tuple[float, float, float, float]] | None = None, title: str = "", *,
+                      ax: Any = None) -> Any:
     """An attention map over a block's token grid drawn on the image region it covers, with boxes."""
-    fig, ax = _figure(4, 4)
+    fig, ax, own = _figure(4, 4, ax)
     _draw_overlay(ax, image, grid, region, boxes, title)
-    fig.tight_layout()
-    return fig
+    return _done(fig, own)
 
 
 def _draw_overlay(ax: Any, image: Any, grid: np.ndarray, region: tuple[float, float, float, float],
@@ -150,7 +184,7 @@ def _draw_overlay(ax: Any, image: Any, grid: np.ndarray, region: tuple[float, fl
     ax.set_title(title, fontsize=9)
 
 
-def score_damage_scatter(table: pd.DataFrame, *, label_top: int = 5, title: str | None = None) -> Any:
+def score_damage_scatter(table: pd.DataFrame, *, label_top: int = 5, title: str | None = None, ax: Any = None) -> Any:
     """Single-head causal scan: each head's score against the accuracy drop when it alone is masked.
 
     ``table`` is ``HeadScanResult.table()`` (or ``head_scan.csv`` read back: columns ``head``, ``score``,
@@ -158,7 +192,7 @@ def score_damage_scatter(table: pd.DataFrame, *, label_top: int = 5, title: str 
     Spearman's rho of score and drop (``statistics.spearman``)."""
     from vrh_interp.evaluation.statistics import spearman
 
-    fig, ax = _figure()
+    fig, ax, own = _figure(ax=ax)
     ax.scatter(table["score"], table["drop"], s=14, color="tab:blue", alpha=0.7)
     for row in table.head(label_top).itertuples():
         ax.annotate(row.head, (row.score, row.drop), fontsize=7, xytext=(3, 3), textcoords="offset points")
@@ -168,18 +202,14 @@ def score_damage_scatter(table: pd.DataFrame, *, label_top: int = 5, title: str 
     rho = spearman(table["score"].to_numpy(dtype=float), table["drop"].to_numpy(dtype=float))
     ax.set_title(title or f"score vs single-head damage (Spearman {rho:.2f}, {len(table)} heads, "
                           f"n={int(table['n'].max())})", fontsize=10)
-    fig.tight_layout()
-    return fig
+    return _done(fig, own)
 
 
-def overlay_panels(result: Any, title: str = "") -> Any:
+def overlay_panels(result: Any, title: str = "", *, ax: Any = None) -> Any:
     """The panels of an ``overlays.OverlayResult`` side by side: each head subset's answer-row attention over
-    the image, with the ground-truth (green) and predicted (red) boxes."""
-    from matplotlib.figure import Figure
-
+    the image, with the ground-truth (green) and predicted (red) boxes (``ax``: one Axes per panel)."""
     panels = result.overlays
-    fig = Figure(figsize=(3.2 * len(panels), 3.6), dpi=100, layout="constrained")
-    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    fig, axes, _ = _panels(len(panels), ax, 3.2 * len(panels), 3.6)
     boxes = {"ground truth": result.truth.as_tuple()}
     if hasattr(result.predicted, "as_tuple"):
         boxes["prediction"] = result.predicted.as_tuple()
@@ -190,22 +220,20 @@ def overlay_panels(result: Any, title: str = "") -> Any:
     return fig
 
 
-def score_map_comparison(a: np.ndarray, b: np.ndarray, labels: tuple[str, str] = ("A", "B"), k: int = 5) -> Any:
+def score_map_comparison(a: np.ndarray, b: np.ndarray, labels: tuple[str, str] = ("A", "B"), k: int = 5, *,
+                         ax: Any = None) -> Any:
     """Two models' layer x head score maps side by side, and each head's score in A against B.
 
     Each heatmap has its own colour scale: index transfer is about WHICH heads score high, and two models'
     scores can differ in scale. In the scatter (one point per head, same index in both grids) heads in A's
     top-k are red, in B's top-k green, in both black; the rank statistics with chance baselines are
-    ``vrh_interp.experiments.transfer.compare_scores``.
+    ``vrh_interp.experiments.transfer.compare_scores``. ``ax``: three Axes (A, B, the scatter).
     """
-    from matplotlib.figure import Figure
-
     if a.shape != b.shape:
         raise ValueError(f"score maps of different grids {a.shape} vs {b.shape} cannot be compared head by head")
     layers, heads = a.shape
-    fig = Figure(figsize=(max(10.0, 2 * (heads * 0.4 + 2) + 3.5), max(3.4, layers * 0.35 + 1.8)), dpi=100,
-                 layout="constrained")
-    axes = fig.subplots(1, 3, gridspec_kw={"width_ratios": [1, 1, 0.9]})
+    fig, axes, _ = _panels(3, ax, max(10.0, 2 * (heads * 0.4 + 2) + 3.5), max(3.4, layers * 0.35 + 1.8),
+                           gridspec_kw={"width_ratios": [1, 1, 0.9]})
     for ax, scores, label in zip(axes[:2], (a, b), labels):
         image = ax.imshow(scores, aspect="auto", cmap="viridis", origin="lower", interpolation="nearest")
         ax.set_xticks(range(heads))
@@ -231,19 +259,17 @@ def score_map_comparison(a: np.ndarray, b: np.ndarray, labels: tuple[str, str] =
 CROSS_STYLE = {"own": ("tab:red", "o", "-"), "transferred": ("tab:green", "s", "--"), "random": ("tab:blue", "^", "-")}
 
 
-def cross_masking_curves(summary: pd.DataFrame, title: str = "cross-model masking") -> Any:
+def cross_masking_curves(summary: pd.DataFrame, title: str = "cross-model masking", *, ax: Any = None) -> Any:
     """The paper's Fig. 7: one panel per model, accuracy vs k with that model's own top-k heads, the other
     model's top-k heads (transferred) and sets of k random heads masked: own and transferred with bootstrap CI
     bands, the random sets' mean with the band of their 5-95 % quantiles.
 
     ``summary`` is ``vrh_interp.experiments.transfer.CrossMaskingResult.summary()`` or its CSV read back. Every curve
-    starts at the model's unmasked baseline (k = 0). Panels share the y axis (accuracy in [0, 1]).
+    starts at the model's unmasked baseline (k = 0). Panels share the y axis (accuracy in [0, 1]). ``ax``: one
+    Axes per model.
     """
-    from matplotlib.figure import Figure
-
     models = list(dict.fromkeys(summary["model"]))
-    fig = Figure(figsize=(4.2 * len(models) + 0.6, 4.0), dpi=100)
-    axes = fig.subplots(1, len(models), sharey=True, squeeze=False)[0]
+    fig, axes, _ = _panels(len(models), ax, 4.2 * len(models) + 0.6, 4.0, sharey=True)
     for ax, model in zip(axes, models):
         part = summary[summary["model"] == model]
         base = part[part["condition"] == "baseline"]
@@ -272,7 +298,6 @@ def cross_masking_curves(summary: pd.DataFrame, title: str = "cross-model maskin
         ax.legend(fontsize=8)
     axes[0].set_ylabel("accuracy (IoU >= 0.5)")
     fig.suptitle(title)
-    fig.tight_layout()
     return fig
 
 
@@ -290,16 +315,13 @@ def _draw_box(ax: Any, box: Rect, colour: str, label: str | None = None, style: 
 
 def pair_panels(images: tuple[Any, Any], boxes: dict[str, Rect | None],
                 titles: tuple[str, str] = ("clean", "corrupted"),
-                answers: tuple[Rect | None, Rect | None] | None = None) -> Any:
+                answers: tuple[Rect | None, Rect | None] | None = None, *, ax: Any = None) -> Any:
     """A clean/corrupted input pair side by side, every named box drawn on both images.
 
     ``boxes`` maps a label (e.g. ``"clean referent"``) to a pixel box, ``None`` to skip; ``answers`` are the
-    model's parsed answer boxes on each image (dashed white), ``None`` where it did not parse.
+    model's parsed answer boxes on each image (dashed white), ``None`` where it did not parse. ``ax``: two Axes.
     """
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(7.6, 4.0), dpi=100, layout="constrained")
-    axes = fig.subplots(1, 2)
+    fig, axes, _ = _panels(2, ax, 7.6, 4.0)
     colours = ("lime", "red", "cyan", "orange")
     for index, (ax, image, title) in enumerate(zip(axes, images, titles)):
         ax.imshow(image)
@@ -316,7 +338,7 @@ def pair_panels(images: tuple[Any, Any], boxes: dict[str, Rect | None],
     return fig
 
 
-def patching_heatmap(grid: np.ndarray, title: str = "recovery per head") -> Any:
+def patching_heatmap(grid: np.ndarray, title: str = "recovery per head", *, ax: Any = None) -> Any:
     """Layer x head heatmap of patching recovery, centred on 0 (blue: hurts, red: recovers the clean answer).
 
     ``grid`` is ``HeadPatchingResult.recovery_grid(layers, heads)`` (NaN for heads not patched); small grids
@@ -325,7 +347,7 @@ def patching_heatmap(grid: np.ndarray, title: str = "recovery per head") -> Any:
     from matplotlib.colors import TwoSlopeNorm
 
     layers, heads = grid.shape
-    fig, ax = _figure(max(4.0, heads * 0.5 + 2), max(3.0, layers * 0.45 + 1.5))
+    fig, ax, own = _figure(max(4.0, heads * 0.5 + 2), max(3.0, layers * 0.45 + 1.5), ax)
     finite = grid[np.isfinite(grid)]
     bound = float(np.abs(finite).max()) if finite.size else 1.0
     bound = bound if bound > 0 else 1.0
@@ -344,12 +366,11 @@ def patching_heatmap(grid: np.ndarray, title: str = "recovery per head") -> Any:
     ax.set_ylabel("layer")
     ax.set_title(title)
     fig.colorbar(image, ax=ax, label="recovery")
-    fig.tight_layout()
-    return fig
+    return _done(fig, own)
 
 
 def attribution_scatter(exact: pd.DataFrame, estimate: pd.DataFrame, stats: dict[str, float] | None = None,
-                        label_top: int = 3) -> Any:
+                        label_top: int = 3, *, ax: Any = None) -> Any:
     """Attribution-patching estimate against exact patching recovery, one point per head, with y = x.
 
     ``exact`` / ``estimate`` are the ``frame`` of ``patch_each_head`` / ``attribution_patching`` (joined on
@@ -357,7 +378,7 @@ def attribution_scatter(exact: pd.DataFrame, estimate: pd.DataFrame, stats: dict
     ``label_top`` heads of the exact ranking are named.
     """
     merged = exact.merge(estimate, on="head", suffixes=("_exact", "_attribution"))
-    fig, ax = _figure(4.6, 4.2)
+    fig, ax, own = _figure(4.6, 4.2, ax)
     x, y = merged["recovery_exact"].to_numpy(), merged["recovery_attribution"].to_numpy()
     ax.scatter(x, y, s=16, color="tab:blue")
     low, high = float(min(x.min(), y.min())), float(max(x.max(), y.max()))
@@ -371,8 +392,7 @@ def attribution_scatter(exact: pd.DataFrame, estimate: pd.DataFrame, stats: dict
     if stats:
         title += f"\nSpearman {stats['spearman']:.2f}, Kendall tau-b {stats['kendall_tau_b']:.2f}"
     ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    return fig
+    return _done(fig, own)
 
 
 REGION_COLOURS = {"head_output": "tab:grey", "clean_referent": "tab:green", "corrupted_referent": "tab:red",
@@ -380,22 +400,19 @@ REGION_COLOURS = {"head_output": "tab:grey", "clean_referent": "tab:green", "cor
 
 
 def position_patching_map(frame: pd.DataFrame, *, image: Any = None, boxes: dict[str, Rect | None] | None = None,
-                          title: str = "key/value patching by region") -> Any:
+                          title: str = "key/value patching by region", ax: Any = None) -> Any:
     """Recovery per region from ``position_patching`` as bars with bootstrap CIs, one group per head.
 
     The whole-head ceiling (``head_output``) is the grey bar and a dashed line. With ``image`` and ``boxes``
     (region name -> a pixel box, e.g. ``{"clean_referent": pair.clean.box, "corrupted_referent":
     pair.corrupted_box}``) a second panel draws the regions on the image, each labelled with its recovery for
-    the first head.
+    the first head. ``ax``: one Axes, two with ``image``.
     """
-    from matplotlib.figure import Figure
-
     heads = list(dict.fromkeys(frame["head"]))
     regions = list(dict.fromkeys(frame["region"]))
     panels = 2 if image is not None else 1
-    fig = Figure(figsize=(max(5.0, 0.6 * len(regions) * len(heads) + 1.5) + 3.6 * (panels - 1), 3.8), dpi=100,
-                 layout="constrained")
-    axes = fig.subplots(1, panels, squeeze=False, gridspec_kw={"width_ratios": [2.2, 1][:panels]})[0]
+    fig, axes, _ = _panels(panels, ax, max(5.0, 0.6 * len(regions) * len(heads) + 1.5) + 3.6 * (panels - 1), 3.8,
+                           gridspec_kw={"width_ratios": [2.2, 1][:panels]})
     ax = axes[0]
     width = 0.8 / len(regions)
     for h, head in enumerate(heads):
@@ -436,11 +453,11 @@ def position_patching_map(frame: pd.DataFrame, *, image: Any = None, boxes: dict
 
 
 def grid_drop_heatmap(drops: pd.DataFrame, verdicts: pd.DataFrame | None = None,
-                      title: str = "grounding drop with the top-k VRHs masked") -> Any:
+                      title: str = "grounding drop with the top-k VRHs masked", *, ax: Any = None) -> Any:
     """Model x benchmark heatmap of the accuracy drop (baseline - VRH-k) of a grid (``experiments.grid``); each
     cell carries its value and, from ``verdicts`` (same shape), its verdict; cells without a result are blank."""
     values = drops.to_numpy(dtype=float)
-    fig, ax = _figure(max(4.0, values.shape[1] * 1.4 + 2.5), max(2.5, values.shape[0] * 0.6 + 1.5))
+    fig, ax, own = _figure(max(4.0, values.shape[1] * 1.4 + 2.5), max(2.5, values.shape[0] * 0.6 + 1.5), ax)
     finite = values[np.isfinite(values)]
     bound = max(float(np.abs(finite).max()) if finite.size else 1.0, 1e-6)
     image = ax.imshow(np.ma.masked_invalid(values), aspect="auto", cmap="Reds", vmin=min(0.0, float(finite.min(
@@ -457,5 +474,4 @@ def grid_drop_heatmap(drops: pd.DataFrame, verdicts: pd.DataFrame | None = None,
     ax.set_ylabel("model")
     ax.set_title(title)
     fig.colorbar(image, ax=ax, label="accuracy drop")
-    fig.tight_layout()
-    return fig
+    return _done(fig, own)

@@ -19,10 +19,10 @@ from typing import Any, Iterator, Mapping, Sequence, TypeVar, overload
 
 from PIL import Image
 
-from vrh_interp.core.boxes import Box
+from vrh_interp.core.boxes import Box, InvalidBoxError
 from vrh_interp.data.datasets.errors import DatasetError, RowErrors, SkippedRow
 from vrh_interp.data.datasets.images import ImageSource
-from vrh_interp.data.checks import MAX_EXPRESSION_CHARS
+from vrh_interp.data.checks import MAX_EXPRESSION_CHARS, as_box
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,14 @@ class GroundingSample:
         if len(self.expression) > MAX_EXPRESSION_CHARS:
             raise DatasetError(where, f"expression of {len(self.expression)} characters: the limit is "
                                       f"{MAX_EXPRESSION_CHARS} (vrh_interp.data.checks.MAX_EXPRESSION_CHARS)")
+        if not isinstance(self.box, Box):
+            if self.box is None:
+                raise DatasetError(where, "box is None: a grounding sample needs its ground-truth box, a Box or four "
+                                          "xyxy numbers in original image pixels")
+            try:
+                object.__setattr__(self, "box", as_box(self.box))
+            except InvalidBoxError as error:
+                raise DatasetError(where, f"box {self.box!r}: {error}") from None
 
     @property
     def image(self) -> Image.Image:
