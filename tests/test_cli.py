@@ -138,6 +138,9 @@ def test_demo_runs_end_to_end_on_tiny_models(tmp_path, capsys):
             "score_damage", "design_space"} <= ids <= set(CLAIMS)
     # a tiny random model on 3 scenes decides nothing: no claim may read "does not hold" on so few items
     assert {v["verdict"] for v in payload["verdicts"]} <= {"inconclusive", "not measured"}
+    # the rank step: sets at k* on a few items, in blocks, stopped once 5 are as harmful as the top-k
+    causal = next(v for v in payload["verdicts"] if v["id"] == "causal")
+    assert (out / "rank" / "block-0000" / "manifest.json").exists() and "rank p" in causal["numbers"]
     from vrh_interp.data import grounding_samples
 
     items = [s.sample_id for i in range(3) for s in grounding_samples("eval", i, 1)]
@@ -299,7 +302,11 @@ def test_vqa_claim_is_judged_on_the_kinds_the_model_answers():
     assert answered == ["synthetic-counting"]
     evidence = vqa_evidence(both, answered, 3)
     assert evidence.n == 60 and "synthetic-counting" in evidence.numbers
-    assert judge({"vqa": evidence}).iloc[0]["verdict"] == "holds"
+    from vrh_interp.evaluation.claims import CLAIMS
+
+    # a family of one (its 20 sets reach rank p = 1/21); in the paper's family of 8 it would need 159 sets
+    assert judge({"vqa": evidence}, specs={"vqa": CLAIMS["vqa"]}).iloc[0]["verdict"] == "holds"
+    assert judge({"vqa": evidence}).iloc[0]["verdict"] == "inconclusive"
     small, small_summary = _vqa_summary("synthetic-counting", 12, 11, 4, 10, 0.4)
     assert judge({"vqa": vqa_evidence(small, ["synthetic-counting"], 3)}).iloc[0]["verdict"] == "inconclusive"
 

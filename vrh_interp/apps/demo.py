@@ -34,7 +34,8 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from vrh_interp.apps.demo_plan import (ANSWER_TOKENS, DEFAULT_SIZES, PLAN_FILE, SEED_STRIDE, TERMINAL_WIDTH, Sizes,
+from vrh_interp.apps.demo_plan import (ANSWER_TOKENS, DEFAULT_SIZES, PLAN_FILE, RANK_BLOCK, RANK_H, SEED_STRIDE,
+                                       TERMINAL_WIDTH, Sizes,
                                        Steps, check_subset, demo_ks, evaluation_items, main_conditions, restrict,
                                        scan_heads, vqa_answered)
 from vrh_interp.apps.demo_plan import ANSWERS_VQA_MARGIN as ANSWERS_VQA_MARGIN  # re-exported: apps.demo's names
@@ -273,9 +274,75 @@ def sweep_step(run: DemoRun) -> None:
     result = run.result = run_conditions(run.placed, run.evals, run.conditions, batch_size=run.batch_size,
                                          max_new_tokens=ANSWER_TOKENS, run_dir=run.out / "sweep")
     result.summary(bootstrap_seed=run.seed).to_csv(run.out / "sweep_summary.csv", index=False)
-    run.evidence["causal"] = ev.causal_evidence(result.records, run.conditions, run.k_star, seed=run.seed)
-    run.evidence["causal_curve"] = ev.curve_evidence(result.records, run.conditions, seed=run.seed)
+    rank = rank_step(run)
+    run.evidence["causal"] = ev.causal_evidence(result.records, run.conditions, run.k_star, seed=run.seed, rank=rank)
+    run.evidence["causal_curve"] = ev.curve_evidence(result.records, run.conditions, seed=run.seed,
+                                                     special=run.evidence["causal"])
     run.evidence["specific"] = ev.specificity_evidence(result.records, run.k_star)
+
+
+def rank_step(run: DemoRun) -> SweepResult | None:
+    """The rank test's sets (inside step 3): up to ``rank_sets`` control sets of each kind at k* on
+    ``rank_items`` items spread over the scenes (exchangeability is all a rank test needs, so few items per set
+    suffice), drawn in blocks of ``RANK_BLOCK`` and stopped per kind once ``RANK_H`` sets were at least as
+    harmful as the top-k (Besag-Clifford: the p-value is then decided and large). Stopping depends only on the
+    outcomes, so a rerun resumes block by block. Seeds continue the main sweep's (its sets are the first ones)."""
+    from vrh_interp.evaluation.inference import sequential_rank_p
+    from vrh_interp.experiments.sweep import control_conditions
+
+    if run.sizes.rank_sets <= 0:
+        return None
+    items = check_subset(run.evals, run.sizes.rank_items)
+    ids = [s.sample_id for s in items]
+    kinds = sorted({c.kind for c in run.conditions if c.kind in ev.CONTROL_KINDS and c.k == run.k_star})
+    top = next(c for c in run.conditions if c.kind == "top" and c.k == run.k_star)
+    baseline = next(c for c in run.conditions if c.kind == "baseline")
+    detected = run.ranking[: max(run.ks)]
+    pool = run.pool.control_pool(detected, max(run.ks)) if run.pool is not None else None  # as the main sweep's
+    first = run.seed * SEED_STRIDE
+    running, parts, conditions = set(kinds), [], {}
+    for start in range(0, run.sizes.rank_sets, RANK_BLOCK):
+        if not running:
+            break
+        seeds = range(first + start, first + min(run.sizes.rank_sets, start + RANK_BLOCK))
+        block = [c for c in control_conditions(run.vlm.geometry, detected, run.k_star, top.heads, list(seeds),
+                                               matched="matched" in running,
+                                               live=pool if "live" in running else None)
+                 if c.kind in running]
+        answered = run_conditions(run.placed, items, [baseline, top, *block], batch_size=run.batch_size,
+                                  max_new_tokens=ANSWER_TOKENS, run_dir=run.out / "rank" / f"block-{start:04d}",
+                                  progress=False)
+        parts.append(answered.records)
+        conditions.update({c.key: c for c in answered.conditions})
+        result = _rank_result(parts, conditions)
+        for kind in sorted(running):
+            accs = _set_accuracies(result, kind, run.k_star, ids)
+            top_acc = float(result.records.loc[result.records["condition"] == top.key, "iou"].ge(
+                result.iou_threshold).mean())
+            _, used = sequential_rank_p(top_acc, accs, h=RANK_H)
+            if used < len(accs) or len(accs) >= run.sizes.rank_sets:
+                running.discard(kind)
+    if not parts:
+        return None
+    result = _rank_result(parts, conditions)
+    sets = {kind: sum(1 for c in result.conditions if c.kind == kind) for kind in kinds}
+    print(f"      rank test: {', '.join(f'{n} {kind}' for kind, n in sets.items())} sets on {len(ids)} items "
+          f"(stopped once {RANK_H} were as harmful as the top-{run.k_star})", flush=True)
+    return result
+
+
+def _rank_result(parts: list[pd.DataFrame], conditions: dict[str, Condition]) -> SweepResult:
+    records = pd.concat(parts, ignore_index=True).drop_duplicates(["condition", "sample_id"])
+    ordered = sorted(conditions.values(), key=lambda c: (c.kind != "baseline", c.kind != "top", c.kind,
+                                                         c.seed if isinstance(c.seed, int) else 0))
+    return SweepResult(records.reset_index(drop=True), ordered, 0.5, None)
+
+
+def _set_accuracies(result: SweepResult, kind: str, k: int, ids: list[str]) -> list[float]:
+    keys = [c.key for c in result.conditions if c.kind == kind and c.k == k]
+    correct = result.records.assign(correct=result.records["iou"].astype(float) >= result.iou_threshold)
+    by_key = correct.groupby("condition")["correct"].mean()
+    return [float(by_key[key]) for key in keys if key in by_key]
 
 
 def ablation_kinds_step(run: DemoRun) -> None:
@@ -462,13 +529,14 @@ def run_demo(*, model_spec: str | None = None, out: Path = Path("runs/demo"), de
              transfer_model: str | None = "auto", as_json: bool = False, batch_size: int = 256,
              random_sets: int | None = None, curve_sets: int | None = None, check_items: int | None = None,
              vqa_scenes: int | None = None, control_scenes: int | None = None, overlay_items: int = 3,
+             rank_sets: int | None = None, rank_items: int | None = None,
              positive_control: bool = True, budget_seconds: float | None = None, seed: int = 0,
              placement: Placement = LOCAL) -> int:
     """The whole demo into ``out`` (module doc): ``plan_demo``, then one function per step. Returns the exit status."""
     started = time.perf_counter()
     given = {"detect_scenes": detect_scenes, "eval_scenes": eval_scenes, "check_items": check_items,
              "vqa_scenes": vqa_scenes, "control_scenes": control_scenes, "random_sets": random_sets,
-             "curve_sets": curve_sets}
+             "curve_sets": curve_sets, "rank_sets": rank_sets, "rank_items": rank_items}
     sizes = dataclasses.replace(DEFAULT_SIZES, **{k: v for k, v in given.items() if v is not None})
     run = plan_demo(model_spec, transfer_model, out, sizes, seed=seed, batch_size=batch_size, device=device,
                     dtype=dtype, placement=placement, positive_control=positive_control, overlay_items=overlay_items,

@@ -22,6 +22,7 @@ PLAN_FILE = "plan.json"
 SEED_STRIDE = 1000  # --seed s draws control sets with seeds s*1000 .. s*1000 + sets - 1
 ANSWERS_VQA_MARGIN = 0.1  # a VQA kind counts as answered when the unmasked model beats the majority answer by this
 SCAN_ALL_HEADS, SCAN_SAMPLED_HEADS = 48, 32
+RANK_BLOCK, RANK_H = 20, 5  # the rank step's sets per block; Besag-Clifford's h (stop at h sets as harmful)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +37,8 @@ class Sizes:
     census_items: int = 6
     random_sets: int = 20
     curve_sets: int = 4
+    rank_sets: int = 199  # the rank test's sets of each kind at k*: 1 / (199 + 1) is under 0.05 / 8 (the paper family)
+    rank_items: int = 12
 
 
 DEFAULT_SIZES = Sizes()

@@ -1,27 +1,31 @@
 """The claims: each of the paper's claims and each check of the method, declared once, judged by one rule.
 
 Every claim is a ``ClaimSpec``: the hypothesis in words, its statistic ``theta``, the value ``null`` that means
-"no effect" and the smallest effect ``minimum`` the claim is meant to detect. Evidence for a claim is its
-estimate and bootstrap replicates (``Evidence``); the verdict has three outcomes that mean what they say:
+"no effect" and the smallest effect ``minimum`` the claim is meant to detect. Evidence for a claim (``Evidence``)
+carries its estimate and two valid p-values: ``p_holds`` of "the claim does not hold" and ``p_fails`` of "theta
+>= minimum". The verdict has three outcomes that mean what they say:
 
-* **holds**: ``theta > null`` is significant (one-sided bootstrap p, Holm-adjusted over the claims of its table)
-  AND the estimate is at least ``minimum``;
-* **does not hold**: the data bound ``theta`` below ``minimum`` (one-sided bootstrap test of ``theta >=
-  minimum``, Holm-adjusted: an equivalence-style test, so a small sample can never produce it);
-* **inconclusive**: anything else, with the number of items that would likely decide it (from the observed
-  spread of the replicates, 80 % power at the adjusted level): ``items_needed``.
+* **holds**: ``p_holds`` (Holm-adjusted over the claim's table) is at most ``ALPHA``. For a causal claim
+  ``p_holds`` is the largest of three tests, each of which must reject (an intersection-union test, valid without
+  adjustment): (a) the target set is *special*, more harmful than the control-set distribution including its own
+  draw (``inference.rank_p``, per control kind); (b) masking it lowers accuracy against the unmasked model (exact
+  one-sided McNemar, ``inference.drop_p``); (c) ``theta`` is at least ``minimum``, tested with a lower confidence
+  bound whose error has an item and a set part (``inference.set_effect``). For the other claims ``p_holds`` tests
+  ``theta <= minimum`` (a lower bound, never a point estimate), and a structure claim also against its
+  distribution under no structure;
+* **does not hold**: ``p_fails`` (Holm-adjusted) is at most ``ALPHA``: the data bound ``theta`` below
+  ``minimum`` (an equivalence-style test, so a small sample can never produce it);
+* **inconclusive**: anything else, with what would likely decide it: items and control sets apart
+  (``inference.Effect.needed``, a variance decomposition), or the sets a rank test needs to reach its level.
 
-Family-wise error. The paper's claims form one family and the checks of the method another; within each, Holm's
-step-down procedure controls the family-wise error at ``ALPHA`` separately for "holds" and for "does not hold"
-decisions (no independence assumed). Bootstrap p-values are ``(1 + #replicates on the null side) / (1 + B)``
-with ``B = RESAMPLES`` (floor 1/2001 = 0.0005, well under the smallest Holm threshold 0.05 / 8).
+Family-wise error. The paper's claims form one family and the checks of the method another, each FIXED: every
+declared claim of the table is counted whether or not its step ran, was skipped by a time cap or is categorical
+(as p = 1), so a cap can never change the verdict of a step that ran. Within each family Holm's step-down
+procedure controls the family-wise error at ``ALPHA``, separately for "holds" and for "does not hold".
 
-Causal statistics (``set_effect``): the effect of masking the top-k is the mean accuracy of the control sets
-minus the top-k's accuracy, on the SAME items (paired). Its replicates resample items (once per replicate, shared
-by the top-k and every set, and by every k and control kind of one claim) and control sets (the unit of a control
-is the head set: ``evaluation.statistics``), so both sources of variance enter the interval. "Hurts more than
-each control" takes the smallest effect over the control kinds (uniform, layer-matched, live heads): an
-intersection-union test, valid without adjustment.
+``docs/results/calibration.md`` (``experiments.calibration``) measures every rule on simulated tables of known
+truth: the rate of "holds" under each null, the family-wise rate, and the power under planted and paper-size
+effects.
 """
 
 from __future__ import annotations
@@ -36,11 +40,9 @@ import pandas as pd
 
 ALPHA = 0.05
 RESAMPLES = 2000
-# a decisive verdict needs at least this many informative units (items whose outcome differs between the
-# conditions compared: the discordant items of a paired design; samples or heads for the other statistics).
-# Below it the bootstrap has too little to resample (a table of 12 items all wrong everywhere has replicates
-# that never move), so the verdict is "inconclusive" whatever the estimate.
-MIN_INFORMATIVE = 20
+# a percentile bootstrap over fewer units than this is not trusted for a decision (it is liberal: 4 detection
+# samples resample to a handful of distinct tables); the exact tests of the causal rule need no such floor
+BOOTSTRAP_UNITS = 20
 POWER = 0.8
 VERDICTS = ("holds", "does not hold", "inconclusive", "not measured")
 PAPER, METHOD = "paper", "method"
@@ -57,10 +59,14 @@ class ClaimSpec:
     null: float
     minimum: float
     unit: str = "items"  # what more of would decide an inconclusive claim
+    causal: bool = False  # judged by the three-part causal test (module doc)
 
     def rule(self) -> str:
-        return (f"holds: {self.statistic} > {self.null:g} significant (Holm, alpha {ALPHA}) and >= {self.minimum:g}; "
-                f"does not hold: bounded below {self.minimum:g}; otherwise inconclusive")
+        return (f"holds: {self.statistic} bounded above {self.minimum:g}"
+                + (" with the target more harmful than the control sets including its own draw (rank test) and a "
+                   "drop against the unmasked model (exact McNemar)" if self.causal else "")
+                + f" (Holm over the table's fixed family, alpha {ALPHA}); does not hold: bounded below "
+                  f"{self.minimum:g}; otherwise inconclusive")
 
 
 def _specs(*specs: ClaimSpec) -> dict[str, ClaimSpec]:
@@ -70,33 +76,37 @@ def _specs(*specs: ClaimSpec) -> dict[str, ClaimSpec]:
 CLAIMS: dict[str, ClaimSpec] = _specs(
     ClaimSpec("causal", PAPER, "causal: masking the top-k VRHs hurts grounding more than k random heads, against "
               "every control (uniform, layer-matched, live heads)",
-              "accuracy of the control sets minus the top-k's (smallest over the controls)", 0.0, 0.05),
+              "accuracy of the control sets minus the top-k's (smallest over the controls)", 0.0, 0.05, causal=True),
     ClaimSpec("causal_curve", PAPER, "causal along the k-curve: averaged over the k grid, masking the top-k hurts "
               "more than every control",
-              "mean over k of (control-set accuracy minus top-k accuracy), smallest over the controls", 0.0, 0.05),
+              "mean over k of (control-set accuracy minus top-k accuracy), smallest over the controls", 0.0, 0.05,
+              causal=True),
     ClaimSpec("sparse", PAPER, "sparse: a few heads carry the score",
-              "share of the total score carried by the top 10 % of heads", 0.10, 0.30, unit="detection samples"),
+              "share of the total score carried by the top 10 % of heads, beyond its distribution under no "
+              "structure (each sample's head scores permuted)", 0.10, 0.30, unit="detection samples"),
     ClaimSpec("design_space", PAPER, "design space: the default design (output, sum, mean) is within 5 points of "
               "the most causal variant", "5 points minus the shortfall of the default's accuracy drop behind the "
               "best variant's", 0.0, 0.0),
     ClaimSpec("specific", PAPER, "functionally specific: masking causes mislocation, not parse failure",
               "increase in mislocation minus increase in parse failure (top-k vs unmasked)", 0.0, 0.05),
     ClaimSpec("stable", PAPER, "stable: 20 detection samples recover the top-k",
-              "mean top-k overlap of 20-sample rankings with the all-sample ranking", 0.0, 0.8,
+              "expected top-k overlap of a 20-sample ranking with the all-sample ranking (detection set "
+              "resampled)", 0.0, 0.8,
               unit="detection samples"),
     ClaimSpec("shared", PAPER, "shared: heads transfer between models sharing the backbone (cross-masking, both "
               "directions)", "accuracy of random sets minus accuracy with the other model's top-k "
-              "(smallest over the directions)", 0.0, 0.05),
+              "(smallest over the directions)", 0.0, 0.05, causal=True),
     ClaimSpec("vqa", PAPER, "generalises to VQA: masking the top-k VRHs hurts VQA more than k random heads "
               "(answered kinds)", "accuracy of the control sets minus the top-k's, VQA items (smallest over "
-              "the controls)", 0.0, 0.05),
+              "the controls)", 0.0, 0.05, causal=True),
     ClaimSpec("positive_control", METHOD, "positive control recovered: the pipeline finds toy:planted's planted "
               "heads and masking them collapses grounding", "categorical", 0.0, 0.0, unit="control scenes"),
     ClaimSpec("transfer_control", METHOD, "transfer test calibrated: on the planted pairs it reports transfer where "
               "the backbone is shared (toy:planted-b) and never where no head index is shared (toy:planted-x)",
               "categorical", 0.0, 0.0, unit="control scenes"),
     ClaimSpec("ablation_kinds", METHOD, "ablation kinds agree: the causal claim at k* holds under zero, mean and "
-              "resample ablation alike", "categorical", 0.0, 0.0),
+              "resample ablation alike", "accuracy of the control sets minus the top-k's (smallest over the "
+              "ablation kinds and controls)", 0.0, 0.05, causal=True),
     ClaimSpec("score_damage", METHOD, "score predicts causal importance: Spearman(score, single-head accuracy "
               "drop) > 0", "Spearman correlation over the scanned heads", 0.0, 0.2, unit="items"),
 )
@@ -107,9 +117,11 @@ POSITIVE_CONTROL_CLAIMS = frozenset({"positive_control", "transfer_control"})
 
 @dataclass
 class Evidence:
-    """What the data say about one claim: the estimate of its statistic, bootstrap replicates of it, the number
-    of items ``n`` it rests on and a line of numbers for people. ``verdict`` set: a categorical claim (decided
-    from other verdicts, no test of its own)."""
+    """What the data say about one claim: the estimate of its statistic, the number of units ``n`` it rests on, a
+    line of numbers for people, and the two p-values of the rule (module doc). ``p_holds`` / ``p_fails`` None:
+    from the bootstrap ``replicates`` (``theta <= minimum`` / ``theta >= minimum``). ``verdict`` set: a categorical
+    claim (decided from other verdicts, no test of its own). ``parts``: the components' p-values (named, shown
+    in the reason); ``needed``: what would likely decide an undecided claim (``{"items": .., "sets": ..}``)."""
 
     estimate: float
     replicates: np.ndarray | None = None
@@ -119,6 +131,11 @@ class Evidence:
     reason: str = ""
     extra: dict = field(default_factory=dict)
     informative: int | None = None  # units whose outcome differs between the conditions (None: all n)
+    p_holds: float | None = None
+    p_fails: float | None = None
+    bounds: tuple[float, float] | None = None  # the 90 % interval where it does not come from replicates
+    parts: dict = field(default_factory=dict)
+    needed: dict = field(default_factory=dict)
 
     @classmethod
     def categorical(cls, verdict: str, numbers: str, reason: str = "") -> "Evidence":
@@ -127,7 +144,10 @@ class Evidence:
         return cls(float("nan"), None, 0, numbers, verdict, reason)
 
     def interval(self, level: float = 1 - 2 * ALPHA) -> tuple[float, float]:
-        """The central percentile interval of the replicates (90 %: the two one-sided 5 % tests)."""
+        """The 90 % interval (the two one-sided 5 % tests): ``bounds`` if given, else the central percentile
+        interval of the replicates."""
+        if self.bounds is not None:
+            return (float(self.bounds[0]), float(self.bounds[1]))
         if self.replicates is None or not len(self.replicates):
             return (float("nan"), float("nan"))
         tail = (1 - level) / 2
@@ -145,80 +165,110 @@ class Evidence:
             return float("nan")
         return float((1 + np.sum(self.replicates >= value)) / (1 + len(self.replicates)))
 
+    def holds_p(self, spec: ClaimSpec) -> float:
+        """The p-value of "the claim does not hold" (NaN: no test)."""
+        if self.verdict is not None:
+            return float("nan")
+        if self.p_holds is not None:
+            return float(self.p_holds)
+        return self.p_above(spec.minimum) if self.n >= BOOTSTRAP_UNITS else float("nan")
 
-def holm(pvalues: Sequence[float]) -> list[float]:
-    """Holm step-down adjusted p-values (NaN stays NaN and does not count towards m)."""
-    values = np.asarray(pvalues, dtype=float)
-    finite = np.flatnonzero(np.isfinite(values))
-    adjusted = np.full(values.shape, np.nan)
-    m = len(finite)
-    running = 0.0
-    for rank, index in enumerate(finite[np.argsort(values[finite], kind="stable")]):
-        running = max(running, min(1.0, (m - rank) * values[index]))
-        adjusted[index] = running
-    return adjusted.tolist()
+    def fails_p(self, spec: ClaimSpec) -> float:
+        """The p-value of "theta >= minimum" (NaN: no test)."""
+        if self.verdict is not None:
+            return float("nan")
+        if self.p_fails is not None:
+            return float(self.p_fails)
+        return self.p_below(spec.minimum) if self.n >= BOOTSTRAP_UNITS else float("nan")
+
+
+def holm(pvalues: Sequence[float], *, family: int | None = None) -> list[float]:
+    """Holm step-down adjusted p-values over a FIXED family of ``family`` hypotheses (default: the values given);
+    NaN (not tested) counts as p = 1 and stays NaN (``inference.holm``)."""
+    from vrh_interp.evaluation.inference import holm as step_down
+
+    return step_down(pvalues, family=family)
 
 
 def items_needed(spec: ClaimSpec, evidence: Evidence, alpha: float) -> int | None:
-    """Items that would likely decide an undecided claim: the observed replicate spread scaled as 1/sqrt(n), the
-    distance from the estimate to the boundary it is nearer to deciding (``null`` when the estimate is at least
-    ``minimum``, else ``minimum``), one-sided level ``alpha``, power ``POWER``. None where the estimate sits on
-    the boundary or nothing is known. Never fewer than the items that would hold ``MIN_INFORMATIVE`` informative
-    ones at the observed informative share (``decide`` refuses a verdict below that floor whatever the spread); none
-    where no item was informative."""
+    """Units that would likely decide an undecided claim: ``evidence.needed["items"]`` where the rule computed it
+    (a variance decomposition: items and sets apart), else the replicate spread scaled as 1/sqrt(n) to the
+    boundary the estimate is nearer to deciding (``minimum``), one-sided level ``alpha``, power ``POWER``. None
+    where the estimate sits on the boundary, nothing is known, or more units alone cannot decide."""
+    if "items" in evidence.needed:
+        return evidence.needed["items"]
+    if "effect" in evidence.extra:
+        return evidence.extra["effect"].needed(spec.minimum, alpha, POWER)["items"]
     if evidence.replicates is None or evidence.n <= 0 or not np.isfinite(evidence.estimate):
         return None
-    informative = evidence.n if evidence.informative is None else min(evidence.n, evidence.informative)
-    if informative <= 0:
-        return None
-    floor = math.ceil(evidence.n * MIN_INFORMATIVE / informative)
     spread = float(np.std(evidence.replicates))
-    boundary = spec.null if evidence.estimate >= spec.minimum else spec.minimum
-    distance = abs(evidence.estimate - boundary)
+    distance = abs(evidence.estimate - spec.minimum)
     if distance <= 1e-12 or spread <= 0:
         return None
     z = NormalDist().inv_cdf(1 - alpha) + NormalDist().inv_cdf(POWER)
-    return max(floor, int(math.ceil(evidence.n * (z * spread / distance) ** 2)))
+    return int(math.ceil(evidence.n * (z * spread / distance) ** 2))
+
+
+def _parts_text(evidence: Evidence) -> str:
+    return ", ".join(f"{name} p={value:.2g}" for name, value in evidence.parts.items())
 
 
 def decide(spec: ClaimSpec, evidence: Evidence, *, alpha_holds: float = ALPHA, p_holds: float | None = None,
            p_fails: float | None = None) -> tuple[str, str]:
-    """``(verdict, reason)`` of one claim (module doc). ``p_holds`` / ``p_fails``: Holm-adjusted p-values (the raw
-    bootstrap ones when None); ``alpha_holds``: the level at which "holds" is decided."""
+    """``(verdict, reason)`` of one claim (module doc). ``p_holds`` / ``p_fails``: Holm-adjusted p-values (the
+    evidence's own, unadjusted, when None); ``alpha_holds``: the level of both decisions."""
     if evidence.verdict is not None:
         return evidence.verdict, evidence.reason
-    if not np.isfinite(evidence.estimate) or evidence.replicates is None:
+    p_h = evidence.holds_p(spec) if p_holds is None else p_holds
+    p_f = evidence.fails_p(spec) if p_fails is None else p_fails
+    if not np.isfinite(evidence.estimate) or not (np.isfinite(p_h) or np.isfinite(p_f)):
         return "inconclusive", "no estimate"
-    informative = evidence.n if evidence.informative is None else min(evidence.n, evidence.informative)
-    if informative < MIN_INFORMATIVE:
-        return "inconclusive", (f"only {informative} informative {spec.unit} (outcomes that differ between the "
-                                f"conditions): a decisive verdict needs {MIN_INFORMATIVE}")
-    p_holds = evidence.p_above(spec.null) if p_holds is None else p_holds
-    p_fails = evidence.p_below(spec.minimum) if p_fails is None else p_fails
-    if p_holds < alpha_holds and evidence.estimate >= spec.minimum:
-        return "holds", f"significant (p={p_holds:.2g}) and {evidence.estimate:.3g} >= {spec.minimum:g}"
-    if p_fails < alpha_holds:
-        return "does not hold", f"bounded below {spec.minimum:g} (p={p_fails:.2g})"
-    if p_holds < alpha_holds:
-        return "inconclusive", (f"significant (p={p_holds:.2g}) but {evidence.estimate:.3g} < {spec.minimum:g} and "
-                                f"not bounded below it (p={p_fails:.2g})")
-    return "inconclusive", f"neither significant (p={p_holds:.2g}) nor bounded below {spec.minimum:g} " \
-                           f"(p={p_fails:.2g})"
+    parts = f" ({_parts_text(evidence)})" if evidence.parts else ""
+    if np.isfinite(p_h) and p_h <= alpha_holds:
+        if evidence.parts:
+            return "holds", f"every test rejects (p={p_h:.2g}){parts}: {evidence.estimate:.3g} >= {spec.minimum:g}"
+        return "holds", f"bounded above {spec.minimum:g} (p={p_h:.2g}): {evidence.estimate:.3g}"
+    if np.isfinite(p_f) and p_f <= alpha_holds:
+        return "does not hold", f"bounded below {spec.minimum:g} (p={p_f:.2g})"
+    return "inconclusive", (f"not shown to hold (p={p_h:.2g}{'; ' + _parts_text(evidence) if parts else ''}) nor "
+                            f"bounded below {spec.minimum:g} (p={p_f:.2g})")
+
+
+def _advice(spec: ClaimSpec, evidence: Evidence, level: float) -> str:
+    """What would likely decide an undecided claim, items and sets apart."""
+    from vrh_interp.evaluation.inference import sets_for
+
+    bits = []
+    items = items_needed(spec, evidence, level)
+    if items:
+        bits.append(f"about {items:,} {spec.unit}")
+    sets = evidence.needed.get("sets") or (evidence.extra["effect"].needed(spec.minimum, level, POWER)["sets"]
+                                             if "effect" in evidence.extra else None)
+    if sets:
+        bits.append(f"about {sets:,} control sets")
+    rank_sets = evidence.extra.get("rank_sets")
+    if rank_sets is not None and rank_sets < sets_for(level):
+        bits.append(f"a rank test at level {level:.2g} needs >= {sets_for(level)} sets of each kind (has "
+                    f"{rank_sets})")
+    return ("; " + " or ".join(bits) + " would likely decide it") if bits else ""
 
 
 def judge(evidence: Mapping[str, Evidence | None], *, alpha: float = ALPHA,
           specs: Mapping[str, ClaimSpec] = CLAIMS) -> pd.DataFrame:
-    """The claims table: one row per declared claim with evidence (``None``: "not measured"), Holm-adjusted per
-    table. Columns: ``table``, ``id``, ``claim``, ``verdict``, ``estimate``, ``ci_low``/``ci_high`` (90 %),
-    ``null``, ``minimum``, ``p``, ``p_adjusted``, ``n``, ``items_needed``, ``reason``, ``numbers``, ``rule``."""
+    """The claims table: one row per claim in ``evidence`` (``None``: "not measured"), Holm-adjusted per table
+    over the FIXED family of every claim ``specs`` declares in that table (a claim not measured, skipped or
+    categorical counts as p = 1). Columns: ``table``, ``id``, ``claim``, ``verdict``, ``estimate``,
+    ``ci_low``/``ci_high`` (90 %), ``null``, ``minimum``, ``p``, ``p_adjusted``, ``n``, ``items_needed``,
+    ``reason``, ``numbers``, ``rule``."""
     rows = []
     for table in (PAPER, METHOD):
-        ids = [i for i, spec in specs.items() if spec.table == table and i in evidence]
-        tested = [i for i in ids if evidence[i] is not None and evidence[i].verdict is None]
-        raw_holds = [evidence[i].p_above(specs[i].null) for i in tested]
-        raw_fails = [evidence[i].p_below(specs[i].minimum) for i in tested]
-        adjusted_holds = dict(zip(tested, holm(raw_holds)))
-        adjusted_fails = dict(zip(tested, holm(raw_fails)))
+        family = [i for i, spec in specs.items() if spec.table == table]
+        ids = [i for i in family if i in evidence]
+        raw_holds = [evidence[i].holds_p(specs[i]) if evidence.get(i) is not None else float("nan") for i in family]
+        raw_fails = [evidence[i].fails_p(specs[i]) if evidence.get(i) is not None else float("nan") for i in family]
+        adjusted_holds = dict(zip(family, holm(raw_holds, family=len(family))))
+        adjusted_fails = dict(zip(family, holm(raw_fails, family=len(family))))
+        level = alpha / max(1, len(family))
         for i in ids:
             spec, ev = specs[i], evidence[i]
             row = {"table": table, "id": i, "claim": spec.claim, "null": spec.null, "minimum": spec.minimum,
@@ -234,13 +284,10 @@ def judge(evidence: Mapping[str, Evidence | None], *, alpha: float = ALPHA,
                 continue
             p_h, p_f = adjusted_holds[i], adjusted_fails[i]
             verdict, reason = decide(spec, ev, alpha_holds=alpha, p_holds=p_h, p_fails=p_f)
-            needed = items_needed(spec, ev, alpha / max(1, len(tested))) if verdict == "inconclusive" else None
-            if verdict == "inconclusive" and needed:
-                reason += f"; about {needed:,} {spec.unit} would likely decide it"
-            elif verdict == "inconclusive" and np.isfinite(ev.estimate) and ev.replicates is not None \
-                    and len(ev.replicates) and abs(ev.estimate - spec.minimum) < 1e-9:
-                reason += "; the estimate sits at its threshold"
-            rows.append({**row, "verdict": verdict, "reason": reason, "p": ev.p_above(spec.null), "p_adjusted": p_h,
+            needed = items_needed(spec, ev, level) if verdict == "inconclusive" else None
+            if verdict == "inconclusive":
+                reason += _advice(spec, ev, level)
+            rows.append({**row, "verdict": verdict, "reason": reason, "p": ev.holds_p(spec), "p_adjusted": p_h,
                          "items_needed": needed})
     return pd.DataFrame(rows)
 
@@ -255,26 +302,6 @@ def item_weights(n: int, resamples: int = RESAMPLES, seed: int = 0) -> np.ndarra
     counts = np.zeros((resamples, n))
     np.add.at(counts, (np.arange(resamples)[:, None], draws), 1.0)
     return counts / n
-
-
-def set_effect(top: Sequence[float], controls: np.ndarray, weights: np.ndarray, *,
-               seed: int = 0) -> tuple[float, np.ndarray]:
-    """``(estimate, replicates)`` of mean(control-set accuracy) - top-k accuracy on the same n items.
-
-    ``top``: n outcomes (1 correct); ``controls``: (sets x n); ``weights``: ``item_weights(n)`` (shared with the
-    other statistics of one claim, so they resample the same items). Each replicate also resamples the sets."""
-    top = np.asarray(top, dtype=float)
-    controls = np.asarray(controls, dtype=float)
-    if controls.ndim != 2 or controls.shape[1] != top.shape[0] or controls.shape[0] == 0:
-        raise ValueError(f"controls must be (sets x {top.shape[0]}), got {controls.shape}")
-    sets = controls.shape[0]
-    rng = np.random.default_rng(seed)
-    draws = rng.integers(0, sets, size=(weights.shape[0], sets))
-    set_weights = np.zeros((weights.shape[0], sets))
-    np.add.at(set_weights, (np.arange(weights.shape[0])[:, None], draws), 1.0 / sets)
-    control_means = set_weights @ controls  # (B x n): each replicate's mean over its drawn sets, per item
-    replicates = np.sum(weights * control_means, axis=1) - weights @ top
-    return float(controls.mean() - top.mean()), replicates
 
 
 def mean_evidence(values: Sequence[float], *, numbers: str = "", resamples: int = RESAMPLES,
@@ -299,17 +326,67 @@ def statistic_evidence(statistic: Callable[[np.ndarray], float], n: int, *, numb
     return Evidence(estimate, replicates, n, numbers)
 
 
-def smallest(parts: Mapping[str, tuple[float, np.ndarray]], n: int, numbers: str = "",
-             informative: int | None = None) -> Evidence:
-    """The intersection-union combination: the smallest estimate over ``parts`` (control kinds, directions),
-    replicate by replicate (the parts share their item resampling)."""
-    if not parts:
-        return Evidence(float("nan"), None, n, numbers)
-    estimates = np.array([estimate for estimate, _ in parts.values()])
-    replicates = np.min(np.stack([r for _, r in parts.values()]), axis=0)
-    return Evidence(float(estimates.min()), replicates, n, numbers,
-                    extra={"parts": {name: estimate for name, (estimate, _) in parts.items()}},
-                    informative=informative)
+def intersection(parts: Mapping[str, Evidence], numbers: str = "") -> Evidence:
+    """The intersection-union combination (control kinds, directions): the claim holds only where every part
+    holds (``p_holds`` = the largest, valid without adjustment), fails where some part is bounded below its
+    minimum (``p_fails`` = Bonferroni over the parts), estimate and interval the smallest."""
+    values = [ev for ev in parts.values() if ev is not None]
+    if not values:
+        return Evidence(float("nan"), None, 0, numbers)
+    binding = min(values, key=lambda ev: ev.estimate)
+    lows, highs = zip(*(ev.interval() for ev in values))
+    combined = {f"{name}: {label}": p for name, ev in parts.items() for label, p in ev.parts.items()}
+    return Evidence(float(binding.estimate), None, min(ev.n for ev in values), numbers,
+                    extra={**binding.extra, "parts": {name: ev.estimate for name, ev in parts.items()},
+                           "rank_sets": min((ev.extra.get("rank_sets", 10 ** 9) for ev in values))},
+                    informative=min((ev.informative for ev in values if ev.informative is not None), default=None),
+                    p_holds=max(ev.p_holds for ev in values),
+                    p_fails=min(1.0, len(values) * min(ev.p_fails for ev in values)),
+                    bounds=(min(lows), min(highs)), parts=_worst_parts(combined))
+
+
+def _worst_parts(parts: Mapping[str, float]) -> dict[str, float]:
+    """Per component (the label after the last ': '), the largest p over the parts (what binds the verdict)."""
+    worst: dict[str, float] = {}
+    for name, p in parts.items():
+        label = name.rsplit(": ", 1)[-1]
+        worst[label] = max(worst.get(label, 0.0), p)
+    return worst
+
+
+def causal_test(baseline: Sequence[float], target: Sequence[float], controls: np.ndarray, *, minimum: float,
+                rank: tuple[float, Sequence[float]] | None = None, special_p: float | None = None,
+                rank_h: int = 5, numbers: str = "") -> Evidence:
+    """The causal rule against ONE control kind (module doc): 0/1 outcomes ``baseline`` and ``target`` on n
+    items and ``controls`` (sets x n) on the same items. (a) special: ``special_p`` if given (a rank test made
+    elsewhere), else the sequential rank p of the target's accuracy among the set accuracies, in their drawn
+    order: on ``rank = (target accuracy, set accuracies)`` (sets on a smaller common item subset; exchangeability
+    is all the rank test needs) where given, else on the ``controls``; (b) drop: exact McNemar, baseline vs
+    target (the sign-flip test where outcomes are per-item means, as on the k-curve); (c) effect >= ``minimum``:
+    ``inference.set_effect`` (items and sets). ``p_fails``: the effect bounded below ``minimum``."""
+    from vrh_interp.evaluation import inference
+
+    controls = np.asarray(controls, dtype=float)
+    effect = inference.set_effect(target, controls)
+    base, masked = np.asarray(baseline, dtype=float), np.asarray(target, dtype=float)
+    if np.all(np.isin(base, (0.0, 1.0))) and np.all(np.isin(masked, (0.0, 1.0))):
+        drop, lost, gained = inference.drop_p(base, masked)
+    else:  # per-item means over several conditions (the k-curve): the exact sign-flip test
+        drop = inference.sign_flip_p(base - masked)
+        lost, gained = int(np.sum(base > masked)), int(np.sum(base < masked))
+    if special_p is not None:
+        special, rank_sets = float(special_p), None
+    else:
+        top_acc, set_accs = rank if rank is not None else (float(np.mean(target)), controls.mean(axis=1))
+        special, _ = inference.sequential_rank_p(top_acc, set_accs, h=rank_h)
+        rank_sets = len(set_accs)
+    enough = effect.p_above(minimum)
+    low, high = effect.interval()
+    return Evidence(effect.estimate, None, effect.items, numbers, informative=lost + gained,
+                    p_holds=max(special, drop, enough), p_fails=effect.p_below(minimum), bounds=(low, high),
+                    parts={"special": special, "drop": drop, "effect": enough},
+                    extra={"effect": effect, "rank_sets": rank_sets if rank_sets is not None else 10 ** 9,
+                           "lost": lost, "gained": gained})
 
 
 def claims_text(table: pd.DataFrame, width: int = 100) -> str:

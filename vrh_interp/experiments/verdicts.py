@@ -1,8 +1,9 @@
 """Evidence for each declared claim (``evaluation.claims``) from the experiments' records, per item.
 
 Every builder reads per-item outcomes (the run folders' records), never a summary's pooled numbers, and returns
-an ``Evidence`` (estimate, bootstrap replicates, items) that ``claims.judge`` turns into the claims table. The
-rules are in ``evaluation.claims``; here is only how each claim's statistic is computed from the records.
+an ``Evidence`` (estimate, the rule's two p-values, items) that ``claims.judge`` turns into the claims table. The
+rules are in ``evaluation.claims`` (the causal one: ``claims.causal_test``) and the tests in
+``evaluation.inference``; here is only how each claim's data are read from the records.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from vrh_interp.evaluation.claims import (RESAMPLES, Evidence, decide, CLAIMS, item_weights, mean_evidence,
-                                          set_effect, smallest, statistic_evidence)
+from vrh_interp.evaluation import inference
+from vrh_interp.evaluation.claims import (BOOTSTRAP_UNITS, CLAIMS, RESAMPLES, Evidence, causal_test, intersection,
+                                          item_weights, mean_evidence, statistic_evidence)
 from vrh_interp.evaluation.controls import CONTROL_KINDS
 from vrh_interp.evaluation.statistics import spearman
 
@@ -45,73 +47,109 @@ def control_keys(conditions: Sequence[Any], kind: str, k: int, ablation: str = "
     return (tops[0] if tops else None), sets
 
 
-def set_effects(records: pd.DataFrame, conditions: Sequence[Any], ks: Sequence[int], kinds: Sequence[str], *,
-                ablation: str = "zero", target: str = "top", iou_threshold: float = 0.5,
-                seed: int = 0) -> tuple[dict[tuple[int, str], tuple[float, np.ndarray, int]], int, int]:
-    """Per (k, control kind) with sets: ``(estimate, replicates, sets)`` of control accuracy minus target
-    accuracy, every statistic on the same items with ONE item resampling. Returns them, the item count and the
-    informative items (outcomes not all equal across the target and the sets)."""
-    frame = _correct(records, iou_threshold)
-    wanted = {}
-    for k in ks:
-        for kind in kinds:
-            top, sets = control_keys(conditions, kind, k, ablation, target)
-            if top is not None and sets:
-                wanted[(k, kind)] = (top, sets)
-    if not wanted:
-        return {}, 0, 0
-    all_keys = list(dict.fromkeys(key for top, sets in wanted.values() for key in (top, *sets)))
-    ids = _common_ids(frame, all_keys)
-    every = _matrix(frame, all_keys, "correct", ids)
-    informative = int(np.sum(every.min(axis=0) != every.max(axis=0)))
-    weights = item_weights(len(ids), RESAMPLES, seed)
-    out = {}
-    for index, ((k, kind), (top, sets)) in enumerate(wanted.items()):
-        estimate, replicates = set_effect(_matrix(frame, [top], "correct", ids)[0],
-                                          _matrix(frame, sets, "correct", ids), weights, seed=seed + 1 + index)
-        out[(k, kind)] = (estimate, replicates, len(sets))
-    return out, len(ids), informative
+def _outcomes(frame: pd.DataFrame, conditions: Sequence[Any], k: int, kind: str, ablation: str, target: str,
+              ids: Sequence[str] | None = None) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray] | None:
+    """``(ids, baseline, target, controls)`` at ``k``: 0/1 outcomes on the items every one of them has, the
+    control sets in seed order (their drawn order: the sequential rank test reads them so)."""
+    top, sets = control_keys(conditions, kind, k, ablation, target)
+    if top is None or not sets:
+        return None
+    seeds = {c.key: (c.seed if isinstance(c.seed, int) else 0) for c in conditions}
+    sets = sorted(sets, key=lambda key: seeds.get(key, 0))
+    keys = ["baseline:k=0", top, *sets]
+    if not all((frame["condition"] == key).any() for key in keys):
+        return None
+    ids = list(ids) if ids is not None else _common_ids(frame, keys)
+    every = _matrix(frame, keys, "correct", ids)
+    return ids, every[0], every[1], every[2:]
+
+
+def _rank_data(rank: Any, k: int, kind: str, ablation: str, target: str,
+               iou_threshold: float) -> tuple[float, np.ndarray] | None:
+    """``(target accuracy, set accuracies in drawn order)`` on a rank sweep's items (``rank``: a ``SweepResult``
+    whose control sets were answered on a small common item subset), or None where it has no such sets."""
+    if rank is None:
+        return None
+    found = _outcomes(_correct(rank.records, iou_threshold), rank.conditions, k, kind, ablation, target)
+    if found is None:
+        return None
+    _, _, top, sets = found
+    return float(top.mean()), sets.mean(axis=1)
 
 
 def causal_evidence(records: pd.DataFrame, conditions: Sequence[Any], k: int, *,
                     kinds: Sequence[str] = CONTROL_KINDS, ablation: str = "zero", target: str = "top",
-                    iou_threshold: float = 0.5, seed: int = 0) -> Evidence | None:
-    """The causal claim at ``k``: the smallest over the control kinds present of (control - top) accuracy."""
-    effects, n, informative = set_effects(records, conditions, [k], kinds, ablation=ablation, target=target,
-                                          iou_threshold=iou_threshold, seed=seed)
-    if not effects:
-        return None
+                    iou_threshold: float = 0.5, seed: int = 0, rank: Any = None,
+                    minimum: float | None = None) -> Evidence | None:
+    """The causal claim at ``k`` (``claims.causal_test`` against each control kind present, intersection-union
+    over the kinds). ``rank``: a sweep of many control sets on a few items for the rank test (``apps.demo``'s
+    rank step); without it the rank test reads the sets of ``records``."""
     frame = _correct(records, iou_threshold)
-    accuracy = frame.groupby("condition")["correct"].mean()
-    top, _ = control_keys(conditions, kinds[0], k, ablation, target)
-    base = accuracy.get("baseline:k=0", float("nan"))
-    parts = {kind: (e, r) for (_, kind), (e, r, _) in effects.items()}
-    numbers = (f"k={k}, n={n} items: baseline {base:.3f}, {target} {accuracy[top]:.3f}; "
-               + "; ".join(f"{kind} ({s} sets) {accuracy[top] + e:.3f} (effect {e:+.3f})"
-                           for (_, kind), (e, _, s) in effects.items()))
+    minimum = CLAIMS["causal"].minimum if minimum is None else minimum
+    parts, lines, n = {}, [], 0
+    for kind in kinds:
+        found = _outcomes(frame, conditions, k, kind, ablation, target)
+        if found is None:
+            continue
+        ids, base, top, sets = found
+        ranked = _rank_data(rank, k, kind, ablation, target, iou_threshold)
+        parts[kind] = causal_test(base, top, sets, minimum=minimum, rank=ranked)
+        n, effect = len(ids), parts[kind].extra["effect"]
+        rank_sets = len(ranked[1]) if ranked is not None else len(sets)
+        lines.append(f"{kind} ({len(sets)} sets) {top.mean() + effect.estimate:.3f} (effect {effect.estimate:+.3f}; "
+                     f"rank p {parts[kind].parts['special']:.2g} over {rank_sets} sets"
+                     + (f" on {len(rank.records['sample_id'].unique())} items" if ranked is not None else "") + ")")
+        base_acc, top_acc = base.mean(), top.mean()
+    if not parts:
+        return None
     missing = [kind for kind in kinds if kind not in parts]
-    if missing:
-        numbers += f"; no {', '.join(missing)} sets"
-    return smallest(parts, n, numbers + f"; {informative} informative items", informative)
+    numbers = (f"k={k}, n={n} items: baseline {base_acc:.3f}, {target} {top_acc:.3f}; " + "; ".join(lines)
+               + (f"; no {', '.join(missing)} sets" if missing else ""))
+    combined = intersection(parts, numbers)
+    lost, gained = combined.extra.get("lost", 0), combined.extra.get("gained", 0)
+    combined.numbers += f"; drop vs unmasked: {lost} items lost, {gained} gained"
+    return combined
 
 
 def curve_evidence(records: pd.DataFrame, conditions: Sequence[Any], *, kinds: Sequence[str] = CONTROL_KINDS,
-                   ablation: str = "zero", iou_threshold: float = 0.5, seed: int = 0) -> Evidence | None:
-    """The causal claim along the k-curve: per control kind the mean over every k > 0 with sets of (control -
-    top), then the smallest over the kinds (the area between the curves, per unit of k grid)."""
+                   ablation: str = "zero", iou_threshold: float = 0.5, seed: int = 0,
+                   special: Evidence | None = None) -> Evidence | None:
+    """The causal claim along the k-curve, the SEED the unit across k (a seed's sets are nested in k): per item
+    the mean over every k > 0 of the top-k's outcomes against each seed's mean over the same ks; ``causal_test``
+    per kind on those curves, intersection over the kinds. Specialness: the rank test at k* (``special``, the
+    causal claim's evidence: the same ranking) where given, else the rank of the top curve among the seeds'."""
+    frame = _correct(records, iou_threshold)
     ks = sorted({c.k for c in conditions if c.kind == "top" and c.k > 0})
-    effects, n, informative = set_effects(records, conditions, ks, kinds, ablation=ablation,
-                                          iou_threshold=iou_threshold, seed=seed)
-    parts = {}
-    for kind in kinds:
-        mine = [(e, r) for (k, kd), (e, r, _) in effects.items() if kd == kind]
-        if mine:
-            parts[kind] = (float(np.mean([e for e, _ in mine])), np.mean(np.stack([r for _, r in mine]), axis=0))
-    if not parts or len(ks) < 2:
+    if len(ks) < 2:
         return None
-    numbers = f"ks={ks}, n={n} items; mean effect over k: " + ", ".join(f"{kind} {e:+.3f}"
-                                                                       for kind, (e, _) in parts.items())
-    return smallest(parts, n, numbers, informative)
+    parts, n = {}, 0
+    for kind in kinds:
+        by_k = {k: _outcomes(frame, conditions, k, kind, ablation, "top") for k in ks}
+        if any(found is None for found in by_k.values()):
+            continue
+        seeds_at = [{c.seed for c in conditions if c.kind == kind and c.k == k and c.ablation == ablation} for k in ks]
+        common = sorted(set.intersection(*seeds_at), key=lambda s: (s if isinstance(s, int) else 0))
+        if len(common) < 2:
+            continue
+        ids = _common_ids(frame, ["baseline:k=0"] + [f"top:k={k}" for k in ks]
+                          + [c.key for c in conditions if c.kind == kind and c.seed in common and c.k in ks
+                             and c.ablation == ablation])
+        keys_of = {k: [c.key for s in common for c in conditions if c.kind == kind and c.k == k and c.seed == s
+                       and c.ablation == ablation] for k in ks}
+        base = _matrix(frame, ["baseline:k=0"], "correct", ids)[0]
+        top = np.mean([_matrix(frame, [f"top:k={k}"], "correct", ids)[0] for k in ks], axis=0)
+        curves = np.mean([_matrix(frame, keys_of[k], "correct", ids) for k in ks], axis=0)  # (seeds x items)
+        given = None
+        if special is not None and "special" in special.parts:
+            given = special.parts["special"]
+        parts[kind] = causal_test(base, top, curves, minimum=CLAIMS["causal_curve"].minimum, special_p=given)
+        n = len(ids)
+    if not parts:
+        return None
+    numbers = (f"ks={ks}, n={n} items; mean effect over k (seeds as the unit): "
+               + ", ".join(f"{kind} {ev.estimate:+.3f} ({ev.extra['effect'].sets} seeds)" for kind, ev in parts.items())
+               + ("; specialness from the rank test at k*" if special is not None else ""))
+    return intersection(parts, numbers)
 
 
 def specificity_evidence(records: pd.DataFrame, k: int, *, iou_threshold: float = 0.5,
@@ -131,41 +169,78 @@ def specificity_evidence(records: pd.DataFrame, k: int, *, iou_threshold: float 
     values = (mis[1] - mis[0]) - (parse[1] - parse[0])
     numbers = (f"k={k}, n={len(ids)} items: mislocation {mis[0].mean():.3f} -> {mis[1].mean():.3f}, parse failure "
                f"{parse[0].mean():.3f} -> {parse[1].mean():.3f}")
-    return mean_evidence(values, informative_changes=True, numbers=numbers)
+    evidence = mean_evidence(values, numbers=numbers)
+    minimum = CLAIMS["specific"].minimum  # per-item values in [-2, 2]: the betting test, valid at every n
+    evidence.p_holds = inference.betting_p(values, minimum, low=-2.0, high=2.0)
+    evidence.p_fails = inference.betting_p(-values, -minimum, low=-2.0, high=2.0)
+    return evidence
 
 
-def sparse_evidence(stats: Sequence[Any], *, design: Any = "vrh", seed: int = 0) -> Evidence:
-    """Share of the total score carried by the top 10 % of heads, detection samples resampled."""
+def per_sample_scores(stats: Sequence[Any], design: Any = "vrh") -> np.ndarray:
+    """(samples x heads) of each detection sample's own head scores (the design's per-sample score; the scores of
+    a sample set are their mean)."""
     from vrh_interp.scoring.design import resolve_design
     from vrh_interp.scoring.detect import scores_from_stats
 
     design = resolve_design(design)
+    return np.stack([np.nan_to_num(scores_from_stats([s], design).scores.ravel()) for s in stats])
 
-    def share(indices: np.ndarray) -> float:
-        flat = np.sort(scores_from_stats([stats[i] for i in indices], design).scores.ravel())[::-1]
-        tenth = max(1, len(flat) // 10)
-        return float(flat[:tenth].sum() / flat.sum()) if flat.sum() > 0 else float("nan")
 
-    evidence = statistic_evidence(share, len(stats), resamples=200, seed=seed)
-    evidence.numbers = f"top 10% of heads carry {evidence.estimate:.1%} of the score ({len(stats)} detection samples)"
+def _top_share(mean_scores: np.ndarray, fraction: float = 0.1) -> float:
+    flat = np.sort(np.asarray(mean_scores, dtype=float))[::-1]
+    top = max(1, int(len(flat) * fraction))
+    total = flat.sum()
+    return float(flat[:top].sum() / total) if total > 0 else float("nan")
+
+
+def sparse_evidence(stats: Sequence[Any], *, design: Any = "vrh", seed: int = 0, permutations: int = 999,
+                    per_sample: np.ndarray | None = None) -> Evidence:
+    """Share of the mean score carried by the top 10 % of heads. Holds when (a) the share beats its distribution
+    under NO structure (each sample's head scores permuted on their own: heads with no consistent identity; noise
+    spread over many heads already beats a flat line) and (b) its lower bound (detection samples resampled) is at
+    least the minimum."""
+    scores = per_sample_scores(stats, design) if per_sample is None else np.asarray(per_sample, dtype=float)
+    share = _top_share(scores.mean(axis=0))
+    rng = np.random.default_rng(seed)
+    null = np.array([_top_share(rng.permuted(scores, axis=1).mean(axis=0)) for _ in range(permutations)])
+    structure = float((1 + np.sum(null >= share - 1e-12)) / (permutations + 1))
+    evidence = statistic_evidence(lambda idx: _top_share(scores[idx].mean(axis=0)), len(scores), resamples=500,
+                                  seed=seed)
+    evidence.estimate = share
+    minimum = CLAIMS["sparse"].minimum
+    enough = evidence.p_above(minimum) if len(scores) >= BOOTSTRAP_UNITS else 1.0
+    evidence.p_holds, evidence.parts = max(structure, enough), {"structure": structure, "effect": enough}
+    evidence.numbers = (f"top 10% of heads carry {share:.1%} of the score ({len(scores)} detection samples; under "
+                        f"no structure {np.mean(null):.1%}, 95th percentile {np.quantile(null, 0.95):.1%})")
     return evidence
 
 
-def stability_evidence(stats: Sequence[Any], k: int, *, samples: int = 20, resamples: int = 50,
-                       seed: int = 0) -> Evidence | None:
-    """Mean top-k overlap of rankings from ``samples`` resampled detection samples with the all-sample ranking."""
-    from vrh_interp.experiments.design_space import stability
+def stability_evidence(stats: Sequence[Any], k: int, *, samples: int = 20, resamples: int = 200, draws: int = 10,
+                       seed: int = 0, per_sample: np.ndarray | None = None) -> Evidence | None:
+    """The expected top-k overlap of a ``samples``-sample ranking with the all-sample ranking, and its
+    uncertainty from the DETECTION SET (the stability of Meloux et al., arXiv 2510.00845): each of ``resamples``
+    bootstrap copies of the detection set gets its own all-sample ranking and ``draws`` subsample rankings; the
+    spread over the copies (not over the simulated subsamples, whose number only narrows the noise of the
+    simulation) makes the interval."""
+    scores = per_sample_scores(stats, "vrh") if per_sample is None else np.asarray(per_sample, dtype=float)
+    n = len(scores)
+    if n <= samples or k < 1:
+        return None
+    rng = np.random.default_rng(seed)
 
-    if len(stats) <= samples:
-        return None
-    table = stability(stats, k=k, sizes=(samples,), resamples=resamples, seed=seed)
-    if table.empty:
-        return None
-    row = table.iloc[0]
-    evidence = mean_evidence(table.attrs["overlaps"][samples], seed=seed)
-    evidence.numbers = (f"{samples} of {len(stats)} samples, {int(row['resamples'])} resamples: mean top-{k} overlap "
-                        f"{row['mean_overlap']:.2f} (min {row['min_overlap']:.2f})")
-    evidence.n = len(stats)
+    def top(rows: np.ndarray) -> set[int]:
+        return set(np.argsort(-rows.mean(axis=0), kind="stable")[:k].tolist())
+
+    def expected_overlap(pool: np.ndarray) -> float:
+        reference = top(pool)
+        return float(np.mean([len(top(pool[rng.choice(len(pool), samples, replace=False)]) & reference) / k
+                              for _ in range(draws)]))
+
+    estimate = float(np.mean([expected_overlap(scores) for _ in range(5)]))
+    replicates = np.array([expected_overlap(scores[rng.integers(0, n, n)]) for _ in range(resamples)])
+    evidence = Evidence(estimate, replicates, n,
+                        f"{samples} of {n} samples: expected top-{k} overlap {estimate:.2f} (detection set resampled "
+                        f"{resamples} times, {draws} subsamples each)")
     return evidence
 
 
@@ -188,29 +263,35 @@ def design_evidence(records: pd.DataFrame, key_of: Mapping[str, str], default: s
     best = keys[int(np.argmin(means))]
     best_names = [name for name, key in key_of.items() if key == best]
     informative = int(np.sum(outcomes.min(axis=0) != outcomes.max(axis=0)))
-    return Evidence(estimate, replicates, len(ids), informative=informative, numbers=
+    # the decision: per variant, the default's per-item shortfall bounded below the margin (betting test, valid at
+    # every n), intersection-union over the variants; fails where some variant's is bounded above it (Bonferroni)
+    others = [i for i in range(len(keys)) if i != mine]
+    gains = [outcomes[o] - outcomes[mine] for o in others]  # per item: minus the default's shortfall behind o
+    p_holds = max((inference.betting_p(d, -margin, low=-1.0, high=1.0) for d in gains), default=1.0)
+    p_fails = min(1.0, len(others) * min((inference.betting_p(-d, margin, low=-1.0, high=1.0) for d in gains),
+                                         default=1.0))
+    return Evidence(estimate, replicates, len(ids), informative=informative, p_holds=p_holds, p_fails=p_fails,
+                    numbers=
                     f"n={len(ids)} items: default masked {means[mine]:.3f}, best variant ({best_names[0]}) "
                     f"{means.min():.3f}: shortfall {means[mine] - means.min():.3f} (margin {margin:g})")
 
 
 def transfer_evidence(results: Mapping[str, Any], k: int, *, seed: int = 0) -> Evidence | None:
-    """Cross-masking: per direction (the other model's top-k masked in each model), random-set accuracy minus
-    transferred accuracy; the smallest over the two directions."""
-    parts, numbers, n, informative = {}, [], 0, None
+    """Cross-masking: per direction (the other model's top-k masked in each model) the causal rule with the
+    transferred set as the target against the random sets (``causal_evidence``), intersection over the two."""
+    parts, numbers = {}, []
     for label, result in results.items():
-        effects, count, useful = set_effects(result.records, result.conditions, [k], ["random"], target="transferred",
-                                     iou_threshold=result.iou_threshold, seed=seed)
-        if (k, "random") not in effects:
+        found = causal_evidence(result.records, result.conditions, k, kinds=["random"], target="transferred",
+                                iou_threshold=result.iou_threshold, seed=seed, minimum=CLAIMS["shared"].minimum)
+        if found is None:
             continue
-        estimate, replicates, sets = effects[(k, "random")]
-        parts[label] = (estimate, replicates)
-        n = count if not n else min(n, count)
-        informative = useful if informative is None else min(informative, useful)
-        numbers.append(f"masked in {label}: transferred vs {sets} random sets effect {estimate:+.3f}")
+        parts[label] = found
+        numbers.append(f"masked in {label}: transferred vs random sets effect {found.estimate:+.3f} "
+                       f"(rank p {found.parts['special']:.2g}, drop p {found.parts['drop']:.2g})")
     if len(parts) < len(results) or not parts:
         return None
-    # the directions resample different models' records on the same items: pair them by replicate index
-    return smallest(parts, n, f"k={k}, n={n} items; " + "; ".join(numbers), informative)
+    n = min(ev.n for ev in parts.values())
+    return intersection(parts, f"k={k}, n={n} items; " + "; ".join(numbers))
 
 
 def vqa_evidence(result: Any, kinds_answered: Sequence[str], k: int, *, kinds: Sequence[str] = CONTROL_KINDS,
@@ -227,8 +308,11 @@ def vqa_evidence(result: Any, kinds_answered: Sequence[str], k: int, *, kinds: S
     return evidence
 
 
-def score_damage_evidence(scores: Sequence[float], damage: Sequence[float], *, seed: int = 0) -> Evidence | None:
-    """Spearman(score, single-head accuracy drop) over the scanned heads, heads resampled."""
+def score_damage_evidence(scores: Sequence[float], damage: Sequence[float], *, seed: int = 0,
+                          permutations: int = 1999) -> Evidence | None:
+    """Spearman(score, single-head accuracy drop) over the scanned heads. Holds when the correlation is positive
+    beyond chance (a permutation test of the damages over the heads) and its lower bound (heads resampled) is at
+    least the minimum."""
     a, b = np.asarray(scores, dtype=float), np.asarray(damage, dtype=float)
     if len(a) < 4:
         return None
@@ -237,23 +321,26 @@ def score_damage_evidence(scores: Sequence[float], damage: Sequence[float], *, s
         return spearman(a[indices], b[indices])
 
     evidence = statistic_evidence(rho, len(a), resamples=1000, seed=seed)
+    rng = np.random.default_rng(seed)
+    null = np.array([spearman(a, rng.permutation(b)) for _ in range(permutations)])
+    null = null[np.isfinite(null)]
+    positive = float((1 + np.sum(null >= evidence.estimate - 1e-12)) / (len(null) + 1)) \
+        if np.isfinite(evidence.estimate) else 1.0
+    enough = evidence.p_above(CLAIMS["score_damage"].minimum) if len(a) >= BOOTSTRAP_UNITS else 1.0
+    evidence.p_holds, evidence.parts = max(positive, enough), {"positive": positive, "effect": enough}
     evidence.numbers = f"Spearman {evidence.estimate:.3f} over {len(a)} heads"
     return evidence
 
 
 def kinds_agree(evidence_by_kind: Mapping[str, Evidence | None]) -> Evidence | None:
-    """The method check "the causal claim holds under every ablation kind": each kind's causal evidence judged on
-    its own (unadjusted); holds when all hold, does not hold when any decisively does not, else inconclusive."""
-    judged = {kind: decide(CLAIMS["causal"], ev)[0] for kind, ev in evidence_by_kind.items() if ev is not None}
-    if len(judged) < 2:
+    """The method check "the causal claim holds under every ablation kind": the intersection-union of the kinds'
+    causal evidence (holds only where every kind's rule rejects, p the largest; does not hold where some kind is
+    bounded below the minimum, Bonferroni over the kinds): one test in the method family, not three unadjusted."""
+    parts = {kind: ev for kind, ev in evidence_by_kind.items() if ev is not None}
+    if len(parts) < 2:
         return None
-    numbers = "; ".join(f"{kind}: effect {evidence_by_kind[kind].estimate:+.3f} ({verdict})"
-                        for kind, verdict in judged.items())
-    if all(v == "holds" for v in judged.values()):
-        return Evidence.categorical("holds", numbers, "the causal claim holds under every ablation kind")
-    if any(v == "does not hold" for v in judged.values()):
-        return Evidence.categorical("does not hold", numbers, "the causal claim does not hold under some kind")
-    return Evidence.categorical("inconclusive", numbers, "some kind is undecided")
+    numbers = "; ".join(f"{kind}: effect {ev.estimate:+.3f} (p {ev.p_holds:.2g})" for kind, ev in parts.items())
+    return intersection(parts, numbers)
 
 
 def sweep_claims(result: Any, *, seed: int = 0) -> pd.DataFrame:
