@@ -76,7 +76,7 @@ def generate(out: Path) -> Path:
     result = run_conditions(vlm, evals, conditions, batch_size=60, run_dir=out / "sweep")
     summary = result.summary()
     summary.to_csv(out / "sweep_summary.csv", index=False)
-    claims = sweep_claims(result)  # the causal claim at each k > 0, Holm over the k values
+    claims = sweep_claims(result)  # the causal claim at each k > 0, Bonferroni over the k values
     judged = claims[claims["claim"].str.startswith(f"k={k}:")].iloc[0].to_dict()
     transfer = pd.DataFrame(transfer_control(out / "transfer", vlm, scores, detect, evals, k, SETS, batch_size=60,
                                              device=None, progress=True))

@@ -247,3 +247,17 @@ def test_the_positive_control_claims_are_declared_and_about_the_control_scenes()
     """Generators that drop them from a run about another model (docs/_generate_seed_spread.py) read this set."""
     assert claims.POSITIVE_CONTROL_CLAIMS <= set(CLAIMS)
     assert {id for id, spec in CLAIMS.items() if spec.unit == "control scenes"} == claims.POSITIVE_CONTROL_CLAIMS
+
+
+def test_a_skipped_claim_never_moves_the_verdict_of_one_that_ran():
+    """The family is fixed and each claim is judged at alpha / m (Bonferroni): whether `sparse` ran (p tiny) or
+    was skipped by --budget-seconds, `causal` keeps its adjusted p and verdict. Under Holm's step-down a tiny
+    `sparse` p would have relaxed `causal`'s level from 0.05/8 to 0.05/7, and a p of 0.0065 would then flip."""
+    causal = Evidence(0.3, None, 135, p_holds=0.0065, p_fails=1.0)
+    sparse = Evidence(0.6, None, 200, p_holds=1e-6, p_fails=1.0)
+    ran = judge({"causal": causal, "sparse": sparse}).set_index("id")
+    capped = judge({"causal": causal, "sparse": Evidence.categorical("inconclusive", "", "not measured within "
+                                                                     "--budget-seconds")}).set_index("id")
+    assert ran.loc["causal", "p_adjusted"] == capped.loc["causal", "p_adjusted"] == pytest.approx(8 * 0.0065)
+    assert ran.loc["causal", "verdict"] == capped.loc["causal", "verdict"] == "inconclusive"
+    assert holm([0.0065, 1e-6], family=8)[0] < 0.05  # what Holm would have said with sparse measured

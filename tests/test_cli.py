@@ -127,7 +127,7 @@ def test_demo_runs_end_to_end_on_tiny_models(tmp_path, capsys):
     out = tmp_path / "demo"
     assert main(["demo", "--model", "tiny:llava", "--transfer-model", "tiny:llava", "--out", str(out),
                  "--detect", "4", "--eval", "3", "--random-sets", "2", "--check-items", "4", "--vqa-scenes", "2",
-                 "--no-positive-control", "--json"]) == 0
+                 "--rank-sets", "40", "--no-positive-control", "--json"]) == 0
     printed = capsys.readouterr().out
     payload = json.loads(printed.strip().splitlines()[-1])
     assert payload["positive_control"] is None and payload["census"]["heads"] == 8
@@ -141,6 +141,8 @@ def test_demo_runs_end_to_end_on_tiny_models(tmp_path, capsys):
     # the rank step: sets at k* on a few items, in blocks, stopped once 5 are as harmful as the top-k
     causal = next(v for v in payload["verdicts"] if v["id"] == "causal")
     assert (out / "rank" / "block-0000" / "manifest.json").exists() and "rank p" in causal["numbers"]
+    shared = next(v for v in payload["verdicts"] if v["id"] == "shared")
+    assert (out / "cross_rank" / "block-0000").is_dir() and "rank p" in shared["numbers"]
     from vrh_interp.data import grounding_samples
 
     items = [s.sample_id for i in range(3) for s in grounding_samples("eval", i, 1)]

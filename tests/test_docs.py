@@ -136,6 +136,36 @@ def test_python_blocks_run(path: Path, tmp_path: Path, monkeypatch: pytest.Monke
         assert elapsed < SECONDS_PER_BLOCK, f"{block.where}: block took {elapsed:.1f} s; keep doc examples tiny"
 
 
+SESSION_NAMES = ("vlm", "scores", "result", "pairs", "samples", "model", "heads", "batch")  # what users name theirs
+
+
+def bound_names(code: str) -> set[str]:
+    """Names a block assigns at its top level (``x = ``, ``a, b = ``, ``with ... as x``, ``for x in``)."""
+    found: set[str] = set()
+    for node in ast.parse(code).body:
+        targets: list[ast.AST] = []
+        if isinstance(node, ast.Assign):
+            targets = list(node.targets)
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign, ast.For)):
+            targets = [node.target]
+        elif isinstance(node, ast.With):
+            targets = [item.optional_vars for item in node.items if item.optional_vars is not None]
+        found |= {n.id for target in targets for n in ast.walk(target) if isinstance(n, ast.Name)}
+    return found
+
+
+@pytest.mark.parametrize("path", sorted((DOCS / "recipes").glob("*.md")), ids=lambda p: p.name)
+def test_recipes_say_which_session_names_they_rebind(path: Path):
+    # issue 55: a recipe pasted into a session overwrote the user's `scores`; each page says what it rebinds
+    bound = set().union(*(bound_names(b.code) for b in python_blocks(path)))
+    rebinds = [name for name in SESSION_NAMES if name in bound]
+    note = next((line for line in path.read_text(encoding="utf-8").splitlines()[:5]
+                 if line.startswith("> **Names:**")), "")
+    if rebinds:
+        assert note, f"{path.name} binds {rebinds}: say so in a '> **Names:**' line under its title"
+    assert re.findall(r"`(\w+)`", note) == rebinds, (path.name, note, rebinds)
+
+
 def _vrh_imports(code: str) -> list[tuple[str, str | None]]:
     """(module, name) pairs of ``import vrh_interp...`` / ``from vrh_interp... import name`` statements."""
     found: list[tuple[str, str | None]] = []

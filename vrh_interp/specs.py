@@ -30,7 +30,8 @@ def load(model_id_or_path: str | os.PathLike[str], *, device_map: Any = None, dt
     further keyword passed to ``from_pretrained``. Every keyword is honoured for every spec or refused in one line:
     ``attn_implementation="eager"`` loads a toy with eager attention (``self_attn.output[1]`` in a trace is then the
     attention pattern), a misspelt keyword (``attn_implementaton``) is refused, naming the accepted ones.
-    ``progress=False``: no download or "Loading weights" bars and no transformers info lines."""
+    ``progress=False``: no download or "Loading weights" bars and no transformers info lines; a ``toy:`` / ``tiny:``
+    spec never shows transformers' "Loading weights" bar (it loads in about a second)."""
     spec = os.fspath(model_id_or_path)
     _refuse_misspelt(spec, from_pretrained_kwargs)
     if not spec.startswith(BUILTIN_PREFIXES):
@@ -46,7 +47,7 @@ def load(model_id_or_path: str | os.PathLike[str], *, device_map: Any = None, dt
                          f"(toy:, tiny:) has no revisions, runs no remote code and takes only "
                          f"{', '.join(LOAD_KEYWORDS[:2] + LOAD_KEYWORDS[4:])}")
     check_device(device)
-    with loading_output(progress):
+    with loading_output(progress, bars=False):  # a toy loads in a second: transformers' "Loading weights" bar is noise
         vlm = _load_builtin(spec, device)
     if attn_implementation is not None:
         try:

@@ -266,13 +266,13 @@ def _print_sweep(result: Any, as_json: bool, out: str | Path) -> None:
         sets = int(pooled["sets"].min())
         family = max(1, summary["k"].nunique() - 1)
         floor = (f"p_random / p_matched / p_live: the top-k's rank among {sets} sets of each kind, so no smaller "
-                 f"than 1/{sets + 1} = {1 / (sets + 1):.3f} (more --random-sets lower that floor: Holm over "
+                 f"than 1/{sets + 1} = {1 / (sets + 1):.3f} (more --random-sets lower that floor: Bonferroni over "
                  f"{family} k values needs about {sets_for(0.05 / family)} for a HOLDS).")
         print(textwrap.fill(floor, 100))
     print("\n" + textwrap.fill("Verdict (evaluation.claims: HOLDS = the top-k ranks above the control sets including "
                                "its own draw, lowers accuracy against the unmasked model (exact McNemar) and the "
                                "control sets' accuracy minus its own is bounded above 0.05; DOES NOT HOLD = bounded "
-                               "below 0.05; else INCONCLUSIVE; Holm over the k values):", 100))
+                               "below 0.05; else INCONCLUSIVE; Bonferroni over the k values):", 100))
     _print_bullets(verdict_lines(result))
     print(f"\nfull table (per-set rows, failure decomposition):\n  {Path(out) / 'sweep_summary.csv'}")
 
@@ -589,7 +589,7 @@ def _print_reproduce(result: Any, data: str, as_json: bool) -> None:
     if result.claims is not None:
         from vrh_interp.apps.report import claim_lines
 
-        print("\nVerdict (evaluation.claims, Holm over the k values):")
+        print("\nVerdict (evaluation.claims, Bonferroni over the k values):")
         _print_bullets(claim_lines(result.claims))
     print(f"\nrun folder: {result.out}")
 
@@ -858,7 +858,7 @@ def _demo_parser(sub: Any) -> None:
                    help="control sets of each kind at the main sweep's other k (the k-curve claim; default 4)")
     p.add_argument("--rank-sets", type=_non_negative_int, default=None,
                    help="the rank test's control sets of each kind at k* (default 199: 1/200 is under 0.05/8, the "
-                        "paper family's first Holm step; drawn in blocks of 20, stopped once 5 are as harmful as the "
+                        "paper family's Bonferroni level; drawn in blocks of 20, stopped once 5 are as harmful as the "
                         "top-k; 0: the rank test reads the --random-sets)")
     p.add_argument("--rank-items", type=_positive_int, default=None,
                    help="items the rank test's sets are answered on (default 12, spread over the scenes)")

@@ -18,8 +18,10 @@ judged at k*, the count inside the paper's 1.7-2.6 % nearest 2.15 % (at least 1 
 
 Sizes are FIXED (``DEFAULT_SIZES``), never chosen from a clock: the same command prints the same table on any
 machine (``--seed`` moves only the control-set draws, the scan's head sample and the bootstrap). Verdicts come from
-the one claims module (``evaluation.claims``: holds / does not hold / inconclusive, Holm over each table), with the
-evidence computed per item from the run's records (``experiments.verdicts``). ``--budget-seconds`` optionally caps
+the one claims module (``evaluation.claims``: holds / does not hold / inconclusive, Bonferroni over each table's
+fixed family), with the evidence computed per item from the run's records (``experiments.verdicts``). The causal
+claim's rank test reads up to ``rank_sets`` sets of each kind on ``rank_items`` items (``rank_step``), drawn
+sequentially; transfer has its own (``sequential_sets``). ``--budget-seconds`` optionally caps
 the work: steps not begun by then are skipped, and their claims read "inconclusive" (never another verdict).
 """
 
@@ -281,54 +283,73 @@ def sweep_step(run: DemoRun) -> None:
     run.evidence["specific"] = ev.specificity_evidence(result.records, run.k_star)
 
 
-def rank_step(run: DemoRun) -> SweepResult | None:
-    """The rank test's sets (inside step 3): up to ``rank_sets`` control sets of each kind at k* on
-    ``rank_items`` items spread over the scenes (exchangeability is all a rank test needs, so few items per set
-    suffice), drawn in blocks of ``RANK_BLOCK`` and stopped per kind once ``RANK_H`` sets were at least as
-    harmful as the top-k (Besag-Clifford: the p-value is then decided and large). Stopping depends only on the
-    outcomes, so a rerun resumes block by block. Seeds continue the main sweep's (its sets are the first ones)."""
+def sequential_sets(run: DemoRun, folder: Path, streams: Sequence[tuple[str, str]], target: str,
+                    answer: Any) -> dict[str, SweepResult] | None:
+    """The rank test's control sets, drawn sequentially (Besag-Clifford): blocks of ``RANK_BLOCK`` seeds after the
+    main sweep's (its sets are the first ones) up to ``rank_sets``, each block answered by ``answer(seeds, kinds,
+    folder)`` -> ``{unit: SweepResult}`` on the rank items; a ``(unit, kind)`` stream stops once ``RANK_H`` of its
+    sets are at least as harmful as the ``target`` set (its p-value is then decided, and large) or all are drawn.
+    Stopping depends only on the outcomes, so a rerun resumes block by block. None: no sets asked for."""
     from vrh_interp.evaluation.inference import sequential_rank_p
-    from vrh_interp.experiments.sweep import control_conditions
 
     if run.sizes.rank_sets <= 0:
         return None
+    running, parts, conditions = set(streams), {}, {}
+    first = run.seed * SEED_STRIDE
+    merged: dict[str, SweepResult] = {}
+    for start in range(0, run.sizes.rank_sets, RANK_BLOCK):
+        if not running:
+            break
+        seeds = list(range(first + start, first + min(run.sizes.rank_sets, start + RANK_BLOCK)))
+        for unit, result in answer(seeds, {kind for _, kind in running}, folder / f"block-{start:04d}").items():
+            parts.setdefault(unit, []).append(result.records)
+            conditions.setdefault(unit, {}).update({c.key: c for c in result.conditions})
+        merged = {unit: _rank_result(parts[unit], conditions[unit]) for unit in parts}
+        for unit, kind in sorted(running):
+            ranked = ev.rank_data(merged.get(unit), run.k_star, kind, "zero", target, 0.5)
+            if ranked is None:
+                running.discard((unit, kind))
+                continue
+            _, used = sequential_rank_p(*ranked, h=RANK_H)
+            if used < len(ranked[1]) or len(ranked[1]) >= run.sizes.rank_sets:
+                running.discard((unit, kind))
+    for unit, result in merged.items():
+        sets = {kind: sum(1 for c in result.conditions if c.kind == kind) for _, kind in streams}
+        print(f"      rank test{'' if unit == 'grounding' else ' (' + unit + ')'}: "
+              f"{', '.join(f'{n} {kind}' for kind, n in sets.items())} sets on "
+              f"{result.records['sample_id'].nunique()} items (stopped once {RANK_H} were as harmful as the "
+              f"{target} set)", flush=True)
+    return merged or None
+
+
+def rank_step(run: DemoRun) -> SweepResult | None:
+    """The rank test's sets for the causal claim (inside step 3): up to ``rank_sets`` control sets of each kind at
+    k* on ``rank_items`` items spread over the scenes (exchangeability is all a rank test needs, so few items per
+    set suffice), drawn sequentially (``sequential_sets``); the first block is the main sweep's own sets, read
+    from its records."""
+    from vrh_interp.experiments.sweep import control_conditions
+
     items = check_subset(run.evals, run.sizes.rank_items)
-    ids = [s.sample_id for s in items]
     kinds = sorted({c.kind for c in run.conditions if c.kind in ev.CONTROL_KINDS and c.k == run.k_star})
     top = next(c for c in run.conditions if c.kind == "top" and c.k == run.k_star)
     baseline = next(c for c in run.conditions if c.kind == "baseline")
     detected = run.ranking[: max(run.ks)]
     pool = run.pool.control_pool(detected, max(run.ks)) if run.pool is not None else None  # as the main sweep's
-    first = run.seed * SEED_STRIDE
-    running, parts, conditions = set(kinds), [], {}
-    for start in range(0, run.sizes.rank_sets, RANK_BLOCK):
-        if not running:
-            break
-        seeds = range(first + start, first + min(run.sizes.rank_sets, start + RANK_BLOCK))
-        block = [c for c in control_conditions(run.vlm.geometry, detected, run.k_star, top.heads, list(seeds),
-                                               matched="matched" in running,
-                                               live=pool if "live" in running else None)
+
+    ids = [s.sample_id for s in items]
+
+    def answer(seeds: list[int], running: set[str], folder: Path) -> dict[str, SweepResult]:
+        if set(seeds) <= set(run.seeds):  # the main sweep's sets: answered there already, on these items too
+            return {"grounding": restrict(run.result, ids, lambda c: c.k == run.k_star and (
+                c.kind == "top" or (c.kind in running and c.seed in seeds)))}
+        block = [c for c in control_conditions(run.vlm.geometry, detected, run.k_star, top.heads, seeds,
+                                               matched="matched" in running, live=pool if "live" in running else None)
                  if c.kind in running]
-        answered = run_conditions(run.placed, items, [baseline, top, *block], batch_size=run.batch_size,
-                                  max_new_tokens=ANSWER_TOKENS, run_dir=run.out / "rank" / f"block-{start:04d}",
-                                  progress=False)
-        parts.append(answered.records)
-        conditions.update({c.key: c for c in answered.conditions})
-        result = _rank_result(parts, conditions)
-        for kind in sorted(running):
-            accs = _set_accuracies(result, kind, run.k_star, ids)
-            top_acc = float(result.records.loc[result.records["condition"] == top.key, "iou"].ge(
-                result.iou_threshold).mean())
-            _, used = sequential_rank_p(top_acc, accs, h=RANK_H)
-            if used < len(accs) or len(accs) >= run.sizes.rank_sets:
-                running.discard(kind)
-    if not parts:
-        return None
-    result = _rank_result(parts, conditions)
-    sets = {kind: sum(1 for c in result.conditions if c.kind == kind) for kind in kinds}
-    print(f"      rank test: {', '.join(f'{n} {kind}' for kind, n in sets.items())} sets on {len(ids)} items "
-          f"(stopped once {RANK_H} were as harmful as the top-{run.k_star})", flush=True)
-    return result
+        return {"grounding": run_conditions(run.placed, items, [baseline, top, *block], batch_size=run.batch_size,
+                                            max_new_tokens=ANSWER_TOKENS, run_dir=folder, progress=False)}
+
+    found = sequential_sets(run, run.out / "rank", [("grounding", kind) for kind in kinds], "top", answer)
+    return None if found is None else found["grounding"]
 
 
 def _rank_result(parts: list[pd.DataFrame], conditions: dict[str, Condition]) -> SweepResult:
@@ -336,13 +357,6 @@ def _rank_result(parts: list[pd.DataFrame], conditions: dict[str, Condition]) ->
     ordered = sorted(conditions.values(), key=lambda c: (c.kind != "baseline", c.kind != "top", c.kind,
                                                          c.seed if isinstance(c.seed, int) else 0))
     return SweepResult(records.reset_index(drop=True), ordered, 0.5, None)
-
-
-def _set_accuracies(result: SweepResult, kind: str, k: int, ids: list[str]) -> list[float]:
-    keys = [c.key for c in result.conditions if c.kind == kind and c.k == k]
-    correct = result.records.assign(correct=result.records["iou"].astype(float) >= result.iou_threshold)
-    by_key = correct.groupby("condition")["correct"].mean()
-    return [float(by_key[key]) for key in keys if key in by_key]
 
 
 def ablation_kinds_step(run: DemoRun) -> None:
@@ -367,8 +381,11 @@ def ablation_kinds_step(run: DemoRun) -> None:
         kinds[kind] = run_conditions(run.vlm, run.checks, masked, batch_size=run.batch_size,
                                      max_new_tokens=ANSWER_TOKENS, run_dir=run.out / f"ablation_{kind}",
                                      ablation_values=values)
-    by_kind = {kind: ev.causal_evidence(r.records, r.conditions, run.k_star, ablation=kind, seed=run.seed)
-               for kind, r in kinds.items()}
+    # every kind on the same check items: does the drop and the effect persist under its ablation? The top-k's
+    # specialness is the causal claim's rank test (its rank step, zero ablation) for each
+    zero = run.evidence.get("causal")
+    by_kind = {kind: ev.causal_evidence(r.records, r.conditions, run.k_star, ablation=kind, seed=run.seed,
+                                        special=zero) for kind, r in kinds.items()}
     pd.DataFrame([{"ablation": kind, "k": run.k_star, "n": e.n if e else 0,
                    "effect": e.estimate if e else float("nan"), "numbers": e.numbers if e else ""}
                   for kind, e in by_kind.items()]).to_csv(run.out / "ablation_kinds.csv", index=False)
@@ -429,13 +446,28 @@ def transfer_step(run: DemoRun) -> None:
         scores_b.save(out / "scores-vrh-b.json")
         transfer = compare_scores(run.scores, scores_b, ks=sorted({k_star, 2 * k_star, 3 * k_star}))
         transfer.to_csv(out / "transfer.csv", index=False)
+        labels = (f"A ({run.model_spec})", f"B ({run.transfer_model})")
         crossed = cross_masking(run.vlm, vlm_b, run.scores, scores_b, run.checks, ks=[0, k_star],
-                                random_seeds=run.seeds, labels=(f"A ({run.model_spec})", f"B ({run.transfer_model})"),
-                                batch_size=run.batch_size, max_new_tokens=ANSWER_TOKENS, run_dir=out / "cross")
+                                random_seeds=run.seeds, labels=labels, batch_size=run.batch_size,
+                                max_new_tokens=ANSWER_TOKENS, run_dir=out / "cross")
+
+        def answer(seeds: list[int], _kinds: set[str], folder: Path, partner: Any = vlm_b) -> dict[str, SweepResult]:
+            if set(seeds) <= set(run.seeds):  # the cross-masking's own sets: answered there, on these items too
+                ids = [s.sample_id for s in rank_items]
+                return {label: restrict(result, ids, lambda c: c.k == k_star and (
+                    c.kind == "transferred" or (c.kind == "random" and c.seed in seeds)))
+                        for label, result in crossed.results.items()}
+            return dict(cross_masking(run.vlm, partner, run.scores, scores_b, rank_items, ks=[0, k_star],
+                                      random_seeds=seeds, labels=labels, batch_size=run.batch_size,
+                                      max_new_tokens=ANSWER_TOKENS, run_dir=folder, progress=False).results)
+
+        rank_items = check_subset(run.checks, run.sizes.rank_items)
+        rank = sequential_sets(run, out / "cross_rank", [(label, "random") for label in crossed.results],
+                               "transferred", answer)
         curves = crossed.summary()
         curves.to_csv(out / "cross_masking.csv", index=False)
         masking_drops(curves, k_star).to_csv(out / "transfer_masking.csv", index=False)
-        run.evidence["shared"] = ev.transfer_evidence(crossed.results, k_star, seed=run.seed)
+        run.evidence["shared"] = ev.transfer_evidence(crossed.results, k_star, seed=run.seed, rank=rank)
     else:
         print("      the two models do not share a head grid: transfer skipped")
     del vlm_b
@@ -457,7 +489,8 @@ def vqa_step(run: DemoRun) -> None:
     summary["majority_baseline"] = summary["benchmark"].map(majority)
     summary.to_csv(run.out / "vqa_summary.csv", index=False)
     answered = vqa_answered(summary)
-    run.evidence["vqa"] = ev.vqa_evidence(vqa, answered, run.k_star, seed=run.seed) if answered else \
+    run.evidence["vqa"] = ev.vqa_evidence(vqa, answered, run.k_star, seed=run.seed,
+                                          special=run.evidence.get("causal")) if answered else \
         Evidence.categorical("not measured", "the model answers no VQA kind above the majority-answer level")
 
 

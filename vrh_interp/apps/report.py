@@ -213,7 +213,7 @@ def sweep_result(run: Path) -> Any:
 def verdict_lines(result: Any) -> list[str]:
     """One line per k > 0 of a k-sweep (``SweepResult``): the causal claim at that k judged by the claims rules
     (``experiments.verdicts.sweep_claims``: holds / does not hold / inconclusive with the items that would decide
-    it, Holm over the k values)."""
+    it, Bonferroni over the k values)."""
     from vrh_interp.experiments.verdicts import sweep_claims
 
     if result is None:

@@ -244,6 +244,11 @@ class HeadGeometry:
     def total_heads(self) -> int:
         return self.num_layers * self.num_heads
 
+    def describe(self) -> str:
+        """``4 layers x 8 heads = 32 (4 KV heads, head_dim 64)``: the grid in one line (reprs and cards)."""
+        return (f"{self.num_layers} layers x {self.num_heads} heads = {self.total_heads} "
+                f"({self.num_kv_heads} KV heads, head_dim {self.head_dim})")
+
     def all_heads(self) -> HeadSet:
         return HeadSet(Head(l, h) for l in range(self.num_layers) for h in range(self.num_heads))
 

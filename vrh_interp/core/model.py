@@ -167,8 +167,7 @@ class VLM:
         count = sum(p.numel() for p in self.hf_model.parameters())
         size = f"{count / 1e9:.2f}B" if count >= 1e9 else f"{count / 1e6:.1f}M"
         rows = [("family", f"{self.adapter.display_name} ({type(self.hf_model).__name__})"),
-                ("heads", f"{g.num_layers} layers x {g.num_heads} heads = {g.total_heads} ({g.num_kv_heads} KV heads, "
-                          f"head_dim {g.head_dim})"),
+                ("heads", g.describe()),
                 ("weights", f"{size} parameters, {str(parameter.dtype).removeprefix('torch.')} on {parameter.device}")]
         if self.revision:
             rows.append(("revision", self.revision))

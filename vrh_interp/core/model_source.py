@@ -130,28 +130,32 @@ def _ask_hub(repo_id: str, revision: str | None, not_local: str) -> dict[str, An
 
 
 @contextlib.contextmanager
-def loading_output(progress: bool) -> Iterator[None]:
+def loading_output(progress: bool, *, bars: bool | None = None) -> Iterator[None]:
     """``progress=False``: no transformers / huggingface_hub progress bar ("Loading weights", downloads) and no
-    transformers info or warning lines while loading; the global settings are restored afterwards."""
-    if progress:
+    transformers info or warning lines while loading; ``bars=False`` (default: ``progress``) silences the bars
+    alone (a shipped toy's "Loading weights" bar on each load, while the library's own bars keep showing); the
+    global settings are restored afterwards."""
+    bars = progress if bars is None else bars
+    if progress and bars:
         yield
         return
     import huggingface_hub.utils as hub_utils
     from transformers.utils import logging as hf_logging
 
-    bars, hub_bars, verbosity = hf_logging.is_progress_bar_enabled(), not hub_utils.are_progress_bars_disabled(), \
+    enabled, hub_bars, verbosity = hf_logging.is_progress_bar_enabled(), not hub_utils.are_progress_bars_disabled(), \
         hf_logging.get_verbosity()
     hf_logging.disable_progress_bar()  # transformers' bars and huggingface_hub's
-    hf_logging.set_verbosity_error()
+    if not progress:
+        hf_logging.set_verbosity_error()
     try:
         yield
     finally:
         hf_logging.set_verbosity(verbosity)
-        if bars:
+        if enabled:
             hf_logging.enable_progress_bar()
         if hub_bars:
             hub_utils.enable_progress_bars()
-        elif bars:
+        elif enabled:
             hub_utils.disable_progress_bars()
 
 

@@ -5,7 +5,7 @@ Every claim is a ``ClaimSpec``: the hypothesis in words, its statistic ``theta``
 carries its estimate and two valid p-values: ``p_holds`` of "the claim does not hold" and ``p_fails`` of "theta
 >= minimum". The verdict has three outcomes that mean what they say:
 
-* **holds**: ``p_holds`` (Holm-adjusted over the claim's table) is at most ``ALPHA``. For a causal claim
+* **holds**: ``p_holds`` (Bonferroni-adjusted over the claim's table) is at most ``ALPHA``. For a causal claim
   ``p_holds`` is the largest of three tests, each of which must reject (an intersection-union test, valid without
   adjustment): (a) the target set is *special*, more harmful than the control-set distribution including its own
   draw (``inference.rank_p``, per control kind); (b) masking it lowers accuracy against the unmasked model (exact
@@ -13,15 +13,17 @@ carries its estimate and two valid p-values: ``p_holds`` of "the claim does not 
   bound whose error has an item and a set part (``inference.set_effect``). For the other claims ``p_holds`` tests
   ``theta <= minimum`` (a lower bound, never a point estimate), and a structure claim also against its
   distribution under no structure;
-* **does not hold**: ``p_fails`` (Holm-adjusted) is at most ``ALPHA``: the data bound ``theta`` below
+* **does not hold**: ``p_fails`` (Bonferroni-adjusted) is at most ``ALPHA``: the data bound ``theta`` below
   ``minimum`` (an equivalence-style test, so a small sample can never produce it);
 * **inconclusive**: anything else, with what would likely decide it: items and control sets apart
   (``inference.Effect.needed``, a variance decomposition), or the sets a rank test needs to reach its level.
 
 Family-wise error. The paper's claims form one family and the checks of the method another, each FIXED: every
-declared claim of the table is counted whether or not its step ran, was skipped by a time cap or is categorical
-(as p = 1), so a cap can never change the verdict of a step that ran. Within each family Holm's step-down
-procedure controls the family-wise error at ``ALPHA``, separately for "holds" and for "does not hold".
+declared claim of the table counts, whether its step ran, was skipped by a time cap or is categorical. Within each
+family Bonferroni (each claim at ``ALPHA / m``) controls the family-wise error at ``ALPHA``, separately for
+"holds" and for "does not hold". Not Holm: its step-down makes one claim's level depend on the others' p-values,
+so a cap that skips a step would move the verdicts of steps that ran; here a claim's verdict depends on its own
+data alone.
 
 ``docs/results/calibration.md`` (``experiments.calibration``) measures every rule on simulated tables of known
 truth: the rate of "holds" under each null, the family-wise rate, and the power under planted and paper-size
@@ -65,7 +67,7 @@ class ClaimSpec:
         return (f"holds: {self.statistic} bounded above {self.minimum:g}"
                 + (" with the target more harmful than the control sets including its own draw (rank test) and a "
                    "drop against the unmasked model (exact McNemar)" if self.causal else "")
-                + f" (Holm over the table's fixed family, alpha {ALPHA}); does not hold: bounded below "
+                + f" (Bonferroni over the table's fixed family, alpha {ALPHA}); does not hold: bounded below "
                   f"{self.minimum:g}; otherwise inconclusive")
 
 
@@ -182,6 +184,13 @@ class Evidence:
         return self.p_below(spec.minimum) if self.n >= BOOTSTRAP_UNITS else float("nan")
 
 
+def bonferroni(pvalues: Sequence[float], *, family: int | None = None) -> list[float]:
+    """Bonferroni over a FIXED family (``inference.bonferroni``): what ``judge`` adjusts with."""
+    from vrh_interp.evaluation.inference import bonferroni as single_step
+
+    return single_step(pvalues, family=family)
+
+
 def holm(pvalues: Sequence[float], *, family: int | None = None) -> list[float]:
     """Holm step-down adjusted p-values over a FIXED family of ``family`` hypotheses (default: the values given);
     NaN (not tested) counts as p = 1 and stays NaN (``inference.holm``)."""
@@ -215,7 +224,7 @@ def _parts_text(evidence: Evidence) -> str:
 
 def decide(spec: ClaimSpec, evidence: Evidence, *, alpha_holds: float = ALPHA, p_holds: float | None = None,
            p_fails: float | None = None) -> tuple[str, str]:
-    """``(verdict, reason)`` of one claim (module doc). ``p_holds`` / ``p_fails``: Holm-adjusted p-values (the
+    """``(verdict, reason)`` of one claim (module doc). ``p_holds`` / ``p_fails``: adjusted p-values (the
     evidence's own, unadjusted, when None); ``alpha_holds``: the level of both decisions."""
     if evidence.verdict is not None:
         return evidence.verdict, evidence.reason
@@ -247,7 +256,7 @@ def _advice(spec: ClaimSpec, evidence: Evidence, level: float) -> str:
     if sets:
         bits.append(f"about {sets:,} control sets")
     rank_sets = evidence.extra.get("rank_sets")
-    if rank_sets is not None and rank_sets < sets_for(level):
+    if evidence.extra.get("rank_at_floor") and rank_sets is not None and rank_sets < sets_for(level):
         bits.append(f"a rank test at level {level:.2g} needs >= {sets_for(level)} sets of each kind (has "
                     f"{rank_sets})")
     return ("; " + " or ".join(bits) + " would likely decide it") if bits else ""
@@ -255,7 +264,7 @@ def _advice(spec: ClaimSpec, evidence: Evidence, level: float) -> str:
 
 def judge(evidence: Mapping[str, Evidence | None], *, alpha: float = ALPHA,
           specs: Mapping[str, ClaimSpec] = CLAIMS) -> pd.DataFrame:
-    """The claims table: one row per claim in ``evidence`` (``None``: "not measured"), Holm-adjusted per table
+    """The claims table: one row per claim in ``evidence`` (``None``: "not measured"), Bonferroni-adjusted per table
     over the FIXED family of every claim ``specs`` declares in that table (a claim not measured, skipped or
     categorical counts as p = 1). Columns: ``table``, ``id``, ``claim``, ``verdict``, ``estimate``,
     ``ci_low``/``ci_high`` (90 %), ``null``, ``minimum``, ``p``, ``p_adjusted``, ``n``, ``items_needed``,
@@ -266,8 +275,8 @@ def judge(evidence: Mapping[str, Evidence | None], *, alpha: float = ALPHA,
         ids = [i for i in family if i in evidence]
         raw_holds = [evidence[i].holds_p(specs[i]) if evidence.get(i) is not None else float("nan") for i in family]
         raw_fails = [evidence[i].fails_p(specs[i]) if evidence.get(i) is not None else float("nan") for i in family]
-        adjusted_holds = dict(zip(family, holm(raw_holds, family=len(family))))
-        adjusted_fails = dict(zip(family, holm(raw_fails, family=len(family))))
+        adjusted_holds = dict(zip(family, bonferroni(raw_holds, family=len(family))))
+        adjusted_fails = dict(zip(family, bonferroni(raw_fails, family=len(family))))
         level = alpha / max(1, len(family))
         for i in ids:
             spec, ev = specs[i], evidence[i]
@@ -338,7 +347,8 @@ def intersection(parts: Mapping[str, Evidence], numbers: str = "") -> Evidence:
     combined = {f"{name}: {label}": p for name, ev in parts.items() for label, p in ev.parts.items()}
     return Evidence(float(binding.estimate), None, min(ev.n for ev in values), numbers,
                     extra={**binding.extra, "parts": {name: ev.estimate for name, ev in parts.items()},
-                           "rank_sets": min((ev.extra.get("rank_sets", 10 ** 9) for ev in values))},
+                           "rank_sets": min((ev.extra.get("rank_sets", 10 ** 9) for ev in values)),
+                           "rank_at_floor": all(ev.extra.get("rank_at_floor", False) for ev in values)},
                     informative=min((ev.informative for ev in values if ev.informative is not None), default=None),
                     p_holds=max(ev.p_holds for ev in values),
                     p_fails=min(1.0, len(values) * min(ev.p_fails for ev in values)),
@@ -386,6 +396,7 @@ def causal_test(baseline: Sequence[float], target: Sequence[float], controls: np
                     p_holds=max(special, drop, enough), p_fails=effect.p_below(minimum), bounds=(low, high),
                     parts={"special": special, "drop": drop, "effect": enough},
                     extra={"effect": effect, "rank_sets": rank_sets if rank_sets is not None else 10 ** 9,
+                           "rank_at_floor": rank_sets is not None and special <= 1 / (rank_sets + 1) + 1e-12,
                            "lost": lost, "gained": gained})
 
 

@@ -21,7 +21,8 @@ asymptotically; ``docs/results/calibration.md`` (``evaluation.calibration``) mea
 * ``betting_p``: a one-sided test of ``mean <= m`` for bounded i.i.d. values that is valid at every sample size
   (the hedged-capital test martingale of Waudby-Smith and Ramdas 2024 with aGRAPA bets; Ville's inequality
   makes ``1 / max_t K_t`` a p-value): used where a statistic is a plain mean of bounded per-item values.
-* ``holm``: Holm's step-down adjustment over a fixed family (a claim that was not measured counts with p = 1).
+* ``bonferroni``: the adjustment over a fixed family that the claims tables use (each claim at alpha / m: its
+  verdict depends on its own data alone); ``holm``: Holm's step-down over a fixed family (not measured: p = 1).
 """
 
 from __future__ import annotations
@@ -254,6 +255,15 @@ def betting_p(values: Sequence[float], threshold: float, *, low: float = 0.0, hi
         total += value
         squares += (value - mean) ** 2
     return float(min(1.0, math.exp(-best)))
+
+
+def bonferroni(pvalues: Sequence[float], *, family: int | None = None) -> list[float]:
+    """Bonferroni-adjusted p-values over a FIXED family of ``family`` hypotheses (default: the values given): each
+    ``min(1, m p)``, so a claim's verdict depends on its own data alone (what Holm's step-down gives up: there a
+    skipped claim changes the levels of the others). NaN (not tested) stays NaN."""
+    values = np.asarray(pvalues, dtype=float)
+    m = max(len(values), family or 0)
+    return np.where(np.isfinite(values), np.minimum(1.0, m * values), np.nan).tolist()
 
 
 def holm(pvalues: Sequence[float], *, family: int | None = None) -> list[float]:

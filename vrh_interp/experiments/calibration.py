@@ -170,7 +170,7 @@ def rate(scenario: Scenario, design: Design, runs: int, *, seed: int = 0, alpha:
 def null_table(rng: np.random.Generator, design: Design, heads: int = 128, samples: int = 200) -> dict[str, Any]:
     """The evidence of a whole paper table under the global null: the causal claims (k*, VQA, transfer, and the
     curve with its specialness from k*) from a noise scorer with set-harm spread 0.06, ``sparse`` from detection
-    scores with no structure (i.i.d. exponential per sample and head), the rest not measured (p = 1 in Holm)."""
+    scores with no structure (i.i.d. exponential per sample and head), the rest not measured (in the family)."""
     from vrh_interp.experiments.verdicts import sparse_evidence
 
     noise = Scenario("noise", "null", set_harm=0.05, spread=0.06)

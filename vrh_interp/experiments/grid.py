@@ -924,7 +924,7 @@ def run_ray(grid_dir: Path, spec: GridSpec, cells: Sequence[Cell], *, address: s
 
 def cell_verdicts(folder: Path, kind: str, benchmark: str | None = None) -> dict[int, tuple[str, str]]:
     """``{k: (verdict, reason)}`` of one done cell, from its per-item records by the claims rules (sweep cells:
-    ``experiments.verdicts.sweep_claims``, Holm over the k values; VQA cells: the causal claim on one question
+    ``experiments.verdicts.sweep_claims``, Bonferroni over the k values; VQA cells: the causal claim on one question
     kind's items, ``verdicts.vqa_evidence``): the one place the grid asks for a verdict."""
     from vrh_interp.evaluation.claims import judge
     from vrh_interp.experiments import verdicts

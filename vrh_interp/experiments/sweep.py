@@ -320,7 +320,7 @@ class SweepResult:
         return table[[kind for kind in dict.fromkeys(c.kind for c in self.conditions) if kind in table]]
 
     def _card(self) -> tuple[str, list[tuple[str, str]]]:
-        sets = {kind: len({c.seed for c in self.conditions if c.kind == kind}) for kind in ("random", "matched")}
+        sets = self._set_counts()
         table = self.accuracy_table()
         rows = [(f"k={k}", ", ".join(f"{kind} {row[kind]:.2f}" + (f" ({sets[kind]} sets)" if sets.get(kind, 0) > 1
                                                                    else "")
@@ -335,8 +335,25 @@ class SweepResult:
         return card_text(*self._card())
 
     def _repr_html_(self) -> str:
+        """The title, then the accuracy per k (rows) and condition kind (columns), control sets pooled."""
         title, _ = self._card()
-        return card_html(title, [], table=self.accuracy_table().to_html(float_format="{:.2f}".format))
+        kinds = ", ".join(f"{kind} {n} set{'s' if n > 1 else ''}" for kind, n in self._set_counts().items() if n)
+        rows = [("controls", kinds)] if kinds else []
+        table = self.accuracy_table().rename_axis(columns=None).reset_index()  # one header row, k a column
+        return card_html(title, rows, table=table.to_html(index=False, na_rep="", float_format="{:.2f}".format))
+
+    def _set_counts(self) -> dict[str, int]:
+        return {kind: len({c.seed for c in self.conditions if c.kind == kind}) for kind in ("random", "matched")}
+
+    def claims(self, *, seed: int = 0) -> Any:
+        """The causal claim at every k > 0 against the control sets, judged by the claims rules
+        (``experiments.verdicts.sweep_claims``) as an ``evaluation.table.ClaimsTable``: a notebook shows it whole
+        (verdict, claim, estimate with its interval, the full reason), ``print`` gives the terminal text,
+        ``.frame`` every column."""
+        from vrh_interp.evaluation.table import ClaimsTable
+        from vrh_interp.experiments.verdicts import sweep_claims
+
+        return ClaimsTable(sweep_claims(self, seed=seed), title="SweepResult claims")
 
     def plot(self, title: str = "grounding accuracy vs masked heads", *, ax: Any = None) -> Any:
         """Accuracy against k, controls as bands (``viz.plots.k_sweep_curve`` of ``summary()``): a ``Figure`` a

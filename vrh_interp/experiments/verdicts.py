@@ -64,7 +64,7 @@ def _outcomes(frame: pd.DataFrame, conditions: Sequence[Any], k: int, kind: str,
     return ids, every[0], every[1], every[2:]
 
 
-def _rank_data(rank: Any, k: int, kind: str, ablation: str, target: str,
+def rank_data(rank: Any, k: int, kind: str, ablation: str, target: str,
                iou_threshold: float) -> tuple[float, np.ndarray] | None:
     """``(target accuracy, set accuracies in drawn order)`` on a rank sweep's items (``rank``: a ``SweepResult``
     whose control sets were answered on a small common item subset), or None where it has no such sets."""
@@ -80,10 +80,11 @@ def _rank_data(rank: Any, k: int, kind: str, ablation: str, target: str,
 def causal_evidence(records: pd.DataFrame, conditions: Sequence[Any], k: int, *,
                     kinds: Sequence[str] = CONTROL_KINDS, ablation: str = "zero", target: str = "top",
                     iou_threshold: float = 0.5, seed: int = 0, rank: Any = None,
-                    minimum: float | None = None) -> Evidence | None:
+                    minimum: float | None = None, special: Evidence | None = None) -> Evidence | None:
     """The causal claim at ``k`` (``claims.causal_test`` against each control kind present, intersection-union
     over the kinds). ``rank``: a sweep of many control sets on a few items for the rank test (``apps.demo``'s
-    rank step); without it the rank test reads the sets of ``records``."""
+    rank step); without it the rank test reads the sets of ``records``. ``special``: evidence whose rank test
+    stands for this one's (the same top-k under zero ablation, for the other ablation kinds)."""
     frame = _correct(records, iou_threshold)
     minimum = CLAIMS["causal"].minimum if minimum is None else minimum
     parts, lines, n = {}, [], 0
@@ -92,13 +93,15 @@ def causal_evidence(records: pd.DataFrame, conditions: Sequence[Any], k: int, *,
         if found is None:
             continue
         ids, base, top, sets = found
-        ranked = _rank_data(rank, k, kind, ablation, target, iou_threshold)
-        parts[kind] = causal_test(base, top, sets, minimum=minimum, rank=ranked)
+        ranked = rank_data(rank, k, kind, ablation, target, iou_threshold)
+        given = special.parts.get("special") if special is not None else None
+        parts[kind] = causal_test(base, top, sets, minimum=minimum, rank=ranked, special_p=given)
         n, effect = len(ids), parts[kind].extra["effect"]
         rank_sets = len(ranked[1]) if ranked is not None else len(sets)
+        where = (f" over {rank_sets} sets" + (f" on {rank.records['sample_id'].nunique()} items" if ranked else "")
+                 if given is None else " from the zero-ablation rank test")
         lines.append(f"{kind} ({len(sets)} sets) {top.mean() + effect.estimate:.3f} (effect {effect.estimate:+.3f}; "
-                     f"rank p {parts[kind].parts['special']:.2g} over {rank_sets} sets"
-                     + (f" on {len(rank.records['sample_id'].unique())} items" if ranked is not None else "") + ")")
+                     f"rank p {parts[kind].parts['special']:.2g}{where})")
         base_acc, top_acc = base.mean(), top.mean()
     if not parts:
         return None
@@ -276,13 +279,16 @@ def design_evidence(records: pd.DataFrame, key_of: Mapping[str, str], default: s
                     f"{means.min():.3f}: shortfall {means[mine] - means.min():.3f} (margin {margin:g})")
 
 
-def transfer_evidence(results: Mapping[str, Any], k: int, *, seed: int = 0) -> Evidence | None:
+def transfer_evidence(results: Mapping[str, Any], k: int, *, seed: int = 0,
+                      rank: Mapping[str, Any] | None = None) -> Evidence | None:
     """Cross-masking: per direction (the other model's top-k masked in each model) the causal rule with the
-    transferred set as the target against the random sets (``causal_evidence``), intersection over the two."""
+    transferred set as the target against the random sets (``causal_evidence``), intersection over the two.
+    ``rank``: per direction, a cross-masking of many random sets on a few items for the rank test."""
     parts, numbers = {}, []
     for label, result in results.items():
         found = causal_evidence(result.records, result.conditions, k, kinds=["random"], target="transferred",
-                                iou_threshold=result.iou_threshold, seed=seed, minimum=CLAIMS["shared"].minimum)
+                                iou_threshold=result.iou_threshold, seed=seed, minimum=CLAIMS["shared"].minimum,
+                                rank=(rank or {}).get(label))
         if found is None:
             continue
         parts[label] = found
@@ -295,14 +301,16 @@ def transfer_evidence(results: Mapping[str, Any], k: int, *, seed: int = 0) -> E
 
 
 def vqa_evidence(result: Any, kinds_answered: Sequence[str], k: int, *, kinds: Sequence[str] = CONTROL_KINDS,
-                 seed: int = 0) -> Evidence | None:
-    """The causal statistic on the VQA items of the question kinds the model answers (pooled, paired)."""
+                 seed: int = 0, special: Evidence | None = None) -> Evidence | None:
+    """The causal rule on the VQA items of the question kinds the model answers (pooled, paired). ``special``:
+    the grounding causal claim's evidence, whose rank test stands for this one's (the same top-k: specialness is
+    tested once; here the drop and the size on VQA), else the rank test reads the VQA sweep's sets."""
     records = result.records[result.records["benchmark"].isin(list(kinds_answered))].copy()
     if records.empty:
         return None
     records["sample_id"] = records["benchmark"].astype(str) + "/" + records["sample_id"].astype(str)
     records["correct"] = records["correct"].astype(float)
-    evidence = causal_evidence(records, result.conditions, k, kinds=kinds, seed=seed)
+    evidence = causal_evidence(records, result.conditions, k, kinds=kinds, seed=seed, special=special)
     if evidence is not None:
         evidence.numbers = f"answered kinds {', '.join(kinds_answered)}; " + evidence.numbers
     return evidence
@@ -345,7 +353,7 @@ def kinds_agree(evidence_by_kind: Mapping[str, Evidence | None]) -> Evidence | N
 
 def sweep_claims(result: Any, *, seed: int = 0) -> pd.DataFrame:
     """The causal claim at every k > 0 of a k-sweep with control sets (``SweepResult``), judged by the claims
-    rules with Holm over the k values (one family): what ``vrh sweep`` and ``vrh report`` print."""
+    rules with Bonferroni over the k values (one family): what ``vrh sweep`` and ``vrh report`` print."""
     from dataclasses import replace
 
     from vrh_interp.evaluation.claims import judge

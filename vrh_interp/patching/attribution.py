@@ -37,7 +37,8 @@ from vrh_interp.evaluation.statistics import bootstrap_statistic_ci
 from vrh_interp.core.heads import Head
 from vrh_interp.core.model import VLM
 from vrh_interp.patching.batch import Baseline, PairBatch, PatchPositions, baseline, score_rows
-from vrh_interp.patching.head_patching import HeadPatchingResult
+from vrh_interp.core._display import Card
+from vrh_interp.patching.head_patching import HeadPatchingResult, recovery_card, recovery_table
 from vrh_interp.core.templates import module_at
 from vrh_interp.evaluation.statistics import kendall_tau_b, spearman
 
@@ -45,13 +46,20 @@ AttributionMethod = Literal["gradient", "integrated_gradients"]
 ATTRIBUTION_METHODS: tuple[AttributionMethod, ...] = ("gradient", "integrated_gradients")
 
 
-@dataclass
-class AttributionResult:
-    """Per-head estimated recovery (``frame``) and the per-pair estimated metric change ``[layers, heads, pairs]``."""
+@dataclass(repr=False)
+class AttributionResult(Card):
+    """Per-head estimated recovery (``frame``) and the per-pair estimated metric change ``[layers, heads, pairs]``;
+    shown as the heads estimated to recover most."""
 
     frame: pd.DataFrame
     per_pair: np.ndarray
     baseline: Baseline
+
+    def _card(self) -> tuple[str, list[tuple[str, str]]]:
+        return recovery_card("AttributionResult (estimates)", self.frame)
+
+    def _card_table(self) -> str:
+        return recovery_table(self.frame)
 
 
 def attribution_patching(vlm: VLM, pairs: PairBatch, *, positions: PatchPositions = "answer",

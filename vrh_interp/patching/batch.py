@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Sequence
 
@@ -43,6 +44,7 @@ import numpy as np
 import torch
 
 from vrh_interp.core import interventions as iv
+from vrh_interp.core._display import Card, mean_spread, shorten
 from vrh_interp.core.boxes import BoxParseFailure
 from vrh_interp.evaluation.statistics import bootstrap_statistic_ci
 from vrh_interp.core.model import VLM, GroundingBatch
@@ -103,9 +105,10 @@ def token_coordinates(vlm: VLM, ids: Sequence[int], frame: Any) -> list[int]:
     return labels
 
 
-@dataclass
-class PairBatch:
-    """Pairs kept for patching with their answers, divergence points, forced tokens and the metric."""
+@dataclass(repr=False)
+class PairBatch(Card):
+    """Pairs kept for patching with their answers, divergence points, forced tokens and the metric (shown as a few
+    lines: pairs kept and excluded, the metric, one pair's two answers; ``pairs`` holds the pairs)."""
 
     pairs: list[PatchingPair]
     excluded: list[tuple[str, str]]  # (pair_id, reason)
@@ -123,6 +126,26 @@ class PairBatch:
 
     def __post_init__(self) -> None:
         patch_metric(self.metric).check(self)
+
+    def _card(self) -> tuple[str, list[tuple[str, str]]]:
+        kinds = sorted({p.kind for p in self.pairs})
+        reasons = Counter(reason for _, reason in self.excluded)
+        rows = [("excluded", f"{len(self.excluded)}" + (f" ({', '.join(f'{r}: {n}' for r, n in reasons.items())})"
+                                                        if reasons else "")),
+                ("metric", f"{self.metric}: {shorten(METRIC_LABELS.get(self.metric, ''), 70)}"),
+                ("rows", f"{self.side} per side ({self.sequences} per pair), prompt length {self.prompt_length}")]
+        if self.pairs:
+            rows.append((f"answers of {self.pairs[0].pair_id}",
+                         f"clean {shorten(repr(self.clean_answers[0]), 40)}, corrupted "
+                         f"{shorten(repr(self.corrupted_answers[0]), 40)}"))
+        return f"PairBatch: {self.n} pairs kept ({', '.join(kinds)})", rows
+
+    def _card_table(self) -> str:
+        import pandas as pd
+
+        frame = pd.DataFrame({"pair": [p.pair_id for p in self.pairs], "clean answer": self.clean_answers,
+                              "corrupted answer": self.corrupted_answers})
+        return frame.head(10).to_html(index=False)
 
     @property
     def metric_kind(self) -> PatchMetric:
@@ -308,14 +331,25 @@ def measure(vlm: VLM, pairs: PairBatch, encoding: dict[str, Any], sides: Sequenc
     return values.detach().cpu().double().numpy()
 
 
-@dataclass(frozen=True)
-class Baseline:
-    """Unpatched metric on both sides of every pair, and split by group (``GROUPS``)."""
+@dataclass(frozen=True, repr=False)
+class Baseline(Card):
+    """Unpatched metric on both sides of every pair, and split by group (``GROUPS``); shown as the means, not the
+    arrays."""
 
     clean: np.ndarray  # [n]
     corrupted: np.ndarray  # [n]
     clean_parts: np.ndarray  # [n, len(GROUPS)]
     corrupted_parts: np.ndarray
+
+    def _card(self) -> tuple[str, list[tuple[str, str]]]:
+        gap = np.asarray(self.clean) - np.asarray(self.corrupted)
+        parts = (np.asarray(self.clean_parts) - np.asarray(self.corrupted_parts)).reshape(len(gap), -1)
+        by_group = ", ".join(f"{name} {value:.3g}" for name, value in zip(GROUPS, parts.mean(axis=0))) if len(gap) \
+            else "n/a"
+        mean = gap.mean() if len(gap) else float("nan")
+        return (f"Baseline: {len(gap)} pairs, mean gap clean - corrupted {mean:.3g}",
+                [("clean", mean_spread(self.clean)), ("corrupted", mean_spread(self.corrupted)),
+                 ("gap by coordinate", by_group)])
 
 
 def baseline(vlm: VLM, pairs: PairBatch) -> Baseline:

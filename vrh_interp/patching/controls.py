@@ -28,6 +28,7 @@ from typing import Literal, Sequence
 import numpy as np
 import pandas as pd
 
+from vrh_interp.core._display import Card
 from vrh_interp.evaluation.statistics import empirical_p_value, random_set_distribution
 from vrh_interp.evaluation.controls import DEFAULT_RANDOM_SEEDS, layer_matched_control, random_control
 from vrh_interp.core.heads import Head, HeadGeometry, HeadSet
@@ -51,13 +52,37 @@ def control_sets(geometry: HeadGeometry, vrhs: HeadSet, *, random_seeds: Sequenc
     return sets
 
 
-@dataclass
-class SetComparison:
-    """``sets``: one row per set patched exactly; ``summary``: one row per population; ``additivity``: the check."""
+@dataclass(repr=False)
+class SetComparison(Card):
+    """``sets``: one row per set patched exactly; ``summary``: one row per population; ``additivity``: the check.
+    Shown as the VRH set's recovery and its place in each population."""
 
     sets: pd.DataFrame
     summary: pd.DataFrame
     additivity: dict[str, float] = field(default_factory=dict)
+
+    def _card(self) -> tuple[str, list[tuple[str, str]]]:
+        vrh = self.sets[self.sets["kind"] == "vrh"] if "kind" in self.sets else self.sets.head(0)
+        value = f"{vrh['recovery'].iloc[0]:.3g} [{vrh['ci_low'].iloc[0]:.2g}, {vrh['ci_high'].iloc[0]:.2g}]" \
+            if len(vrh) else "n/a"
+        rows = []
+        for row in self.summary.head(6).to_dict(orient="records"):
+            if "tail_p" in row and row["tail_p"] == row["tail_p"]:
+                rows.append((str(row["population"]), f"mean {row.get('mean', float('nan')):.3g}, max "
+                                                     f"{row.get('max', float('nan')):.3g}, VRH rank {row['rank']}, "
+                                                     f"tail p {row['tail_p']:.3g} ({row['method']})"))
+            else:
+                rows.append((str(row["population"]), str(row.get("method", ""))))
+        if self.additivity:
+            rows.append(("additivity", f"max |exact - additive| {self.additivity['max_abs_error']:.3g} over "
+                                       f"{self.additivity['sets_checked']} sets"))
+        heads = f" ({vrh['heads'].iloc[0]})" if len(vrh) and "heads" in vrh else ""
+        return f"SetComparison: the VRH set{heads} recovers {value} (summary, sets: the tables)", rows
+
+    def _card_table(self) -> str:
+        columns = [c for c in ("population", "method", "sets", "mean", "max", "vrh_recovery", "rank", "tail_p")
+                   if c in self.summary]
+        return self.summary[columns].to_html(index=False, float_format="{:.3g}".format)
 
 
 def _population_row(name: str, method: str, vrh_value: float, values: np.ndarray, census: bool) -> dict:

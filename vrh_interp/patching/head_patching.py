@@ -26,6 +26,7 @@ import torch
 from tqdm.auto import tqdm
 
 from vrh_interp.core import interventions as iv
+from vrh_interp.core._display import Card, mean_spread
 from vrh_interp.core.boxes import BoxParseFailure
 from vrh_interp.core.heads import Head, HeadSet
 from vrh_interp.core.model import VLM
@@ -36,14 +37,43 @@ from vrh_interp.core.templates import apply_in_order
 from vrh_interp.core.templates.head_outputs import RowPairHeadPatch
 
 
-@dataclass
-class HeadPatchingResult:
-    """Per-head recovery (``frame``), the per-pair patched metric (and split by group) and the baseline."""
+def recovery_card(name: str, frame: pd.DataFrame, top: int = 5) -> tuple[str, list[tuple[str, str]]]:
+    """The card of a per-head recovery table (columns ``head``, ``recovery``, ``ci_low``, ``ci_high``, ``n_pairs``
+    and the ``positions`` / ``metric`` / ``method`` it was measured with): the heads that recover most."""
+    facts = [f"{frame[column].iloc[0]} {column}" for column in ("metric", "positions", "method")
+             if column in frame and len(frame)]
+    pairs = f", {int(frame['n_pairs'].iloc[0])} pairs" if "n_pairs" in frame and len(frame) else ""
+    best = frame.sort_values("recovery", ascending=False).head(top) if len(frame) else frame
+    rows = [(f"top {len(best)}", ", ".join(f"{r.head} {r.recovery:.3g} [{r.ci_low:.2g}, {r.ci_high:.2g}]"
+                                           for r in best.itertuples()) or "none"),
+            ("recovery", mean_spread(frame["recovery"]) if "recovery" in frame else "n/a")]
+    if facts:
+        rows.append(("measured", ", ".join(facts)))
+    return f"{name}: {len(frame)} heads{pairs} (frame: the table)", rows
+
+
+def recovery_table(frame: pd.DataFrame, top: int = 10) -> str:
+    """The ``top`` heads by recovery as HTML (a notebook's view of a recovery card)."""
+    columns = [c for c in ("head", "recovery", "ci_low", "ci_high") if c in frame]
+    best = frame.sort_values("recovery", ascending=False).head(top) if "recovery" in frame else frame.head(top)
+    return best[columns].to_html(index=False, float_format="{:.3g}".format)
+
+
+@dataclass(repr=False)
+class HeadPatchingResult(Card):
+    """Per-head recovery (``frame``), the per-pair patched metric (and split by group) and the baseline; shown as
+    the heads that recover most."""
 
     frame: pd.DataFrame
     per_pair: dict[Head, np.ndarray]  # [n]
     baseline: Baseline
     parts: dict[Head, np.ndarray] | None = None  # [n, len(GROUPS)]
+
+    def _card(self) -> tuple[str, list[tuple[str, str]]]:
+        return recovery_card("HeadPatchingResult", self.frame)
+
+    def _card_table(self) -> str:
+        return recovery_table(self.frame)
 
     def recovery_grid(self, num_layers: int, num_heads: int) -> np.ndarray:
         grid = np.full((num_layers, num_heads), np.nan)

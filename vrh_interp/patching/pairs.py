@@ -16,9 +16,11 @@ one, the corrupted referent's box (``corrupted.box``; ``None`` in ``corrupted_bo
 
 from __future__ import annotations
 
+import html
 import random
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Literal
+from typing import Any, Iterable, Iterator, Literal, SupportsIndex, overload
 
 from vrh_interp.data.scenes import (
     ExpressionSpec,
@@ -32,6 +34,7 @@ from vrh_interp.data.scenes import (
     resolve,
     scene_sample,
 )
+from vrh_interp.core._display import Card, shorten
 from vrh_interp.data.datasets.samples import GroundingSample
 
 PairKind = Literal["expression_swap", "referent_moved", "referent_recoloured", "different_image"]
@@ -41,9 +44,14 @@ Box = tuple[int, int, int, int]
 MIN_MOVE_PX = 20
 
 
-@dataclass(frozen=True)
-class PatchingPair:
-    """A clean and a corrupted grounding input; ``clean.box`` is the answer the clean input asks for."""
+def _box_text(box: Any) -> str:
+    return "none" if box is None else "(" + ", ".join(f"{v:g}" for v in box) + ")"
+
+
+@dataclass(frozen=True, repr=False)
+class PatchingPair(Card):
+    """A clean and a corrupted grounding input; ``clean.box`` is the answer the clean input asks for. Shown as a
+    few lines (the two expressions and boxes), not the images."""
 
     pair_id: str
     kind: PairKind
@@ -51,6 +59,45 @@ class PatchingPair:
     corrupted: GroundingSample
     corrupted_box: Box | None
     distractor_boxes: tuple[Box, ...] = field(default=())  # other objects of the clean scene
+
+    def _card(self) -> tuple[str, list[tuple[str, str]]]:
+        size = "x".join(str(v) for v in self.clean.image.size)
+        return (f"PatchingPair {self.pair_id} ({self.kind})",
+                [("clean", f"{shorten(repr(self.clean.expression))} -> box {_box_text(self.clean.box)}, image {size}"),
+                 ("corrupted", f"{shorten(repr(self.corrupted.expression))} -> box {_box_text(self.corrupted_box)}"),
+                 ("distractors", str(len(self.distractor_boxes)))])
+
+
+class PatchingPairs(Card, list):
+    """The pairs ``make_pairs`` returns: a plain list of ``PatchingPair`` (index, slice, iterate, pass to
+    ``prepare_pairs``) that shows itself as a few lines and, in a notebook, a table of the first pairs."""
+
+    @overload
+    def __getitem__(self, index: SupportsIndex) -> PatchingPair: ...
+    @overload
+    def __getitem__(self, index: slice) -> "PatchingPairs": ...
+    def __getitem__(self, index: Any) -> Any:
+        found = list.__getitem__(self, index)
+        return PatchingPairs(found) if isinstance(index, slice) else found
+
+    def _card(self) -> tuple[str, list[tuple[str, str]]]:
+        kinds = Counter(getattr(p, "kind", type(p).__name__) for p in self)
+        rows = [("kinds", ", ".join(f"{kind} {n}" for kind, n in kinds.items()) or "none")]
+        if self:
+            first = self[0]
+            rows.append(("first", f"{first.pair_id}: {shorten(repr(first.clean.expression), 40)} vs "
+                                  f"{shorten(repr(first.corrupted.expression), 40)}"))
+        return f"PatchingPairs: {len(self)} clean/corrupted pairs (pairs[i] for one)", rows
+
+    def _card_table(self) -> str:
+        names = ("pair", "kind", "clean expression", "clean box", "corrupted expression", "corrupted box")
+        rows = [(p.pair_id, p.kind, p.clean.expression, _box_text(p.clean.box), p.corrupted.expression,
+                 _box_text(p.corrupted_box)) for p in list(self)[:10] if isinstance(p, PatchingPair)]
+        head = "".join(f"<th>{name}</th>" for name in names)
+        body = "".join("<tr>" + "".join(f"<td style='text-align:left'>{html.escape(str(v))}</td>" for v in row)
+                       + "</tr>" for row in rows)
+        more = f"<p>... {len(self) - 10} more</p>" if len(self) > 10 else ""
+        return f"<table><tr>{head}</tr>{body}</table>{more}"
 
 
 def _attribute_spec(sample: GroundingSample) -> ExpressionSpec:
@@ -157,11 +204,12 @@ _BUILDERS = {
 
 
 def make_pairs(kind: PairKind, n: int, *, split: Split = "eval", difficulty: int = 1, start: int = 0,
-               same_expression_length: bool = False) -> list[PatchingPair]:
+               same_expression_length: bool = False) -> PatchingPairs:
     """The first ``n`` pairs of ``kind`` from scenes ``start, start+1, ...`` of ``split`` (deterministic).
 
     ``same_expression_length`` keeps only pairs whose two expressions have the same number of words
-    (needed to patch at every position of an expression swap; other kinds share the expression).
+    (needed to patch at every position of an expression swap; other kinds share the expression). A
+    ``PatchingPairs``: a list that shows itself in a few lines.
     """
     if kind not in _BUILDERS:
         raise ValueError(f"unknown pair kind {kind!r}; expected one of {PAIR_KINDS}")
@@ -176,4 +224,4 @@ def make_pairs(kind: PairKind, n: int, *, split: Split = "eval", difficulty: int
         index += step
         if index - start > 50 * max(n, 1):
             raise RuntimeError(f"could not build {n} {kind} pairs from {index - start} scenes")
-    return pairs[:n]
+    return PatchingPairs(pairs[:n])

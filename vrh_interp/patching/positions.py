@@ -25,14 +25,12 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from vrh_interp.core import interventions as iv
-from vrh_interp.core.heads import Head, HeadSet
+from vrh_interp.core.heads import Head, HeadLike, HeadSet
 from vrh_interp.core.model import VLM, GroundingBatch
 from vrh_interp.patching.batch import Baseline, PairBatch, baseline, measure, recovery, recovery_ci
 from vrh_interp.patching.head_patching import patch_head_set
 from vrh_interp.data.checks import as_box
 from vrh_interp.core.templates.position_patch import HeadKeyValuePatch, PatchedStates
-from vrh_interp.core.templates.readout import attention_call_label
 
 REGIONS: tuple[str, ...] = ("clean_referent", "corrupted_referent", "distractors", "background", "text")
 
@@ -84,6 +82,23 @@ def region_positions(pairs: PairBatch, batch: GroundingBatch,
     return regions
 
 
+def key_value_patch(vlm: VLM, pairs: PairBatch, head: HeadLike, region: str = "clean_referent", *,
+                    states: PatchedStates = "both",
+                    regions: dict[str, tuple[list[list[int]], list[list[int]]]] | None = None) -> HeadKeyValuePatch:
+    """The key/value patch of ``head`` at ``region`` (``REGIONS``) of every pair, clean -> corrupted, recomputed at
+    the answer positions: what ``position_patching`` measures, as a template for your own trace over
+    ``pairs.encode(vlm)`` (call ``.apply(model)`` inside it). ``regions``: ``region_positions`` already computed."""
+    if region not in REGIONS:
+        raise ValueError(f"unknown region {region!r}; expected one of {REGIONS}")
+    if regions is None:
+        batch, encoding = pairs.encode(vlm)
+        regions = region_positions(pairs, batch, encoding)
+    source_positions, positions = regions[region]
+    return HeadKeyValuePatch.for_model(vlm, head, source_rows=pairs.clean_rows(), target_rows=pairs.corrupted_rows(),
+                                       key_positions=positions, source_key_positions=source_positions,
+                                       rows=pairs.positions("answer"), states=states)
+
+
 def position_patching(vlm: VLM, pairs: PairBatch, heads: Sequence[Head] | HeadSet, *,
                       regions: Sequence[str] = REGIONS, states: PatchedStates = "both",
                       base: Baseline | None = None) -> pd.DataFrame:
@@ -95,25 +110,16 @@ def position_patching(vlm: VLM, pairs: PairBatch, heads: Sequence[Head] | HeadSe
     base = base if base is not None else baseline(vlm, pairs)
     batch, encoding = pairs.encode(vlm)
     by_region = region_positions(pairs, batch, encoding)
-    text_config = vlm.hf_model.config.get_text_config()
-    num_kv = getattr(text_config, "num_key_value_heads", None) or vlm.geometry.num_heads
     n = pairs.n
-    clean_rows, corrupted_rows = pairs.clean_rows(), pairs.corrupted_rows()
-    answer_rows = pairs.positions("answer")
     records = []
     for head in heads:
-        attention_path = vlm.adapter.attention_path(head.layer)
-        label = attention_call_label(vlm.adapter.attention_module(vlm.nn, head.layer).source.names)
         whole = patch_head_set(vlm, pairs, HeadSet([head]), base=base)
         records.append({"head": str(head), "region": "head_output", "recovery": whole["recovery"],
                         "ci_low": whole["ci_low"], "ci_high": whole["ci_high"], "mean_positions": float("nan"),
                         "n_pairs": n})
         for region in regions:
-            source_positions, positions = by_region[region]
-            template = HeadKeyValuePatch.build(
-                head, vlm.geometry, attention_path=attention_path, projection_path=iv.projection_path(vlm)(head.layer),
-                call_label=label, num_key_value_heads=num_kv, source_rows=clean_rows, target_rows=corrupted_rows,
-                key_positions=positions, source_key_positions=source_positions, rows=answer_rows, states=states)
+            positions = by_region[region][1]
+            template = key_value_patch(vlm, pairs, head, region, states=states, regions=by_region)
             values = measure(vlm, pairs, encoding, [1], extra=template.apply)[0].sum(-1)
             low, high = recovery_ci(values, base)
             records.append({"head": str(head), "region": region, "recovery": recovery(values, base),

@@ -60,6 +60,7 @@ import pandas as pd
 import torch
 
 from vrh_interp.core import interventions as iv
+from vrh_interp.core._display import Card
 from vrh_interp.evaluation.statistics import (bootstrap_ci, bootstrap_statistic_ci, empirical_p_value,
                                               random_set_distribution)
 from vrh_interp.evaluation.controls import layer_matched_control, random_control
@@ -100,9 +101,15 @@ class TrailingHeadOutputCapture(HeadOutputCapture):
         return x[:, seq - self.window:].reshape(batch, self.window, self.num_heads, self.head_dim).clone()
 
 
-@dataclass(frozen=True)
-class HeadFeatures:
+@dataclass(frozen=True, repr=False)
+class HeadFeatures(Card):
     """Per-sample head outputs at one position: ``values[i, j, h]`` is head h of ``layers[j]`` for sample i."""
+
+    def _card(self) -> tuple[str, list[tuple[str, str]]]:
+        shape = " x ".join(str(v) for v in self.values.shape)
+        return (f"HeadFeatures: {len(self.sample_ids)} samples, head outputs at {self.position}",
+                [("values", f"[samples, layers, heads, head_dim] = [{shape}]"),
+                 ("layers", ", ".join(map(str, self.layers)))])
 
     sample_ids: tuple[str, ...]
     values: torch.Tensor  # [samples, len(layers), num_heads, head_dim], float32 on CPU
@@ -173,9 +180,14 @@ def _answer_ids(vlm: VLM, batch: Any, samples: Sequence[GroundingSampleLike], an
 
 
 # ----------------------------------------------------------------------------------------------- targets
-@dataclass(frozen=True)
-class ProbeTargets:
+@dataclass(frozen=True, repr=False)
+class ProbeTargets(Card):
     """What each sample's referent is: normalised box (cx, cy, w, h), attributes, and the split groups."""
+
+    def _card(self) -> tuple[str, list[tuple[str, str]]]:
+        attributes = ", ".join(f"{name} ({len(set(values))} values)" for name, values in self.attributes.items())
+        return (f"ProbeTargets: {len(self.sample_ids)} samples from {len(set(self.groups))} images",
+                [("box", "normalised (cx, cy, w, h)"), ("attributes", attributes or "none known")])
 
     sample_ids: tuple[str, ...]
     box: np.ndarray  # [samples, 4]
@@ -209,10 +221,13 @@ def probe_targets(samples: Sequence[GroundingSampleLike]) -> ProbeTargets:
 
 
 # ------------------------------------------------------------------------------------------------- split
-@dataclass(frozen=True)
-class Split:
+@dataclass(frozen=True, repr=False)
+class Split(Card):
     train: np.ndarray  # sample indices
     test: np.ndarray
+
+    def _card(self) -> tuple[str, list[tuple[str, str]]]:
+        return f"Split: {len(self.train)} train, {len(self.test)} test samples (train, test: the indices)", []
 
 
 def grouped_split(groups: Sequence[str], *, test_fraction: float = 0.3, seed: int = 0) -> Split:
@@ -292,8 +307,8 @@ def _choose_alpha(x: np.ndarray, y: np.ndarray, groups: Sequence[str], alphas: S
     return float(alphas[int(np.argmax(totals))])  # first best: the smallest alpha among ties
 
 
-@dataclass(frozen=True)
-class ProbeScore:
+@dataclass(frozen=True, repr=False)
+class ProbeScore(Card):
     target: str
     metric_name: str  # "r2" or "accuracy"
     metric: float
@@ -306,6 +321,11 @@ class ProbeScore:
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+    def _card(self) -> tuple[str, list[tuple[str, str]]]:
+        return (f"ProbeScore {self.target}: {self.metric_name} {self.metric:.3g} [{self.ci_low:.3g}, "
+                f"{self.ci_high:.3g}] (chance {self.chance:.3g}; {self.n_train} train, {self.n_test} test, "
+                f"alpha {self.alpha:g})", [])
 
 
 def ridge_regression_probe(x: np.ndarray, y: np.ndarray, split: Split, *, target: str = "y",

@@ -30,6 +30,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 import torch
 from PIL import Image
 
+from vrh_interp.core._display import card_html, card_text
 from vrh_interp.core.boxes import Box, BoxParseFailure, InvalidBoxError
 from vrh_interp.core.families.registry import family_row
 from vrh_interp.core.heads import HeadGeometry
@@ -162,6 +163,31 @@ class FamilyAdapter(ABC):
             row = family_row(family)
             cls.name, cls.display_name, cls.model_types = row.name, row.display_name, row.model_types
             cls.box_format = row.box_format
+        for method in ("__repr__", "_repr_html_"):  # a subclass's @dataclass would write the field-by-field repr,
+            if method not in cls.__dict__:            # the whole HF config: it keeps a method its class defines
+                setattr(cls, method, getattr(FamilyAdapter, method))
+
+    # ------------------------------------------------------------------ display
+    def _card(self) -> tuple[str, list[tuple[str, str]]]:
+        config = self.config
+        architecture = ", ".join(getattr(config, "architectures", None) or []) or type(config).__name__
+        rows = [("model", f"{getattr(config, 'model_type', '?')} ({architecture})")]
+        try:
+            rows.append(("heads", self.geometry().describe()))
+            path = self.attention_path(0)
+            path = path.replace(".0.", ".{layer}.", 1) if ".0." in path else f"{path} (layer 0)"
+            rows.append(("head outputs", f"input of {path}.{self.output_projection_attr}"))
+        except Exception as error:  # noqa: BLE001 - a config the adapter cannot read: say so, do not fail to print
+            rows.append(("heads", f"unreadable from the config ({type(error).__name__}: {error})"))
+        rows.append(("box format", str(self.box_format)))
+        return f"{type(self).__name__}: {self.display_name} (the config: adapter.config)", rows
+
+    def __repr__(self) -> str:
+        """A few lines (family, head grid, where head outputs are read, box format), not the HF config."""
+        return card_text(*self._card())
+
+    def _repr_html_(self) -> str:
+        return card_html(*self._card())
 
     # ------------------------------------------------------------------ architecture
     def text_config(self) -> Any:

@@ -36,6 +36,14 @@ class HeadOutputCapture(ProjectionTemplate):
     def at_output_projection(self, model: Any, layer: int) -> torch.Tensor:
         return self.per_head(model, layer).clone()
 
+    def head_value(self, value: torch.Tensor, head: Head) -> torch.Tensor:
+        """Head ``head``'s output in this template's value at its layer: ``[batch, seq, head_dim]``."""
+        return value[:, :, head.head]
+
+    def head_names(self, values: Mapping[int, torch.Tensor]) -> list[Head]:
+        """The heads of ``values`` (``{layer: value}``), layer by layer."""
+        return [Head(layer, h) for layer in sorted(values) for h in range(self.num_heads)]
+
 
 @dataclass(frozen=True)
 class HeadOutputPatch(ProjectionTemplate):
@@ -132,6 +140,18 @@ class RowPairHeadPatch(ProjectionTemplate):
         layers = sorted({layer for layer, _, _, _ in entries})
         return cls({layer: projection_path(layer) for layer in layers}, geometry.num_heads, geometry.head_dim,
                    tuple(entries), tuple(positions) if positions is not None else None)
+
+    @classmethod
+    def for_model(cls, vlm: Any, patches: Sequence[tuple[Any, Sequence[int], Sequence[int]]], *,
+                  positions: Sequence[int] | None = None) -> "RowPairHeadPatch":
+        """``build`` with the head grid and the output projections' paths from the ``vlm`` handle: ``patches`` are
+        ``(head, source_rows, target_rows)``, a head in any form (``"L2H6"``, ``Head(2, 6)``, ``(2, 6)``)."""
+        adapter = vlm.adapter
+        entries = [(Head.coerce(head, f"RowPairHeadPatch.for_model(patches[{i}])"), source, target)
+                   for i, (head, source, target) in enumerate(patches)]
+        return cls.build(entries, vlm.geometry,
+                         lambda layer: f"{adapter.attention_path(layer)}.{adapter.output_projection_attr}",
+                         positions=positions)
 
     def at_output_projection(self, model: Any, layer: int) -> None:
         per_head = self.per_head(model, layer)

@@ -29,7 +29,7 @@ import torch
 
 from vrh_interp.core.heads import Head, HeadGeometry
 from vrh_interp.core.templates import module_at, per_head_view
-from vrh_interp.core.templates.readout import softmax_rows
+from vrh_interp.core.templates.readout import attention_call_label, softmax_rows
 
 
 class StatePatch:
@@ -125,6 +125,26 @@ class HeadKeyValuePatch:
         return cls(attention_path, projection_path, call_label, head, geometry.num_heads, num_key_value_heads,
                    geometry.head_dim, tuple(source_rows), tuple(target_rows), positions, tuple(rows), states,
                    source_positions)
+
+    @classmethod
+    def for_model(cls, vlm: Any, head: Any, *, source_rows: Sequence[int], target_rows: Sequence[int],
+                  key_positions: Sequence[Sequence[int]] | torch.Tensor, rows: Sequence[int],
+                  source_key_positions: Sequence[Sequence[int]] | torch.Tensor | None = None,
+                  states: PatchedStates = "both") -> "HeadKeyValuePatch":
+        """``build`` with what you know: the ``vlm`` handle gives the module paths, the attention call's label and
+        the head grid (key/value heads included); ``head`` in any form (``"L2H6"``, ``Head(2, 6)``, ``(2, 6)``).
+        The source run's ``source_rows`` give their keys/values at ``source_key_positions`` (default: the same
+        positions) to ``target_rows`` at ``key_positions``; the head's output is recomputed at the query ``rows``.
+        For a ``PairBatch`` and a named region, ``patching.positions.key_value_patch`` fills these in too."""
+        head = Head.coerce(head, "HeadKeyValuePatch.for_model(head)")
+        geometry, adapter = vlm.geometry, vlm.adapter
+        geometry.validate([head], "HeadKeyValuePatch.for_model(head)")
+        label = attention_call_label(adapter.attention_module(vlm.nn, head.layer).source.names)
+        return cls.build(head, geometry, attention_path=adapter.attention_path(head.layer),
+                         projection_path=f"{adapter.attention_path(head.layer)}.{adapter.output_projection_attr}",
+                         call_label=label, num_key_value_heads=geometry.num_kv_heads, source_rows=source_rows,
+                         target_rows=target_rows, key_positions=key_positions, rows=rows, states=states,
+                         source_key_positions=source_key_positions)
 
     def apply(self, model: Any) -> None:
         """Apply inside a trace: recompute at the attention call, then write at the output projection."""

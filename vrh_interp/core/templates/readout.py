@@ -24,6 +24,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 
+from vrh_interp.core.heads import Head
 from vrh_interp.core.templates import module_at
 
 
@@ -194,6 +195,20 @@ class AttentionRowsReadout:
 
     def at_output_projection(self, model: Any, layer: int) -> None:
         return None
+
+    def head_value(self, value: torch.Tensor, head: Head) -> torch.Tensor:
+        """Head ``head``'s pattern in this template's value at its layer: ``[batch, rows, keys]``."""
+        if self.heads_by_layer is None:
+            return value[:, head.head]
+        chosen = tuple(self.heads_by_layer.get(head.layer, ()))
+        if head.head not in chosen:
+            raise KeyError(f"{head}: this readout reads heads {list(chosen)} of layer {head.layer}")
+        return value[:, chosen.index(head.head)]
+
+    def head_names(self, values: Mapping[int, torch.Tensor]) -> list[Head]:
+        """The heads of ``values`` (``{layer: value}``), layer by layer."""
+        return [Head(layer, h) for layer, value in sorted(values.items())
+                for h in (self.heads_by_layer[layer] if self.heads_by_layer is not None else range(value.shape[1]))]
 
 
 def attention_implementations(config: Any) -> Any:
