@@ -64,6 +64,9 @@ class ClaimSpec:
     causal: bool = False  # judged by the three-part causal test (module doc)
 
     def rule(self) -> str:
+        if self.statistic == "categorical":
+            return ("categorical: holds / does not hold / inconclusive as read from the tests it stands for (given "
+                    "with it); it counts in the table's fixed family as p = 1")
         return (f"holds: {self.statistic} bounded above {self.minimum:g}"
                 + (" with the target more harmful than the control sets including its own draw (rank test) and a "
                    "drop against the unmasked model (exact McNemar)" if self.causal else "")
@@ -244,19 +247,24 @@ def decide(spec: ClaimSpec, evidence: Evidence, *, alpha_holds: float = ALPHA, p
 
 
 def _advice(spec: ClaimSpec, evidence: Evidence, level: float) -> str:
-    """What would likely decide an undecided claim, items and sets apart."""
+    """What would likely decide an undecided claim, items and sets apart, for the parts of its test that did not
+    reject: the effect's items and sets (only more than it has), the rank test's sets (only where the target beat
+    every set: a target that ordinary sets match gains nothing from more of them). Empty where none would."""
     from vrh_interp.evaluation.inference import sets_for
 
+    failing = {name for name, p in evidence.parts.items() if not p <= level} if evidence.parts else {"effect"}
     bits = []
-    items = items_needed(spec, evidence, level)
-    if items:
-        bits.append(f"about {items:,} {spec.unit}")
-    sets = evidence.needed.get("sets") or (evidence.extra["effect"].needed(spec.minimum, level, POWER)["sets"]
-                                             if "effect" in evidence.extra else None)
-    if sets:
-        bits.append(f"about {sets:,} control sets")
+    if "effect" in failing:
+        items = items_needed(spec, evidence, level)
+        effect = evidence.extra.get("effect")
+        if items and (effect is None or items > effect.items):
+            bits.append(f"about {items:,} {spec.unit}")
+        sets = effect.needed(spec.minimum, level, POWER)["sets"] if effect is not None else None
+        if sets and sets > effect.sets:
+            bits.append(f"about {sets:,} control sets")
     rank_sets = evidence.extra.get("rank_sets")
-    if evidence.extra.get("rank_at_floor") and rank_sets is not None and rank_sets < sets_for(level):
+    if "special" in failing and evidence.extra.get("rank_at_floor") and rank_sets is not None \
+            and rank_sets < sets_for(level):
         bits.append(f"a rank test at level {level:.2g} needs >= {sets_for(level)} sets of each kind (has "
                     f"{rank_sets})")
     return ("; " + " or ".join(bits) + " would likely decide it") if bits else ""
