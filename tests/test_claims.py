@@ -31,9 +31,8 @@ def test_holm_matches_the_step_down_procedure_by_hand():
 
 # ------------------------------------------------------------------------------------- the tests, by reference
 def test_rank_p_counts_the_sets_at_least_as_harmful_including_its_own_draw():
-    controls = [0.9, 0.5, 0.3, 0.8, 0.3]
-    assert inference.rank_p(0.3, controls) == pytest.approx((1 + 2) / 6)  # two sets tie: they count against
-    assert inference.rank_p(0.1, controls) == pytest.approx(1 / 6)
+    assert inference.sequential_rank_p(0.3, [0.9, 0.5, 0.3, 0.8, 0.3], h=5) == (pytest.approx((1 + 2) / 6), 5)  # ties
+    assert inference.sequential_rank_p(0.1, [0.9, 0.5, 0.3, 0.8, 0.3], h=5) == (pytest.approx(1 / 6), 5)
     assert inference.sets_for(0.05) == 19 and inference.sets_for(0.05 / 8) == 159
     # Besag-Clifford: stop at the h-th set at least as harmful, p = h / drawn; else (1 + count) / (S + 1)
     assert inference.sequential_rank_p(0.5, [0.4, 0.9, 0.5, 0.2], h=3) == (pytest.approx(3 / 4), 4)

@@ -8,11 +8,11 @@ carries its estimate and two valid p-values: ``p_holds`` of "the claim does not 
 * **holds**: ``p_holds`` (Bonferroni-adjusted over the claim's table) is at most ``ALPHA``. For a causal claim
   ``p_holds`` is the largest of three tests, each of which must reject (an intersection-union test, valid without
   adjustment): (a) the target set is *special*, more harmful than the control-set distribution including its own
-  draw (``inference.rank_p``, per control kind); (b) masking it lowers accuracy against the unmasked model (exact
-  one-sided McNemar, ``inference.drop_p``); (c) ``theta`` is at least ``minimum``, tested with a lower confidence
-  bound whose error has an item and a set part (``inference.set_effect``). For the other claims ``p_holds`` tests
-  ``theta <= minimum`` (a lower bound, never a point estimate), and a structure claim also against its
-  distribution under no structure;
+  draw (``inference.sequential_rank_p``, per control kind); (b) masking it lowers accuracy against the unmasked
+  model (exact one-sided McNemar, ``inference.drop_p``); (c) ``theta`` is at least ``minimum``, tested with a
+  lower confidence bound whose error has an item and a set part (``inference.set_effect``). For the other
+  claims ``p_holds`` tests ``theta <= minimum`` (a lower bound, never a point estimate), and a structure claim
+  also against its distribution under no structure;
 * **does not hold**: ``p_fails`` (Bonferroni-adjusted) is at most ``ALPHA``: the data bound ``theta`` below
   ``minimum`` (an equivalence-style test, so a small sample can never produce it);
 * **inconclusive**: anything else, with what would likely decide it: items and control sets apart
@@ -172,19 +172,19 @@ class Evidence:
 
     def holds_p(self, spec: ClaimSpec) -> float:
         """The p-value of "the claim does not hold" (NaN: no test)."""
-        if self.verdict is not None:
-            return float("nan")
-        if self.p_holds is not None:
-            return float(self.p_holds)
-        return self.p_above(spec.minimum) if self.n >= BOOTSTRAP_UNITS else float("nan")
+        return self._rule_p(self.p_holds, self.p_above, spec.minimum)
 
     def fails_p(self, spec: ClaimSpec) -> float:
         """The p-value of "theta >= minimum" (NaN: no test)."""
+        return self._rule_p(self.p_fails, self.p_below, spec.minimum)
+
+    def _rule_p(self, given: float | None, bootstrap: Callable[[float], float], minimum: float) -> float:
+        """``given`` where the rule computed it, else the bootstrap's at ``minimum`` (on enough units)."""
         if self.verdict is not None:
             return float("nan")
-        if self.p_fails is not None:
-            return float(self.p_fails)
-        return self.p_below(spec.minimum) if self.n >= BOOTSTRAP_UNITS else float("nan")
+        if given is not None:
+            return float(given)
+        return bootstrap(minimum) if self.n >= BOOTSTRAP_UNITS else float("nan")
 
 
 def bonferroni(pvalues: Sequence[float], *, family: int | None = None) -> list[float]:

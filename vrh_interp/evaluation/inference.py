@@ -3,15 +3,15 @@
 Each function returns a p-value that is valid for its stated null at the sample sizes the library uses, not only
 asymptotically; ``docs/results/calibration.md`` (``evaluation.calibration``) measures that on simulated tables.
 
-* ``rank_p``: is a head set *special*? Under the null "the scorer is no better than chance" the top-k is one more
-  draw from the distribution of control sets, so its accuracy is ranked among the sets *including its own draw*:
-  ``(1 + #{sets at least as harmful}) / (S + 1)``. Ties count against the top-k. The floor is ``1 / (S + 1)``:
-  a decision at level a needs ``S >= 1/a - 1`` sets (``sets_for``).
-* ``sequential_rank_p``: the same with sets drawn one at a time (Besag and Clifford 1991): stop once ``h`` sets
+* ``sequential_rank_p``: is a head set *special*? Under the null "the scorer is no better than chance" the top-k
+  is one more draw from the distribution of control sets, so its accuracy is ranked among the sets *including its
+  own draw* (``statistics.empirical_p_value``: ``(1 + #{sets at least as harmful}) / (S + 1)``, ties against the
+  top-k; floor ``1 / (S + 1)``, so a decision at level a needs ``S >= 1/a - 1`` sets: ``sets_for``), with sets
+  drawn one at a time (Besag and Clifford 1991): stop once ``h`` sets
   were at least as harmful (``p = h / drawn``) or after ``S`` (``(1 + count) / (S + 1)``). A clearly ordinary
   top-k stops after about ``h / p`` sets; stopping depends only on the outcomes.
-* ``drop_p``: does masking hurt at all? The exact one-sided McNemar test (binomial on the discordant pairs
-  baseline right / masked wrong against the reverse), for 0/1 outcomes on the same items.
+* ``drop_p``: does masking hurt at all? The exact one-sided McNemar test (``statistics.mcnemar_exact``'s
+  discordant counts, the binomial tail of the pairs baseline right / masked wrong), for 0/1 outcomes.
 * ``sign_flip_p``: the exact randomisation test of a mean of paired per-item differences > 0 (symmetric null),
   Monte Carlo over sign vectors with the +1 correction, for differences that are not 0/1.
 * ``effect_p``: is the effect at least a stated size? ``theta = mean over control sets of accuracy - target's
@@ -44,27 +44,20 @@ def _binom_tail(successes: int, trials: int) -> float:
     return float(min(1.0, total / 2 ** trials))
 
 
-def rank_p(target: float, controls: Sequence[float]) -> float:
-    """Rank p-value of "the target is more harmful than the control sets" (accuracies: lower is more harmful),
-    the target's own draw included: ``(1 + #{control accuracy <= target accuracy}) / (S + 1)``."""
-    values = np.asarray(controls, dtype=float)
-    if values.size == 0 or not np.isfinite(target):
-        return 1.0
-    return float((1 + np.sum(values <= target + 1e-12)) / (values.size + 1))
-
-
 def sequential_rank_p(target: float, controls: Sequence[float], *, h: int = 5,
                       limit: int | None = None) -> tuple[float, int]:
     """``(p, sets used)``: Besag-Clifford sequential rank p-value over ``controls`` in their drawn order (module
     doc); ``limit`` caps the sets (default: all given)."""
+    from vrh_interp.evaluation.statistics import empirical_p_value
+
     values = np.asarray(controls, dtype=float)[:limit]
     as_harmful = 0
     for used, value in enumerate(values, start=1):
-        if value <= target + 1e-12:
+        if value <= target:
             as_harmful += 1
             if as_harmful >= h:
                 return h / used, used
-    return float((1 + as_harmful) / (values.size + 1)), int(values.size)
+    return (empirical_p_value(target, values) if values.size else 1.0), int(values.size)
 
 
 def sets_for(level: float) -> int:
@@ -75,11 +68,10 @@ def sets_for(level: float) -> int:
 def drop_p(baseline: Sequence[float], masked: Sequence[float]) -> tuple[float, int, int]:
     """``(p, lost, gained)``: exact one-sided McNemar p of "masking lowers accuracy" on 0/1 outcomes of the same
     items (``lost``: right unmasked, wrong masked; ``gained``: the reverse)."""
-    base = np.asarray(baseline, dtype=float) >= 0.5
-    mask = np.asarray(masked, dtype=float) >= 0.5
-    if base.shape != mask.shape:
-        raise ValueError(f"paired outcomes must have the same length ({base.shape} vs {mask.shape})")
-    lost, gained = int(np.sum(base & ~mask)), int(np.sum(~base & mask))
+    from vrh_interp.evaluation.statistics import mcnemar_exact
+
+    counts = mcnemar_exact(np.asarray(baseline, dtype=float) >= 0.5, np.asarray(masked, dtype=float) >= 0.5)
+    lost, gained = int(counts["lost"]), int(counts["gained"])
     return _binom_tail(lost, lost + gained), lost, gained
 
 
