@@ -73,7 +73,7 @@ class LayerValues(dict):
     rows, keys]``; captures: ``[batch, seq, head_dim]``). An int key is a layer, as on a plain dict."""
 
     def __init__(self, values: Iterable[tuple[int, Any]] | Mapping[int, Any] = (), template: Any = None) -> None:
-        super().__init__(values)
+        dict.__init__(self, values)  # not super(): nnsight re-runs this source remotely, with no __class__ cell
         self.template = template
 
     def __getitem__(self, key: Any) -> Any:
