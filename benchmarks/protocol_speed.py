@@ -1,7 +1,7 @@
 """The demo's causal k-sweep, whole, two ways in one run: the library's pipeline vs a naive loop.
 
 The protocol is step 3 of ``vrh demo`` on the default organism (``toy:c``): the conditions the library builds
-with its sweep functions (``apps.demo.main_conditions`` over ``experiments.sweep.sweep_conditions``: the unmasked
+with its sweep functions (the crossed design, ``experiments.sweep.sweep_conditions``: the unmasked
 baseline, the top-k heads at every k of ``demo_ks``, and the control sets: uniform random, layer-matched and
 live-head, ``--sets`` of each kind at k*, ``--curve-sets`` of each at the other k), greedy grounding of
 ``--items`` evaluation items (every referent of the first evaluation scenes, ``apps.demo.evaluation_items``).
@@ -87,7 +87,8 @@ def library_answers(result: Any) -> dict[tuple[str, str], tuple[str, Any]]:
 def protocol(vlm: Any, args: argparse.Namespace) -> tuple[list[Any], list[Any], dict[str, Any]]:
     """The evaluation items and the demo's k-sweep conditions (ranking from detection, live pool from the census;
     not timed)."""
-    from vrh_interp.apps.demo import demo_ks, evaluation_items, main_conditions
+    from vrh_interp.apps.demo import demo_ks, evaluation_items
+    from vrh_interp.experiments.sweep import CONTROL_KINDS, sweep_conditions
     from vrh_interp.data.sources import synthetic_samples
     from vrh_interp.evaluation.census import census
     from vrh_interp.scoring.detect import collect_detection_stats, scores_from_stats
@@ -104,8 +105,9 @@ def protocol(vlm: Any, args: argparse.Namespace) -> tuple[list[Any], list[Any], 
     outside = [h for h in live if h not in set(ranking[:max(ks)])]
     if len(outside) < max(ks):  # as the demo: too few live heads outside the top for a live-head control
         live = None
-    conditions = main_conditions(ranking, geometry, ks, k_star, range(args.sets), min(args.curve_sets, args.sets),
-                                 live)
+    first = set(range(min(args.curve_sets, args.sets)))  # every set at k*, the first curve_sets at the other k
+    conditions = [c for c in sweep_conditions(ranking, geometry, ks, list(range(args.sets)), live=live)
+                  if c.kind not in CONTROL_KINDS or c.k == k_star or c.seed in first]
     return items, conditions, {"ks": ks, "k_star": k_star, "live": live is not None, "census": pool.line()}
 
 
@@ -191,7 +193,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     from vrh_interp.apps.demo import DEFAULT_SIZES, evaluation_items
 
     full = {"items": len(evaluation_items(DEFAULT_SIZES.eval_scenes)), "sets": DEFAULT_SIZES.random_sets,
-            "curve_sets": DEFAULT_SIZES.curve_sets, "detect_scenes": DEFAULT_SIZES.detect_scenes}
+            "curve_sets": 4, "detect_scenes": DEFAULT_SIZES.detect_scenes}
     for key, value in (full if args.full else SMALL).items():
         if getattr(args, key) is None:
             setattr(args, key, value)

@@ -16,13 +16,11 @@ import nbformat
 
 HERE = Path(__file__).resolve().parent
 
-# The figures of vrh_interp.viz.plots are bare matplotlib Figures (no pyplot state); `%matplotlib inline` registers
-# IPython's PNG formatter for them, so a cell ending in a figure shows the picture, not "<Figure ...>".
-INLINE = "%matplotlib inline\n"
-
+# No magics: the figures of vrh_interp.viz.plots display themselves (a `_repr_png_`), so a cell ending in one shows the
+# picture in a fresh kernel without `%matplotlib inline` (tests/test_notebooks.py checks no notebook needs it).
 # No progress bars or library warnings in the stored outputs: transformers' weight-loading bars and info lines,
 # and tqdm.auto's "IProgress not found" warning where ipywidgets is not installed.
-QUIET = INLINE + '''import warnings
+QUIET = '''import warnings
 
 warnings.filterwarnings("ignore", message="IProgress not found")  # before transformers imports tqdm.auto
 from transformers.utils import logging as hf_logging

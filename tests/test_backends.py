@@ -206,7 +206,7 @@ def _demo(out: Any, *extra: str) -> dict[str, Any]:
     from vrh_interp.apps.cli import main
 
     assert main(["demo", "--model", "toy:planted", "--transfer-model", "", "--no-positive-control", "--detect", "4",
-                 "--eval", "2", "--random-sets", "2", "--curve-sets", "0", "--check-items", "3", "--vqa-scenes", "1",
+                 "--eval", "2", "--random-sets", "2", "--check-items", "3", "--vqa-scenes", "1",
                  "--rank-sets", "0", "--out", str(out), "--json", *extra]) == 0
     return json.loads((out / "demo.json").read_text())
 

@@ -122,12 +122,17 @@ def test_calibration_noise_scorer_rate_at_most_alpha():
     the full page uses 1,000); the planted effect holds almost always."""
     from vrh_interp.experiments import calibration as cal
 
-    design = cal.Design("test", items=60, sets=19)
-    for scenario in (cal.NULLS[2], cal.NULLS[4]):
-        result = cal.rate(scenario, design, 300, seed=1)
-        assert result.holds / result.runs <= 0.05 + 0.025, scenario.name
-    planted = cal.rate(cal.ALTERNATIVES[0], design, 50, seed=2)
-    assert planted.holds / planted.runs >= 0.9
+    crossed = cal.Design("test", items=60, sets=19)
+    clustered = cal.Design("test clustered", items=60, sets=0, rank_sets=79, rank_items=8, scene=4, curtail=True)
+    for design in (crossed, clustered):
+        for scenario in (cal.NULLS[2], cal.NULLS[4]):
+            result = cal.rate(scenario, design, 300, seed=1)
+            assert result.holds / result.runs <= 0.05 + 0.025, (design.name, scenario.name)
+        planted = cal.rate(cal.ALTERNATIVES[0], design, 50, seed=2)
+        assert planted.holds / planted.runs >= 0.9, design.name
+    # the clustered design's answers: a fraction of the crossed one's on the planted effect
+    assert np.mean(cal.rate(cal.ALTERNATIVES[0], clustered, 20, seed=3).answers) < np.mean(
+        cal.rate(cal.ALTERNATIVES[0], crossed, 20, seed=3).answers) / 3
 
 
 def test_sparse_needs_structure_not_a_flat_line():

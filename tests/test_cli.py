@@ -138,11 +138,16 @@ def test_demo_runs_end_to_end_on_tiny_models(tmp_path, capsys):
             "score_damage", "design_space"} <= ids <= set(CLAIMS)
     # a tiny random model on 3 scenes decides nothing: no claim may read "does not hold" on so few items
     assert {v["verdict"] for v in payload["verdicts"]} <= {"inconclusive", "not measured"}
-    # the rank step: sets at k* on a few items, in blocks, stopped once 5 are as harmful as the top-k
+    # the rank step: sets at k* on a few items, in blocks, stopped once 5 are as harmful as the top-k, each set
+    # answered item by item (curtailed); the k-sweep: one fresh set of each kind per scene, on its referents only
     causal = next(v for v in payload["verdicts"] if v["id"] == "causal")
-    assert (out / "rank" / "block-0000" / "manifest.json").exists() and "rank p" in causal["numbers"]
+    assert (out / "rank" / "target" / "manifest.json").exists() and "rank p" in causal["numbers"]
+    assert (out / "rank" / "block-0000" / "item-000" / "manifest.json").exists()
+    items_of = json.loads((out / "sweep" / "manifest.json").read_text())["items_of"]
+    assert items_of and all(len({i.rsplit("-", 2)[0] for i in ids}) == 1 for ids in items_of.values())
+    assert "one per scene" in causal["numbers"]
     shared = next(v for v in payload["verdicts"] if v["id"] == "shared")
-    assert (out / "cross_rank" / "block-0000").is_dir() and "rank p" in shared["numbers"]
+    assert any((out / "cross_rank").glob("block-*")) and "rank p" in shared["numbers"]
     from vrh_interp.data import grounding_samples
 
     items = [s.sample_id for i in range(3) for s in grounding_samples("eval", i, 1)]

@@ -20,6 +20,7 @@ from vrh_interp.apps.demo import demo_ks
 from vrh_interp.experiments import sweep as sweep_module
 from vrh_interp.evaluation.statistics import (bootstrap_ci, empirical_p_value, random_set_distribution,
                                               set_level_verdict, two_level_bootstrap_ci)
+from vrh_interp.experiments.designs import check_subset
 from vrh_interp.experiments.sweep import (RECORD_COLUMNS, Condition, SweepResult, other_object_iou, parse_ks,
                                           run_conditions, summary_verdict, sweep, sweep_conditions, sweep_from_run)
 from vrh_interp.evaluation.controls import layer_matched_control
@@ -356,18 +357,9 @@ def test_design_space_variants_are_compared_with_the_random_sets_at_their_k():
     assert table.loc["c", "random_sets"] == 20 and list(table.index)[0] == "c"  # ranked by drop
 
 
-def test_demo_keeps_every_control_set_at_k_star_and_the_same_draws_elsewhere():
-    from vrh_interp.apps.demo import check_subset, main_conditions, restrict
+def test_demo_restrict_keeps_exactly_the_records_asked_for():
+    from vrh_interp.apps.demo_plan import restrict
 
-    g = HeadGeometry(4, 8, 4, 16)
-    ranking = HeadSet([Head(3, 5), Head(2, 1), Head(1, 0), Head(0, 7)])
-    full = sweep_conditions(ranking, g, [0, 1, 2, 3], list(range(20)))
-    kept = main_conditions(ranking, g, [0, 1, 2, 3], 1, range(20), 2)
-    assert set(kept) <= set(full)  # the same draws (detected set = top max(ks)), a subset of them
-    for kind in ("random", "matched"):
-        assert sorted(c.seed for c in kept if c.kind == kind and c.k == 1) == list(range(20))
-        assert all(c.seed in (0, 1) for c in kept if c.kind == kind and c.k != 1)
-    assert [c.key for c in kept if c.kind in ("baseline", "top")] == ["baseline:k=0", "top:k=1", "top:k=2", "top:k=3"]
     items = list(range(502))
     subset = check_subset(items, 50)
     assert (len(set(subset)) == 50 and subset[0] == 0 and subset[-1] >= 490

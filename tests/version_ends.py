@@ -14,7 +14,7 @@ Both ends keep the torch installed first (a constraint), whatever the ranges all
 torch is installed first, from ``--torch`` (default ``torch==2.13.0``, the CPU wheel this project's machines hold
 locally: an unpinned torch pulls a multi-GB CUDA build), on both ends, so torch's own floor is not exercised.
 It takes 5-10 minutes per end on 2 cores (the installs, then the unit tier), so .ci/run does not run it by default;
-the README ("Tested versions") records the last result. Exit status 1 if any end fails to install or to pass.
+docs/install.md ("Tested versions") records the last result. Exit status 1 if any end fails to install or to pass.
 """
 
 from __future__ import annotations

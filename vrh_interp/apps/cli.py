@@ -599,7 +599,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     return run_demo(model_spec=args.model, out=Path(args.out), detect_scenes=args.detect, eval_scenes=args.eval,
                     device=args.device, dtype=args.dtype, transfer_model=args.transfer_model, as_json=args.json,
-                    random_sets=args.random_sets, curve_sets=args.curve_sets, check_items=args.check_items,
+                    random_sets=args.random_sets, check_items=args.check_items,
                     rank_sets=args.rank_sets, rank_items=args.rank_items, vqa_scenes=args.vqa_scenes,
                     control_scenes=args.control_scenes, batch_size=args.batch_size,
                     positive_control=not args.no_positive_control, budget_seconds=args.budget_seconds,
@@ -852,14 +852,14 @@ def _demo_parser(sub: Any) -> None:
                    help="evaluation scenes (disjoint from detection); every referent is an item (default 40 "
                         "scenes, 132 items)")
     p.add_argument("--random-sets", type=_positive_int, default=None,
-                   help="control head sets of each kind (uniform, layer-matched, live heads) at k* in every sweep "
-                        "(default 20)")
-    p.add_argument("--curve-sets", type=_non_negative_int, default=None,
-                   help="control sets of each kind at the main sweep's other k (the k-curve claim; default 4)")
+                   help="control head sets of each kind (uniform, layer-matched, live heads) answered on every item "
+                        "in the design-space, transfer and VQA steps (default 20; the k-sweep draws one fresh set "
+                        "of each kind per scene instead)")
     p.add_argument("--rank-sets", type=_non_negative_int, default=None,
                    help="the rank test's control sets of each kind at k* (default 199: 1/200 is under 0.05/8, the "
-                        "paper family's Bonferroni level; drawn in blocks of 20, stopped once 5 are as harmful as the "
-                        "top-k; 0: the rank test reads the --random-sets)")
+                        "paper family's Bonferroni level; drawn in blocks of 20, 40, 80, ..., stopped once 5 are as "
+                        "harmful as the top-k, each set answered only until that is decided; 0: no rank test, so "
+                        "the causal claim cannot hold)")
     p.add_argument("--rank-items", type=_positive_int, default=None,
                    help="items the rank test's sets are answered on (default 12, spread over the scenes)")
     p.add_argument("--check-items", type=_positive_int, default=None,

@@ -5,10 +5,12 @@ Steps (each writes its records into the run folder, so rerunning resumes):
 1. positive control: the same detection and causal sweep on ``toy:planted``, whose retrieval heads are known;
 2. detection on ``detect_scenes`` held-out scenes (one referent per scene), scores of the paper's design, and the
    head census (``evaluation.census``: which heads measurably act; the pool of the live-head control);
-3. the causal k-sweep on every referent of ``eval_scenes`` evaluation scenes (disjoint from detection): at k*
-   ``random_sets`` sets of each control kind (uniform, layer-matched, live heads), ``curve_sets`` of each at the
-   grid's other k (the k-curve claim pools them over k);
-4. the causal claim at k* again under mean and resample ablation, on ``check_items`` fixed items;
+3. the causal k-sweep on every referent of ``eval_scenes`` evaluation scenes (disjoint from detection), in the
+   clustered design (``experiments.designs``): the top-k at every k on every item, and per scene one fresh set of
+   each control kind (uniform, layer-matched, live heads) at every k on that scene's referents (the k-curve claim
+   pools them over k, the scene the unit); the rank test's sets at k* on ``rank_items`` items, curtailed;
+4. the causal claim at k* again under mean and resample ablation, on ``check_items`` fixed items (their scenes'
+   own sets);
 5. the single-head causal scan (every head, or on models over 48 heads the top k* and a random sample);
 6. design space, 7. sparsity and stability, 8. transfer to a second model sharing the backbone (cross-masking),
 9. cross-task VQA, 10. attention overlays of the top heads and the report.
@@ -21,7 +23,7 @@ machine (``--seed`` moves only the control-set draws, the scan's head sample and
 the one claims module (``evaluation.claims``: holds / does not hold / inconclusive, Bonferroni over each table's
 fixed family), with the evidence computed per item from the run's records (``experiments.verdicts``). The causal
 claim's rank test reads up to ``rank_sets`` sets of each kind on ``rank_items`` items (``rank_step``), drawn
-sequentially; transfer has its own (``sequential_sets``). ``--budget-seconds`` optionally caps
+sequentially and curtailed; transfer has its own (``sequential_sets``). ``--budget-seconds`` optionally caps
 the work: steps not begun by then are skipped, and their claims read "inconclusive" (never another verdict).
 """
 
@@ -36,9 +38,8 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from vrh_interp.apps.demo_plan import (ANSWER_TOKENS, DEFAULT_SIZES, PLAN_FILE, RANK_BLOCK, RANK_H, SEED_STRIDE,
-                                       TERMINAL_WIDTH, Sizes,
-                                       Steps, check_subset, demo_ks, evaluation_items, main_conditions, restrict,
+from vrh_interp.apps.demo_plan import (ANSWER_TOKENS, DEFAULT_SIZES, PLAN_FILE, SEED_STRIDE,
+                                       TERMINAL_WIDTH, Sizes, Steps, demo_ks, evaluation_items, restrict,
                                        scan_heads, vqa_answered)
 from vrh_interp.apps.demo_plan import ANSWERS_VQA_MARGIN as ANSWERS_VQA_MARGIN  # re-exported: apps.demo's names
 from vrh_interp.apps.demo_plan import DEMO_GRID as DEMO_GRID
@@ -55,6 +56,7 @@ from vrh_interp.evaluation.claims import Evidence, claims_text, judge
 from vrh_interp.experiments import verdicts as ev
 from vrh_interp.experiments.sweep import Condition, SweepResult, run_conditions
 from vrh_interp.experiments.design_space import design_space, stability, token_choice_stability
+from vrh_interp.experiments.designs import RANK_H, check_subset, scene_design
 from vrh_interp.scoring.detect import collect_detection_stats, scores_from_stats
 from vrh_interp.data.sources import synthetic_samples
 from vrh_interp.experiments.transfer import compare_scores, cross_masking, masking_drops, same_grid
@@ -207,6 +209,7 @@ class DemoRun:
     pool: Any = None
     ranking: Any = None
     conditions: list[Condition] = dataclasses.field(default_factory=list)
+    items_of: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # a scene's sets: its referents
     result: SweepResult | None = None
 
     @property
@@ -264,17 +267,20 @@ def detect_step(run: DemoRun) -> None:
     run.ranking = run.scores.ranking()
     run.pool, live = live_pool(run.vlm, run.detect, run.ranking, max(run.ks), run.out, items=run.sizes.census_items,
                                max_new_tokens=ANSWER_TOKENS, say=lambda line: print("      " + line, flush=True))
-    run.conditions = main_conditions(run.ranking, run.vlm.geometry, run.ks, run.k_star, run.seeds,
-                                     run.sizes.curve_sets, live)
+    run.conditions, run.items_of = scene_design(run.ranking, run.vlm.geometry, run.ks, run.evals,
+                                                run.seed * SEED_STRIDE, live=live)
 
 
 def sweep_step(run: DemoRun) -> None:
     """Step 3: the causal k-sweep; evidence of the causal, k-curve and specificity claims."""
+    answers = sum(len(run.items_of.get(c.key, run.evals)) for c in run.conditions)
     if not run.steps.open(3, f"k-sweep on all {len(run.evals)} referents of {run.sizes.eval_scenes} disjoint scenes, "
-                             f"ks={run.ks} (k*={run.k_star}), {len(run.conditions)} conditions"):
+                             f"ks={run.ks} (k*={run.k_star}), one fresh control set of each kind per scene "
+                             f"({answers} answers); the rank test at k*"):
         return
     result = run.result = run_conditions(run.placed, run.evals, run.conditions, batch_size=run.batch_size,
-                                         max_new_tokens=ANSWER_TOKENS, run_dir=run.out / "sweep")
+                                         max_new_tokens=ANSWER_TOKENS, run_dir=run.out / "sweep",
+                                         items_of=run.items_of)
     result.summary(bootstrap_seed=run.seed).to_csv(run.out / "sweep_summary.csv", index=False)
     rank = rank_step(run)
     run.evidence["causal"] = ev.causal_evidence(result.records, run.conditions, run.k_star, seed=run.seed, rank=rank)
@@ -284,49 +290,27 @@ def sweep_step(run: DemoRun) -> None:
 
 
 def sequential_sets(run: DemoRun, folder: Path, streams: Sequence[tuple[str, str]], target: str,
-                    answer: Any) -> dict[str, SweepResult] | None:
-    """The rank test's control sets, drawn sequentially (Besag-Clifford): blocks of ``RANK_BLOCK`` seeds after the
-    main sweep's (its sets are the first ones) up to ``rank_sets``, each block answered by ``answer(seeds, kinds,
-    folder)`` -> ``{unit: SweepResult}`` on the rank items; a ``(unit, kind)`` stream stops once ``RANK_H`` of its
-    sets are at least as harmful as the ``target`` set (its p-value is then decided, and large) or all are drawn.
-    Stopping depends only on the outcomes, so a rerun resumes block by block. None: no sets asked for."""
-    from vrh_interp.evaluation.inference import sequential_rank_p
+                    answer: Any, first: int, block: int) -> dict[str, SweepResult] | None:
+    """``designs.sequential_sets`` at k* with the demo's ``rank_sets`` and ``RANK_H``, saying what it drew."""
+    from vrh_interp.experiments.designs import sequential_sets as drawn
 
-    if run.sizes.rank_sets <= 0:
-        return None
-    running, parts, conditions = set(streams), {}, {}
-    first = run.seed * SEED_STRIDE
-    merged: dict[str, SweepResult] = {}
-    for start in range(0, run.sizes.rank_sets, RANK_BLOCK):
-        if not running:
-            break
-        seeds = list(range(first + start, first + min(run.sizes.rank_sets, start + RANK_BLOCK)))
-        for unit, result in answer(seeds, {kind for _, kind in running}, folder / f"block-{start:04d}").items():
-            parts.setdefault(unit, []).append(result.records)
-            conditions.setdefault(unit, {}).update({c.key: c for c in result.conditions})
-        merged = {unit: _rank_result(parts[unit], conditions[unit]) for unit in parts}
-        for unit, kind in sorted(running):
-            ranked = ev.rank_data(merged.get(unit), run.k_star, kind, "zero", target, 0.5)
-            if ranked is None:
-                running.discard((unit, kind))
-                continue
-            _, used = sequential_rank_p(*ranked, h=RANK_H)
-            if used < len(ranked[1]) or len(ranked[1]) >= run.sizes.rank_sets:
-                running.discard((unit, kind))
-    for unit, result in merged.items():
+    merged = drawn(streams, answer, folder, k=run.k_star, target=target, total=run.sizes.rank_sets, first=first,
+                   block=block, h=RANK_H)
+    for unit, result in (merged or {}).items():
         sets = {kind: sum(1 for c in result.conditions if c.kind == kind) for _, kind in streams}
         print(f"      rank test{'' if unit == 'grounding' else ' (' + unit + ')'}: "
               f"{', '.join(f'{n} {kind}' for kind, n in sets.items())} sets on "
-              f"{result.records['sample_id'].nunique()} items (stopped once {RANK_H} were as harmful as the "
-              f"{target} set)", flush=True)
-    return merged or None
+              f"{result.records['sample_id'].nunique()} items, {len(result.records)} answers (stopped once "
+              f"{RANK_H} were as harmful as the {target} set)", flush=True)
+    return merged
 
 
 def rank_step(run: DemoRun) -> SweepResult | None:
     """The rank test's sets for the causal claim (inside step 3): up to ``rank_sets`` control sets of each kind at
     k* on ``rank_items`` items spread over the scenes (exchangeability is all a rank test needs, so few items per
-    set suffice), drawn sequentially (``sequential_sets``); the first block is the main sweep's own sets, read
-    from its records."""
+    set suffice), drawn sequentially (``sequential_sets``) with seeds apart from the scenes' and answered with
+    curtailment (``designs.curtailed_rank``: each set only until its comparison with the top-k is decided)."""
+    from vrh_interp.experiments.designs import SCENE_SEEDS, curtailed_rank
     from vrh_interp.experiments.sweep import control_conditions
 
     items = check_subset(run.evals, run.sizes.rank_items)
@@ -336,27 +320,17 @@ def rank_step(run: DemoRun) -> SweepResult | None:
     detected = run.ranking[: max(run.ks)]
     pool = run.pool.control_pool(detected, max(run.ks)) if run.pool is not None else None  # as the main sweep's
 
-    ids = [s.sample_id for s in items]
-
     def answer(seeds: list[int], running: set[str], folder: Path) -> dict[str, SweepResult]:
-        if set(seeds) <= set(run.seeds):  # the main sweep's sets: answered there already, on these items too
-            return {"grounding": restrict(run.result, ids, lambda c: c.k == run.k_star and (
-                c.kind == "top" or (c.kind in running and c.seed in seeds)))}
         block = [c for c in control_conditions(run.vlm.geometry, detected, run.k_star, top.heads, seeds,
                                                matched="matched" in running, live=pool if "live" in running else None)
                  if c.kind in running]
-        return {"grounding": run_conditions(run.placed, items, [baseline, top, *block], batch_size=run.batch_size,
-                                            max_new_tokens=ANSWER_TOKENS, run_dir=folder, progress=False)}
+        return {"grounding": curtailed_rank(run.placed, items, baseline, top, block, folder,
+                                            batch_size=run.batch_size, max_new_tokens=ANSWER_TOKENS,
+                                            target_folder=run.out / "rank" / "target")}
 
-    found = sequential_sets(run, run.out / "rank", [("grounding", kind) for kind in kinds], "top", answer)
+    found = sequential_sets(run, run.out / "rank", [("grounding", kind) for kind in kinds], "top", answer,
+                            run.seed * SEED_STRIDE + SCENE_SEEDS, 20)
     return None if found is None else found["grounding"]
-
-
-def _rank_result(parts: list[pd.DataFrame], conditions: dict[str, Condition]) -> SweepResult:
-    records = pd.concat(parts, ignore_index=True).drop_duplicates(["condition", "sample_id"])
-    ordered = sorted(conditions.values(), key=lambda c: (c.kind != "baseline", c.kind != "top", c.kind,
-                                                         c.seed if isinstance(c.seed, int) else 0))
-    return SweepResult(records.reset_index(drop=True), ordered, 0.5, None)
 
 
 def ablation_kinds_step(run: DemoRun) -> None:
@@ -370,17 +344,21 @@ def ablation_kinds_step(run: DemoRun) -> None:
     from vrh_interp.core.ablation_kinds import ABLATION_KINDS, DEFAULT_ABLATION_KIND
     from vrh_interp.evaluation.grounding import ablation_values
 
+    from vrh_interp.experiments.designs import restrict_design
+
     values = ablation_values(run.vlm, run.detect, batch_size=run.batch_size)
     values.save(run.out / "ablation_values.pt")
-    at_k = [c for c in run.conditions if c.k in (0, run.k_star)]
-    # the k-sweep ran the default kind (zero); every other registered kind runs here
+    # the k-sweep ran the default kind (zero); every other registered kind runs here, on the check items with
+    # their scenes' own sets (the clustered design restricted to them)
     check_ids = [s.sample_id for s in run.checks]
+    at_k, where = restrict_design(run.conditions, run.items_of, check_ids, lambda c: c.k == run.k_star)
     kinds = {DEFAULT_ABLATION_KIND: restrict(run.result, check_ids, lambda c: c.k == run.k_star)}
     for kind in (k for k in ABLATION_KINDS if k != DEFAULT_ABLATION_KIND):
         masked = [c if c.kind == "baseline" else dataclasses.replace(c, ablation=kind) for c in at_k]
         kinds[kind] = run_conditions(run.vlm, run.checks, masked, batch_size=run.batch_size,
                                      max_new_tokens=ANSWER_TOKENS, run_dir=run.out / f"ablation_{kind}",
-                                     ablation_values=values)
+                                     ablation_values=values,
+                                     items_of={m.key: where[c.key] for c, m in zip(at_k, masked) if c.key in where})
     # every kind on the same check items: does the drop and the effect persist under its ablation? The top-k's
     # specialness is the causal claim's rank test (its rank step, zero ablation) for each
     zero = run.evidence.get("causal")
@@ -463,7 +441,7 @@ def transfer_step(run: DemoRun) -> None:
 
         rank_items = check_subset(run.checks, run.sizes.rank_items)
         rank = sequential_sets(run, out / "cross_rank", [(label, "random") for label in crossed.results],
-                               "transferred", answer)
+                               "transferred", answer, run.seed * SEED_STRIDE, run.sizes.random_sets)
         curves = crossed.summary()
         curves.to_csv(out / "cross_masking.csv", index=False)
         masking_drops(curves, k_star).to_csv(out / "transfer_masking.csv", index=False)
@@ -560,7 +538,7 @@ DEMO_STEPS = (detect_step, sweep_step, ablation_kinds_step, scan_step, design_sp
 def run_demo(*, model_spec: str | None = None, out: Path = Path("runs/demo"), detect_scenes: int | None = None,
              eval_scenes: int | None = None, device: str | None = None, dtype: str | None = None,
              transfer_model: str | None = "auto", as_json: bool = False, batch_size: int = 256,
-             random_sets: int | None = None, curve_sets: int | None = None, check_items: int | None = None,
+             random_sets: int | None = None, check_items: int | None = None,
              vqa_scenes: int | None = None, control_scenes: int | None = None, overlay_items: int = 3,
              rank_sets: int | None = None, rank_items: int | None = None,
              positive_control: bool = True, budget_seconds: float | None = None, seed: int = 0,
@@ -569,7 +547,7 @@ def run_demo(*, model_spec: str | None = None, out: Path = Path("runs/demo"), de
     started = time.perf_counter()
     given = {"detect_scenes": detect_scenes, "eval_scenes": eval_scenes, "check_items": check_items,
              "vqa_scenes": vqa_scenes, "control_scenes": control_scenes, "random_sets": random_sets,
-             "curve_sets": curve_sets, "rank_sets": rank_sets, "rank_items": rank_items}
+             "rank_sets": rank_sets, "rank_items": rank_items}
     sizes = dataclasses.replace(DEFAULT_SIZES, **{k: v for k, v in given.items() if v is not None})
     run = plan_demo(model_spec, transfer_model, out, sizes, seed=seed, batch_size=batch_size, device=device,
                     dtype=dtype, placement=placement, positive_control=positive_control, overlay_items=overlay_items,

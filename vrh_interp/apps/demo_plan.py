@@ -11,7 +11,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from vrh_interp.experiments.sweep import CONTROL_KINDS, Condition, SweepResult, parse_ks, sweep_conditions
+from vrh_interp.experiments.sweep import Condition, SweepResult, parse_ks
 
 ANSWER_TOKENS = 24
 PAPER_FRACTION_RANGE = (0.017, 0.026)  # 20 of 1152 .. 20 of 784 heads
@@ -22,7 +22,6 @@ PLAN_FILE = "plan.json"
 SEED_STRIDE = 1000  # --seed s draws control sets with seeds s*1000 .. s*1000 + sets - 1
 ANSWERS_VQA_MARGIN = 0.1  # a VQA kind counts as answered when the unmasked model beats the majority answer by this
 SCAN_ALL_HEADS, SCAN_SAMPLED_HEADS = 48, 32
-RANK_BLOCK, RANK_H = 20, 5  # the rank step's sets per block; Besag-Clifford's h (stop at h sets as harmful)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,8 +34,7 @@ class Sizes:
     vqa_scenes: int = 20
     control_scenes: int = 30
     census_items: int = 6
-    random_sets: int = 20
-    curve_sets: int = 4
+    random_sets: int = 20  # sets of each kind where every set is answered on every item (design space, transfer, VQA)
     rank_sets: int = 199  # the rank test's sets of each kind at k*: 1 / (199 + 1) is under 0.05 / 8 (the paper family)
     rank_items: int = 12
 
@@ -65,37 +63,14 @@ def evaluation_items(scenes: int) -> list[Any]:
     return [sample for index in range(scenes) for sample in grounding_samples("eval", index, 1)]
 
 
-def check_subset(items: Sequence[Any], count: int) -> list[Any]:
-    """``count`` items in whole scenes spread evenly over ``items`` (a scene's referents share their image prefix
-    in a generation); the last scene cut to make ``count``. Fixed, spread over the scenes."""
-    if count >= len(items):
-        return list(items)
-    scenes: list[list[Any]] = []
-    for item in items:
-        image = getattr(item, "image", None)
-        if scenes and image is not None and getattr(scenes[-1][0], "image", None) is image:
-            scenes[-1].append(item)
-        else:
-            scenes.append([item])
-    wanted = min(len(scenes), math.ceil(count * len(scenes) / len(items)))
-    picked = [item for i in range(wanted) for item in scenes[math.floor(i * len(scenes) / wanted)]]
-    return picked[:count]
-
-
-def main_conditions(ranking: Any, geometry: Any, ks: Sequence[int], k_star: int, seeds: Sequence[int],
-                    curve_sets: int, live: Any = None) -> list[Condition]:
-    """``sweep_conditions`` with every control set at k* and the first ``curve_sets`` seeds at every other k."""
-    conditions = sweep_conditions(ranking, geometry, ks, list(seeds), live=live)
-    first = set(list(seeds)[:curve_sets])
-    return [c for c in conditions if c.kind not in CONTROL_KINDS or c.k == k_star or c.seed in first]
-
-
 def restrict(result: SweepResult, sample_ids: Sequence[str], keep: Callable[[Condition], bool]) -> SweepResult:
-    """The records of ``result`` on ``sample_ids`` under the conditions ``keep`` accepts (the baseline always)."""
-    conditions = [c for c in result.conditions if c.kind == "baseline" or keep(c)]
-    keys = {c.key for c in conditions}
+    """The records of ``result`` on ``sample_ids`` under the conditions ``keep`` accepts (the baseline always); a
+    condition with no records there (a scene's own set, ``designs.scene_design``) is left out."""
     records = result.records
-    records = records[records["sample_id"].isin(set(sample_ids)) & records["condition"].isin(keys)]
+    records = records[records["sample_id"].isin(set(sample_ids))]
+    present = set(records["condition"])
+    conditions = [c for c in result.conditions if c.kind == "baseline" or (keep(c) and c.key in present)]
+    records = records[records["condition"].isin({c.key for c in conditions})]
     return SweepResult(records.reset_index(drop=True), conditions, result.iou_threshold, result.total_heads)
 
 

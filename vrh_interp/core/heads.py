@@ -72,6 +72,10 @@ class Head:
     def __str__(self) -> str:
         return f"L{self.layer}H{self.head}"
 
+    def _repr_html_(self) -> str:
+        """A notebook shows the head's name, ``L3H2`` (layer 3, head 2, 0-based)."""
+        return f"<code>{self}</code> (layer {self.layer}, head {self.head})"
+
     @classmethod
     def parse(cls, text: str) -> "Head":
         """Parse ``"L19H17"`` (case-insensitive) back into ``Head(19, 17)``."""
@@ -148,6 +152,12 @@ class HeadSet:
 
     def __str__(self) -> str:
         return ",".join(str(h) for h in self._heads)
+
+    def _repr_html_(self) -> str:
+        """A notebook shows the count and the heads in order (the first 32, then how many more)."""
+        shown = ", ".join(str(h) for h in self._heads[:32])
+        more = f" and {len(self) - 32} more" if len(self) > 32 else ""
+        return f"<b>HeadSet</b> of {len(self)} head{'' if len(self) == 1 else 's'}: <code>{shown}</code>{more}"
 
     @classmethod
     def parse(cls, text: str) -> "HeadSet":

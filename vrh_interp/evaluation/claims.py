@@ -261,7 +261,7 @@ def _advice(spec: ClaimSpec, evidence: Evidence, level: float) -> str:
             bits.append(f"about {items:,} {spec.unit}")
         sets = effect.needed(spec.minimum, level, POWER)["sets"] if effect is not None else None
         if sets and sets > effect.sets:
-            bits.append(f"about {sets:,} control sets")
+            bits.append(f"about {sets:,} {effect.set_unit}")
     rank_sets = evidence.extra.get("rank_sets")
     if "special" in failing and evidence.extra.get("rank_at_floor") and rank_sets is not None \
             and rank_sets < sets_for(level):
@@ -394,6 +394,8 @@ def causal_test(baseline: Sequence[float], target: Sequence[float], controls: np
         lost, gained = int(np.sum(base > masked)), int(np.sum(base < masked))
     if special_p is not None:
         special, rank_sets = float(special_p), None
+    elif rank is None and not np.isfinite(controls).all():  # one set per scene: no common items to rank on
+        special, rank_sets = 1.0, 0
     else:
         top_acc, set_accs = rank if rank is not None else (float(np.mean(target)), controls.mean(axis=1))
         special, _ = inference.sequential_rank_p(top_acc, set_accs, h=rank_h)

@@ -14,10 +14,12 @@ asymptotically; ``docs/results/calibration.md`` (``evaluation.calibration``) mea
   discordant counts, the binomial tail of the pairs baseline right / masked wrong), for 0/1 outcomes.
 * ``sign_flip_p``: the exact randomisation test of a mean of paired per-item differences > 0 (symmetric null),
   Monte Carlo over sign vectors with the +1 correction, for differences that are not 0/1.
-* ``effect_p``: is the effect at least a stated size? ``theta = mean over control sets of accuracy - target's
-  accuracy``, estimated on the same items. Its error has two parts: items (the per-item differences) and sets
-  (a finite sample of control sets estimates the mean of the set distribution). The standard error adds both,
-  ``s_items^2 / n + s_sets^2 / S``, with a t reference on the Welch-Satterthwaite degrees of freedom.
+* ``set_effect``: is the effect at least a stated size? ``theta = mean over control sets of accuracy - target's
+  accuracy``. Crossed (every set on the same items), its error has two parts: items (the per-item differences)
+  and sets (a finite sample of control sets estimates the mean of the set distribution); the standard error adds
+  both, ``s_items^2 / n + s_sets^2 / S``, with a t reference on the Welch-Satterthwaite degrees of freedom.
+  Clustered (``cluster_effect``: one fresh set per scene, on its referents), the scenes are independent units
+  and the cluster-robust standard error on ``scenes - 1`` degrees of freedom holds both parts.
 * ``betting_p``: a one-sided test of ``mean <= m`` for bounded i.i.d. values that is valid at every sample size
   (the hedged-capital test martingale of Waudby-Smith and Ramdas 2024 with aGRAPA bets; Ville's inequality
   makes ``1 / max_t K_t`` a p-value): used where a statistic is a plain mean of bounded per-item values.
@@ -152,6 +154,7 @@ class Effect:
     sets: int
     var_items: float  # variance over items of the per-item differences (mean over sets - target)
     var_sets: float  # variance over sets of the set accuracies
+    set_unit: str = "control sets"  # what ``sets`` counts: scenes in the clustered design (``cluster_effect``)
 
     @property
     def se(self) -> float:
@@ -210,11 +213,20 @@ class Effect:
 
 
 def set_effect(target: Sequence[float], controls: np.ndarray) -> Effect:
-    """``Effect`` of ``controls`` (sets x n outcomes) against ``target`` (n outcomes) on the same items."""
+    """``Effect`` of ``controls`` (sets x n outcomes) against ``target`` (n outcomes) on the same items. NaN marks
+    an item a set was not answered on: a PARTITION (each item answered under exactly one set of the kind, e.g. one
+    fresh set per scene) is the clustered design (``cluster_effect``); other partial tables are refused."""
     target = np.asarray(target, dtype=float)
     controls = np.asarray(controls, dtype=float)
     if controls.ndim != 2 or controls.shape[1] != target.shape[0] or controls.shape[0] == 0:
         raise ValueError(f"controls must be (sets x {target.shape[0]}), got {controls.shape}")
+    answered = np.isfinite(controls)
+    if not answered.all():
+        if not np.all(answered.sum(axis=0) == 1):
+            raise ValueError("a partial control table must be a partition: every item answered under exactly one "
+                             "set (one fresh set per scene); pass the full (sets x items) table otherwise")
+        return cluster_effect(target, np.nanmax(np.where(answered, controls, -np.inf), axis=0),
+                              np.argmax(answered, axis=0))
     per_item = controls.mean(axis=0) - target
     set_acc = controls.mean(axis=1)
     n, sets = target.shape[0], controls.shape[0]
@@ -223,6 +235,30 @@ def set_effect(target: Sequence[float], controls: np.ndarray) -> Effect:
     var_items = (float(np.sum((per_item - per_item.mean()) ** 2)) + 1.0) / n
     var_sets = (float(np.sum((set_acc - set_acc.mean()) ** 2)) + 1.0 / n ** 2) / sets if sets > 1 else 0.0
     return Effect(float(per_item.mean()), n, sets, var_items, var_sets)
+
+
+def cluster_effect(target: Sequence[float], control: Sequence[float], cluster: Sequence[int]) -> Effect:
+    """``Effect`` of the clustered design: item i answered under ``control[i]`` of its cluster's own fresh set
+    (``cluster[i]``; the items of a cluster share the set) and under the ``target``. The estimand is the same as
+    the crossed design's (the mean over the set distribution of a set's accuracy, minus the target's): each item's
+    set is a fresh draw, so ``mean(control - target)`` is unbiased, and the clusters are independent units, so
+    its variance is the cluster-robust one (between-set and item parts together) on ``clusters - 1`` degrees of
+    freedom. Reported as ``var_sets`` over ``sets = clusters`` (``var_items`` 0): more clusters (scenes, each with
+    its own set) is the one lever, and ``Effect.needed`` says how many. As in ``set_effect``, one more unit that
+    deviates by the outcome's resolution is added, so a table whose outcomes never vary has no zero variance."""
+    target = np.asarray(target, dtype=float)
+    diff = np.asarray(control, dtype=float) - target
+    cluster = np.asarray(cluster)
+    labels, index = np.unique(cluster, return_inverse=True)
+    g, n = labels.size, target.size
+    estimate = float(diff.mean())
+    totals = np.bincount(index, weights=diff, minlength=g)
+    sizes = np.bincount(index, minlength=g).astype(float)
+    residual = totals - sizes * estimate  # each cluster's total deviation
+    mean_size = n / g
+    # var(estimate) = sum residual^2 / n^2 * g / (g - 1); as var_sets / sets with sets = g
+    var_estimate = (float(np.sum(residual ** 2)) + mean_size ** 2) / n ** 2 * (g / max(1, g - 1))
+    return Effect(estimate, n, g, 0.0, var_estimate * g, "scenes (each with its own control sets)")
 
 
 def betting_p(values: Sequence[float], threshold: float, *, low: float = 0.0, high: float = 1.0,

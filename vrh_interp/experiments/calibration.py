@@ -30,9 +30,12 @@ KINDS = ("random", "matched", "live")
 
 @dataclass(frozen=True)
 class Design:
-    """How a causal claim is measured: ``sets`` control sets of each kind on all ``items``; ``rank_sets`` more on
-    ``rank_items`` common items for the rank test (0: the rank test reads the ``sets``), drawn sequentially
-    (Besag-Clifford, stop after ``h`` sets at least as harmful)."""
+    """How a causal claim is measured: ``sets`` control sets of each kind on all ``items`` (crossed), or with
+    ``scene`` > 0 one fresh set of each kind per scene of ``scene`` items, on those items only (clustered,
+    ``experiments.designs.scene_design``); ``rank_sets`` more on ``rank_items`` common items for the rank test (0:
+    the rank test reads the crossed ``sets``), drawn sequentially in blocks (Besag-Clifford, stop after ``h`` sets
+    at least as harmful), with ``curtail`` each set answered item by item only until its comparison with the
+    top-k is decided (``designs.curtailed_rank``)."""
 
     name: str
     items: int
@@ -40,6 +43,8 @@ class Design:
     rank_sets: int = 0
     rank_items: int = 12
     h: int = 5
+    scene: int = 0
+    curtail: bool = False
 
 
 @dataclass(frozen=True)
@@ -123,9 +128,55 @@ def _masked(rng: np.random.Generator, right: np.ndarray, harm: np.ndarray, base:
     return np.where(right[None, :] == 1, (u >= lose).astype(float), (u < gain).astype(float))
 
 
+def _clustered(rng: np.random.Generator, right: np.ndarray, scenario: Scenario,
+               scene: int) -> tuple[np.ndarray, int]:
+    """(scenes x items) outcomes of one fresh set per scene of ``scene`` items, NaN off its scene; answers."""
+    n = right.shape[0]
+    scenes = -(-n // scene)
+    harms = _harms(rng, scenario.set_harm, scenario.spread, scenes)
+    table = np.full((scenes, n), np.nan)
+    for j in range(scenes):
+        part = slice(j * scene, min(n, (j + 1) * scene))
+        table[j, part] = _masked(rng, right[part], [harms[j]], scenario.base)[0]
+    return table, n
+
+
+def _curtailed_rank(rng: np.random.Generator, right: np.ndarray, top: np.ndarray, harms: np.ndarray,
+                    scenario: Scenario, h: int, curtail: bool) -> tuple[tuple[float, np.ndarray], int]:
+    """The rank test's data on the common items ``right`` / ``top`` from sets of the given harms, drawn in the
+    demo's blocks (``designs.rank_blocks``) until Besag-Clifford stops; with ``curtail`` each set answered item
+    by item until its comparison with the top-k is decided. ``((target, set values), answers)``."""
+    from vrh_interp.evaluation.inference import sequential_rank_p
+    from vrh_interp.experiments.designs import rank_blocks
+
+    m, wins = right.shape[0], int(top.sum())
+    values: list[float] = []
+    answers = 2 * m  # the target and the baseline on the rank items
+    for start, stop in rank_blocks(len(harms)):
+        outcomes = _masked(rng, right, harms[start:stop], scenario.base)
+        for row in outcomes:
+            if curtail:
+                count, used = 0, m
+                for j, value in enumerate(row):
+                    count += int(value)
+                    if count > wins or count + (m - j - 1) <= wins:
+                        used = j + 1
+                        break
+                answers += used
+                values.append((count + m - used) / m)
+            else:
+                answers += m
+                values.append(float(row.mean()))
+        _, drawn = sequential_rank_p(wins / m, values, h=h)
+        if drawn < len(values):
+            break
+    return (wins / m, np.array(values)), answers
+
+
 def simulate_causal(scenario: Scenario, design: Design, rng: np.random.Generator,
-                    minimum: float = CLAIMS["causal"].minimum) -> tuple[Any, int]:
-    """One simulated table through the causal rule: ``(evidence, answers used)``."""
+                    minimum: float = CLAIMS["causal"].minimum, special_p: float | None = None) -> tuple[Any, int]:
+    """One simulated table through the causal rule: ``(evidence, answers used)``; ``special_p``: the rank test's
+    p made elsewhere (the k-curve reads the one at k*)."""
     n = design.items
     right = (rng.random(n) < scenario.base).astype(float)
     top_harm = scenario.top_harm
@@ -134,6 +185,17 @@ def simulate_causal(scenario: Scenario, design: Design, rng: np.random.Generator
     top = _masked(rng, right, [top_harm], scenario.base)[0]
     parts, answers = {}, 2 * n
     for kind in KINDS:
+        if design.scene:
+            sets, used = _clustered(rng, right, scenario, design.scene)
+            m = design.rank_items
+            rank, ranked = None, 0
+            if design.rank_sets:
+                rank, ranked = _curtailed_rank(rng, right[:m], top[:m], _harms(
+                    rng, scenario.set_harm, scenario.spread, design.rank_sets), scenario, design.h, design.curtail)
+            answers += used + ranked
+            parts[kind] = causal_test(right, top, sets, minimum=minimum, rank=rank, rank_h=design.h,
+                                      special_p=special_p)
+            continue
         set_harms = _harms(rng, scenario.set_harm, scenario.spread, max(design.sets, design.rank_sets))
         sets = _masked(rng, right, set_harms[:design.sets], scenario.base)
         answers += design.sets * n
@@ -147,7 +209,8 @@ def simulate_causal(scenario: Scenario, design: Design, rng: np.random.Generator
             _, used = sequential_rank_p(float(top[:m].mean()), ranked.mean(axis=1), h=design.h)
             answers += max(0, used - design.sets) * m
             rank = (float(top[:m].mean()), ranked.mean(axis=1))
-        parts[kind] = causal_test(right, top, sets, minimum=minimum, rank=rank, rank_h=design.h)
+        parts[kind] = causal_test(right, top, sets, minimum=minimum, rank=rank, rank_h=design.h,
+                                  special_p=special_p)
     return intersection(parts), answers
 
 
@@ -177,7 +240,8 @@ def null_table(rng: np.random.Generator, design: Design, heads: int = 128, sampl
     evidence: dict[str, Any] = {}
     for claim in ("causal", "vqa", "shared"):
         evidence[claim], _ = simulate_causal(noise, design, rng)
-    curve, _ = simulate_causal(noise, Design("curve", design.items, 4), rng)
+    curve, _ = simulate_causal(noise, Design("curve", design.items, 4, scene=design.scene), rng,
+                               special_p=evidence["causal"].parts.get("special", 1.0))
     curve.p_holds = max(curve.p_holds, evidence["causal"].parts.get("special", 1.0))
     evidence["causal_curve"] = curve
     scores = rng.exponential(size=(samples, heads))
@@ -233,10 +297,13 @@ ALTERNATIVES = (
     Scenario("modest 5-point effect (= the minimum; not meant to hold)", "alternative", set_harm=0.02, spread=0.02,
              top_harm=0.07),
 )
-# the demo's design before 0.3 (20 sets of each kind on every item) and the one it uses now (the rank step added)
+# the demo's design before 0.3 (20 sets of each kind on every item), the 0.3 one (the rank step added) and the one
+# it uses now (one fresh set per scene; the rank step curtailed)
 FIXED = Design("20 sets on every item (0.2 design)", items=135, sets=20)
 RANKED = Design("20 sets on every item + up to 199 on 12 items, sequential (0.3 demo)", items=135, sets=20,
                 rank_sets=199)
+CLUSTERED = Design("one set per scene of 3-4 items + up to 199 on 12 items, sequential, curtailed (0.4 demo)",
+                   items=135, sets=0, rank_sets=199, scene=4, curtail=True)
 
 
 def table(scenarios: tuple[Scenario, ...], designs: tuple[Design, ...], runs: int, *, items: tuple[int, ...] = (),
@@ -247,7 +314,8 @@ def table(scenarios: tuple[Scenario, ...], designs: tuple[Design, ...], runs: in
     for scenario in scenarios:
         for design in designs:
             for n in items or (design.items,):
-                sized = Design(design.name, n, design.sets, design.rank_sets, min(design.rank_items, n), design.h)
+                sized = Design(design.name, n, design.sets, design.rank_sets, min(design.rank_items, n), design.h,
+                               design.scene, design.curtail)
                 result = rate(scenario, sized, runs, seed=seed, alpha=alpha)
                 rows.append({"scenario": scenario.name, "truth": scenario.truth, "design": design.name, "items": n,
                              "runs": result.runs, "holds": result.holds / result.runs,

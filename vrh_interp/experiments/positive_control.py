@@ -28,7 +28,9 @@ from typing import Any
 import pandas as pd
 
 from vrh_interp.core.backends.select import backend_for
-from vrh_interp.experiments.sweep import Condition, run_conditions, sweep_conditions
+from vrh_interp.experiments.designs import (RANK_H, SCENE_SEEDS, check_subset, curtailed_rank, scene_design,
+                                            sequential_sets)
+from vrh_interp.experiments.sweep import Condition, control_conditions, run_conditions
 from vrh_interp.core.heads import HeadSet
 from vrh_interp.core.model import LOCAL, Placement
 from vrh_interp.core.provenance import library_versions, model_provenance, now_utc
@@ -126,7 +128,8 @@ def transfer_verdict(rows: list[dict[str, Any]]) -> str:
 
 def run_positive_control(out: Path, *, detect_scenes: int = 20, eval_scenes: int = 30, random_sets: int = 20,
                          batch_size: int = 60, device: str | None = None, progress: bool = True,
-                         transfer: bool = True, placement: Placement = LOCAL) -> dict[str, Any]:
+                         transfer: bool = True, placement: Placement = LOCAL, rank_sets: int = 199,
+                         rank_items: int = 12) -> dict[str, Any]:
     """Detect, grade and sweep on ``toy:planted``, then (``transfer``) the transfer test against each shipped
     partner; writes ``out/{grading.csv, sweep_summary.csv, transfer_control.csv, positive_control.json}``
     (resumable through ``out/detect``, ``out/sweep`` and each partner's folders) and returns the summary.
@@ -148,14 +151,26 @@ def run_positive_control(out: Path, *, detect_scenes: int = 20, eval_scenes: int
     scores.save(out / "scores-planted.json")
     k = len(planted)
     ranking = scores.ranking()
-    conditions = sweep_conditions(ranking, vlm.geometry, [0, k], list(range(random_sets)))
+    # the demo's design (``experiments.designs``): one fresh set of each kind per scene, the rank test curtailed
+    conditions, items_of = scene_design(ranking, vlm.geometry, [0, k], evals, 0)
     conditions.append(Condition("decoys", len(decoys), None, decoys))
     result = run_conditions(vlm, evals, conditions, batch_size=batch_size, max_new_tokens=ANSWER_TOKENS,
-                            run_dir=out / "sweep", progress=progress)
+                            run_dir=out / "sweep", progress=progress, items_of=items_of)
+    baseline, top = conditions[0], next(c for c in conditions if c.kind == "top")
+    rank_on = check_subset(evals, rank_items)
+
+    def answer(seeds: list[int], running: set[str], folder: Path) -> dict[str, Any]:
+        block = [c for c in control_conditions(vlm.geometry, ranking[:k], k, top.heads, seeds) if c.kind in running]
+        return {"grounding": curtailed_rank(vlm, rank_on, baseline, top, block, folder, batch_size=batch_size,
+                                            max_new_tokens=ANSWER_TOKENS, target_folder=out / "rank" / "target")}
+
+    ranked = sequential_sets([("grounding", kind) for kind in ("random", "matched")], answer, out / "rank", k=k,
+                             target="top", total=rank_sets, first=SCENE_SEEDS, block=random_sets, h=RANK_H)
+    rank = None if ranked is None else ranked["grounding"]
     summary = result.summary()
     summary.to_csv(out / "sweep_summary.csv", index=False)
     default = grading[grading["design"] == "Q=output, Phi=sum, Omega=mean"].iloc[0]
-    outcome = _outcome(summary, k, default, planted, decoys, result)
+    outcome = _outcome(summary, k, default, planted, decoys, result, rank)
     outcome["transfer"] = transfer_control(out, vlm, scores, detect, evals, k, random_sets, batch_size=batch_size,
                                            device=device, progress=progress) if transfer else []
     if outcome["transfer"]:
@@ -166,14 +181,16 @@ def run_positive_control(out: Path, *, detect_scenes: int = 20, eval_scenes: int
 
 
 def _outcome(summary: pd.DataFrame, k: int, default: pd.Series, planted: HeadSet, decoys: HeadSet,
-             result: Any) -> dict[str, Any]:
+             result: Any, rank: Any) -> dict[str, Any]:
     """Recovered = the default scorer's top-|P| is exactly P; causal = the claims module's causal rule on the
-    sweep's records (``experiments.verdicts.causal_evidence`` against the random and layer-matched sets,
-    ``evaluation.claims.decide``)."""
+    sweep's records and the rank sets (``experiments.verdicts.causal_evidence`` against the random and
+    layer-matched sets, ``evaluation.claims.decide``)."""
     from vrh_interp.evaluation.claims import CLAIMS, decide
-    from vrh_interp.experiments.verdicts import causal_evidence
+    from vrh_interp.evaluation.inference import sequential_rank_p
+    from vrh_interp.experiments.verdicts import causal_evidence, rank_data
 
-    evidence = causal_evidence(result.records, result.conditions, k, kinds=("random", "matched"))
+    evidence = causal_evidence(result.records, result.conditions, k, kinds=("random", "matched"), rank=rank)
+    ranks = {kind: rank_data(rank, k, kind, "zero", "top", 0.5) for kind in ("random", "matched")}
     verdict, reason = decide(CLAIMS["causal"], evidence)
     top = summary[(summary["condition"] == "top") & (summary["k"] == k)].iloc[0]
     controls = {kind: rows.iloc[0] for kind in ("random", "matched")
@@ -190,8 +207,10 @@ def _outcome(summary: pd.DataFrame, k: int, default: pd.Series, planted: HeadSet
         "n": int(top["n"]), "baseline_accuracy": baseline, "top_accuracy": float(top["accuracy"]),
         "top_p_value_vs_baseline": float(top["p_value_vs_baseline"]),
         "controls": {kind: {"sets": int(row["sets"]), "mean": float(row["accuracy"]),
-                            "q05": float(row["accuracy_q05"]),
-                            "p_value": float(top[f"p_vs_{kind}"])} for kind, row in controls.items()},
+                            "rank_sets": 0 if ranks[kind] is None else len(ranks[kind][1]),
+                            "rank_items": 0 if rank is None else int(rank.records["sample_id"].nunique()),
+                            "p_value": 1.0 if ranks[kind] is None else sequential_rank_p(*ranks[kind], h=RANK_H)[0]}
+                     for kind, row in controls.items()},
         "decoys_accuracy": float(decoy_row["accuracy"].iloc[0]) if not decoy_row.empty else float("nan"),
         "causal_verdict": verdict, "causal_reason": reason, "causal_effect": evidence.estimate,
         "verdict": "the pipeline recovers the planted heads" if recovered and causal
@@ -201,9 +220,9 @@ def _outcome(summary: pd.DataFrame, k: int, default: pd.Series, planted: HeadSet
 
 def describe(outcome: dict[str, Any]) -> str:
     """One paragraph for the terminal and the report."""
-    controls = "; ".join(f"{row['sets']} {kind} sets of {len(outcome['planted'])} heads: mean {row['mean']:.3f}, "
-                         f"5 % quantile {row['q05']:.3f}, empirical p = {row['p_value']:.3f}"
-                         for kind, row in outcome["controls"].items())
+    controls = "; ".join(f"{kind} sets of {len(outcome['planted'])} heads, one per scene ({row['sets']}): "
+                         f"{row['mean']:.3f}; rank p = {row['p_value']:.3g} over {row['rank_sets']} sets on "
+                         f"{row['rank_items']} items" for kind, row in outcome["controls"].items())
     return (f"positive control ({outcome['model']}, planted {', '.join(outcome['planted'])}): {outcome['verdict']}. "
             f"The default scorer's top-{len(outcome['planted'])} is {', '.join(outcome['detected_top'])} "
             f"(precision {outcome['precision_at_p']:.2f}); masking it: {outcome['baseline_accuracy']:.3f} -> "

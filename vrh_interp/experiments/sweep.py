@@ -193,6 +193,20 @@ def _set_outcomes(parts: Sequence[pd.DataFrame], column: str = "correct") -> np.
     return np.array([s.loc[shared].to_numpy(dtype=float) for s in series]).reshape(len(series), len(shared))
 
 
+def _clustered(parts: Sequence[pd.DataFrame], seed: int, resamples: int) -> tuple[float, float, dict[str, float]]:
+    """Sets each answered on their own items (one per scene): the accuracy over all their items, its percentile
+    interval resampling the sets (the clusters) with replacement; no quantiles (a set's accuracy on its few items
+    is not a draw of the set-accuracy distribution)."""
+    correct = [part["correct"].to_numpy(dtype=float) for part in parts]
+    totals, sizes = np.array([c.sum() for c in correct]), np.array([c.size for c in correct], dtype=float)
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(parts), size=(resamples, len(parts)))
+    means = totals[picks].sum(axis=1) / sizes[picks].sum(axis=1)
+    dist = {"sets": len(parts), "mean": float(totals.sum() / sizes.sum()), "sd": float("nan"),
+            **{f"q{round(100 * q):02d}": float("nan") for q in QUANTILES}}
+    return float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975)), dist
+
+
 def condition_rows(parts: Mapping[str, pd.DataFrame], conditions: Sequence[Condition], base: pd.Series,
                    total_heads: int | None, *, bootstrap_seed: int,
                    resamples: int) -> Iterator[tuple[Condition, dict[str, Any], dict[str, Any]]]:
@@ -239,8 +253,11 @@ def set_level_rows(rows: list[dict[str, Any]], parts: Mapping[str, pd.DataFrame]
     for (kind, k, ablation), members in groups.items():
         accuracies = [by_key[c.key]["accuracy"] for c in members]
         outcomes = _set_outcomes([parts[c.key] for c in members])
-        low, high = two_level_bootstrap_ci(outcomes, seed=bootstrap_seed, resamples=resamples)
-        dist = random_set_distribution(accuracies)
+        if outcomes.shape[1] or len(members) == 1:
+            low, high = two_level_bootstrap_ci(outcomes, seed=bootstrap_seed, resamples=resamples)
+            dist = random_set_distribution(accuracies)
+        else:  # one fresh set per scene (a partition of the items): clusters, not a distribution of set accuracies
+            low, high, dist = _clustered([parts[c.key] for c in members], bootstrap_seed, resamples)
         template = by_key[members[0].key]
         aggregate = {column: float("nan") for column in template}
         aggregate.update({c: template[c] for c in ("condition", "k", "k_fraction", "ablation", "benchmark")
@@ -256,7 +273,8 @@ def set_level_rows(rows: list[dict[str, Any]], parts: Mapping[str, pd.DataFrame]
         for cond in conditions:
             if cond.kind != "baseline" and cond.kind not in CONTROL_KINDS and cond.k == k \
                     and cond.ablation == ablation and cond.key in by_key:
-                by_key[cond.key][f"p_vs_{kind}"] = empirical_p_value(by_key[cond.key]["accuracy"], accuracies)
+                by_key[cond.key][f"p_vs_{kind}"] = empirical_p_value(by_key[cond.key]["accuracy"], accuracies) \
+                    if np.isfinite(dist["q05"]) else float("nan")  # clustered sets: the rank test is the claim's
     return out
 
 
@@ -628,7 +646,8 @@ def run_passes(log: RecordLog | None, chunks: Sequence[Sequence[S]], conditions:
                unit: Callable[[S], Hashable], record_unit: Callable[[Mapping[str, Any]], Hashable],
                answer_of: Callable[[Mapping[str, Any]], A], passes: Any,
                record: Callable[[S, Condition, A], dict[str, Any]],
-               canonical: Callable[[Mapping[str, Any]], Any], desc: str, progress: bool) -> list[dict[str, Any]]:
+               canonical: Callable[[Mapping[str, Any]], Any], desc: str, progress: bool,
+               skip: frozenset[tuple[Hashable, str]] = frozenset()) -> list[dict[str, Any]]:
     """The loop every condition experiment runs (grounding sweeps, design space, head scan, cross-masking, the VQA
     sweep): the records already in ``log`` are kept (resume) and their answers reused by every condition masking
     the same heads (``head_signature``); the rest are answered pass by pass (``condition_passes`` with
@@ -636,16 +655,19 @@ def run_passes(log: RecordLog | None, chunks: Sequence[Sequence[S]], conditions:
     records are in ``canonical`` order (``canonical_log_order``). ``unit`` names a sample, ``record_unit`` the
     same name read from a record, ``answer_of`` what ``record`` was made from. ``passes.split(chunk, distinct)``
     cuts a chunk into the batches its passes run on (``_GroundingPasses.split``), given the number of distinct head
-    sets."""
+    sets. ``skip``: (unit, condition key) pairs the design does not ask for (a condition answered on some samples
+    only: ``run_conditions``' ``items_of``)."""
     records: list[dict[str, Any]] = log.read() if log else []
     signature = {c.key: head_signature(c) for c in conditions}
     done = {(record_unit(r), r["condition"]) for r in records}
+    recorded = len(done)
+    done |= skip
     known: dict[tuple[Any, ...], dict[Hashable, A]] = {}
     for row in records:
         if row["condition"] in signature:
             known.setdefault(signature[row["condition"]], {})[record_unit(row)] = answer_of(row)
-    bar = tqdm(total=len(conditions) * sum(map(len, chunks)), initial=len(done), desc=desc, disable=not progress,
-               unit="answer")
+    bar = tqdm(total=len(conditions) * sum(map(len, chunks)) - len(skip), initial=recorded, desc=desc,
+               disable=not progress, unit="answer")
     distinct = len(set(signature.values()))
     batches = (part for chunk in chunks for part in passes.split(chunk, distinct))
     for new in condition_passes(batches, conditions, unit=unit, done=done, known=known, answer=passes.answer,
@@ -664,7 +686,8 @@ def run_conditions(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], condit
                    iou_threshold: float = 0.5, batch_size: int = 8, max_new_tokens: int = 24,
                    run_dir: str | Path | None = None, progress: bool = True, shard: Shard | None = None,
                    ablation_values: AblationValues | None = None,
-                   max_batch_rows: int | None = None, heads_source: Mapping[str, Any] | None = None) -> SweepResult:
+                   max_batch_rows: int | None = None, heads_source: Mapping[str, Any] | None = None,
+                   items_of: Mapping[str, Sequence[str]] | None = None) -> SweepResult:
     """Greedy grounding of every sample under every condition, resumable through ``run_dir``.
 
     Each condition masks its heads with its ``ablation`` kind; "mean" and "resample" need ``ablation_values``
@@ -693,6 +716,10 @@ def run_conditions(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], condit
 
     The handle's backend (``vlm.on(backend=...)``; ``backend_for``) generates the answers; one other than nnsight is
     recorded in the manifest, so a run folder never mixes backends.
+
+    ``items_of`` (condition key -> sample ids) answers those conditions on those samples only (the clustered
+    design: one fresh control set per scene, ``experiments.designs``); the others on every sample. It is part of
+    the run's manifest, so a folder is resumed only with the same assignment.
     """
     check_samples(eval_samples, minimum=1, what="evaluation samples")
     check_prompts_fit(vlm, eval_samples, max_new_tokens)
@@ -708,6 +735,13 @@ def run_conditions(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], condit
     if "baseline:k=0" not in keys:
         raise ValueError("conditions must include the unmasked baseline (Condition('baseline', 0, None, HeadSet()))")
     check_ablation_kinds(backend_type(vlm), [c.ablation for c in conditions if len(c.heads)])  # before any copy
+    all_ids = [s.sample_id for s in eval_samples]
+    items_of = {key: sorted(set(ids)) for key, ids in (items_of or {}).items()}
+    unknown = sorted(set(items_of) - set(keys)) + sorted({i for ids in items_of.values() for i in ids} - set(all_ids))
+    if unknown:
+        raise ValueError(f"items_of names conditions or samples the sweep does not have: {unknown[:5]}")
+    if any(not ids for ids in items_of.values()):
+        raise ValueError("items_of gives a condition no samples: leave the condition out instead")
     runner = backend_for(vlm)
     ablations = {kind: ablation_for(kind, ablation_values, vlm.geometry)
                  for kind in sorted({c.ablation for c in conditions})}
@@ -718,6 +752,8 @@ def run_conditions(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], condit
         config["ablation_values"] = ablation_values.fingerprint()
     if heads_source is not None:
         config["heads_source"] = dict(heads_source)
+    if items_of:
+        config["items_of"] = items_of
     config.update(backend_config(runner))
     folder = RunFolder(run_dir, shard_config(config, shard, batch_size)) if run_dir is not None else None
     mine = shard.select(eval_samples, batch_size) if shard is not None else list(eval_samples)
@@ -736,7 +772,9 @@ def run_conditions(vlm: VLM, eval_samples: Sequence[GroundingSampleLike], condit
                          unit=lambda s: s.sample_id, record_unit=lambda r: r["sample_id"], answer_of=lambda r: r,
                          passes=passes, record=make_record,
                          canonical=lambda r: (order[r["condition"]], position[r["sample_id"]]),
-                         desc="sweep: masked grounding", progress=progress)
+                         desc="sweep: masked grounding", progress=progress,
+                         skip=frozenset((s.sample_id, key) for key, ids in items_of.items() for s in mine
+                                        if s.sample_id not in set(ids)))
     return SweepResult(records=_records_frame(records, conditions, [s.sample_id for s in eval_samples]),
                        conditions=list(conditions), iou_threshold=iou_threshold,
                        total_heads=vlm.geometry.total_heads)

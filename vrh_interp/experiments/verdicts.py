@@ -21,9 +21,20 @@ from vrh_interp.evaluation.statistics import spearman
 
 
 def _matrix(records: pd.DataFrame, keys: Sequence[str], column: str, ids: Sequence[str]) -> np.ndarray:
-    """(keys x ids) of one per-item column, items in the order of ``ids``."""
+    """(keys x ids) of one per-item column, items in the order of ``ids``; NaN where a condition was not answered
+    on an item (the clustered design: one set per scene, ``experiments.designs``)."""
     by_key = {key: part.set_index("sample_id")[column] for key, part in records.groupby("condition")}
-    return np.array([by_key[key].loc[list(ids)].to_numpy(dtype=float) for key in keys]).reshape(len(keys), len(ids))
+    return np.array([by_key[key].reindex(list(ids)).to_numpy(dtype=float)
+                     for key in keys]).reshape(len(keys), len(ids))
+
+
+def _answered(controls: np.ndarray) -> np.ndarray:
+    """The items a control table judges: in the clustered design (each item under one set) every item with its
+    set, else (crossed) the items every set was answered on."""
+    answered = np.isfinite(controls)
+    if controls.shape[0] > 1 and np.all(answered.sum(axis=0) <= 1):
+        return answered.any(axis=0)
+    return answered.all(axis=0)
 
 
 def _correct(records: pd.DataFrame, iou_threshold: float) -> pd.DataFrame:
@@ -59,22 +70,34 @@ def _outcomes(frame: pd.DataFrame, conditions: Sequence[Any], k: int, kind: str,
     keys = ["baseline:k=0", top, *sets]
     if not all((frame["condition"] == key).any() for key in keys):
         return None
-    ids = list(ids) if ids is not None else _common_ids(frame, keys)
+    ids = list(ids) if ids is not None else _common_ids(frame, keys[:2])
     every = _matrix(frame, keys, "correct", ids)
-    return ids, every[0], every[1], every[2:]
+    keep = _answered(every[2:])
+    return [i for i, kept in zip(ids, keep) if kept], every[0, keep], every[1, keep], every[2:, keep]
 
 
 def rank_data(rank: Any, k: int, kind: str, ablation: str, target: str,
                iou_threshold: float) -> tuple[float, np.ndarray] | None:
     """``(target accuracy, set accuracies in drawn order)`` on a rank sweep's items (``rank``: a ``SweepResult``
-    whose control sets were answered on a small common item subset), or None where it has no such sets."""
+    whose control sets were answered on a small common item subset, all of them or, curtailed, until decided:
+    ``designs.curtailed_rank``), or None where it has no such sets. A set's value counts its unanswered items as
+    right, so it is at most the target's accuracy exactly when its full answers would be (the comparison was
+    decided before they were skipped)."""
     if rank is None:
         return None
-    found = _outcomes(_correct(rank.records, iou_threshold), rank.conditions, k, kind, ablation, target)
-    if found is None:
+    frame = _correct(rank.records, iou_threshold)
+    top, sets = control_keys(rank.conditions, kind, k, ablation, target)
+    if top is None or not sets or not (frame["condition"] == top).any():
         return None
-    _, _, top, sets = found
-    return float(top.mean()), sets.mean(axis=1)
+    seeds = {c.key: (c.seed if isinstance(c.seed, int) else 0) for c in rank.conditions}
+    items = frame.loc[frame["condition"] == top, "sample_id"]
+    m = len(items)
+    right = frame[frame["sample_id"].isin(set(items))].groupby("condition")["correct"].agg(["sum", "size"])
+    values = [(float(right.loc[key, "sum"]) + m - int(right.loc[key, "size"])) / m
+              for key in sorted(sets, key=lambda key: seeds.get(key, 0)) if key in right.index]
+    if not values:
+        return None
+    return float(right.loc[top, "sum"]) / m, np.array(values)
 
 
 def causal_evidence(records: pd.DataFrame, conditions: Sequence[Any], k: int, *,
@@ -100,8 +123,9 @@ def causal_evidence(records: pd.DataFrame, conditions: Sequence[Any], k: int, *,
         rank_sets = len(ranked[1]) if ranked is not None else len(sets)
         where = (f" over {rank_sets} sets" + (f" on {rank.records['sample_id'].nunique()} items" if ranked else "")
                  if given is None else " from the zero-ablation rank test")
-        lines.append(f"{kind} ({len(sets)} sets) {top.mean() + effect.estimate:.3f} (effect {effect.estimate:+.3f}; "
-                     f"rank p {parts[kind].parts['special']:.2g}{where})")
+        per = ", one per scene" if effect.set_unit != "control sets" else ""
+        lines.append(f"{kind} ({len(sets)} sets{per}) {top.mean() + effect.estimate:.3f} "
+                     f"(effect {effect.estimate:+.3f}; rank p {parts[kind].parts['special']:.2g}{where})")
         base_acc, top_acc = base.mean(), top.mean()
     if not parts:
         return None
@@ -134,14 +158,14 @@ def curve_evidence(records: pd.DataFrame, conditions: Sequence[Any], *, kinds: S
         common = sorted(set.intersection(*seeds_at), key=lambda s: (s if isinstance(s, int) else 0))
         if len(common) < 2:
             continue
-        ids = _common_ids(frame, ["baseline:k=0"] + [f"top:k={k}" for k in ks]
-                          + [c.key for c in conditions if c.kind == kind and c.seed in common and c.k in ks
-                             and c.ablation == ablation])
+        ids = _common_ids(frame, ["baseline:k=0"] + [f"top:k={k}" for k in ks])
         keys_of = {k: [c.key for s in common for c in conditions if c.kind == kind and c.k == k and c.seed == s
                        and c.ablation == ablation] for k in ks}
         base = _matrix(frame, ["baseline:k=0"], "correct", ids)[0]
         top = np.mean([_matrix(frame, [f"top:k={k}"], "correct", ids)[0] for k in ks], axis=0)
         curves = np.mean([_matrix(frame, keys_of[k], "correct", ids) for k in ks], axis=0)  # (seeds x items)
+        keep = _answered(curves)
+        base, top, curves, ids = base[keep], top[keep], curves[:, keep], [i for i, kept in zip(ids, keep) if kept]
         given = None
         if special is not None and "special" in special.parts:
             given = special.parts["special"]

@@ -1,0 +1,188 @@
+"""Causal designs: which control sets are answered on which items, for as few answers as the verdict needs.
+
+The causal claim (``evaluation.claims.causal_test``) has three parts, and each gets the design that answers it
+with the fewest answers (``docs/results/calibration.md`` measures the rule and the answers under each):
+
+* **the effect** (mean control-set accuracy minus the top-k's): ``scene_design`` answers ONE fresh set of each
+  kind per scene, on that scene's referents only, where the crossed design (``sweep.sweep_conditions``) answered
+  every set on every item. Each item's set is a fresh draw, so the mean difference is unbiased for the same
+  estimand, and the scenes are independent clusters (``inference.cluster_effect``): the set part of the error
+  shrinks with the scenes instead of being fixed by 20 sets, at 1/20 of the answers.
+* **the drop** (against the unmasked model): the baseline and the top-k on every item, exact McNemar.
+* **specialness** (the top-k more harmful than the sets including its own draw): ``curtailed_rank`` answers up to
+  199 sets of each kind on a few common items, drawn in blocks (Besag and Clifford 1991, stopped once h sets were
+  as harmful), each set answered item by item only until its comparison with the top-k is decided (curtailment:
+  a set whose correct answers already exceed the top-k's cannot become as harmful, one whose correct answers
+  plus its unanswered items cannot exceed them already is). The rank statistic is exactly the one the full table
+  gives; a set that is clearly less harmful than the top-k costs one or two answers.
+
+Stopping depends only on the outcomes, in a fixed item and set order, so every p-value keeps its level, and a
+rerun resumes each piece from its run folder.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import pandas as pd
+
+from vrh_interp.core.heads import HeadSet
+from vrh_interp.experiments.sweep import Condition, SweepResult, control_conditions, run_conditions
+
+RANK_H = 5
+"""Besag-Clifford's h: a sequential rank test stops once h sets were at least as harmful as the target."""
+SCENE_SEEDS = 500
+"""Scene j's sets use seed ``first + j`` (fewer than this many scenes); the rank test's sets ``first + SCENE_SEEDS``
+onwards, so the two never share a draw."""
+
+
+def scenes_of(items: Sequence[Any]) -> list[list[Any]]:
+    """Consecutive items showing the same image object (a scene's referents), in order."""
+    scenes: list[list[Any]] = []
+    for item in items:
+        image = getattr(item, "image", None)
+        if scenes and image is not None and getattr(scenes[-1][0], "image", None) is image:
+            scenes[-1].append(item)
+        else:
+            scenes.append([item])
+    return scenes
+
+
+def check_subset(items: Sequence[Any], count: int) -> list[Any]:
+    """``count`` items in whole scenes spread evenly over ``items`` (a scene's referents share their image prefix
+    in a generation); the last scene cut to make ``count``. Fixed, spread over the scenes."""
+    if count >= len(items):
+        return list(items)
+    scenes = scenes_of(items)
+    wanted = min(len(scenes), math.ceil(count * len(scenes) / len(items)))
+    picked = [item for i in range(wanted) for item in scenes[math.floor(i * len(scenes) / wanted)]]
+    return picked[:count]
+
+
+def scene_design(ranking: HeadSet, geometry: Any, ks: Sequence[int], items: Sequence[Any], first_seed: int, *,
+                 live: HeadSet | None = None, matched: bool = True,
+                 ablation: str = "zero") -> tuple[list[Condition], dict[str, list[str]]]:
+    """``(conditions, items_of)`` of the clustered design (module doc): the baseline and the top-k at every k on
+    every item; per scene j (``scenes_of``) and k > 0 one set of each control kind drawn with seed
+    ``first_seed + j`` (nested in k, so a scene's sets along the k-curve are prefixes of one draw), answered on
+    that scene's items (``items_of``, for ``run_conditions``). Conditions in scene order, so a backend that does
+    not cut batches by image still packs a scene's sets into one pass."""
+    from vrh_interp.experiments.sweep import sweep_conditions
+
+    scenes = scenes_of(items)
+    if len(scenes) > SCENE_SEEDS:
+        raise ValueError(f"{len(scenes)} scenes: the clustered design draws at most {SCENE_SEEDS} (one seed each)")
+    positive = sorted(k for k in ks if k > 0)
+    detected = ranking[: max(ks)] if ks else HeadSet()
+    conditions = sweep_conditions(ranking, geometry, ks, [], matched=matched, ablation=ablation)
+    items_of: dict[str, list[str]] = {}
+    for j, scene in enumerate(scenes):
+        ids = [s.sample_id for s in scene]
+        for k in positive:
+            for cond in control_conditions(geometry, detected, k, ranking[:k], [first_seed + j], matched=matched,
+                                           ablation=ablation, live=live):
+                conditions.append(cond)
+                items_of[cond.key] = ids
+    return conditions, items_of
+
+
+def restrict_design(conditions: Sequence[Condition], items_of: dict[str, list[str]], ids: Sequence[str],
+                    keep: Callable[[Condition], bool]) -> tuple[list[Condition], dict[str, list[str]]]:
+    """The design on the items ``ids`` only, with the conditions ``keep`` accepts (the baseline always): a
+    clustered set whose scene has none of those items is left out."""
+    wanted = set(ids)
+    out, where = [], {}
+    for cond in conditions:
+        if cond.kind != "baseline" and not keep(cond):
+            continue
+        if cond.key in items_of:
+            mine = [i for i in items_of[cond.key] if i in wanted]
+            if not mine:
+                continue
+            where[cond.key] = mine
+        out.append(cond)
+    return out, where
+
+
+def rank_blocks(total: int, first: int = 20) -> list[tuple[int, int]]:
+    """``[(start, stop), ...]`` of a sequential rank test's blocks: ``first`` sets, then doubling, up to ``total``
+    (a null top-k stops in the first block or two; a special one needs all, in few blocks)."""
+    blocks, start, size = [], 0, first
+    while start < total:
+        blocks.append((start, min(total, start + size)))
+        start, size = start + size, size * 2
+    return blocks
+
+
+def sequential_sets(streams: Sequence[tuple[str, str]], answer: Callable[[list[int], set[str], Path], Any],
+                    folder: Path, *, k: int, target: str, total: int, first: int, block: int,
+                    h: int) -> dict[str, SweepResult] | None:
+    """A rank test's control sets, drawn sequentially (Besag-Clifford): seeds from ``first`` in ``rank_blocks``
+    up to ``total``, each block answered by ``answer(seeds, kinds, folder)`` -> ``{unit: SweepResult}`` on the rank
+    items; a ``(unit, kind)`` stream stops once ``h`` of its sets are at least as harmful as the ``target`` set at
+    ``k`` (its p-value is then decided, and large) or all are drawn. Stopping depends only on the outcomes, so a
+    rerun resumes block by block. None: no sets asked for."""
+    from vrh_interp.evaluation.inference import sequential_rank_p
+    from vrh_interp.experiments.verdicts import rank_data
+
+    if total <= 0:
+        return None
+    running, parts, conditions = set(streams), {}, {}
+    merged: dict[str, SweepResult] = {}
+    for start, stop in rank_blocks(total, block):
+        if not running:
+            break
+        seeds = list(range(first + start, first + stop))
+        for unit, result in answer(seeds, {kind for _, kind in running}, folder / f"block-{start:04d}").items():
+            parts.setdefault(unit, []).append(result.records)
+            conditions.setdefault(unit, {}).update({c.key: c for c in result.conditions})
+        merged = {unit: _merged(parts[unit], conditions[unit]) for unit in parts}
+        for unit, kind in sorted(running):
+            ranked = rank_data(merged.get(unit), k, kind, "zero", target, 0.5)
+            if ranked is None:
+                running.discard((unit, kind))
+                continue
+            _, used = sequential_rank_p(*ranked, h=h)
+            if used < len(ranked[1]) or len(ranked[1]) >= total:
+                running.discard((unit, kind))
+    return merged or None
+
+
+def _merged(parts: list[pd.DataFrame], conditions: dict[str, Condition]) -> SweepResult:
+    records = pd.concat(parts, ignore_index=True).drop_duplicates(["condition", "sample_id"])
+    ordered = sorted(conditions.values(), key=lambda c: (c.kind != "baseline", c.kind != "top", c.kind,
+                                                         c.seed if isinstance(c.seed, int) else 0))
+    return SweepResult(records.reset_index(drop=True), ordered, 0.5, None)
+
+
+def curtailed_rank(vlm: Any, items: Sequence[Any], baseline: Condition, target: Condition,
+                   sets: Sequence[Condition], folder: Path, *, batch_size: int, max_new_tokens: int,
+                   target_folder: Path | None = None) -> SweepResult:
+    """The rank test's sets answered with curtailment (module doc): the ``target`` (and the baseline) on every
+    item first (in ``target_folder``, default ``folder / "target"``), then item by item the sets whose comparison
+    with it is still open (one pass per item, in ``folder / "item-NNN"``). The records of a set stop where its
+    comparison was decided; ``experiments.verdicts.rank_data`` reads a set as at least as harmful exactly when
+    its correct answers plus its unanswered items are at most the target's correct answers."""
+    where = target_folder if target_folder is not None else folder / "target"
+    first = run_conditions(vlm, items, [baseline, target], batch_size=batch_size, max_new_tokens=max_new_tokens,
+                           run_dir=where, progress=False)
+    correct = first.records.assign(ok=first.records["iou"].astype(float) >= first.iou_threshold)
+    wins = int(correct.loc[correct["condition"] == target.key, "ok"].sum())
+    counts = {c.key: 0 for c in sets}
+    parts = [first.records]
+    open_sets = list(sets)
+    for j, item in enumerate(items):
+        if not open_sets:
+            break
+        result = run_conditions(vlm, [item], [baseline, *open_sets], batch_size=batch_size,
+                                max_new_tokens=max_new_tokens, run_dir=folder / f"item-{j:03d}", progress=False)
+        answered = result.records[result.records["condition"] != baseline.key]
+        parts.append(answered)
+        for row in answered.itertuples():
+            counts[row.condition] += int(float(row.iou) >= result.iou_threshold)
+        left = len(items) - j - 1
+        open_sets = [c for c in open_sets if wins - left < counts[c.key] <= wins]
+    records = pd.concat(parts, ignore_index=True)
+    return SweepResult(records, [baseline, target, *sets], first.iou_threshold, first.total_heads)
