@@ -131,6 +131,14 @@ def test_demo_runs_end_to_end_on_tiny_models(tmp_path, capsys):
     printed = capsys.readouterr().out
     payload = json.loads(printed.strip().splitlines()[-1])
     assert payload["positive_control"] is None and payload["census"]["heads"] == 8
+    # the terminal output is one screen: plan, one line per step, the claims tables, the report (issue 55); the
+    # same run resumed (its records read back) prints it
+    assert main(["demo", "--model", "tiny:llava", "--transfer-model", "tiny:llava", "--out", str(out),
+                 "--detect", "4", "--eval", "3", "--random-sets", "2", "--check-items", "4", "--vqa-scenes", "2",
+                 "--rank-sets", "40", "--no-positive-control"]) == 0
+    screen = capsys.readouterr().out.strip().splitlines()
+    assert len(screen) <= 60 and "The paper's claims:" in screen and screen[-1].startswith("report: ")
+    assert sum(line.startswith("[") for line in screen) == 9  # one line per step (2-10: no positive control)
     from vrh_interp.evaluation.claims import CLAIMS
 
     ids = {v["id"] for v in payload["verdicts"]}

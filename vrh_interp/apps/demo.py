@@ -51,8 +51,8 @@ from vrh_interp.core.backends.base import backend_config
 from vrh_interp.core.backends.select import backend_for, backend_type
 from vrh_interp.core.model import LOCAL, Placement
 from vrh_interp.core.provenance import library_versions, model_provenance, now_utc
-from vrh_interp.apps.report import read_grading, write_report
-from vrh_interp.evaluation.claims import Evidence, claims_text, judge
+from vrh_interp.apps.report import write_report
+from vrh_interp.evaluation.claims import Evidence, claims_lines, judge
 from vrh_interp.experiments import verdicts as ev
 from vrh_interp.experiments.sweep import Condition, SweepResult, run_conditions
 from vrh_interp.experiments.design_space import design_space, stability, token_choice_stability
@@ -158,9 +158,7 @@ def positive_control_step(out: Path, device: str | None, batch_size: int, eval_s
     outcome = pc.run_positive_control(out / "positive_control", device=device, batch_size=batch_size,
                                       detect_scenes=CONTROL_DETECT_SCENES, eval_scenes=eval_scenes,
                                       random_sets=random_sets, placement=placement)
-    print("      " + pc.describe(outcome))
-    with pd.option_context("display.width", 200, "display.max_colwidth", 60):
-        print(read_grading(out / "positive_control" / "grading.csv").to_string(index=False))
+    print("      " + pc.short_line(outcome), flush=True)  # the paragraph and the grading table: in the report
     return outcome
 
 
@@ -232,7 +230,8 @@ def plan_demo(model_spec: str | None, transfer_model: str | None, out: Path, siz
                "positive_control": run_control, "sizes": dataclasses.asdict(sizes), "seed": seed,
                "overlay_items": overlay_items, **backend_config(backend_type(placement.backend))}
     _request(out, request)
-    print(f"      sizes (fixed, not from a clock): {dataclasses.asdict(sizes)}; seed {seed}"
+    shown = ", ".join(f"{k} {v}" for k, v in dataclasses.asdict(sizes).items())
+    print(f"      sizes (fixed, not from a clock): {shown}; seed {seed}"
           + (f"; capped at {budget:.0f} s (claims of skipped steps: inconclusive)" if budget else ""), flush=True)
     return DemoRun(out, model_spec, transfer_model, why, sizes, seed, batch_size, device, dtype, placement, run_control,
                    transfer_ready, budget, Steps(started, budget))
@@ -499,7 +498,6 @@ def judge_claims(run: DemoRun) -> pd.DataFrame:
 
 def report_step(run: DemoRun, table: pd.DataFrame, overlay_items: int, started: float, as_json: bool) -> int:
     """Step 10: overlays of the top heads, the timing, the report, demo.json and what is printed."""
-    from vrh_interp.experiments import positive_control as pc
 
     out, k_star, outcome = run.out, run.k_star, run.outcome
     if run.steps.open(10, f"attention overlays of the top {max(k_star, 3)} heads on {overlay_items} images; report"):
@@ -521,12 +519,7 @@ def report_step(run: DemoRun, table: pd.DataFrame, overlay_items: int, started: 
                           "positive_control": None if outcome is None else outcome["verdict"],
                           "census": run.pool.summary(), "seconds": round(elapsed, 1)}, default=str))
         return 0
-    if outcome is not None:
-        print("\n" + textwrap.fill("Positive control: " + pc.describe(outcome), TERMINAL_WIDTH))
-        for row in outcome.get("transfer", []):
-            print(textwrap.fill(pc.transfer_line(row), TERMINAL_WIDTH, subsequent_indent="    "))
-    print("\n" + run.pool.line())
-    print(f"\n{claims_text(table, TERMINAL_WIDTH)}")
+    print(f"\n{claims_lines(table, TERMINAL_WIDTH)}")  # the reasons and numbers: in the report
     print(f"\nreport: {paths['html']}  ({elapsed:.0f} s" + (f" of a {run.budget:.0f} s cap)" if run.budget else ")"))
     return 0
 

@@ -110,10 +110,9 @@ class Steps:
         return True
 
     def close(self) -> None:
-        if self._current is not None:
+        if self._current is not None:  # its seconds go to the timing table (report, demo.json), not the terminal
             seconds = time.perf_counter() - self._current.pop("began")
             self.rows.append({**self._current, "seconds": round(seconds, 1)})
-            print(f"      step {self._current['step']} took {seconds:.1f} s", flush=True)
             self._current = None
 
     def table(self) -> pd.DataFrame:

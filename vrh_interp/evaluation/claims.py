@@ -410,6 +410,25 @@ def causal_test(baseline: Sequence[float], target: Sequence[float], controls: np
                            "lost": lost, "gained": gained})
 
 
+def claims_lines(table: pd.DataFrame, width: int = 100) -> str:
+    """The claims table in one line per claim (a terminal's summary; ``claims_text`` has the reasons): per table a
+    heading, per claim its verdict as a badge, its short name and the estimate with its interval."""
+    blocks = []
+    for name, heading in ((PAPER, "The paper's claims"), (METHOD, "Checks of the method")):
+        part = table[table["table"] == name] if "table" in table else table
+        if part.empty:
+            continue
+        blocks.append(f"{heading}:")
+        for row in part.to_dict(orient="records"):
+            estimate = row.get("estimate")
+            shown = "" if estimate is None or not np.isfinite(float(estimate)) else (
+                f"  {float(estimate):+.3f} [{float(row['ci_low']):+.3f}, {float(row['ci_high']):+.3f}]"
+                if np.isfinite(float(row.get("ci_low", np.nan))) else f"  {float(estimate):+.3f}")
+            line = f"{str(row['verdict']).upper():>15}  {str(row['claim']).split(':')[0]}{shown}"
+            blocks.append(line[:width])
+    return "\n".join(blocks)
+
+
 def claims_text(table: pd.DataFrame, width: int = 100) -> str:
     """The claims table for a terminal: per table a heading, per claim its verdict and words, then the reason
     and numbers wrapped and indented."""

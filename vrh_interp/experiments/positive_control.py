@@ -63,7 +63,10 @@ def load_planted(device: str | None = None, name: str = "planted") -> Any:
     from vrh_interp.core.model import wrap
     from vrh_interp.toy import load
 
-    model, processor = load(name, device=device or "cpu")
+    from vrh_interp.core.model_source import loading_output
+
+    with loading_output(True, bars=False):  # a toy loads in a second: transformers' "Loading weights" bar is noise
+        model, processor = load(name, device=device or "cpu")
     return wrap(model, processor, model_id=f"vrh-interp/toy-{name}", remote_id=f"vrh-interp/toy-{name}")
 
 
@@ -232,6 +235,16 @@ def describe(outcome: dict[str, Any]) -> str:
             "the decoys "
             f"{', '.join(outcome['decoys'])}: {outcome['decoys_accuracy']:.3f}."
             + "".join(f" {transfer_line(row)}." for row in outcome.get("transfer", [])))
+
+
+def short_line(outcome: dict[str, Any]) -> str:
+    """One line for the terminal: recovered or not, the causal verdict, each planted pair's transfer verdict."""
+    pairs = ", ".join(f"{row['partner']} {row['verdict']} (expected {row['expected']})"
+                      for row in outcome.get("transfer", []))
+    return (f"positive control: top-{len(outcome['planted'])} "
+            + ("= the planted heads" if outcome["recovered"] else "!= the planted heads")
+            + f", masking them {outcome['baseline_accuracy']:.2f} -> {outcome['top_accuracy']:.2f}, causal claim "
+            f"{outcome['causal_verdict']}" + (f"; transfer {pairs}" if pairs else ""))
 
 
 def grading_table(grading: pd.DataFrame) -> pd.DataFrame:

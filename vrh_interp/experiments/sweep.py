@@ -667,7 +667,7 @@ def run_passes(log: RecordLog | None, chunks: Sequence[Sequence[S]], conditions:
         if row["condition"] in signature:
             known.setdefault(signature[row["condition"]], {})[record_unit(row)] = answer_of(row)
     bar = tqdm(total=len(conditions) * sum(map(len, chunks)) - len(skip), initial=recorded, desc=desc,
-               disable=not progress, unit="answer")
+               disable=not progress, unit="answer", leave=False)  # one line while it runs, none after
     distinct = len(set(signature.values()))
     batches = (part for chunk in chunks for part in passes.split(chunk, distinct))
     for new in condition_passes(batches, conditions, unit=unit, done=done, known=known, answer=passes.answer,

@@ -121,7 +121,7 @@ def _detection_stats(runner: Backend, samples: Sequence[GroundingSampleLike], *,
     todo = [s for s in mine if s.sample_id not in done]
     collected: list[SampleStats] = []
     bar = tqdm(total=len(mine), initial=len(mine) - len(todo), desc="detect: scoring samples",
-               disable=not progress, unit="sample")
+               disable=not progress, unit="sample", leave=False)
     for start in range(0, len(todo), batch_size):
         chunk = todo[start: start + batch_size]
         collected_now = batch_stats(runner, chunk, max_new_tokens=max_new_tokens, output_source=output_source)

@@ -94,7 +94,8 @@ def _control_band(ax: Any, rows: pd.DataFrame, colour: str, alpha: float = 0.2) 
 
 def k_sweep_curve(summary: pd.DataFrame, title: str = "grounding accuracy vs masked heads", *, ax: Any = None) -> Any:
     """Accuracy vs k: the top-k heads with their bootstrap CI band, and for each control (random, layer-matched)
-    the mean accuracy of its head sets (dashed) with the band where 90 % of the sets lie (5-95 % quantiles)."""
+    the mean accuracy of its head sets (dashed) with the band where 90 % of the sets lie (5-95 % quantiles), or, for
+    the clustered design (one set per scene, no set distribution), the 95 % interval of the mean over the scenes."""
     fig, ax, own = _figure(ax=ax)
     base = summary[summary["condition"] == "baseline"]
     top = pd.concat([base, summary[summary["condition"] == "top"]]).sort_values("k")
@@ -110,9 +111,16 @@ def k_sweep_curve(summary: pd.DataFrame, title: str = "grounding accuracy vs mas
         counts = sorted({int(n) for n in rows["sets"].dropna()}) if "sets" in rows else []
         sets = "" if not counts else f" ({counts[0]} per k)" if len(counts) == 1 else \
             f" ({counts[0]}-{counts[-1]} sets per k)"
+        masked = rows[rows["k"] > 0]
+        clustered = "accuracy_q05" in masked and masked["accuracy_q05"].isna().all()  # one set per scene
+        band = "95% interval over scenes, one set each" if clustered else "5-95% band"
         ax.plot(rows["k"], rows["accuracy"], marker="^", linestyle="--", color=colour,
-                label=f"{label}: mean, 5-95% band{sets}")
-        _control_band(ax, rows, colour)
+                label=f"{label}: mean, {band}{sets if not clustered else ''}")
+        if clustered:
+            ax.fill_between(rows["k"], rows["accuracy_ci_low"].fillna(rows["accuracy"]),
+                            rows["accuracy_ci_high"].fillna(rows["accuracy"]), color=colour, alpha=0.12, linewidth=0)
+        else:
+            _control_band(ax, rows, colour)
     ks = sorted(int(k) for k in summary["k"].unique())
     if "k_fraction" in summary and summary["k_fraction"].notna().all():
         fraction = summary.groupby("k")["k_fraction"].first()
