@@ -115,6 +115,15 @@ def test_a_run_keeps_its_census_and_a_rerun_reads_it_back(tmp_path):
     (tmp_path / CENSUS_CSV).write_text("not,a\ncensus,1\n")
     with pytest.raises(ValueError, match="not a head census"):
         Census.load(tmp_path / CENSUS_CSV, vlm.geometry.total_heads)
+    # edited files are inputs: a head the model lacks, an empty flag, a head twice are refused, the file named
+    header, first = lines[0], lines[1].split(",")
+    for edit, message in ((lambda r: ["L9H9", *r[1:]], "does not have"), (lambda r: [*r[:-2], "", r[-1]], "live"),
+                          (lambda r: r, "twice")):
+        rows = [",".join(edit(list(first))), *lines[2:]] if message != "twice" else [lines[1], *lines[1:]][:-1]
+        (tmp_path / CENSUS_CSV).write_text("\n".join([header, *rows]) + "\n")
+        with pytest.raises(ValueError, match=message) as error:
+            run_census(vlm, samples, tmp_path)
+        assert CENSUS_CSV in str(error.value)
 
 
 def test_vrh_sweep_draws_its_live_control_from_the_census(tmp_path, capsys):

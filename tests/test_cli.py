@@ -125,7 +125,7 @@ def test_bad_data_spec_is_a_clear_error(capsys):
 
 def test_demo_runs_end_to_end_on_tiny_models(tmp_path, capsys):
     out = tmp_path / "demo"
-    assert main(["demo", "--model", "tiny:llava", "--transfer-model", "tiny:llava", "--out", str(out),
+    assert main(["demo", "--model", "tiny:llava", "--transfer-model", "tiny:llava_next", "--out", str(out),
                  "--detect", "4", "--eval", "3", "--random-sets", "2", "--check-items", "4", "--vqa-scenes", "2",
                  "--rank-sets", "40", "--no-positive-control", "--json"]) == 0
     printed = capsys.readouterr().out
@@ -133,7 +133,7 @@ def test_demo_runs_end_to_end_on_tiny_models(tmp_path, capsys):
     assert payload["positive_control"] is None and payload["census"]["heads"] == 8
     # the terminal output is one screen: plan, one line per step, the claims tables, the report (issue 55); the
     # same run resumed (its records read back) prints it
-    assert main(["demo", "--model", "tiny:llava", "--transfer-model", "tiny:llava", "--out", str(out),
+    assert main(["demo", "--model", "tiny:llava", "--transfer-model", "tiny:llava_next", "--out", str(out),
                  "--detect", "4", "--eval", "3", "--random-sets", "2", "--check-items", "4", "--vqa-scenes", "2",
                  "--rank-sets", "40", "--no-positive-control"]) == 0
     screen = capsys.readouterr().out.strip().splitlines()
@@ -181,8 +181,8 @@ def test_demo_runs_end_to_end_on_tiny_models(tmp_path, capsys):
     assert report.index("The paper's claims") < report.index("Checks of the method") < report.index("## Figures")
     # rerunning the same command resumes; another request into the folder is refused at once
     capsys.readouterr()
-    assert main(["demo", "--model", "tiny:llava", "--transfer-model", "tiny:llava", "--out", str(out), "--detect", "5",
-                 "--no-positive-control"]) == 2
+    assert main(["demo", "--model", "tiny:llava", "--transfer-model", "tiny:llava_next", "--out", str(out),
+                 "--detect", "5", "--no-positive-control"]) == 2
     assert "planned for another request (differs in sizes)" in capsys.readouterr().err
 
 

@@ -400,3 +400,47 @@ def test_every_module_the_library_imports_is_a_core_dependency() -> None:
         assert any(Requirement(r).name.replace("-", "_") == top for r in extras[extra]), (top, extra)
         missing.pop(top, None)
     assert not missing, f"imported but not installed with vrh-interp's core dependencies: {missing}"
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["demo", "--model", "toy:nosuch"], "no such toy model"),
+    (["demo", "--model", "tiny:nosuch"], "no such tiny family"),
+    (["demo", "--model", "tiny:llava", "--transfer-model", "toy:nosuch"], "no such toy model"),
+    (["demo", "--model", "tiny:llava", "--transfer-model", "tiny:llava"], "is the main model"),
+    (["demo", "--model", "tiny:llava", "--budget-seconds", "0"], "not a positive number"),
+    (["demo", "--model", "tiny:llava", "--budget-seconds", "nan"], "outside"),
+])
+def test_a_demo_plan_fault_is_refused_before_any_step(argv: list[str], words: str, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 53: a typo'd model or transfer model, the main model as its own transfer partner (cross-masked with
+    itself it reads as transfer) and a zero or non-finite cap are refused before the positive control or any other
+    step: exit 2, one line naming the option, no step begun, no run folder left."""
+    out = tmp_path / "demo"
+    try:
+        code = main([*argv, "--out", str(out), "--no-positive-control"])
+    except SystemExit as stop:  # argparse's refusal of a value
+        code = stop.code
+    captured = capsys.readouterr()
+    assert code == 2 and words in captured.err and "Traceback" not in captured.err
+    assert "[2/10]" not in captured.out and not out.exists()
+
+
+def test_an_out_folder_vrh_did_not_make_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 53: ``--out`` (or a link to it) naming a non-empty folder with no vrh run marker in it is refused
+    before any work, its contents untouched; an empty folder and a vrh run folder are accepted."""
+    foreign = tmp_path / "etc"
+    foreign.mkdir()
+    (foreign / "passwd").write_text("root:x:0:0\n")
+    link = tmp_path / "link"
+    link.symlink_to(foreign)
+    for out in (foreign, link):
+        assert main([*DETECT, "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert "no vrh run made" in err and "passwd" in err and "Traceback" not in err
+        assert sorted(os.listdir(foreign)) == ["passwd"]
+    assert "a link to" in (main([*DETECT, "--out", str(link)]) == 2 and capsys.readouterr().err)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main([*DETECT, "--out", str(empty), "--json"]) == 0
+    capsys.readouterr()
+    assert main([*DETECT, "--out", str(empty), "--json"]) == 0  # its own run folder: resumed

@@ -164,7 +164,17 @@ def _float_in(low: float, high: float) -> Any:
     return parse
 
 
-_unit_interval, _seconds = _float_in(0.0, 1.0), _float_in(0.0, 1e9)
+_unit_interval = _float_in(0.0, 1.0)
+
+
+def _seconds(text: str) -> float:
+    """argparse type: a cap in seconds, finite and > 0 (0 would mean "skip every step", not "no cap": leave the
+    option out for no cap)."""
+    value = _float_in(0.0, 1e9)(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text[:40]} is not a positive number of seconds (leave the option out "
+                                         "for no cap)")
+    return value
 
 
 def _head_spec(text: str) -> str:

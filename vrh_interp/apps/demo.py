@@ -110,6 +110,33 @@ def resolve_models(model_spec: str | None, transfer_model: str | None = "auto") 
     return main, transfer, why
 
 
+def check_models(main: str, transfer: str | None, explicit: bool) -> None:
+    """Refuse, before any step, a main or transfer model the demo cannot load (an unknown or unshipped toy, an
+    unknown tiny family) and a transfer model equal to the main one (the model cross-masked with itself reads as
+    transfer). ``explicit``: the transfer model was named (``--transfer-model``); a default partner that is not
+    shipped is skipped with a word instead. Hub ids and local folders are checked by the CLI (``_check_inputs``)."""
+    from vrh_interp.toy.configs import FAMILIES as TOYS
+
+    for option, spec in (("--model", main), ("--transfer-model", transfer if explicit else None)):
+        if not spec:
+            continue
+        kind, _, name = spec.partition(":")
+        if kind == "toy" and (name not in TOYS or not shipped(spec)):
+            available = sorted(n for n in TOYS if shipped(f"toy:{n}"))
+            raise ValueError(f"{option} {spec!r}: " + ("no such toy model" if name not in TOYS else
+                                                          "its checkpoint is not shipped in this installation")
+                             + f": the shipped toys are {', '.join('toy:' + n for n in available)}")
+        if kind == "tiny":
+            from vrh_interp.core.tiny import TINY_FAMILIES
+
+            if name not in TINY_FAMILIES:
+                raise ValueError(f"{option} {spec!r}: no such tiny family: use one of "
+                                 f"{', '.join('tiny:' + f for f in TINY_FAMILIES)}")
+    if transfer and transfer == main:
+        raise ValueError(f"--transfer-model {transfer!r} is the main model: cross-masking a model with itself says "
+                         "nothing about transfer: pass a second model sharing the backbone, or '' to skip transfer")
+
+
 def write_overlays(vlm: Any, samples: Sequence[Any], heads: Any, out: Path) -> list[Path]:
     """Attention overlays (all heads, the top heads, all but the top heads), one PNG per sample, in out/overlays."""
     from vrh_interp.viz.overlays import prediction_overlays
@@ -221,7 +248,11 @@ def plan_demo(model_spec: str | None, transfer_model: str | None, out: Path, siz
     """The models, sizes and cap of a demo; the request recorded in (or checked against) ``out``."""
     from vrh_interp.experiments import positive_control as pc
 
+    explicit = transfer_model not in (None, "", "auto")
     model_spec, transfer_model, why = resolve_models(model_spec, transfer_model)
+    check_models(model_spec, transfer_model, explicit)
+    if transfer_model and not shipped(transfer_model):
+        why += " (its checkpoint is not shipped in this installation: transfer not measured)"
     print(f"main model {model_spec}: {why}", flush=True)
     run_control = positive_control and pc.available()
     transfer_ready = bool(transfer_model) and shipped(transfer_model)

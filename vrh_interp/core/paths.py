@@ -76,6 +76,14 @@ def output_folder(path: str | os.PathLike[str], option: str = "--out") -> Path:
         if not os.access(text, os.W_OK | os.X_OK):
             raise PathOptionError(f"{option} {text!r}: no permission to write in this folder: make it writable "
                                   f"or pass another {option}")
+        foreign = _foreign_entries(text)
+        if foreign:
+            real = os.path.realpath(text)
+            where = f" (a link to {real})" if real != os.path.abspath(text) else ""
+            raise PathOptionError(
+                f"{option} {text!r}{where} is a folder that no vrh run made (no {', '.join(RUN_MARKERS)} in it; it "
+                f"holds {', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}): vrh writes its files only into "
+                f"a new or empty folder or one of its own run folders: pass another {option}")
         return Path(text)
     parent = Path(os.path.abspath(text)).parent
     while not parent.exists() and parent != parent.parent:  # the folder is created with its missing parents
@@ -86,6 +94,28 @@ def output_folder(path: str | os.PathLike[str], option: str = "--out") -> Path:
         raise PathOptionError(f"{option} {text!r}: no permission to create it in {parent}: pass a folder you "
                               f"can write, e.g. {option} ~/vrh-runs/NAME")
     return Path(text)
+
+
+RUN_MARKERS = ("manifest.json", "plan.json", "grid.json", "run.lock")
+"""Files every vrh run folder holds one of (a run's manifest, the demo's plan, a grid's plan, the run lock)."""
+
+
+def _foreign_entries(folder: str) -> list[str]:
+    """The visible entries of an existing folder that is neither empty nor a vrh run folder (a marker of
+    ``RUN_MARKERS`` in it or in one of its subfolders), sorted; [] where vrh may write into it."""
+    try:
+        entries = sorted(e for e in os.listdir(folder) if not e.startswith("."))
+    except OSError:
+        return []
+    if not entries:
+        return []
+    for entry in entries:
+        if entry in RUN_MARKERS:
+            return []
+        inner = os.path.join(folder, entry)
+        if os.path.isdir(inner) and any(os.path.exists(os.path.join(inner, m)) for m in RUN_MARKERS):
+            return []
+    return entries
 
 
 def _existing(path: str | os.PathLike[str], option: str, what: str) -> tuple[str, os.stat_result]:

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from vrh_interp.core.heads import Head, HeadSet
+from vrh_interp.core.heads import Head, HeadGeometry, HeadSet
 from vrh_interp.core.interventions import condition_ablation, generate_conditions, replicate_encoding, run_forward
 from vrh_interp.core.model import VLM
 from vrh_interp.core.runs import write_atomic
@@ -114,22 +114,38 @@ class Census:
         write_atomic(path, self.table.assign(items=self.items).to_csv(index=False))
 
     @classmethod
-    def load(cls, path: str | Path, num_heads: int) -> "Census":
-        """A census saved by ``save``; refused (``ValueError`` naming the file) when it is damaged or counts
-        another number of heads than the model's ``num_heads``."""
+    def load(cls, path: str | Path, model: int | HeadGeometry) -> "Census":
+        """A census saved by ``save``, checked like an input: refused (``ValueError`` naming the file) when it is
+        damaged (a flag column not exactly True/False, a head named twice) or does not describe the model (``model``:
+        its ``HeadGeometry``, whose heads must be exactly the file's, or its head count)."""
+        def flags(column: pd.Series, name: str) -> pd.Series:
+            text = column.astype(str).str.strip()
+            if not text.isin(("True", "False")).all():
+                bad = column[~text.isin(("True", "False"))].iloc[0]
+                raise ValueError(f"column {name!r} holds {bad!r} where True or False belongs")
+            return text == "True"
+
         try:
-            table = pd.read_csv(path)
+            table = pd.read_csv(path, keep_default_na=False)
             items = int(table.pop("items").iloc[0])
-            table["live"] = table["live"].astype(bool)
-            table["inert_norm"] = table["inert_norm"].astype(bool)
-            table["inert_effect"] = table["inert_effect"].astype(bool)
-            [Head.parse(h) for h in table["head"]]
+            for name in ("live", "inert_norm", "inert_effect"):
+                table[name] = flags(table[name], name)
+            heads = [Head.parse(h) for h in table["head"]]
+            if len(set(heads)) != len(heads):
+                raise ValueError("a head is listed twice")
         except (OSError, ValueError, KeyError, IndexError, pd.errors.ParserError) as error:
             raise ValueError(f"{path}: not a head census written by vrh-interp ({error}); remove it to measure "
                              "the census again") from None
-        if len(table) != num_heads:
-            raise ValueError(f"{path}: a census of {len(table)} heads, but the model has {num_heads}: this run "
+        total = model if isinstance(model, int) else model.total_heads
+        if len(table) != total:
+            raise ValueError(f"{path}: a census of {len(table)} heads, but the model has {total}: this run "
                              "folder belongs to another model (use another --out)")
+        if not isinstance(model, int):
+            foreign = sorted(set(heads) - set(model.all_heads()))
+            if foreign:
+                raise ValueError(f"{path}: names {', '.join(map(str, foreign[:3]))}, which the model "
+                                 f"({model.num_layers} layers x {model.num_heads} heads) does not have: remove the "
+                                 "file to measure the census again")
         return cls(table, items)
 
     def line(self) -> str:
@@ -165,7 +181,7 @@ def run_census(vlm: VLM, samples: Sequence, run_dir: str | Path | None = None, *
     (a head near a floor could otherwise flip with float rounding and change the run's conditions)."""
     path = Path(run_dir) / CENSUS_CSV if run_dir is not None else None
     if path is not None and path.exists():
-        return Census.load(path, vlm.geometry.total_heads)
+        return Census.load(path, vlm.geometry)
     pool = census(vlm, list(samples)[:items], max_new_tokens=max_new_tokens)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
