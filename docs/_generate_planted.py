@@ -3,8 +3,9 @@
     python docs/_generate_planted.py [--out runs/planted-results]
 
 Every number on the page is measured here, by the library's own code paths, on the shipped checkpoint:
-detection graded for every scoring design (``vrh_interp.scoring.grading``), the causal k-sweep with 20
-random and 20 layer-matched sets per k plus the decoys (judged by the claims rules), the single-head causal
+detection graded for every scoring design (``vrh_interp.scoring.grading``), the causal k-sweep in the
+demo's clustered design (one fresh random and layer-matched set per scene, the rank test curtailed) plus the
+decoys (judged by the claims rules), the single-head causal
 scan, activation patching of the planted heads vs the decoys and 20 random / layer-matched sets, and the
 transfer test against toy:planted-b (same backbone: must hold) and toy:planted-x (heads relabelled: must
 never hold). The run folder resumes; the page is never edited by hand.
@@ -22,7 +23,8 @@ import pandas as pd
 from vrh_interp.viz import plots
 from vrh_interp.data import grounding_samples
 from vrh_interp.experiments.head_scan import head_scan
-from vrh_interp.experiments.sweep import Condition, run_conditions, sweep_conditions
+from vrh_interp.experiments.designs import clustered_sweep
+from vrh_interp.experiments.sweep import Condition
 from vrh_interp.experiments.verdicts import sweep_claims
 from vrh_interp.evaluation.controls import layer_matched_control, random_control
 from vrh_interp.patching.batch import baseline, prepare_pairs
@@ -71,12 +73,12 @@ def generate(out: Path) -> Path:
 
     evals = _eval_items(EVAL_SCENES)
     ranking = scores.ranking()
-    conditions = sweep_conditions(ranking, vlm.geometry, list(KS), list(range(SETS)))
-    conditions.append(Condition("decoys", len(decoys), None, decoys))
-    result = run_conditions(vlm, evals, conditions, batch_size=60, run_dir=out / "sweep")
+    # the demo's design: one fresh random and layer-matched set per scene, the rank test's sets curtailed, per k
+    result, ranks = clustered_sweep(vlm, ranking, list(KS), evals, out, extra=[Condition("decoys", len(decoys), None,
+                                                                                       decoys)], batch_size=60)
     summary = result.summary()
     summary.to_csv(out / "sweep_summary.csv", index=False)
-    claims = sweep_claims(result)  # the causal claim at each k > 0, Bonferroni over the k values
+    claims = sweep_claims(result, rank=ranks)  # the causal claim at each k > 0, Bonferroni over the k values
     judged = claims[claims["claim"].str.startswith(f"k={k}:")].iloc[0].to_dict()
     transfer = pd.DataFrame(transfer_control(out / "transfer", vlm, scores, detect, evals, k, SETS, batch_size=60,
                                              device=None, progress=True))
@@ -219,7 +221,9 @@ def _write_page(out: Path, measured: dict, grading: pd.DataFrame, summary: pd.Da
         "",
         f"{int(top['n'])} evaluation items (every referent of eval scenes 0-{EVAL_SCENES - 1}, "
         "disjoint from detection); "
-        f"{SETS} random and {SETS} layer-matched sets per k, drawn outside the top-{max(KS)}. At k = {k}: "
+        f"per k one fresh random and one layer-matched set per scene (answered on its referents), drawn outside the "
+        f"top-{max(KS)}, and for the rank test up to 199 of each on 12 items (curtailed, `experiments.designs`). "
+        f"At k = {k}: "
         f"**{judged['verdict']}** ({judged['reason']}; {judged['numbers']}).",
         "",
         markdown_table(shown[[c for c in sweep_cols if c in shown.columns]]),

@@ -149,8 +149,8 @@ def test_demo_runs_end_to_end_on_tiny_models(tmp_path, capsys):
     # the rank step: sets at k* on a few items, in blocks, stopped once 5 are as harmful as the top-k, each set
     # answered item by item (curtailed); the k-sweep: one fresh set of each kind per scene, on its referents only
     causal = next(v for v in payload["verdicts"] if v["id"] == "causal")
-    assert (out / "rank" / "target" / "manifest.json").exists() and "rank p" in causal["numbers"]
-    assert (out / "rank" / "block-0000" / "item-000" / "manifest.json").exists()
+    assert (out / "rank-k1" / "target" / "manifest.json").exists() and "rank p" in causal["numbers"]
+    assert (out / "rank-k1" / "block-0000" / "item-000" / "manifest.json").exists()
     items_of = json.loads((out / "sweep" / "manifest.json").read_text())["items_of"]
     assert items_of and all(len({i.rsplit("-", 2)[0] for i in ids}) == 1 for ids in items_of.values())
     assert "one per scene" in causal["numbers"]

@@ -44,6 +44,11 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from toy_training import options as command_line
+
+if __name__ == "__main__":  # a wrong command line is refused in one line before torch and transformers load
+    command_line.parse_command()
+
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
@@ -857,94 +862,9 @@ def ship(run_dir: Path, name: ModelName, dest: Path, lineage: str = "", checkpoi
     return log
 
 
-def _scene_count(text: str) -> int:
-    """argparse type of the per-step scene counts: a whole number >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of scenes (a whole number >= 0)")
-    return value
-
-
-def _layer_pairs(text: str) -> tuple[tuple[int, int], ...]:
-    """argparse type of ``--share-attention``: comma-separated ``LAYER:SOURCE`` pairs of layer numbers."""
-    pairs = []
-    for item in text.split(","):
-        layer, _, source = item.strip().partition(":")
-        if not (layer.isdigit() and source.isdigit()):
-            raise argparse.ArgumentTypeError(f"{item.strip()!r} is not LAYER:SOURCE (two layer numbers, e.g. 7:6)")
-        pairs.append((int(layer), int(source)))
-    return tuple(pairs)
-
-
 def _parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", choices=sorted(MODEL_PRESETS), default="a")
-    parser.add_argument("--out", type=Path, help="run folder (training)")
-    parser.add_argument("--resume", action="store_true")
-    parser.add_argument("--steps", type=int, default=None, help="grounding (stage-2) steps")
-    parser.add_argument("--vision-steps", type=int, default=None, help="dense vision pretraining (stage-1) steps")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--eval-every", type=int, default=None)
-    parser.add_argument("--init-backbone", default=None,
-                        help="trained toy checkpoint folder whose language backbone initialises this model")
-    parser.add_argument("--warm-start", default=None,
-                        help="trained toy checkpoint folder (same family) that a grounding-only run continues from: "
-                             "no stage 1, fresh optimiser and schedule")
-    parser.add_argument("--lr", type=float, default=None, help="peak grounding (stage-2) learning rate")
-    parser.add_argument("--revive-floor", type=float, default=None,
-                        help="with --warm-start: revive heads whose output norm is under this share of the "
-                             "90th-percentile head's (toy_training.grow) before training")
-    parser.add_argument("--fp32", action="store_true",
-                        help="train in float32 (no bf16 autocast: on CPUs without native bf16, e.g. AVX2 only, "
-                             "bf16 autocast is several times slower)")
-    parser.add_argument("--head-dropout", type=float, default=None, help="per-row head dropout probability")
-    parser.add_argument("--split-heads", default=None, metavar="HEADS",
-                        help="with --warm-start: heads with no job (e.g. L7H12,L7H14) that become splits of their "
-                             "KV group's largest head before training (toy_training.grow.split_heads)")
-    parser.add_argument("--share-attention", type=_layer_pairs, default=None, metavar="LAYER:SOURCE,...",
-                        help="with --warm-start: each LAYER takes SOURCE's attention (input norm, q/k/v/o), both "
-                             "output projections halved, before training (toy_training.grow.share_attention; e.g. 7:6)")
-    parser.add_argument("--vqa-scenes", type=_scene_count, default=None,
-                        help="scenes per grounding step whose synthetic VQA items join the batch")
-    parser.add_argument("--grounding-scenes", type=_scene_count, default=None,
-                        help="scenes per grounding step (their grounding rows; 0: none, and no query probe)")
-    parser.add_argument("--text-scenes", type=_scene_count, default=None,
-                        help="scenes per grounding step whose text-only items (toy_training.text_tasks) join the batch")
-    parser.add_argument("--contrast-scenes", type=_scene_count, default=None,
-                        help="extra level-1 scenes per grounding step whose referents that colour decides (the named "
-                             "colour tells them apart from another object) join the batch")
-    parser.add_argument("--vqa-query-probe", action="store_true",
-                        help="apply the query-probe scaffold to one-object VQA rows too")
-    parser.add_argument("--tiny", action="store_true", help="tiny shapes and step counts (tests)")
-    parser.add_argument("--relabel", type=Path, default=None,
-                        help="with --model planted-x and --out: make the negative transfer control's run folder from "
-                             "this planted-b run (heads relabelled, no training), then --ship it")
-    parser.add_argument("--ship", type=Path, default=None,
-                        help="copy RUN/best into DEST/<model> (--dest) and measure it")
-    parser.add_argument("--dest", type=Path, default=None,
-                        help="with --ship: the checkpoints folder to write into; vrh_interp/toy/checkpoints updates "
-                             "the shipped toy models")
-    parser.add_argument("--evaluate", action="store_true",
-                        help="print held-out metrics of the shipped checkpoint of --model (or of --folder)")
-    parser.add_argument("--scenes-from", type=_scene_count, default=None, metavar="N",
-                        help="with --evaluate: level-1 metrics on the 200 eval scenes from N instead (400: the "
-                             "confirmation scenes, which no training or selection rule reads)")
-    parser.add_argument("--folder", type=Path, default=None,
-                        help="with --evaluate: a checkpoint folder of --model's family (e.g. RUN/final) instead of the "
-                             "shipped one")
-    parser.add_argument("--lineage", default="",
-                        help="with --ship: how the run was produced (stored in training_log.json)")
-    parser.add_argument("--checkpoint", choices=("best", "final"), default="best",
-                        help="with --ship: the best checkpoint by level-1 accuracy on eval scenes 0-31, or the "
-                             "finished run's last weights")
-    parser.add_argument("--tower-lr-scale", type=float, default=None,
-                        help="stage 2 also trains the vision tower, at this fraction of the grounding learning rate "
-                             "(default 0: the tower stays frozen after stage 1)")
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (1 each when two runs share 2 cores)")
-    return parser.parse_args(argv)
+    """The command line, each option checked alone (``toy_training.options``: types and ranges)."""
+    return command_line.parse_args(argv)
 
 
 def training_config(args: argparse.Namespace) -> TrainConfig:
@@ -970,27 +890,22 @@ def training_config(args: argparse.Namespace) -> TrainConfig:
         overrides["contrast_batch_scenes"] = args.contrast_scenes
     if overrides.get("grounding_batch_scenes") == 0:  # no grounding rows: nothing for the query probe to read
         overrides["query_probe_weight"] = 0.0
-    growth = [option for option, value in (("--revive-floor", args.revive_floor), ("--split-heads", args.split_heads),
-                                           ("--share-attention", args.share_attention)) if value is not None]
-    if growth and args.warm_start is None:  # they change a trained model's weights: without one they did nothing
-        raise SystemExit(f"{', '.join(growth)} need --warm-start: the trained checkpoint whose heads they change")
+    # growth options without --warm-start, a malformed --split-heads, a negative --tower-lr-scale
+    problem = command_line.config_problem(args)
+    if problem:
+        raise command_line.OptionError(problem)
     if args.revive_floor is not None:
         overrides["revive_floor"] = args.revive_floor
     if args.head_dropout is not None:
         overrides["head_dropout"] = args.head_dropout
     if args.split_heads is not None:
-        from vrh_interp.core.heads import HeadSet, HeadSpecError
-
-        try:
-            overrides["split_heads"] = tuple((h.layer, h.head) for h in HeadSet.parse(args.split_heads))
-        except HeadSpecError as error:
-            raise SystemExit(f"--split-heads: {error}") from None
+        overrides["split_heads"] = tuple((h.layer, h.head) for h in HeadSet.parse(args.split_heads))
     if args.share_attention is not None:
         layers = overrides.get("text_shape", TextBackboneShape()).num_hidden_layers
         for layer, source in args.share_attention:
             if max(layer, source) >= layers or layer == source:
-                raise SystemExit(f"--share-attention {layer}:{source}: name two different layers of the {args.model} "
-                                 f"model's 0..{layers - 1}")
+                raise command_line.OptionError(f"--share-attention {layer}:{source}: name two different layers of "
+                                               f"the {args.model} model's 0..{layers - 1}")
         overrides["share_layers"] = args.share_attention
     if args.fp32:
         overrides["bf16"] = False
@@ -1003,19 +918,21 @@ def training_config(args: argparse.Namespace) -> TrainConfig:
     if args.eval_every is not None:
         overrides["eval_every"] = args.eval_every
     if args.tower_lr_scale is not None:
-        if args.tower_lr_scale < 0:
-            raise SystemExit(f"--tower-lr-scale {args.tower_lr_scale}: give a fraction >= 0 of the grounding learning "
-                             "rate (0: the vision tower stays frozen)")
         overrides["tower_lr_scale"] = args.tower_lr_scale
     return TrainConfig(**overrides)
 
 
-def main() -> None:
-    """CLI entry point (run with OMP_WAIT_POLICY=PASSIVE on shared CPUs)."""
-    args = _parse_args()
+def main(argv: Sequence[str] | None = None) -> None:
+    """CLI entry point (run with OMP_WAIT_POLICY=PASSIVE on shared CPUs). Every fault of the command line is refused
+    in one line with exit status 2 before any model is built or loaded (``toy_training.options``)."""
+    parser, args = command_line.parse_command(argv)
+    config = None
+    if command_line.mode(args) == "train":
+        try:
+            config = training_config(args)
+        except command_line.OptionError as error:
+            parser.error(str(error))
     torch.set_num_threads(args.threads)
-    if args.scenes_from is not None and not args.evaluate:
-        raise SystemExit("--scenes-from chooses the scenes --evaluate measures: add --evaluate")
     if args.evaluate:
         model, processor = load(args.model, folder=args.folder)
         if args.scenes_from is not None:
@@ -1025,19 +942,14 @@ def main() -> None:
             print(json.dumps(measure_held_out(model, processor, args.model), indent=1))
         return
     if args.relabel is not None:
-        if args.model != "planted-x" or args.out is None:
-            raise SystemExit("--relabel makes toy planted-x's run folder: use it with --model planted-x --out RUN")
         print(relabel_run(args.relabel, args.out))
         return
     if args.ship is not None:
-        if args.dest is None:
-            raise SystemExit("--ship needs --dest: the checkpoints folder to write into (vrh_interp/toy/checkpoints "
-                             "updates the shipped toy models)")
         log = ship(args.ship, args.model, args.dest, args.lineage, args.checkpoint)
         print(json.dumps({key: log[key] for key in ("held_out", "held_out_vqa", "test_set_level1", "fresh_level1")},
                          indent=1))
         return
-    train(training_config(args), args.out, args.resume)
+    train(config, args.out, args.resume)
 
 
 if __name__ == "__main__":

@@ -22,9 +22,10 @@ Sizes are FIXED (``DEFAULT_SIZES``), never chosen from a clock: the same command
 machine (``--seed`` moves only the control-set draws, the scan's head sample and the bootstrap). Verdicts come from
 the one claims module (``evaluation.claims``: holds / does not hold / inconclusive, Bonferroni over each table's
 fixed family), with the evidence computed per item from the run's records (``experiments.verdicts``). The causal
-claim's rank test reads up to ``rank_sets`` sets of each kind on ``rank_items`` items (``rank_step``), drawn
-sequentially and curtailed; transfer has its own (``sequential_sets``). ``--budget-seconds`` optionally caps
-the work: steps not begun by then are skipped, and their claims read "inconclusive" (never another verdict).
+claim's rank test reads up to ``rank_sets`` sets of each kind on ``rank_items`` items
+(``designs.clustered_sweep``), drawn sequentially and curtailed; transfer has its own (``sequential_sets``).
+``--budget-seconds`` optionally caps the work: steps not begun by then are skipped, and their claims read
+"inconclusive" (never another verdict).
 """
 
 from __future__ import annotations
@@ -308,11 +309,23 @@ def sweep_step(run: DemoRun) -> None:
                              f"ks={run.ks} (k*={run.k_star}), one fresh control set of each kind per scene "
                              f"({answers} answers); the rank test at k*"):
         return
-    result = run.result = run_conditions(run.placed, run.evals, run.conditions, batch_size=run.batch_size,
-                                         max_new_tokens=ANSWER_TOKENS, run_dir=run.out / "sweep",
-                                         items_of=run.items_of)
+    from vrh_interp.experiments.designs import clustered_sweep
+
+    kinds = sorted({c.kind for c in run.conditions if c.kind in ev.CONTROL_KINDS})
+    detected = run.ranking[: max(run.ks)]
+    pool = run.pool.control_pool(detected, max(run.ks)) if run.pool is not None else None  # as detect_step's
+    result, ranks = clustered_sweep(run.placed, run.ranking, run.ks, run.evals, run.out, kinds=kinds, live=pool,
+                                    rank_sets=run.sizes.rank_sets, rank_items=run.sizes.rank_items,
+                                    first_seed=run.seed * SEED_STRIDE, batch_size=run.batch_size,
+                                    max_new_tokens=ANSWER_TOKENS, rank_ks=[run.k_star])
+    run.result = result
     result.summary(bootstrap_seed=run.seed).to_csv(run.out / "sweep_summary.csv", index=False)
-    rank = rank_step(run)
+    rank = ranks.get(run.k_star)
+    if rank is not None:
+        sets = {kind: sum(1 for c in rank.conditions if c.kind == kind) for kind in kinds}
+        print(f"      rank test: {', '.join(f'{n} {kind}' for kind, n in sets.items())} sets on "
+              f"{rank.records['sample_id'].nunique()} items, {len(rank.records)} answers (stopped once {RANK_H} were "
+              "as harmful as the top-k)", flush=True)
     run.evidence["causal"] = ev.causal_evidence(result.records, run.conditions, run.k_star, seed=run.seed, rank=rank)
     run.evidence["causal_curve"] = ev.curve_evidence(result.records, run.conditions, seed=run.seed,
                                                      special=run.evidence["causal"])
@@ -333,34 +346,6 @@ def sequential_sets(run: DemoRun, folder: Path, streams: Sequence[tuple[str, str
               f"{result.records['sample_id'].nunique()} items, {len(result.records)} answers (stopped once "
               f"{RANK_H} were as harmful as the {target} set)", flush=True)
     return merged
-
-
-def rank_step(run: DemoRun) -> SweepResult | None:
-    """The rank test's sets for the causal claim (inside step 3): up to ``rank_sets`` control sets of each kind at
-    k* on ``rank_items`` items spread over the scenes (exchangeability is all a rank test needs, so few items per
-    set suffice), drawn sequentially (``sequential_sets``) with seeds apart from the scenes' and answered with
-    curtailment (``designs.curtailed_rank``: each set only until its comparison with the top-k is decided)."""
-    from vrh_interp.experiments.designs import SCENE_SEEDS, curtailed_rank
-    from vrh_interp.experiments.sweep import control_conditions
-
-    items = check_subset(run.evals, run.sizes.rank_items)
-    kinds = sorted({c.kind for c in run.conditions if c.kind in ev.CONTROL_KINDS and c.k == run.k_star})
-    top = next(c for c in run.conditions if c.kind == "top" and c.k == run.k_star)
-    baseline = next(c for c in run.conditions if c.kind == "baseline")
-    detected = run.ranking[: max(run.ks)]
-    pool = run.pool.control_pool(detected, max(run.ks)) if run.pool is not None else None  # as the main sweep's
-
-    def answer(seeds: list[int], running: set[str], folder: Path) -> dict[str, SweepResult]:
-        block = [c for c in control_conditions(run.vlm.geometry, detected, run.k_star, top.heads, seeds,
-                                               matched="matched" in running, live=pool if "live" in running else None)
-                 if c.kind in running]
-        return {"grounding": curtailed_rank(run.placed, items, baseline, top, block, folder,
-                                            batch_size=run.batch_size, max_new_tokens=ANSWER_TOKENS,
-                                            target_folder=run.out / "rank" / "target")}
-
-    found = sequential_sets(run, run.out / "rank", [("grounding", kind) for kind in kinds], "top", answer,
-                            run.seed * SEED_STRIDE + SCENE_SEEDS, 20)
-    return None if found is None else found["grounding"]
 
 
 def ablation_kinds_step(run: DemoRun) -> None:

@@ -186,3 +186,43 @@ def curtailed_rank(vlm: Any, items: Sequence[Any], baseline: Condition, target: 
         open_sets = [c for c in open_sets if wins - left < counts[c.key] <= wins]
     records = pd.concat(parts, ignore_index=True)
     return SweepResult(records, [baseline, target, *sets], first.iou_threshold, first.total_heads)
+
+
+def clustered_sweep(vlm: Any, ranking: HeadSet, ks: Sequence[int], items: Sequence[Any], folder: Path, *,
+                    kinds: Sequence[str] = ("random", "matched"), live: HeadSet | None = None,
+                    extra: Sequence[Condition] = (), rank_sets: int = 199, rank_items: int = 12,
+                    first_seed: int = 0, batch_size: int = 60, max_new_tokens: int = 24, progress: bool = True,
+                    rank_ks: Sequence[int] | None = None) -> tuple[SweepResult, dict[int, SweepResult | None]]:
+    """The causal k-sweep in this module's designs, whole: ``scene_design`` on ``items`` (plus the ``extra``
+    conditions on every item) into ``folder / "sweep"``, then at every k > 0 the rank test's sets
+    (``sequential_sets`` of ``curtailed_rank`` on ``rank_items`` items, into ``folder / "rank-k{k}"``; only at
+    ``rank_ks`` where given, e.g. k* alone, whose rank test the other claims take). Returns the
+    sweep and the rank sweep per k, for ``verdicts.causal_evidence(rank=...)`` / ``verdicts.sweep_claims``."""
+    geometry = vlm.geometry
+    matched = "matched" in kinds
+    conditions, items_of = scene_design(ranking, geometry, ks, items, first_seed, live=live, matched=matched)
+    kinds = [kind for kind in kinds if any(c.kind == kind for c in conditions)]  # live: only with a pool
+    conditions = [c for c in conditions if c.kind in ("baseline", "top") or c.kind in kinds] + list(extra)
+    items_of = {key: ids for key, ids in items_of.items() if any(c.key == key for c in conditions)}
+    result = run_conditions(vlm, items, conditions, batch_size=batch_size, max_new_tokens=max_new_tokens,
+                            run_dir=folder / "sweep", progress=progress, items_of=items_of)
+    baseline, rank_on = conditions[0], check_subset(items, rank_items)
+    detected = ranking[: max(ks)]
+    ranks: dict[int, SweepResult | None] = {}
+    for k in sorted(k for k in (ks if rank_ks is None else rank_ks) if k > 0):
+        top = next(c for c in conditions if c.kind == "top" and c.k == k)
+        where = folder / f"rank-k{k}"
+
+        def answer(seeds: list[int], running: set[str], block_folder: Path, top: Condition = top,
+                   k: int = k, where: Path = where) -> dict[str, SweepResult]:
+            block = [c for c in control_conditions(geometry, detected, k, top.heads, seeds,
+                                                   matched="matched" in running,
+                                                   live=live if "live" in running else None) if c.kind in running]
+            return {"grounding": curtailed_rank(vlm, rank_on, baseline, top, block, block_folder,
+                                                batch_size=batch_size, max_new_tokens=max_new_tokens,
+                                                target_folder=where / "target")}
+
+        found = sequential_sets([("grounding", kind) for kind in kinds], answer, where, k=k, target="top",
+                                total=rank_sets, first=first_seed + SCENE_SEEDS, block=20, h=RANK_H)
+        ranks[k] = None if found is None else found["grounding"]
+    return result, ranks

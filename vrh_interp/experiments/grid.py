@@ -44,7 +44,9 @@ be on a shared file system at the same path everywhere, and the workers need thi
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import math
 import os
 import re
 import socket
@@ -151,7 +153,8 @@ class GridSpec:
     patching: PatchingOptions | None = None  # set when "patching" is an experiment
 
     def to_dict(self) -> dict[str, Any]:
-        data = json.loads(json.dumps(dataclasses.asdict(self)))
+        check_numbers(self)  # grid.json is strict JSON: no NaN / Infinity for other readers to choke on
+        data = json.loads(json.dumps(dataclasses.asdict(self), allow_nan=False))
         if data["patching"] is None:  # grids without patching keep the grid.json they had before it existed
             del data["patching"]
         return data
@@ -211,7 +214,7 @@ def _data(spec: Any, section: str, key: str, *, vqa: bool) -> str:
 
 
 def _options(table: Mapping[str, Any]) -> GridOptions:
-    from vrh_interp.experiments.sweep import KSpecError, parse_ks
+    from vrh_interp.experiments.ks import KSpecError, parse_ks
     from vrh_interp.scoring.design import resolve_design
 
     fields = {f.name: f for f in dataclasses.fields(GridOptions)}
@@ -223,7 +226,12 @@ def _options(table: Mapping[str, Any]) -> GridOptions:
             value = _typed(table, key, "options", (int,), "a whole number")
             if value < 1:
                 raise GridSpecError(f"{_where('options')}: {key} = {value} must be >= 1")
-        elif key in ("summary_k", "retries"):
+        elif key == "summary_k":
+            value = _typed(table, key, "options", (int,), "a whole number")
+            if value < 1:
+                raise GridSpecError(f"{_where('options')}: summary_k = {value} must be >= 1 (the heatmap shows the "
+                                    "drop with the top k heads masked; k = 0 masks none)")
+        elif key == "retries":
             value = _typed(table, key, "options", (int,), "a whole number")
             if value < 0:
                 raise GridSpecError(f"{_where('options')}: {key} = {value} must be >= 0")
@@ -231,9 +239,9 @@ def _options(table: Mapping[str, Any]) -> GridOptions:
             value = _typed(table, key, "options", (bool,), "true or false")
         elif key in ("iou", "cpus"):
             value = float(_typed(table, key, "options", (int, float), "a number"))
-            if not (0 < value <= 1 if key == "iou" else 0 <= value < 1e6):
+            if not (0 < value <= 1 if key == "iou" else 0 <= value < 1e6):  # NaN fails both
                 raise GridSpecError(f"{_where('options')}: {key} = {value} is out of range "
-                                    f"({'0 < iou <= 1' if key == 'iou' else 'cpus >= 0'})")
+                                    f"({'0 < iou <= 1' if key == 'iou' else '0 <= cpus < 1e6'})")
         elif key == "ks":
             value = table[key]
             value = ",".join(map(str, value)) if isinstance(value, list) else value
@@ -250,7 +258,26 @@ def _options(table: Mapping[str, Any]) -> GridOptions:
             except ValueError as error:
                 raise GridSpecError(f"{_where('options')}: preset: {error}") from None
         values[key] = value
-    return GridOptions(**values)
+    options = GridOptions(**values)
+    _check_summary_k(options)
+    return options
+
+
+def _check_summary_k(options: GridOptions) -> None:
+    """``summary_k`` must be one of the grid's k > 0 for every model: one of the head counts in ``ks`` (a
+    percentage's k depends on the model's head count); before, any other value silently became the largest k."""
+    from vrh_interp.experiments.ks import parse_ks
+
+    k = options.summary_k
+    if k is None:
+        return
+    items = [item.strip() for item in options.ks.split(",")]
+    counts = [c for c in parse_ks([i for i in items if i and not i.endswith("%")], 1) if c > 0]
+    if k not in counts:
+        percent = " (a percentage's k depends on the model's head count)" if any(i.endswith("%") for i in items) else ""
+        among = f"one of its head counts > 0: {', '.join(map(str, counts))}" if counts else "a head count > 0 in ks"
+        raise GridSpecError(f"{_where('options')}: summary_k = {k} is not among ks = \"{options.ks}\"{percent}: use "
+                            f"{among}, or leave summary_k out (the heatmap then shows the largest k)")
 
 
 def _model(name: str, table: Any) -> GridModel:
@@ -276,8 +303,8 @@ def _model(name: str, table: Any) -> GridModel:
     for key in ("gpus", "memory_gb"):
         if key in table:
             numbers[key] = float(_typed(table, key, section, (int, float), "a number"))
-            if numbers[key] < 0:
-                raise GridSpecError(f"{_where(section)}: {key} must be >= 0")
+            if not (math.isfinite(numbers[key]) and numbers[key] >= 0):
+                raise GridSpecError(f"{_where(section)}: {key} = {numbers[key]} must be a finite number >= 0")
     return GridModel(name=name, spec=spec.strip(), device_map=table.get("device_map"), dtype=table.get("dtype"),
                      remote=remote, **numbers)
 
@@ -333,9 +360,11 @@ def parse_grid(text: str) -> GridSpec:
     elif "patching" in data:
         raise GridSpecError("GRID.toml: there is a [patching] table but experiments has no \"patching\": add it to "
                             "experiments, or remove the table")
-    return GridSpec(models=models, benchmarks=benchmarks, vqa=vqa if "vqa" in experiments else {},
+    spec = GridSpec(models=models, benchmarks=benchmarks, vqa=vqa if "vqa" in experiments else {},
                     transfer=transfer if "transfer" in experiments else (), experiments=experiments, options=options,
                     patching=patching)
+    check_plan(spec)
+    return spec
 
 
 def _patching(table: Any, models: Mapping[str, GridModel], benchmarks: Mapping[str, GroundingBenchmark],
@@ -410,10 +439,27 @@ def _pairs(items: Any, models: Mapping[str, GridModel],
 
 
 def load_grid(path: str | os.PathLike[str]) -> GridSpec:
+    """The ``GridSpec`` of a GRID.toml file; ``GridSpecError`` in one line naming the file when it is missing, a
+    folder or not a regular file, unreadable or not UTF-8 text, and naming the field when a field is wrong."""
     path = Path(path)
-    if not path.is_file():
+    if path.is_dir():
+        inside = path / "GRID.toml"
+        hint = f": did you mean {inside}?" if inside.is_file() else ": name the GRID.toml file itself"
+        raise GridSpecError(f"grid file {path} is a folder, not a GRID.toml file{hint}")
+    if not path.exists():
         raise GridSpecError(f"grid file {path} does not exist: write one (docs/recipes/grid.md has a reference)")
-    return parse_grid(path.read_text(encoding="utf-8"))
+    if not path.is_file():  # a FIFO or a device would block or never end
+        raise GridSpecError(f"grid file {path} is not a regular file: name a GRID.toml file")
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise GridSpecError(f"cannot read grid file {path}: {error.strerror or error}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise GridSpecError(f"grid file {path} is not UTF-8 text (byte 0x{data[error.start]:02x} at offset "
+                            f"{error.start}): save it as UTF-8") from None
+    return parse_grid(text)
 
 
 # ------------------------------------------------------------------------------------------------------ the plan
@@ -464,6 +510,52 @@ def plan_cells(spec: GridSpec) -> list[Cell]:
                           f"transfer/{a}__{b}__{pair.benchmark}",
                           (f"detect:{a}:{pair.benchmark}", f"detect:{b}:{pair.benchmark}")))
     return cells
+
+
+def check_plan(spec: GridSpec) -> list[Cell]:
+    """The plan's cells, refused (``GridSpecError``) when two cells would share a folder, or one cell's folder
+    would lie inside another's (a benchmark named ``vqa-X`` beside a VQA benchmark ``X``, or ``patching`` beside
+    the patching cells; transfer pairs ``a__b`` + ``c`` and ``a`` + ``b__c``), also where the names differ only in
+    case (one folder on macOS and Windows file systems), or share a status file."""
+    cells = plan_cells(spec)
+    owners: dict[str, Cell] = {}  # every cell folder, case-folded, and every folder above it
+    for cell in cells:
+        parts = cell.folder.casefold().split("/")
+        for depth in range(1, len(parts) + 1):
+            folder = "/".join(parts[:depth])
+            other = owners.get(folder)
+            if other is not None and other.id != cell.id and (depth == len(parts)
+                                                              or other.folder.casefold() == folder):
+                shared = "the same folder" if other.folder.casefold() == cell.folder.casefold() else "nested folders"
+                folded = "" if cell.folder.startswith(other.folder) or other.folder.startswith(cell.folder) else (
+                    " where file names ignore case (macOS, Windows)")
+                raise GridSpecError(f"GRID.toml: cells {other.id} and {cell.id} would write into {shared}{folded} "
+                                    f"({other.folder}, {cell.folder}): rename a model or benchmark")
+            owners.setdefault(folder, cell)
+    statuses: dict[str, str] = {}
+    for cell in cells:
+        name = status_name(cell.id).casefold()
+        if name in statuses:
+            raise GridSpecError(f"GRID.toml: cells {statuses[name]} and {cell.id} differ only in case: rename a "
+                                "model or benchmark (file names may ignore case)")
+        statuses[name] = cell.id
+    return cells
+
+
+def check_numbers(spec: GridSpec) -> None:
+    """Every number of the spec (options, models, patching) finite and >= 0, and ``summary_k`` among the ks: what
+    ``parse_grid`` checks field by field, for a ``GridSpec`` made in Python."""
+    parts: list[tuple[str, Any]] = [("options", spec.options), ("patching", spec.patching),
+                                    *((f"models.{name}", model) for name, model in spec.models.items())]
+    for section, part in parts:
+        if part is None:
+            continue
+        for item in dataclasses.fields(part):
+            value = getattr(part, item.name)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and not (math.isfinite(value)
+                                                                                         and value >= 0):
+                raise GridSpecError(f"{_where(section)}: {item.name} = {value} must be a finite number >= 0")
+    _check_summary_k(spec.options)
 
 
 def cell_resources(spec: GridSpec, cell: Cell) -> dict[str, float]:
@@ -620,16 +712,43 @@ CELL_EXPERIMENTS: dict[str, str] = {"detect": "detect", "sweep": "sweep", "sweep
 RECORD_LOGS: dict[str, str] = {cell: experiment(name).log_path("").name for cell, name in CELL_EXPERIMENTS.items()}
 
 
+_PLAIN = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789.-")
+_LONGEST_NAME = 160  # bytes of a status name kept whole (file names end at 255 bytes, with ".attempts.jsonl")
+
+
+def status_name(cell_id: str) -> str:
+    """The status file name of a cell (without ``.json``), one per cell id: letters, digits, '.' and '-' stay,
+    every other character (':', '_', '%', '/', '#', '+', any non-ASCII) becomes %XX of its UTF-8 bytes, so two
+    ids never share a name (``detect:a:b_c`` -> ``detect%3Aa%3Ab%5Fc``, ``detect:a_b:c`` -> ``detect%3Aa%5Fb%3Ac``).
+    A name longer than 160 characters keeps its first 140 and ``~`` with a hash of the exact id (``~`` appears
+    in no other name)."""
+    raw = cell_id.encode("utf-8", "surrogatepass")
+    name = "".join(c if c in _PLAIN else "".join(f"%{b:02X}" for b in c.encode("utf-8", "surrogatepass"))
+                   for c in cell_id)
+    if len(name) > _LONGEST_NAME:
+        name = f"{name[:140]}~{hashlib.sha256(raw).hexdigest()[:16]}"
+    return name
+
+
 def status_path(grid_dir: Path, cell_id: str) -> Path:
+    return Path(grid_dir) / STATUS_DIR / (status_name(cell_id) + ".json")
+
+
+def _legacy_status_path(grid_dir: Path, cell_id: str) -> Path:
+    """Where grids made before issue 53 kept a cell's status (':' and the like became '_', so two cells could share it:
+    read only when the file names this very cell)."""
     return Path(grid_dir) / STATUS_DIR / (re.sub(r"[^A-Za-z0-9_.+-]+", "_", cell_id) + ".json")
 
 
 def read_status(grid_dir: Path, cell_id: str) -> dict[str, Any]:
-    path = status_path(grid_dir, cell_id)
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {"status": "pending"}
+    for path in (status_path(grid_dir, cell_id), _legacy_status_path(grid_dir, cell_id)):
+        try:
+            status = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(status, dict) and status.get("cell") == cell_id and "status" in status:
+            return status
+    return {"status": "pending"}
 
 
 def write_status(grid_dir: Path, cell_id: str, status: str, **facts: Any) -> None:
@@ -788,32 +907,77 @@ def run_local(grid_dir: Path, spec: GridSpec, cells: Sequence[Cell], *,
     return write_manifest(grid_dir, spec, cells, "local")
 
 
+CONFIRM_ABOVE = 500
+"""A plan with more cells to run than this runs only when confirmed (``vrh grid --yes``, ``run_grid(yes=True)``)."""
+NOMINAL_CELL_SECONDS = 5.0
+"""The estimate's seconds per cell before any cell of the grid has run: a toy-model cell on a 2-core CPU (issue 53
+measured 37 cells in 180 s); real models take longer. Once cells are done, their mean is used instead."""
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min" if seconds < 7200 else \
+        f"{seconds / 3600:.1f} h"
+
+
+def plan_estimate(grid_dir: Path, cells: Sequence[Cell]) -> tuple[int, str]:
+    """How many cells are still to run, and one line with the count and a time estimate (one cell at a time): the
+    mean seconds of the grid's done cells, or ``NOMINAL_CELL_SECONDS`` when none has run."""
+    states = [read_status(grid_dir, c.id) for c in cells]
+    seconds = [s["seconds"] for s in states if s["status"] == "done" and isinstance(s.get("seconds"), (int, float))]
+    todo = sum(s["status"] != "done" for s in states)
+    if seconds:
+        per_cell = sum(seconds) / len(seconds)
+        basis = f"{per_cell:.3g} s per cell, the mean of the {len(seconds)} done"
+    else:
+        per_cell = NOMINAL_CELL_SECONDS
+        basis = f"a toy model's {per_cell:g} s per cell on a 2-core CPU; real models take longer"
+    return todo, (f"{len(cells)} cells, {todo} to run ({len(cells) - todo} done); estimate ~"
+                  f"{_duration(todo * per_cell)} one at a time ({basis})")
+
+
 def run_grid(grid: str | os.PathLike[str] | GridSpec, out: str | os.PathLike[str], *, ray: str | None = None,
-             progress: bool = True) -> GridResult:
+             progress: bool = True, yes: bool = False, confirm_above: int | None = CONFIRM_ABOVE) -> GridResult:
     """Run (or resume) a grid into ``out``: ``grid`` is a GRID.toml path or a ``GridSpec``; ``ray`` None runs the
     cells here in order, ``"auto"`` or a cluster address runs them as Ray tasks (``run_ray``).
+    The whole plan is checked first (``GridSpecError`` before any cell runs or any model loads); its cell count and
+    a time estimate are printed, and more than ``confirm_above`` cells to run are refused unless ``yes``.
     Writes grid.json, the summary and the heatmap; returns every cell's status and the summary."""
     spec = grid if isinstance(grid, GridSpec) else load_grid(grid)
+    if isinstance(grid, GridSpec):  # parse_grid checked a GRID.toml's
+        check_numbers(spec)
+    cells = check_plan(spec)
     grid_dir = Path(out)
-    lock = lock_run_folder(grid_dir)  # one driver per grid folder
+
+    def log(line: str) -> None:
+        if progress:
+            print(line, file=sys.stderr, flush=True)
+
+    _check_same_grid(grid_dir, spec)
+    todo, plan = plan_estimate(grid_dir, cells)
+    if confirm_above is not None and todo > confirm_above and not yes:
+        raise GridSpecError(f"{plan}: more than {confirm_above} cells run only when confirmed: pass --yes "
+                            "(run_grid(..., yes=True)), or make the grid smaller")
+    # Ray installed and its cluster joined (an address where none answers: refused within CONNECT_TIMEOUT_S)
+    # before the folder is touched
+    connected = ray is not None and connect(ray)
+    log(f"grid: {plan}")
     try:
-        _check_same_grid(grid_dir, spec)
-        cells = plan_cells(spec)
-        write_manifest(grid_dir, spec, cells, ray and "ray" or "local")
-
-        def log(line: str) -> None:
-            if progress:
-                print(line, file=sys.stderr, flush=True)
-
-        if ray is None:
-            status = run_local(grid_dir, spec, cells, log=log)
-        else:
-            status = run_ray(grid_dir, spec, cells, address=ray, log=log)
-        summary = write_summary(grid_dir, spec, cells, status)
-        patching = patching_summary(grid_dir, cells, status) if spec.patching is not None else None
-        return GridResult(grid_dir, cells, status, summary, patching)
+        lock = lock_run_folder(grid_dir)  # one driver per grid folder
+        try:
+            _check_same_grid(grid_dir, spec)  # again under the lock: another driver may have started the folder
+            write_manifest(grid_dir, spec, cells, ray and "ray" or "local")
+            if ray is None:
+                status = run_local(grid_dir, spec, cells, log=log)
+            else:
+                status = run_ray(grid_dir, spec, cells, address=ray, log=log)
+            summary = write_summary(grid_dir, spec, cells, status)
+            patching = patching_summary(grid_dir, cells, status) if spec.patching is not None else None
+            return GridResult(grid_dir, cells, status, summary, patching)
+        finally:
+            del lock
     finally:
-        del lock
+        if connected:  # joined here: left here (run_ray leaves a connection it did not make)
+            _import_ray().shutdown()
 
 
 # ------------------------------------------------------------------------------------------------- Ray executor
@@ -831,12 +995,60 @@ def _import_ray() -> Any:
     return ray
 
 
+CONNECT_TIMEOUT_S = 10.0
+"""How long ``connect`` waits for a cluster address to answer before refusing it (Ray's own retries last minutes)."""
+_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # and empty SETTINGS
+
+
+def _cluster_address(address: str) -> tuple[str, int] | None:
+    """``(host, port)`` of a ``--ray`` address (``HOST:PORT``, ``ray://HOST:PORT``, ``auto`` with ``RAY_ADDRESS``
+    set); None where Ray finds the cluster itself (``auto``: this machine's, or a new local one)."""
+    if address in ("auto", "local"):
+        address = os.environ.get("RAY_ADDRESS", "") if address == "auto" else ""
+        if address in ("", "auto", "local"):
+            return None
+    host, _, port = address.split("://", 1)[-1].rstrip("/").rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise RuntimeError(f"--ray {address!r} is not a cluster address: use auto or HOST:PORT, e.g. --ray "
+                           "10.0.0.1:6379")
+    return host.strip("[]"), int(port)
+
+
+def check_reachable(address: str, timeout: float | None = None) -> None:
+    """Refuse (``RuntimeError``, one line) a cluster address where nothing answers within ``timeout`` seconds
+    (``CONNECT_TIMEOUT_S``): no route, a closed port, a firewall that drops the packets, or a server that does not
+    speak gRPC (HTTP/2, as Ray's GCS does; not checked with ``RAY_USE_TLS``). Ray alone retries such an address for
+    minutes with its own messages."""
+    target = _cluster_address(address)
+    if target is None:
+        return
+    timeout = CONNECT_TIMEOUT_S if timeout is None else timeout
+    fix = "start one with `ray start --head` and pass the address it prints, e.g. --ray 10.0.0.1:6379"
+    deadline = time.monotonic() + timeout
+    try:
+        with socket.create_connection(target, timeout=timeout) as connection:
+            if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+                return
+            connection.settimeout(max(0.1, deadline - time.monotonic()))
+            connection.sendall(_HTTP2_PREFACE)
+            answer = connection.recv(9)
+    except (socket.timeout, TimeoutError):
+        raise RuntimeError(f"no Ray cluster answered at {address!r} within {timeout:g} s: {fix}") from None
+    except OSError as error:
+        raise RuntimeError(f"cannot reach a Ray cluster at {address!r} ({error.strerror or error}): {fix}") from None
+    if len(answer) < 9 or answer[3] != 4:  # a gRPC server's first frame is its SETTINGS (type 4)
+        raise RuntimeError(f"the server at {address!r} is not a Ray cluster (it does not answer as Ray's GCS does): "
+                           f"{fix}")
+
+
 def connect(address: str) -> bool:
     """Join the Ray cluster at ``address`` (``auto``: the one this machine belongs to, ``RAY_ADDRESS``, or a new
-    local one), unless this process already has one; True when this call started the connection."""
+    local one), unless this process already has one; True when this call started the connection. An address where
+    no cluster answers within ``CONNECT_TIMEOUT_S`` seconds is refused first (``check_reachable``)."""
     ray = _import_ray()
     if ray.is_initialized():
         return False
+    check_reachable(address)
     try:
         ray.init(address=None if address == "auto" else address, include_dashboard=False, log_to_driver=False,
                  logging_level="WARNING")
@@ -1051,13 +1263,15 @@ def write_summary(grid_dir: Path, spec: GridSpec, cells: Sequence[Cell],
     if len(grounding):
         from vrh_interp.viz.plots import grid_drop_heatmap
 
-        k = spec.options.summary_k if spec.options.summary_k in set(grounding["k"]) else int(grounding["k"].max())
+        wanted = spec.options.summary_k  # one of the ks (parse_grid): absent only where its cells did not finish
+        k = wanted if wanted in set(grounding["k"]) else int(grounding["k"].max())
         at_k = grounding[grounding["k"] == k]
         drops = at_k.pivot(index="model", columns="benchmark", values="drop").reindex(
             index=[m for m in spec.models if m in set(at_k["model"])],
             columns=[b for b in spec.benchmarks if b in set(at_k["benchmark"])])
         verdicts = at_k.pivot(index="model", columns="benchmark", values="verdict").reindex_like(drops)
-        figure = grid_drop_heatmap(drops, verdicts, title=f"grounding drop with the top-{k} VRHs masked")
+        missing = f" (summary_k = {wanted}: no finished cell)" if wanted is not None and wanted != k else ""
+        figure = grid_drop_heatmap(drops, verdicts, title=f"grounding drop with the top-{k} VRHs masked{missing}")
         figure.savefig(grid_dir / HEATMAP)
     return summary
 

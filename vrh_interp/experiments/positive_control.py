@@ -28,9 +28,8 @@ from typing import Any
 import pandas as pd
 
 from vrh_interp.core.backends.select import backend_for
-from vrh_interp.experiments.designs import (RANK_H, SCENE_SEEDS, check_subset, curtailed_rank, scene_design,
-                                            sequential_sets)
-from vrh_interp.experiments.sweep import Condition, control_conditions, run_conditions
+from vrh_interp.experiments.designs import RANK_H, clustered_sweep
+from vrh_interp.experiments.sweep import Condition
 from vrh_interp.core.heads import HeadSet
 from vrh_interp.core.model import LOCAL, Placement
 from vrh_interp.core.provenance import library_versions, model_provenance, now_utc
@@ -155,21 +154,11 @@ def run_positive_control(out: Path, *, detect_scenes: int = 20, eval_scenes: int
     k = len(planted)
     ranking = scores.ranking()
     # the demo's design (``experiments.designs``): one fresh set of each kind per scene, the rank test curtailed
-    conditions, items_of = scene_design(ranking, vlm.geometry, [0, k], evals, 0)
-    conditions.append(Condition("decoys", len(decoys), None, decoys))
-    result = run_conditions(vlm, evals, conditions, batch_size=batch_size, max_new_tokens=ANSWER_TOKENS,
-                            run_dir=out / "sweep", progress=progress, items_of=items_of)
-    baseline, top = conditions[0], next(c for c in conditions if c.kind == "top")
-    rank_on = check_subset(evals, rank_items)
-
-    def answer(seeds: list[int], running: set[str], folder: Path) -> dict[str, Any]:
-        block = [c for c in control_conditions(vlm.geometry, ranking[:k], k, top.heads, seeds) if c.kind in running]
-        return {"grounding": curtailed_rank(vlm, rank_on, baseline, top, block, folder, batch_size=batch_size,
-                                            max_new_tokens=ANSWER_TOKENS, target_folder=out / "rank" / "target")}
-
-    ranked = sequential_sets([("grounding", kind) for kind in ("random", "matched")], answer, out / "rank", k=k,
-                             target="top", total=rank_sets, first=SCENE_SEEDS, block=random_sets, h=RANK_H)
-    rank = None if ranked is None else ranked["grounding"]
+    result, ranks = clustered_sweep(vlm, ranking, [0, k], evals, out, extra=[Condition("decoys", len(decoys), None,
+                                                                                      decoys)],
+                                    rank_sets=rank_sets, rank_items=rank_items, batch_size=batch_size,
+                                    max_new_tokens=ANSWER_TOKENS, progress=progress)
+    rank = ranks[k]
     summary = result.summary()
     summary.to_csv(out / "sweep_summary.csv", index=False)
     default = grading[grading["design"] == "Q=output, Phi=sum, Omega=mean"].iloc[0]

@@ -375,9 +375,10 @@ def kinds_agree(evidence_by_kind: Mapping[str, Evidence | None]) -> Evidence | N
     return intersection(parts, numbers)
 
 
-def sweep_claims(result: Any, *, seed: int = 0) -> pd.DataFrame:
+def sweep_claims(result: Any, *, seed: int = 0, rank: Mapping[int, Any] | None = None) -> pd.DataFrame:
     """The causal claim at every k > 0 of a k-sweep with control sets (``SweepResult``), judged by the claims
-    rules with Bonferroni over the k values (one family): what ``vrh sweep`` and ``vrh report`` print."""
+    rules with Bonferroni over the k values (one family): what ``vrh sweep`` and ``vrh report`` print. ``rank``:
+    the rank test's sweep per k (``designs.clustered_sweep``), where the sweep's own sets are not on common items."""
     from dataclasses import replace
 
     from vrh_interp.evaluation.claims import judge
@@ -386,7 +387,8 @@ def sweep_claims(result: Any, *, seed: int = 0) -> pd.DataFrame:
     evidence, specs = {}, {}
     for k in sorted({c.k for c in result.conditions if c.kind == "top" and c.k > 0}):
         found = causal_evidence(result.records, result.conditions, k, kinds=kinds,
-                                iou_threshold=result.iou_threshold, seed=seed) if kinds else None
+                                iou_threshold=result.iou_threshold, seed=seed,
+                                rank=(rank or {}).get(k)) if kinds else None
         key = f"causal:k={k}"
         specs[key] = replace(CLAIMS["causal"], id=key, claim=f"k={k}: the top-{k} masked hurts more than the "
                                                             f"{', '.join(kinds) or 'no'} control sets")
