@@ -410,23 +410,27 @@ def causal_test(baseline: Sequence[float], target: Sequence[float], controls: np
                            "lost": lost, "gained": gained})
 
 
-def claims_lines(table: pd.DataFrame, width: int = 100) -> str:
-    """The claims table in one line per claim (a terminal's summary; ``claims_text`` has the reasons): per table a
-    heading, per claim its verdict as a badge, its short name and the estimate with its interval."""
+def _terminal(table: pd.DataFrame, row_text: Callable[[dict], str]) -> str:
+    """Per table (the paper's, the method's) a heading, then ``row_text(row)`` for each of its claims."""
     blocks = []
     for name, heading in ((PAPER, "The paper's claims"), (METHOD, "Checks of the method")):
         part = table[table["table"] == name] if "table" in table else table
-        if part.empty:
-            continue
-        blocks.append(f"{heading}:")
-        for row in part.to_dict(orient="records"):
-            estimate = row.get("estimate")
-            shown = "" if estimate is None or not np.isfinite(float(estimate)) else (
-                f"  {float(estimate):+.3f} [{float(row['ci_low']):+.3f}, {float(row['ci_high']):+.3f}]"
-                if np.isfinite(float(row.get("ci_low", np.nan))) else f"  {float(estimate):+.3f}")
-            line = f"{str(row['verdict']).upper():>15}  {str(row['claim']).split(':')[0]}{shown}"
-            blocks.append(line[:width])
+        if not part.empty:
+            blocks += [f"{heading}:", *(row_text(row) for row in part.to_dict(orient="records"))]
     return "\n".join(blocks)
+
+
+def claims_lines(table: pd.DataFrame, width: int = 100) -> str:
+    """The claims table in one line per claim (a terminal's summary; ``claims_text`` has the reasons): per table a
+    heading, per claim its verdict as a badge, its short name and the estimate with its interval."""
+    def line(row: dict) -> str:
+        estimate = row.get("estimate")
+        shown = "" if estimate is None or not np.isfinite(float(estimate)) else (
+            f"  {float(estimate):+.3f} [{float(row['ci_low']):+.3f}, {float(row['ci_high']):+.3f}]"
+            if np.isfinite(float(row.get("ci_low", np.nan))) else f"  {float(estimate):+.3f}")
+        return f"{str(row['verdict']).upper():>15}  {str(row['claim']).split(':')[0]}{shown}"[:width]
+
+    return _terminal(table, line)
 
 
 def claims_text(table: pd.DataFrame, width: int = 100) -> str:
@@ -434,17 +438,12 @@ def claims_text(table: pd.DataFrame, width: int = 100) -> str:
     and numbers wrapped and indented."""
     import textwrap
 
-    blocks = []
-    for name, heading in ((PAPER, "The paper's claims"), (METHOD, "Checks of the method")):
-        part = table[table["table"] == name] if "table" in table else table
-        if part.empty:
-            continue
-        blocks.append(f"{heading}:")
-        for row in part.to_dict(orient="records"):
-            head = textwrap.fill(f"{str(row['verdict']).upper():>15}  {row['claim']}", width,
-                                 subsequent_indent=" " * 17, break_on_hyphens=False)
-            detail = "; ".join(str(x) for x in (row.get("reason"), row.get("numbers")) if x)
-            body = textwrap.fill(detail, width, initial_indent=" " * 17, subsequent_indent=" " * 17,
-                                 break_on_hyphens=False)
-            blocks.append(f"{head}\n{body}")
-    return "\n".join(blocks)
+    def block(row: dict) -> str:
+        head = textwrap.fill(f"{str(row['verdict']).upper():>15}  {row['claim']}", width,
+                             subsequent_indent=" " * 17, break_on_hyphens=False)
+        detail = "; ".join(str(x) for x in (row.get("reason"), row.get("numbers")) if x)
+        body = textwrap.fill(detail, width, initial_indent=" " * 17, subsequent_indent=" " * 17,
+                             break_on_hyphens=False)
+        return f"{head}\n{body}"
+
+    return _terminal(table, block)
