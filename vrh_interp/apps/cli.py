@@ -641,7 +641,8 @@ def cmd_patch(args: argparse.Namespace) -> int:
 def cmd_grid(args: argparse.Namespace) -> int:
     from vrh_interp.experiments.grid import print_grid, run_grid
 
-    return print_grid(run_grid(args.grid, args.out, ray=args.ray, progress=not args.json), as_json=args.json)
+    return print_grid(run_grid(args.grid, args.out, ray=args.ray, progress=not args.json, yes=args.yes),
+                      as_json=args.json)
 
 
 def ablation_options(p: argparse.ArgumentParser, *, detect_data: bool = True) -> None:
@@ -929,6 +930,8 @@ def _grid_parser(sub: Any) -> None:
                    help="run the cells as Ray tasks: auto (this machine's cluster, or a new local one) or a cluster "
                         "address; needs pip install 'vrh-interp[ray]' (default: every cell here, in order)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    p.add_argument("--yes", action="store_true",
+                   help="run a plan of more than 500 cells to run (experiments.grid.CONFIRM_ABOVE) without asking")
     p.set_defaults(func=cmd_grid)
 
 def _experiment_parser(sub: Any, command: str) -> argparse.ArgumentParser:

@@ -1044,11 +1044,12 @@ def check_reachable(address: str, timeout: float | None = None) -> None:
 def connect(address: str) -> bool:
     """Join the Ray cluster at ``address`` (``auto``: the one this machine belongs to, ``RAY_ADDRESS``, or a new
     local one), unless this process already has one; True when this call started the connection. An address where
-    no cluster answers within ``CONNECT_TIMEOUT_S`` seconds is refused first (``check_reachable``)."""
+    no cluster answers within ``CONNECT_TIMEOUT_S`` seconds is refused first (``check_reachable``, before Ray is
+    imported: that alone takes seconds)."""
+    check_reachable(address)
     ray = _import_ray()
     if ray.is_initialized():
         return False
-    check_reachable(address)
     try:
         ray.init(address=None if address == "auto" else address, include_dashboard=False, log_to_driver=False,
                  logging_level="WARNING")
