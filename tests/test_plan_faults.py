@@ -56,6 +56,19 @@ def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]
     code = main(argv)
     return code, capsys.readouterr().err
 
+def _refused_whole(text: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    """``text`` refused by ``parse_grid`` with ``message`` in one line, and by ``vrh grid`` with exit 2, one line
+    on stderr and no output folder made; returns that stderr."""
+    with pytest.raises(GridSpecError) as caught:
+        parse_grid(text)
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+    path = tmp_path / "GRID.toml"
+    path.write_text(text)
+    code, err = _cli(["grid", str(path), "--out", str(tmp_path / "out")], capsys)
+    assert code == 2 and err.count("\n") == 1 and not (tmp_path / "out").exists()
+    return err
+
+
 
 # ------------------------------------------------------------------------------------- numbers that mean nothing
 
@@ -72,14 +85,8 @@ def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]
 ])
 def test_grid_numbers_that_mean_nothing_are_refused_when_parsed(text: str, message: str, tmp_path: Path,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(GridSpecError) as caught:
-        parse_grid(text)
-    assert message in str(caught.value) and "\n" not in str(caught.value)
-    path = tmp_path / "GRID.toml"
-    path.write_text(text)
-    code, err = _cli(["grid", str(path), "--out", str(tmp_path / "out")], capsys)
-    assert code == 2 and err.startswith(f"vrh grid: error: {message}") and err.count("\n") == 1
-    assert not (tmp_path / "out").exists()
+    err = _refused_whole(text, message, tmp_path, capsys)
+    assert err.startswith(f"vrh grid: error: {message}")
 
 
 def test_a_grid_spec_made_in_python_with_nan_never_reaches_grid_json(tmp_path: Path, ran: list[str]) -> None:
@@ -112,14 +119,7 @@ def test_a_grid_spec_made_in_python_with_nan_never_reaches_grid_json(tmp_path: P
 ])
 def test_summary_k_outside_the_ks_is_refused_not_replaced_by_another_k(options: str, message: str, tmp_path: Path,
                                                                        capsys: pytest.CaptureFixture[str]) -> None:
-    text = "[options]\n" + options + MODEL + BENCH
-    with pytest.raises(GridSpecError) as caught:
-        parse_grid(text)
-    assert message in str(caught.value) and "\n" not in str(caught.value)
-    path = tmp_path / "GRID.toml"
-    path.write_text(text)
-    code, err = _cli(["grid", str(path), "--out", str(tmp_path / "out")], capsys)
-    assert code == 2 and "summary_k" in err and err.count("\n") == 1 and not (tmp_path / "out").exists()
+    assert "summary_k" in _refused_whole("[options]\n" + options + MODEL + BENCH, message, tmp_path, capsys)
 
 
 def test_summary_k_among_the_ks_is_kept() -> None:
@@ -195,13 +195,7 @@ def test_old_status_files_are_read_only_for_the_cell_they_name(tmp_path: Path) -
 ])
 def test_cells_whose_folders_collide_are_refused_before_any_runs(text: str, message: str, tmp_path: Path,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(GridSpecError) as caught:
-        parse_grid(text)
-    assert message in str(caught.value) and "\n" not in str(caught.value)
-    path = tmp_path / "GRID.toml"
-    path.write_text(text)
-    code, err = _cli(["grid", str(path), "--out", str(tmp_path / "out")], capsys)
-    assert code == 2 and message in err and err.count("\n") == 1 and not (tmp_path / "out").exists()
+    assert message in _refused_whole(text, message, tmp_path, capsys)
 
 
 def test_every_planned_folder_is_apart_from_the_others() -> None:
