@@ -66,7 +66,7 @@ def report_page(browser, tmp_path_factory):
 
     run = tmp_path_factory.mktemp("report") / "demo"
     control = [] if positive_control.available() else ["--no-positive-control"]
-    assert main(["demo", "--model", "toy:a", "--transfer-model", "toy:a", "--out", str(run), "--detect", "8",
+    assert main(["demo", "--model", "toy:a", "--transfer-model", "toy:b", "--out", str(run), "--detect", "8",
                  "--eval", "6", "--random-sets", "2", "--check-items", "8", "--vqa-scenes", "3", "--rank-sets", "20",
                  "--json",
                  *control]) == 0
