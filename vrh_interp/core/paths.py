@@ -102,7 +102,8 @@ RUN_MARKERS = ("manifest.json", "plan.json", "grid.json", "run.lock")
 
 def _foreign_entries(folder: str) -> list[str]:
     """The visible entries of an existing folder that is neither empty nor a vrh run folder (a marker of
-    ``RUN_MARKERS`` in it or in one of its subfolders), sorted; [] where vrh may write into it."""
+    ``RUN_MARKERS`` or a ``.jsonl`` record log in it, or a marker in one of its subfolders), sorted; [] where vrh may
+    write into it."""
     try:
         entries = sorted(e for e in os.listdir(folder) if not e.startswith("."))
     except OSError:
@@ -110,7 +111,7 @@ def _foreign_entries(folder: str) -> list[str]:
     if not entries:
         return []
     for entry in entries:
-        if entry in RUN_MARKERS:
+        if entry in RUN_MARKERS or entry.endswith(".jsonl"):  # a record log: a run torn before its manifest
             return []
         inner = os.path.join(folder, entry)
         if os.path.isdir(inner) and any(os.path.exists(os.path.join(inner, m)) for m in RUN_MARKERS):
