@@ -225,8 +225,7 @@ def set_effect(target: Sequence[float], controls: np.ndarray) -> Effect:
         if not np.all(answered.sum(axis=0) == 1):
             raise ValueError("a partial control table must be a partition: every item answered under exactly one "
                              "set (one fresh set per scene); pass the full (sets x items) table otherwise")
-        return cluster_effect(target, np.nanmax(np.where(answered, controls, -np.inf), axis=0),
-                              np.argmax(answered, axis=0))
+        return cluster_effect(target, np.nansum(controls, axis=0), np.argmax(answered, axis=0))
     per_item = controls.mean(axis=0) - target
     set_acc = controls.mean(axis=1)
     n, sets = target.shape[0], controls.shape[0]

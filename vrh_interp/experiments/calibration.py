@@ -147,7 +147,7 @@ def _curtailed_rank(rng: np.random.Generator, right: np.ndarray, top: np.ndarray
     demo's blocks (``designs.rank_blocks``) until Besag-Clifford stops; with ``curtail`` each set answered item
     by item until its comparison with the top-k is decided. ``((target, set values), answers)``."""
     from vrh_interp.evaluation.inference import sequential_rank_p
-    from vrh_interp.experiments.designs import rank_blocks
+    from vrh_interp.experiments.designs import comparison_open, rank_blocks
 
     m, wins = right.shape[0], int(top.sum())
     values: list[float] = []
@@ -159,7 +159,7 @@ def _curtailed_rank(rng: np.random.Generator, right: np.ndarray, top: np.ndarray
                 count, used = 0, m
                 for j, value in enumerate(row):
                     count += int(value)
-                    if count > wins or count + (m - j - 1) <= wins:
+                    if not comparison_open(count, wins, m - j - 1):
                         used = j + 1
                         break
                 answers += used

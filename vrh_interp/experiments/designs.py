@@ -157,6 +157,12 @@ def _merged(parts: list[pd.DataFrame], conditions: dict[str, Condition]) -> Swee
     return SweepResult(records.reset_index(drop=True), ordered, 0.5, None)
 
 
+def comparison_open(correct: int, target_correct: int, left: int) -> bool:
+    """Curtailment's rule: a set with ``correct`` right answers so far and ``left`` items unanswered may still end
+    either side of the target's ``target_correct`` (not yet above it, and able to get above it)."""
+    return target_correct - left < correct <= target_correct
+
+
 def curtailed_rank(vlm: Any, items: Sequence[Any], baseline: Condition, target: Condition,
                    sets: Sequence[Condition], folder: Path, *, batch_size: int, max_new_tokens: int,
                    target_folder: Path | None = None) -> SweepResult:
@@ -183,7 +189,7 @@ def curtailed_rank(vlm: Any, items: Sequence[Any], baseline: Condition, target: 
         for row in answered.itertuples():
             counts[row.condition] += int(float(row.iou) >= result.iou_threshold)
         left = len(items) - j - 1
-        open_sets = [c for c in open_sets if wins - left < counts[c.key] <= wins]
+        open_sets = [c for c in open_sets if comparison_open(counts[c.key], wins, left)]
     records = pd.concat(parts, ignore_index=True)
     return SweepResult(records, [baseline, target, *sets], first.iou_threshold, first.total_heads)
 
