@@ -9,6 +9,7 @@ plain-PyTorch reference (``tests.reference.zeroed_heads``) and through the ``vrh
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 import math
@@ -364,3 +365,173 @@ def test_cross_masking_with_published_sets_records_both_sources(grid_7b, tmp_pat
     qwen3 = published.heads("qwen3-vl-8b", "refcoco")
     with pytest.raises(published.PublishedGeometryError, match="36 layers x 32 heads"):
         cross_masking(grid_7b, grid_7b, qwen3, partner, synthetic_samples("eval", 2), ks=(0, 20), random_seeds=(0,))
+
+
+# ----------------------------------------------------------------- text ancestors: QRHead's text-LLM lists
+
+# The two lists that meet the paper's VLMs, as QRHead's configs publish them (``attn_head_set``), copied here by
+# hand so the data file is checked against a second transcription: src/qrretriever/configs/<model>_qr_head_NQ.yaml
+# of github.com/princeton-pli/QRHead (Qwen2.5-7B-Instruct at 7a668e7, Qwen3-8B at e2bf69f).
+QRHEAD_UPSTREAM = {
+    "Qwen2.5-7B-Instruct": ("16-19,16-2,16-20,16-14,16-0,15-24,16-18,17-18,16-1,19-18,19-19,18-16,16-17,19-25,"
+                            "19-17,20-21"),
+    "Qwen3-8B": "21-31,21-18,20-15,22-4,21-11,20-16,21-17,19-13,21-10,21-8,18-5,20-14,19-14,24-13,17-4,19-28",
+}
+
+
+def _upstream_pairs(text: str) -> list[tuple[int, int]]:
+    return [(int(pair.split("-")[0]), int(pair.split("-")[1])) for pair in text.split(",")]
+
+
+def test_qrhead_lists_load_in_rank_order_with_their_source_and_licence():
+    sets = published.qrhead_sets()
+    assert len(sets) == len(published.QRHEAD_DATA["lists"]) == 10
+    for model, text in QRHEAD_UPSTREAM.items():
+        got = published.qrhead_heads(model)
+        assert [(h.layer, h.head) for h in got] == _upstream_pairs(text)  # same heads, QRHead's order
+    for head_set in sets:
+        src = head_set.source
+        assert isinstance(head_set, published.PublishedHeadSet) and isinstance(src, published.TextAncestorSource)
+        assert len(head_set) == src.size in (16, 32) and len(set(head_set)) == len(head_set)
+        assert all(h.layer < src.model.num_layers and h.head < src.model.num_heads for h in head_set)
+        assert src.config == f"src/qrretriever/configs/{src.model.name}_qr_head_{src.benchmark}.yaml"
+        assert re.fullmatch(r"[0-9a-f]{40}", src.commit) and src.licence == "MIT"
+        assert "Zhang" in src.citation and src.repository == "https://github.com/princeton-pli/QRHead"
+    licence = published.QRHEAD_LICENCE_FILE.read_text(encoding="utf-8")
+    assert licence.startswith("MIT License") and published.QRHEAD_DATA["licence"]["copyright"] in licence
+    assert "The above copyright notice and this permission notice shall be included" in licence
+    # each text model's grid is the paper's Table A7 grid of the VLMs built on its backbone
+    for model in published.TEXT_MODELS:
+        for vlm in published.MODELS:
+            if vlm.backbone == model.backbone:
+                assert (vlm.num_layers, vlm.num_heads) == (model.num_layers, model.num_heads)
+
+
+def test_qrhead_specs_parse_into_head_sets():
+    want = published.qrhead_heads("Qwen2.5-7B-Instruct")
+    for spec in ("published:qrhead/qwen2.5-7b-instruct", "published:qrhead/Qwen/Qwen2.5-7B-Instruct",
+                 "  Published:QRHead/Qwen2.5-7B-Instruct/nq ", "published:qrhead/QWEN2.5-7B-INSTRUCT/NQ"):
+        got = published.parse_heads(spec)
+        assert isinstance(got, published.PublishedHeadSet) and got == want and got.to_list() == want.to_list()
+        assert got.source.spec == "published:qrhead/qwen2.5-7b-instruct"
+        with pytest.raises(HeadSpecError, match="parse_heads"):
+            HeadSet.parse(spec)
+    for head_set in published.qrhead_sets():  # every canonical spec reads back the same list and source
+        again = published.parse_spec(head_set.source.spec)
+        assert again.to_list() == head_set.to_list() and again.source == head_set.source
+    lme = published.parse_heads("published:qrhead/meta-llama/Llama-3.1-8B-Instruct/lme")
+    assert lme.source.benchmark == "LME" and lme.source.spec == "published:qrhead/llama-3.1-8b-instruct/lme"
+    assert lme != published.qrhead_heads("llama-3.1-8b-instruct")
+    assert published.qrhead_heads("qwen3-8b")[:4].to_list() == ["L21H31", "L21H18", "L20H15", "L22H4"]  # top 4
+
+
+@pytest.mark.parametrize("spec, fragment", [
+    ("published:qrhead/qwen2.5-7b", "no QRHead list for text model 'qwen2.5-7b'"),  # the base model: not listed
+    ("published:qrhead/qwen2.5-vl-7b", "no QRHead list for text model 'qwen2.5-vl-7b'"),
+    ("published:qrhead/qwen3-8b/lme", "no QRHead list of Qwen3-8B on 'lme': it has NQ"),
+    ("published:qrhead", "expected 'published:qrhead/MODEL[/DATA]'"),
+    ("published:qrhead/", "expected 'published:qrhead/MODEL[/DATA]'"),
+])
+def test_unknown_qrhead_specs_are_a_clear_error_listing_what_exists(spec, fragment):
+    with pytest.raises(published.UnknownPublishedSetError) as error:
+        published.parse_heads(spec)
+    message = str(error.value)
+    assert fragment in message and "qrhead/qwen2.5-7b-instruct" in message and "qrhead/qwen3-8b" in message
+
+
+def test_qrhead_sets_go_only_onto_a_model_of_the_text_llms_grid():
+    qwen25, qwen3 = published.qrhead_heads("qwen2.5-7b-instruct"), published.qrhead_heads("qwen3-8b")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the grid of Qwen2.5-VL-7B / InternVL3-8B and of Qwen3-VL-8B / InternVL3.5
+        assert published.check_geometry(qwen25, HeadGeometry(28, 28, 4, 128)) is qwen25
+        assert published.check_geometry(qwen3, HeadGeometry(36, 32, 8, 128)) is qwen3
+    with pytest.raises(published.PublishedGeometryError) as error:  # heads out of range
+        published.check_geometry(qwen3, HeadGeometry(28, 28, 4, 128))
+    message = str(error.value)
+    assert "36 layers x 32 heads" in message and "28 layers x 28 heads" in message and "L21H31" in message
+    assert "Qwen/Qwen3-VL-8B-Instruct" in message and isinstance(error.value, HeadOutOfRangeError)
+    with pytest.raises(published.PublishedGeometryError) as error:  # every head in range: still refused
+        published.check_geometry(qwen25, HeadGeometry(36, 32, 8, 128))
+    message = str(error.value)
+    assert "every head is in range" in message and "28 layers x 28 heads" in message and "36 layers x 32" in message
+    llama = published.qrhead_heads("llama-3.2-3b-instruct")  # 28 x 24: no paper VLM has that grid
+    with pytest.raises(published.PublishedGeometryError, match="none of the paper's VLMs has that grid"):
+        published.check_geometry(llama, HeadGeometry(28, 28, 4, 128))
+    record = qwen25.source.to_dict()
+    assert record["collection"] == "qrhead" and record["spec"] == "published:qrhead/qwen2.5-7b-instruct"
+    assert record["licence"] == "MIT" and len(record["commit"]) == 40 and record["geometry"] == {"layers": 28,
+                                                                                                  "heads": 28}
+
+
+def _tail_by_hand(observed: int, total: int, a: int, b: int) -> Fraction:
+    """P(|A ∩ B| >= observed), B a uniform b-subset of total items and |A| = a: the hypergeometric sum, by hand."""
+    return sum((Fraction(math.comb(a, x) * math.comb(total - a, b - x), math.comb(total, b))
+                for x in range(observed, min(a, b) + 1)), Fraction(0))
+
+
+def test_tail_by_hand_equals_enumeration_on_small_grids():
+    for total, a, b in [(8, 3, 4), (9, 4, 4), (10, 2, 5)]:
+        counts = Counter(len(set(range(a)) & set(pick)) for pick in itertools.combinations(range(total), b))
+        for observed in range(min(a, b) + 1):
+            enumerated = Fraction(sum(n for x, n in counts.items() if x >= observed), sum(counts.values()))
+            assert _tail_by_hand(observed, total, a, b) == enumerated
+            assert published.overlap_tail(observed, total, a, b) == pytest.approx(float(enumerated), rel=1e-12)
+
+
+def test_text_ancestor_overlap_against_an_independent_count(appendix):
+    frame = published.text_ancestor_overlap()
+    pairs = {(row.text_model, row.vlm) for row in frame.itertuples()}
+    assert pairs == {("Qwen2.5-7B-Instruct", "Qwen2.5-VL-7B"), ("Qwen2.5-7B-Instruct", "InternVL3-8B"),
+                     ("Qwen3-8B", "Qwen3-VL-8B"), ("Qwen3-8B", "InternVL3.5-8B"),
+                     ("Qwen3-Embedding-8B", "Qwen3-VL-8B"), ("Qwen3-Embedding-8B", "InternVL3.5-8B")}
+    assert len(frame) == len(pairs) * 5 * 2 and frame["same_backbone"].all()
+    for row in frame.itertuples():
+        text = set(_upstream_pairs(QRHEAD_UPSTREAM[row.text_model])) if row.text_model in QRHEAD_UPSTREAM else {
+            (h.layer, h.head) for h in published.qrhead_heads(row.text_model)}
+        vrhs = set(appendix[(row.benchmark, row.vlm)]["pairs"][:row.vrh_top])  # the paper's own text
+        shared = len(text & vrhs)
+        total = 784 if row.vlm in ("Qwen2.5-VL-7B", "InternVL3-8B") else 1152
+        assert row.shared == shared and row.total_heads == total and row.qrhead_top == len(text) == 16
+        assert row.chance_uniform == pytest.approx(16 * row.vrh_top / total, rel=1e-12)
+        assert row.p_uniform == pytest.approx(float(_tail_by_hand(shared, total, 16, row.vrh_top)), rel=1e-9)
+        assert row.chance_layer_matched >= row.chance_uniform  # both lists crowd the same layers
+    # the statement of issue 54: QRHead's top-16 among the top-20 RefCOCO VRHs
+    refcoco = frame[(frame["benchmark"] == "RefCOCO") & (frame["vrh_top"] == 20)].set_index(["text_model", "vlm"])
+    assert refcoco.loc[("Qwen2.5-7B-Instruct", "Qwen2.5-VL-7B"), "shared"] == 8
+    assert refcoco.loc[("Qwen2.5-7B-Instruct", "Qwen2.5-VL-7B"), "chance_uniform"] == pytest.approx(0.408, abs=1e-3)
+    assert refcoco.loc[("Qwen3-8B", "Qwen3-VL-8B"), "shared"] == 9
+    assert refcoco.loc[("Qwen3-8B", "InternVL3.5-8B"), "shared"] == 10
+
+
+def test_text_ancestors_page_is_up_to_date():
+    spec = importlib.util.spec_from_file_location("_generate_text_ancestors",
+                                                  ROOT / "docs" / "_generate_text_ancestors.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    page = ROOT / "docs" / "results" / "text-ancestors.md"
+    assert page.read_text(encoding="utf-8") == module.render(), \
+        "docs/results/text-ancestors.md is stale: run `python docs/_generate_text_ancestors.py`"
+
+
+def test_cli_sweep_takes_a_qrhead_set_and_refuses_it_on_another_grid(grid_7b, tmp_path, capsys, monkeypatch):
+    from vrh_interp.apps import cli
+
+    load = cli._load_model
+    monkeypatch.setattr(cli, "_load_model",
+                        lambda spec, device, dtype: grid_7b if spec == "grid-7b" else load(spec, device, dtype))
+    out = tmp_path / "sweep"
+    status = cli.main(["sweep", "--model", "grid-7b", "--vrhs", "published:qrhead/Qwen/Qwen2.5-7B-Instruct", "--data",
+                       "synthetic:eval:2", "--ks", "0,16", "--seeds", "0", "--no-matched", "--no-live", "--batch-size",
+                       "2", "--max-new-tokens", "2", "--out", str(out), "--json"])
+    assert status == 0, capsys.readouterr().err
+    manifest = json.loads((out / "manifest.json").read_text())
+    source = manifest["heads_source"]
+    assert source["spec"] == "published:qrhead/qwen2.5-7b-instruct" and source["collection"] == "qrhead"
+    assert source["config"].endswith("Qwen2.5-7B-Instruct_qr_head_NQ.yaml") and source["licence"] == "MIT"
+    assert manifest["conditions"]["top:k=16"] == published.qrhead_heads("qwen2.5-7b-instruct").to_list()
+    status = cli.main(["sweep", "--model", "toy:c", "--vrhs", "published:qrhead/qwen3-8b", "--data",
+                       "synthetic:eval:2", "--out", str(tmp_path / "refused")])
+    err = capsys.readouterr().err
+    assert status == 2 and "Traceback" not in err and not (tmp_path / "refused").exists()
+    assert "36 layers x 32 heads" in err and "8 layers x 16 heads" in err and "published:qrhead/qwen3-8b" in err

@@ -11,6 +11,17 @@ Names are forgiving: case, the organisation prefix, ``-Instruct`` (Qwen) or ``-h
 InternVL conversions), ``_`` for ``.`` in a version (``InternVL3_5``) and hyphens are ignored. Only the
 paper's checkpoints resolve: ``OpenGVLab/InternVL3-8B-Instruct`` (the SFT stage before MPO) is another model.
 
+Text ancestors (QRHead). The same registry holds the query-focused retrieval heads that QRHead (Zhang, Yin, Yen,
+Chen, Ye 2025; github.com/princeton-pli/QRHead, MIT licence, ``published_qrhead.json`` with its licence file
+beside this module) publishes for text LLMs, two of which are the paper's VLMs' backbones (Qwen2.5-7B-Instruct,
+Qwen3-8B). ``qrhead_heads(model, data="NQ")`` returns one list in QRHead's rank order (``layer-head`` strings,
+0-based query heads, read as ``Head(layer, head)``), its source a ``TextAncestorSource`` (config path, commit,
+licence); the text form is ``published:qrhead/MODEL`` or ``published:qrhead/MODEL/DATA`` (``lme``). There is no
+top-k form: ``--ks`` masks the top-k prefixes of a set, ``heads[:k]`` is the top k in Python. Such a list is
+refused (``PublishedGeometryError``) on any model whose grid differs from the text LLM's, even when every head is
+in range; ``text_ancestor_overlap`` compares each list with the appendix-D lists of the VLMs of the same grid
+(docs/results/text-ancestors.md, ``docs/_generate_text_ancestors.py``).
+
 Index transfer (``check_geometry``). A published set names heads of the paper's checkpoint. Masking it on a
 model whose grid lacks one of them is refused (``PublishedGeometryError``, naming both grids); when every head
 is in range but the grids differ it is allowed with a ``PublishedGeometryWarning``, since indices carry
@@ -173,6 +184,70 @@ class PublishedHeadSet(HeadSet):
         return f"PublishedHeadSet({self.source.spec!r}: {', '.join(str(h) for h in self)})"
 
 
+# --------------------------------------------------------------------- text ancestors: QRHead's lists
+
+# QRHead (Zhang, Yin, Yen, Chen, Ye 2025; github.com/princeton-pli/QRHead, MIT) publishes the query-focused retrieval
+# heads of text LLMs as QRRetriever configs (``attn_head_set: "16-19,16-2,..."``: ``layer-head``, 0-based, query
+# heads, best first). The lists, each with its config path and source commit, and the licence are data beside this
+# module (``published_qrhead.json``, ``published_qrhead_LICENSE.txt``); the geometry of each text LLM is here.
+QRHEAD = "qrhead"
+_QRHEAD_FILE = Path(__file__).resolve().parent / "published_qrhead.json"
+QRHEAD_DATA: dict[str, Any] = json.loads(_QRHEAD_FILE.read_text(encoding="utf-8"))
+QRHEAD_LICENCE_FILE = _QRHEAD_FILE.parent / QRHEAD_DATA["licence"]["file"]
+QRHEAD_DEFAULT_DATA = "NQ"  # every model has an NQ list; Llama ones also have an LME (LongMemEval) one
+
+# The text LLMs QRHead lists heads for: layers x (query) heads per layer from each checkpoint's config.json
+# (num_hidden_layers, num_attention_heads). ``backbone`` names the pretrained model the paper's VLMs are built on,
+# so a text list and a VLM list meet when backbone and grid agree (Qwen2.5-7B: Qwen2.5-VL-7B and InternVL3-8B;
+# Qwen3-8B: Qwen3-VL-8B and InternVL3.5-8B). Qwen3-Embedding-8B is Qwen3-8B further trained as an embedder.
+TEXT_MODELS: tuple[PublishedModel, ...] = (
+    PublishedModel("Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-7B-Instruct", "Qwen2.5-7B", 28, 28),
+    PublishedModel("Qwen3-8B", "Qwen/Qwen3-8B", "Qwen3-8B", 36, 32),
+    PublishedModel("Qwen3-Embedding-8B", "Qwen/Qwen3-Embedding-8B", "Qwen3-8B", 36, 32),
+    PublishedModel("Llama-3.1-8B-Instruct", "meta-llama/Llama-3.1-8B-Instruct", "Llama-3.1-8B", 32, 32),
+    PublishedModel("Llama-3.1-70B-Instruct", "meta-llama/Llama-3.1-70B-Instruct", "Llama-3.1-70B", 80, 64),
+    PublishedModel("Llama-3.2-1B-Instruct", "meta-llama/Llama-3.2-1B-Instruct", "Llama-3.2-1B", 16, 32),
+    PublishedModel("Llama-3.2-3B-Instruct", "meta-llama/Llama-3.2-3B-Instruct", "Llama-3.2-3B", 28, 24),
+)
+
+
+@dataclass(frozen=True)
+class TextAncestorSource(PublishedSource):
+    """Where a text LLM's published list comes from (QRHead): the model, its detection data (``benchmark``:
+    ``NQ`` or ``LME``), the config file and commit it was copied from, and the licence. ``table`` holds the
+    config path and ``section`` the commit, so code that reads a ``PublishedSource`` finds them too."""
+
+    collection: str = QRHEAD
+    size: int = 0
+    repository: str = ""
+    licence: str = ""
+
+    @property
+    def config(self) -> str:
+        return self.table
+
+    @property
+    def commit(self) -> str:
+        return self.section
+
+    @property
+    def spec(self) -> str:
+        data = "" if self.benchmark == QRHEAD_DEFAULT_DATA else f"/{self.benchmark.lower()}"
+        return f"{SPEC_PREFIX}{self.collection}/{self.model.key}{data}"
+
+    def describe(self) -> str:
+        return (f"top-{self.size} QRHead query-focused retrieval heads of the text LLM {self.model.name}, detected on "
+                f"{self.benchmark} ({self.repository.removeprefix('https://github.com/')} {self.config} at "
+                f"{self.commit[:7]}, {self.licence} licence)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "published", "collection": self.collection, "spec": self.spec, "model": self.model.name,
+                "checkpoint": self.model.checkpoint, "backbone": self.model.backbone, "benchmark": self.benchmark,
+                "config": self.config, "repository": self.repository, "commit": self.commit,
+                "licence": self.licence, "citation": self.citation, "heads": "query heads, 0-based",
+                "geometry": {"layers": self.model.num_layers, "heads": self.model.num_heads}}
+
+
 def _key(text: str) -> str:
     """Lower case, organisation prefix dropped, ``3_5`` read as ``3.5``, separators (``-``, ``_``, spaces) ignored."""
     name = str(text).strip().lower().rsplit("/", 1)[-1]
@@ -187,7 +262,12 @@ def _model_keys(model: PublishedModel) -> set[str]:
 def _available() -> str:
     models = ", ".join(f"{m.key} ({m.checkpoint})" for m in MODELS)
     benchmarks = ", ".join(b.name.lower() for b in BENCHMARKS)
-    return f"published lists exist for models {models} on benchmarks {benchmarks}"
+    return (f"published lists exist for models {models} on benchmarks {benchmarks}; text-LLM lists as "
+            f"'{SPEC_PREFIX}{QRHEAD}/MODEL[/DATA]': {_available_text()}")
+
+
+def _available_text() -> str:
+    return ", ".join(_text_source(entry).spec.removeprefix(SPEC_PREFIX) for entry in QRHEAD_DATA["lists"])
 
 
 def resolve_model(name: str) -> PublishedModel:
@@ -221,17 +301,74 @@ def heads(model: str, benchmark: str) -> PublishedHeadSet:
     return PublishedHeadSet(_LISTS[src.benchmark][src.model.name], src)
 
 
+def resolve_text_model(name: str) -> PublishedModel:
+    """The text LLM called ``name`` that QRHead lists heads for (forgiving as ``resolve_model``, but ``-Instruct``
+    counts: ``Qwen2.5-7B`` is another checkpoint than ``Qwen2.5-7B-Instruct``)."""
+    wanted = _key(name)
+    for model in TEXT_MODELS:
+        if wanted in _model_keys(model):
+            return model
+    raise UnknownPublishedSetError(f"no QRHead list for text model {name!r}: lists exist for {_available_text()}")
+
+
+def _text_source(entry: Mapping[str, Any]) -> TextAncestorSource:
+    model = next(m for m in TEXT_MODELS if m.name == entry["model"])
+    return TextAncestorSource(model, entry["data"], entry["config"], entry["commit"],
+                              citation=QRHEAD_DATA["citation"], size=len(entry["attn_head_set"].split(",")),
+                              repository=QRHEAD_DATA["repository"], licence=QRHEAD_DATA["licence"]["name"])
+
+
+def _qrhead_heads(text: str) -> list[Head]:
+    """QRHead's ``attn_head_set`` (``"16-19,16-2"``: layer-head, 0-based) as heads, in its order."""
+    return [Head(int(layer), int(head)) for layer, head in (pair.strip().split("-") for pair in text.split(","))]
+
+
+def qrhead_heads(model: str, data: str = QRHEAD_DEFAULT_DATA) -> PublishedHeadSet:
+    """QRHead's query-focused retrieval heads of text LLM ``model`` detected on ``data`` (``NQ``, the default, or
+    ``LME``), in QRHead's rank order, e.g. ``qrhead_heads("Qwen/Qwen2.5-7B-Instruct")[0] == Head(16, 19)``."""
+    found = resolve_text_model(model)
+    entries = [e for e in QRHEAD_DATA["lists"] if e["model"] == found.name]
+    for entry in entries:
+        if _key(entry["data"]) == _key(data):
+            return PublishedHeadSet(_qrhead_heads(entry["attn_head_set"]), _text_source(entry))
+    raise UnknownPublishedSetError(f"no QRHead list of {found.name} on {data!r}: it has "
+                                   f"{', '.join(e['data'] for e in entries)}; lists exist for {_available_text()}")
+
+
+def qrhead_sets() -> list[PublishedHeadSet]:
+    """Every QRHead list, in the data file's order (Qwen first, then Llama)."""
+    return [qrhead_heads(entry["model"], entry["data"]) for entry in QRHEAD_DATA["lists"]]
+
+
+def _parse_qrhead(text: str, body: str) -> PublishedHeadSet:
+    """``MODEL`` or ``MODEL/DATA`` after ``published:qrhead/`` (``MODEL`` may be a hub id with its ``/``)."""
+    parts = [part for part in body.split("/") if part.strip()]
+    if not parts:
+        raise UnknownPublishedSetError(f"cannot read {text!r}: expected '{SPEC_PREFIX}{QRHEAD}/MODEL[/DATA]', e.g. "
+                                       f"'{SPEC_PREFIX}{QRHEAD}/qwen2.5-7b-instruct'; lists exist for "
+                                       f"{_available_text()}")
+    data_names = {_key(name) for name in QRHEAD_DATA["data_names"]}
+    if len(parts) > 1 and _key(parts[-1]) in data_names:
+        return qrhead_heads("/".join(parts[:-1]), parts[-1])
+    return qrhead_heads("/".join(parts))
+
+
 def all_sets() -> list[PublishedHeadSet]:
     """Every published list, in table order (benchmark), then the paper's model order."""
     return [heads(m.name, b.name) for b in BENCHMARKS for m in MODELS]
 
 
 def parse_spec(text: str) -> PublishedHeadSet:
-    """``published:MODEL/BENCHMARK`` (``MODEL`` may be a hub id with its ``/``: the benchmark is after the last)."""
+    """``published:MODEL/BENCHMARK`` (``MODEL`` may be a hub id with its ``/``: the benchmark is after the last),
+    or a text LLM's QRHead list ``published:qrhead/MODEL`` (``published:qrhead/MODEL/DATA`` for another
+    detection set than NQ, e.g. ``published:qrhead/llama-3.1-8b-instruct/lme``)."""
     body = text.strip()
     if not body.lower().startswith(SPEC_PREFIX):
         raise ValueError(f"{text!r} is not a published head-set spec: expected '{SPEC_PREFIX}MODEL/BENCHMARK', "
                          f"e.g. '{SPEC_PREFIX}qwen2.5-vl-7b/refcoco'")
+    collection, slash, rest = body[len(SPEC_PREFIX):].partition("/")
+    if collection.strip().lower() == QRHEAD:
+        return _parse_qrhead(text, rest if slash else "")
     model, sep, benchmark = body[len(SPEC_PREFIX):].rpartition("/")
     if not sep or not model or not benchmark:
         raise UnknownPublishedSetError(f"cannot read {text!r}: expected '{SPEC_PREFIX}MODEL/BENCHMARK', e.g. "
@@ -255,6 +392,8 @@ def check_geometry(head_set: HeadSet, geometry: HeadGeometry) -> HeadSet:
     share a language backbone."""
     if not isinstance(head_set, PublishedHeadSet):
         return geometry.validate(head_set)
+    if isinstance(head_set.source, TextAncestorSource):
+        return _check_text_geometry(head_set, geometry)
     src = head_set.source.model
     bad = [h for h in head_set if h.layer >= geometry.num_layers or h.head >= geometry.num_heads]
     target = f"{geometry.num_layers} layers x {geometry.num_heads} heads"
@@ -271,6 +410,31 @@ def check_geometry(head_set: HeadSet, geometry: HeadGeometry) -> HeadSet:
                       "heads are in range, but indices carry meaning only between models sharing a language "
                       f"backbone ({src.backbone})", PublishedGeometryWarning, stacklevel=2)
     return head_set
+
+
+def vlms_sharing_grid(model: PublishedModel) -> list[PublishedModel]:
+    """The paper's VLMs whose language model has ``model``'s grid (layers and query heads per layer)."""
+    return [m for m in MODELS if (m.num_layers, m.num_heads) == (model.num_layers, model.num_heads)]
+
+
+def _check_text_geometry(head_set: PublishedHeadSet, geometry: HeadGeometry) -> PublishedHeadSet:
+    """A text LLM's list goes only onto a model with the text LLM's grid: a different grid is refused even when
+    every head is in range (a text list is not a VLM's own list; the grid is the least a shared backbone needs)."""
+    src = head_set.source.model
+    target = f"{geometry.num_layers} layers x {geometry.num_heads} heads"
+    if (geometry.num_layers, geometry.num_heads) == (src.num_layers, src.num_heads):
+        return head_set
+    bad = [h for h in head_set if h.layer >= geometry.num_layers or h.head >= geometry.num_heads]
+    missing = (f"{len(bad)} of its {len(head_set)} heads ({', '.join(map(str, bad[:4]))}"
+               f"{', ...' if len(bad) > 4 else ''}) do not exist in it" if bad else
+               "every head is in range, but the indices name other heads")
+    vlms = vlms_sharing_grid(src)
+    where = (f"e.g. {' or '.join(m.checkpoint for m in vlms)}" if vlms else
+             "none of the paper's VLMs has that grid")
+    raise PublishedGeometryError(
+        f"{head_set.source.spec} holds query heads of the text LLM {src.name} ({src.grid}, {src.backbone}), but this "
+        f"model's language model has {target}: {missing}. A text LLM's heads transfer by index only to a model whose "
+        f"language model has the same grid and backbone ({src.backbone}: {src.grid}; {where})")
 
 
 def _frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
@@ -364,6 +528,37 @@ def same_backbone_overlap(top: int = 20) -> pd.DataFrame:
     return _frame(rows)
 
 
+def text_ancestor_catalog() -> pd.DataFrame:
+    """One row per QRHead list: text model, checkpoint, backbone, detection ``data``, grid, ``n_heads``, the
+    paper's VLMs with the same grid (``vlms``), the config and commit it was copied from, ``spec`` and ``heads``."""
+    rows = []
+    for head_set in qrhead_sets():
+        src = head_set.source
+        rows.append({"model": src.model.name, "checkpoint": src.model.checkpoint, "backbone": src.model.backbone,
+                     "data": src.benchmark, "layers": src.model.num_layers, "heads_per_layer": src.model.num_heads,
+                     "n_heads": len(head_set), "vlms": ", ".join(m.name for m in vlms_sharing_grid(src.model)) or "-",
+                     "config": src.config, "commit": src.commit, "spec": src.spec, "heads": str(head_set)})
+    return _frame(rows)
+
+
+def text_ancestor_overlap(vrh_tops: Sequence[int] = (16, 20)) -> pd.DataFrame:
+    """Per QRHead list and paper VLM of the same grid (layers x query heads), benchmark and VRH list size: heads of
+    the whole QRHead list (16, best first) among the VLM's top-``vrh_top`` VRHs, with the uniform and
+    layer-matched chance overlaps and exact tail probabilities (``overlap_row``)."""
+    rows = []
+    for ancestor in qrhead_sets():
+        text = ancestor.source.model
+        for vlm in vlms_sharing_grid(text):
+            for bench in BENCHMARKS:
+                for top in vrh_tops:
+                    vrhs = heads(vlm.name, bench.name)[:top]
+                    rows.append({"text_model": text.name, "data": ancestor.source.benchmark, "vlm": vlm.name,
+                                 "same_backbone": text.backbone == vlm.backbone, "benchmark": bench.name,
+                                 "qrhead_top": len(ancestor), "vrh_top": top, "total_heads": text.total_heads,
+                                 **overlap_row(ancestor, vrhs, text.num_layers, text.num_heads)})
+    return _frame(rows)
+
+
 def benchmark_stability(top: int = 20) -> pd.DataFrame:
     """Per model and pair of benchmarks: shared heads and Jaccard of the two top-``top`` lists."""
     rows = []
@@ -431,6 +626,23 @@ def markdown_tables() -> str:
         ("Layer histogram, pooled over the five lists (100 head slots per model)",
          layer_histogram(pooled=True)),
     ]
+    return "\n\n".join(f"**{title}**\n\n{_markdown(frame)}" for title, frame in sections) + "\n"
+
+
+def text_ancestor_tables() -> str:
+    """The text-ancestor analyses as Markdown (the tables of docs/results/text-ancestors.md)."""
+    catalog_columns = ["model", "data", "layers", "heads_per_layer", "n_heads", "vlms", "spec"]
+    overlap = text_ancestor_overlap()
+    sections = [("QRHead's lists (text LLMs) and the paper's VLMs with the same grid", text_ancestor_catalog()[
+        catalog_columns])]
+    for top in sorted(set(overlap["vrh_top"])):
+        part = overlap[overlap["vrh_top"] == top].drop(columns=["same_backbone", "vrh_top", "total_heads",
+                                                                "shared_heads"])
+        sections.append((f"QRHead's list (qrhead_top heads) among the VLM's top-{top} VRHs (chance: expected shared "
+                         "heads; p: exact P(shared >= observed))", part))
+    shared = overlap[overlap["vrh_top"] == max(overlap["vrh_top"])]
+    sections.append((f"The shared heads (QRHead's list and the VLM's top-{max(overlap['vrh_top'])}), in QRHead's rank "
+                     "order", shared[["text_model", "vlm", "benchmark", "shared_heads"]]))
     return "\n\n".join(f"**{title}**\n\n{_markdown(frame)}" for title, frame in sections) + "\n"
 
 
