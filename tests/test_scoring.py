@@ -98,9 +98,20 @@ def test_key_and_sample_aggregations_on_hand_built_statistics():
 def test_presets_apply_their_definitions():
     right = _stats("right", _rows([[[(0.9, 0.9, 1), (0.0, 0.1, 0)]]]), iou=0.9)
     wrong = _stats("wrong", _rows([[[(0.0, 0.1, 0), (0.9, 0.9, 1)]]]), iou=0.1)
-    # retrieval heads / OCR heads count only correctly answered samples
-    for name in ("retrieval_heads", "ocr_heads"):
-        np.testing.assert_allclose(aggregate([right, wrong], PRESETS[name].design).scores, [[1.0, 0.0]])
+    # retrieval heads count only correctly answered samples
+    np.testing.assert_allclose(aggregate([right, wrong], PRESETS["retrieval_heads"].design).scores, [[1.0, 0.0]])
+    # OCR heads: the rows OF the gold tokens (answer token n's row is output row n + 1, the last one the row after
+    # the answer), argmax over the prompt keys (column 3), times the graded correctness, pooled over entries; a head
+    # with <= 10 % zero entries scores 0
+    rows = np.zeros((4, 1, 3, 4))
+    rows[[1, 3], 0, 0, 3] = 1  # head 0 hits at the rows OF tokens 0 and 2
+    rows[[0, 2], 0, 1, 3] = 1  # head 1 hits at the rows PREDICTING tokens 0 and 2 (not read)
+    rows[[1, 3], 0, 2, 3] = 1  # head 2 hits at every gold token's row (below)
+    after = np.zeros((1, 1, 3, 4)); after[0, 0, 2, 3] = 1  # the row OF token 3 (it predicts the end)
+    ocr = SampleStats("o", rows, rows[:1], np.zeros((1, 3)), 3, "", 1.0, True, next_row=after,
+                      gold_tokens=np.array([True, False, True, True]), grade=0.5)
+    # entries (tokens 0, 2, 3): head 0 (1, 1, 0) * 0.5; head 1 zeros; head 2 (1, 1, 1) * 0.5 but no zero entry
+    np.testing.assert_allclose(aggregate([ocr], PRESETS["ocr_heads"].design).scores, [[1 / 3, 0.0, 0.0]])
     # VERA: ratio of region to visual mass at the first answer row
     np.testing.assert_allclose(aggregate([right], PRESETS["vera"].design).scores, [[1.0, 0.0]])
     # QRHead: input rows
@@ -109,10 +120,13 @@ def test_presets_apply_their_definitions():
     np.testing.assert_allclose(aggregate([q], PRESETS["qrhead"].design).scores, [[0.2, 0.4]])
     # localization heads: frequency of the box-free entropy score in the per-sample top-k
     ent = _stats("e", _rows([[[(0, 0, 0), (0, 0, 0)]]]), entropy=np.array([[-0.1, -2.0]]))
-    loc = aggregate([ent], PRESETS["localization_heads"].design)
+    ent.image_mass, ent.neg_entropy_mass = np.array([[0.5, 0.5]]), np.array([[-3.0, -0.2]])
+    loc = aggregate([ent], PRESETS["localization_heads_paper"].design)
     np.testing.assert_allclose(loc.scores, [[1.0, 1.0]])  # top-10 of 2 heads: both
     one = ScoringDesign("last_input", "entropy", "freq", freq_top_k=1)
     np.testing.assert_allclose(aggregate([ent], one).scores, [[1.0, 0.0]])
+    released = ScoringDesign("last_input", "entropy_mass", "freq", freq_top_k=1, elbow="per_sample")
+    np.testing.assert_allclose(aggregate([ent], released).scores, [[0.0, 1.0]])  # the mass-weighted entropy
     assert len(design_space_variants()) == 8
 
 

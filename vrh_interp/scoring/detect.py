@@ -40,6 +40,11 @@ def _save_batch(stats_dir: Path, name: str, batch: Sequence[SampleStats]) -> str
         tensors[f"{i}.output"] = np.ascontiguousarray(s.output_rows, dtype=np.float32)
         tensors[f"{i}.input"] = np.ascontiguousarray(s.input_rows, dtype=np.float32)
         tensors[f"{i}.entropy"] = np.ascontiguousarray(s.neg_entropy, dtype=np.float64)
+        optional = {"entropy_mass": (s.neg_entropy_mass, np.float64), "image_mass": (s.image_mass, np.float64),
+                    "next": (s.next_row, np.float32), "gold": (s.gold_tokens, np.uint8)}
+        for key, (value, dtype) in optional.items():
+            if value is not None:
+                tensors[f"{i}.{key}"] = np.ascontiguousarray(value, dtype=dtype)
     stats_dir.mkdir(parents=True, exist_ok=True)
     return write_atomic(stats_dir / f"{name}.safetensors", save(tensors)).name
 
@@ -55,8 +60,13 @@ def load_stats(run_dir: str | Path) -> list[SampleStats]:
             cache[r["file"]] = load_file(str(run_dir / "detect_stats" / r["file"]))
         t = cache[r["file"]]
         i = r["index"]
+        gold = t.get(f"{i}.gold")
+        # statistics stored before the released-code presets lack the optional arrays: those presets then refuse
         out.append(SampleStats(r["sample_id"], t[f"{i}.output"], t[f"{i}.input"], t[f"{i}.entropy"],
-                               r["region_tokens"], r["answer"], r["iou"], r["parsed"]))
+                               r["region_tokens"], r["answer"], r["iou"], r["parsed"],
+                               neg_entropy_mass=t.get(f"{i}.entropy_mass"), image_mass=t.get(f"{i}.image_mass"),
+                               next_row=t.get(f"{i}.next"), gold_tokens=None if gold is None else gold.astype(bool),
+                               grade=r.get("grade")))
     return out
 
 
@@ -130,7 +140,8 @@ def _detection_stats(runner: Backend, samples: Sequence[GroundingSampleLike], *,
             name = f"batch-{position[chunk[0].sample_id]:06d}-{chunk[0].sample_id}".replace(os.sep, "_")
             file = _save_batch(folder.path / "detect_stats", name, collected_now)
             log.append({"sample_id": s.sample_id, "file": file, "index": i, "region_tokens": s.region_tokens,
-                        "answer": s.answer, "iou": s.iou, "parsed": s.parsed} for i, s in enumerate(collected_now))
+                        "answer": s.answer, "iou": s.iou, "parsed": s.parsed, "grade": s.grade}
+                       for i, s in enumerate(collected_now))
         collected.extend(collected_now)
         bar.update(len(chunk))
     bar.close()

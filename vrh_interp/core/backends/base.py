@@ -46,13 +46,16 @@ RowReduction = Callable[[int, torch.Tensor], Any]  # (layer, probabilities [batc
 # What a backend may run beyond the seam's calls (``Backend.operations``), with the words a refusal uses.
 OPERATIONS: dict[str, str] = {
     "patching": "activation patching studies (row-pair patches, mediation, attribution gradients, probes; vrh patch)",
+    "steering": "attention redirection (a pre-softmax bias on chosen heads, recomputed in the attention call; "
+                "vrh steer)",
 }
 
 
 @dataclass(frozen=True)
 class RegionStats:
-    """What head scoring reads from one run of the model, ``[layers, batch, heads, rows, 3]`` statistics (region mass,
-    visual mass, argmax in the region: ``RegionAttentionReadout``): ``input_rows`` of the given prompt rows,
+    """What head scoring reads from one run of the model, ``[layers, batch, heads, rows, 4]`` statistics (region mass,
+    visual mass, argmax in the region, argmax over the prompt keys but the last in the region:
+    ``RegionAttentionReadout``): ``input_rows`` of the given prompt rows,
     ``output_rows`` of the rows that predicted answer tokens 1, 2, ... (the last prompt row, then each decode step's;
     rows past a sample's answer are padding), ``last_row`` the last prompt row's attention ``[layers, batch, heads,
     prompt]`` (spatial entropies), ``ids`` the greedy ids ``[batch, prompt + new]``."""
@@ -116,7 +119,7 @@ class Backend(Protocol):
 
     def region_stats(self, encoding: Mapping[str, Any], rows: torch.Tensor, region: torch.Tensor,
                      visual: torch.Tensor) -> torch.Tensor:
-        """``[layers, batch, heads, rows, 3]`` statistics of the query ``rows`` ``[batch, r]`` in one forward."""
+        """``[layers, batch, heads, rows, 4]`` statistics of the query ``rows`` ``[batch, r]`` in one forward."""
         ...
 
 
@@ -168,8 +171,8 @@ class NnsightBackend:
                                          last_row_map=True, stack_layers=True)
         result = iv.run_generate(self.vlm, encoding, [readout, *templates], max_new_tokens=max_new_tokens)
         first = _layer_stacked(result.steps[0][0])
-        prefill = torch.cat([chunk[0] for chunk in first])  # [L, b, H, r + 1, 3]
-        decode = [torch.cat(_layer_stacked(step[0])) for step in result.steps[1:]]  # each [L, b, H, 1, 3]
+        prefill = torch.cat([chunk[0] for chunk in first])  # [L, b, H, r + 1, 4]
+        decode = [torch.cat(_layer_stacked(step[0])) for step in result.steps[1:]]  # each [L, b, H, 1, 4]
         return RegionStats(result.ids, prefill[:, :, :, :-1], torch.cat([prefill[:, :, :, -1:], *decode], dim=3),
                            torch.cat([chunk[1] for chunk in first]))
 
@@ -209,7 +212,7 @@ def generate_then_read(backend: Backend, encoding: Mapping[str, Any], input_rows
     answered["input_ids"] = ids.to(mask.device)
     answered["attention_mask"] = torch.cat([mask, mask.new_ones(b, ids.shape[1] - s)], dim=1)
     values = backend.attention_rows(answered, rows, reduce=reduce)
-    stats = torch.stack([values[layer][0] for layer in sorted(values)])  # [L, b, H, r, 3]
+    stats = torch.stack([values[layer][0] for layer in sorted(values)])  # [L, b, H, r, 4]
     return RegionStats(ids, stats[:, :, :, :r_in], stats[:, :, :, r_in:],
                        torch.stack([values[layer][1] for layer in sorted(values)]))
 

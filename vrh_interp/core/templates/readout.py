@@ -270,22 +270,25 @@ about this size, which stay in cache through the softmax and the reductions (toy
 
 @dataclass(frozen=True)
 class RegionAttentionReadout:
-    """Readout reduced in the trace to what head scoring needs, per row: ``[batch, heads, rows, 3]``.
+    """Readout reduced in the trace to what head scoring needs, per row: ``[batch, heads, rows, 4]``.
 
-    The three numbers per (row, head) are: attention mass on the region's keys, attention mass on all
-    visual keys, and 1.0 if the most-attended key (argmax over every key the row can see) lies in the
-    region. ``region_mask`` / ``visual_mask`` are ``[batch, prompt_len]`` booleans over prompt positions;
-    keys added during generation are text, never visual. With ``last_row_map``, at the prompt forward the
-    last row's attention over all keys is also returned (for spatial-entropy scores).
-    Only these reductions leave the trace: no [rows x S] map is kept, which also keeps remote results small.
+    The four numbers per (row, head) are: attention mass on the region's keys, attention mass on all
+    visual keys, 1.0 if the most-attended key (argmax over every key the row can see) lies in the
+    region, and 1.0 if the most-attended PROMPT key other than the last (argmax over keys
+    ``0 .. prompt_len - 2``: OCR Heads' code excludes the generated tokens and the last prompt token)
+    lies in the region. ``region_mask`` / ``visual_mask`` are ``[batch, prompt_len]`` booleans over prompt
+    positions (their width IS the prompt length); keys added during generation are text, never visual. With
+    ``last_row_map``, at the prompt forward the last row's attention over all keys is also returned (for
+    spatial-entropy scores). Only these reductions leave the trace: no [rows x S] map is kept, which also keeps
+    remote results small.
 
     ``stack_layers=True`` (what scoring uses) vectorises over layers: at each layer only that layer's raw
     scores are computed (the requested query rows times the keys, written into one buffer), and scaling,
-    masking, the softmax and the three reductions run once per chunk of consecutive layers, over all its
+    masking, the softmax and the four reductions run once per chunk of consecutive layers, over all its
     layers and heads. A chunk holds as many layers as fit ``max_stack_bytes`` (default: ``CPU_STACK_BYTES`` on
     CPU, ``ACCELERATOR_STACK_BYTES`` elsewhere): at a generation step usually every layer, so the step runs one
     reduction (a few kernel launches) instead of one per layer. The value
-    appears at the last layer of each chunk, stacked ``[layers_in_chunk, batch, heads, rows, 3]`` (with
+    appears at the last layer of each chunk, stacked ``[layers_in_chunk, batch, heads, rows, 4]`` (with
     ``last_row_map``: ``(stats, [layers_in_chunk, batch, heads, keys])``); other layers give None. Values are
     bit-identical to the per-layer mode. Between the layers of one forward the template holds that forward's
     scores (``_pending``, emptied after its last layer) and keeps its padded key masks (``_masks``).
@@ -325,27 +328,38 @@ class RegionAttentionReadout:
             )
 
     def reduce(self, probs: torch.Tensor, rows: slice = slice(None)) -> torch.Tensor:
-        """``[..., batch, heads, rows, keys]`` probabilities -> ``[..., batch, heads, rows, 3]`` statistics (of the
+        """``[..., batch, heads, rows, keys]`` probabilities -> ``[..., batch, heads, rows, 4]`` statistics (of the
         batch rows ``rows`` of the masks, when ``probs`` holds only those)."""
         keys = probs.shape[-1]
         self._check_keys(keys)
-        region, visual, outside, region_bool = (m[rows] for m in self._key_masks(keys, probs.device))
+        region, visual, outside, region_bool, outside_prompt = (m[rows] for m in self._key_masks(keys, probs.device))
         in_region = probs * region[:, None, None, :]
         masses = [in_region.sum(-1), (probs * visual[:, None, None, :]).sum(-1)]  # region and visual mass
+        best_in = in_region.amax(-1)
         best_out = (probs * outside[:, None, None, :]).amax(-1)  # the largest value outside the region
-        hit = _argmax_in_region(probs, in_region.amax(-1), best_out, region_bool)
-        return torch.stack([*masses, hit], dim=-1)
+        hit = _argmax_in_region(probs, best_in, best_out, region_bool)
+        prompt = self.region_mask.shape[1] - 1  # keys 0 .. prompt_len - 2
+        if prompt < 1:
+            prompt_hit = torch.zeros_like(hit)
+        else:
+            if bool(self.region_mask[:, -1].any()):  # a region key at the last prompt position: not a candidate
+                best_in = in_region[..., :prompt].amax(-1)
+            best_prompt_out = (probs * outside_prompt[:, None, None, :]).amax(-1)
+            prompt_hit = _argmax_in_region(probs[..., :prompt], best_in, best_prompt_out, region_bool[:, :prompt])
+        return torch.stack([*masses, hit, prompt_hit], dim=-1)
 
     def _key_masks(self, keys: int, device: Any) -> tuple[torch.Tensor, ...]:
         """Region, visual and not-region key masks ``[batch, keys]`` as 0/1 floats (a product with them equals
-        the product with the booleans, and is faster), and the region as booleans, on ``device``: views of masks
-        padded once for many generation steps (kept in ``_masks``, by device)."""
+        the product with the booleans, and is faster), the region as booleans, and the not-region keys among
+        prompt keys ``0 .. prompt_len - 2`` as 0/1 floats, on ``device``: views of masks padded once for many
+        generation steps (kept in ``_masks``, by device)."""
         cached = self._masks.get(str(device))
         if cached is None or cached[0].shape[-1] < keys:
             width = max(keys, 2 * self.region_mask.shape[1])
             region = _pad_keys(self.region_mask, width).to(device)
             visual = _pad_keys(self.visual_mask, width).to(device)
-            cached = (region.float(), visual.float(), (~region).float(), region)
+            early = torch.arange(width, device=device) < self.region_mask.shape[1] - 1
+            cached = (region.float(), visual.float(), (~region).float(), region, (~region & early).float())
             self._masks[str(device)] = cached
         return tuple(m[:, :keys] for m in cached)
 
