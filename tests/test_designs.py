@@ -155,6 +155,46 @@ def test_items_of_answers_only_the_assigned_pairs_as_the_crossed_run_does(plante
         run_conditions(vlm, items, conditions, progress=False, items_of={"random:k=9:seed=0": ids})
 
 
+def test_vqa_scene_design_answers_each_scenes_questions_under_its_own_sets_as_the_crossed_sweep_does(planted,
+                                                                                                    tmp_path):
+    """The VQA clustered design: a scene is its questions' image source (every kind of question), each scene's
+    sets are the crossed design's draws for its seed, answered on its questions only, with the answers the crossed
+    sweep gives on exactly those pairs; the folder's records are complete (``vqa_sweep_from_run``) and the VQA
+    claim's table reads as a partition (one set per item and kind)."""
+    from vrh_interp.data.datasets.synthetic_vqa import synthetic_vqa
+    from vrh_interp.experiments.designs import vqa_scene_design
+    from vrh_interp.experiments.verdicts import vqa_evidence
+    from vrh_interp.experiments.vqa_sweep import run_vqa_conditions, vqa_conditions, vqa_item, vqa_sweep_from_run
+
+    vlm, _ = planted
+    items = list(synthetic_vqa("eval", 3))
+    heads = HeadSet([Head(3, 2), Head(3, 11), Head(2, 3)])
+    detected = HeadSet([*heads, Head(1, 1)])
+    conditions, items_of = vqa_scene_design(heads, vlm.geometry, items, 40, detected=detected)
+    scenes: dict[int, list[str]] = {}
+    for s in items:
+        scenes.setdefault(s.meta["index"], []).append(vqa_item(s))
+    assert [c.key for c in conditions[:2]] == ["baseline:k=0", "top:k=3"]
+    for j, names in scenes.items():
+        mine = [c for c in conditions if c.seed == 40 + j]
+        assert {c.kind for c in mine} == {"random", "matched"} and all(items_of[c.key] == sorted(names) or
+                                                                        items_of[c.key] == names for c in mine)
+        crossed = {c.key: c.heads for c in vqa_conditions(vlm.geometry, heads, [40 + j], detected=detected)}
+        assert all(crossed[c.key] == c.heads for c in mine) and not any(set(c.heads) & set(detected) for c in mine)
+    full = run_vqa_conditions(vlm, items, conditions, batch_size=8, progress=False)
+    part = run_vqa_conditions(vlm, items, conditions, items_of=items_of, batch_size=8, progress=False,
+                              run_dir=tmp_path / "vqa")
+    got = {(f"{r.benchmark}/{r.sample_id}", r.condition): r.response for r in part.records.itertuples()}
+    want = {(f"{r.benchmark}/{r.sample_id}", r.condition): r.response for r in full.records.itertuples()
+            if r.condition not in items_of or f"{r.benchmark}/{r.sample_id}" in items_of[r.condition]}
+    assert got == want and len(got) < len(full.records)
+    assert len(vqa_sweep_from_run(tmp_path / "vqa").records) == len(want)
+    evidence = vqa_evidence(part, sorted({s.benchmark for s in items}), 3, kinds=("random", "matched"))
+    assert evidence.parts["special"] == 1.0  # no rank sets and no grounding rank test: it cannot hold
+    with pytest.raises(ValueError, match="items_of names"):
+        run_vqa_conditions(vlm, items, conditions, items_of={"random:k=9:seed=0": ["x/y"]}, progress=False)
+
+
 def test_curtailed_rank_decides_every_set_as_the_full_table_does_with_fewer_answers(planted, tmp_path):
     from vrh_interp.experiments.designs import curtailed_rank
     from vrh_interp.experiments.sweep import run_conditions

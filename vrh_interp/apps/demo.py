@@ -13,7 +13,8 @@ Steps (each writes its records into the run folder, so rerunning resumes):
    own sets);
 5. the single-head causal scan (every head, or on models over 48 heads the top k* and a random sample);
 6. design space, 7. sparsity and stability, 8. transfer to a second model sharing the backbone (cross-masking),
-9. cross-task VQA, 10. attention overlays of the top heads and the report.
+9. cross-task VQA (one fresh set of each kind per scene, specialness from step 3's rank test), 10. attention
+   overlays of the top heads and the report.
 
 k (``demo_ks``): the grid 0.5, 1, 1.7, 2.6, 5 and 10 % of all heads, capped at a quarter of the heads; claims are
 judged at k*, the count inside the paper's 1.7-2.6 % nearest 2.15 % (at least 1 head).
@@ -467,16 +468,23 @@ def transfer_step(run: DemoRun) -> None:
 
 
 def vqa_step(run: DemoRun) -> None:
-    """Step 9: cross-task VQA with the top k* heads masked."""
+    """Step 9: cross-task VQA with the top k* heads masked, in the clustered design (one fresh control set of each
+    kind per scene, on its questions; specialness from the grounding rank test)."""
     run.evidence["vqa"] = None
-    if not run.steps.open(9, f"cross-task VQA on the questions of {run.sizes.vqa_scenes} eval scenes"):
+    if not run.steps.open(9, f"cross-task VQA on the questions of {run.sizes.vqa_scenes} eval scenes, one fresh "
+                             "control set of each kind per scene"):
         return
     from vrh_interp.data.datasets.synthetic_vqa import majority_answer_rate, synthetic_vqa
-    from vrh_interp.experiments.vqa_sweep import vqa_sweep
+    from vrh_interp.experiments.designs import vqa_scene_design
+    from vrh_interp.experiments.vqa_sweep import run_vqa_conditions
 
     items = synthetic_vqa("eval", run.sizes.vqa_scenes)
-    vqa = vqa_sweep(run.vlm, items, run.scores.top(run.k_star), random_seeds=run.seeds, batch_size=run.batch_size,
-                    run_dir=run.out / "vqa")
+    detected = run.ranking[: max(run.ks)]
+    pool = run.pool.control_pool(detected, max(run.ks)) if run.pool is not None else None  # as sweep_step's
+    conditions, items_of = vqa_scene_design(run.scores.top(run.k_star), run.vlm.geometry, items,
+                                            run.seed * SEED_STRIDE, detected=detected, live=pool)
+    vqa = run_vqa_conditions(run.vlm, items, conditions, items_of=items_of, batch_size=run.batch_size,
+                             run_dir=run.out / "vqa")
     summary = vqa.summary(bootstrap_seed=run.seed)
     majority = {b: majority_answer_rate([s for s in items if s.benchmark == b]) for b in vqa.benchmarks}
     summary["majority_baseline"] = summary["benchmark"].map(majority)

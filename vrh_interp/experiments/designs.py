@@ -38,12 +38,17 @@ SCENE_SEEDS = 500
 onwards, so the two never share a draw."""
 
 
-def scenes_of(items: Sequence[Any]) -> list[list[Any]]:
-    """Consecutive items showing the same image object (a scene's referents), in order."""
+def scenes_of(items: Sequence[Any], key: Callable[[Any], Any] | None = None) -> list[list[Any]]:
+    """Consecutive items of one scene, in order: showing the same image object (a scene's referents), or with
+    equal ``key(item)`` where given (a VQA scene's questions: their image source)."""
     scenes: list[list[Any]] = []
     for item in items:
-        image = getattr(item, "image", None)
-        if scenes and image is not None and getattr(scenes[-1][0], "image", None) is image:
+        if key is not None:
+            same = bool(scenes) and key(scenes[-1][0]) == key(item)
+        else:
+            image = getattr(item, "image", None)
+            same = bool(scenes) and image is not None and getattr(scenes[-1][0], "image", None) is image
+        if same:
             scenes[-1].append(item)
         else:
             scenes.append([item])
@@ -85,6 +90,30 @@ def scene_design(ranking: HeadSet, geometry: Any, ks: Sequence[int], items: Sequ
                                            ablation=ablation, live=live):
                 conditions.append(cond)
                 items_of[cond.key] = ids
+    return conditions, items_of
+
+
+def vqa_scene_design(heads: HeadSet, geometry: Any, items: Sequence[Any], first_seed: int, *,
+                     detected: HeadSet | None = None, live: HeadSet | None = None, matched: bool = True,
+                     ablation: str = "zero") -> tuple[list[Condition], dict[str, list[str]]]:
+    """``scene_design`` for a VQA sweep (``vqa_sweep.run_vqa_conditions``): the baseline and ``heads`` on every
+    question; per scene (consecutive questions on one image source) one set of each control kind, drawn outside
+    ``detected`` (default ``heads``) with seed ``first_seed + j``, answered on that scene's questions (named
+    ``vqa_sweep.vqa_item``). The causal claim on VQA takes its specialness from the grounding rank test (the same
+    top-k), so the VQA sets serve the effect alone, and one per scene estimates it."""
+    from vrh_interp.experiments.vqa_sweep import vqa_conditions, vqa_item
+
+    scenes = scenes_of(items, key=lambda item: item.image_source)
+    if len(scenes) > SCENE_SEEDS:
+        raise ValueError(f"{len(scenes)} scenes: the clustered design draws at most {SCENE_SEEDS} (one seed each)")
+    conditions = vqa_conditions(geometry, heads, [], detected=detected, matched=matched, ablation=ablation)
+    excluded = heads.union(detected) if detected is not None else heads
+    items_of: dict[str, list[str]] = {}
+    for j, scene in enumerate(scenes):
+        for cond in control_conditions(geometry, excluded, len(heads), heads, [first_seed + j], matched=matched,
+                                       ablation=ablation, live=live):
+            conditions.append(cond)
+            items_of[cond.key] = [vqa_item(s) for s in scene]
     return conditions, items_of
 
 
@@ -217,18 +246,28 @@ def clustered_sweep(vlm: Any, ranking: HeadSet, ks: Sequence[int], items: Sequen
     ranks: dict[int, SweepResult | None] = {}
     for k in sorted(k for k in (ks if rank_ks is None else rank_ks) if k > 0):
         top = next(c for c in conditions if c.kind == "top" and c.k == k)
-        where = folder / f"rank-k{k}"
 
-        def answer(seeds: list[int], running: set[str], block_folder: Path, top: Condition = top,
-                   k: int = k, where: Path = where) -> dict[str, SweepResult]:
-            block = [c for c in control_conditions(geometry, detected, k, top.heads, seeds,
-                                                   matched="matched" in running,
-                                                   live=live if "live" in running else None) if c.kind in running]
-            return {"grounding": curtailed_rank(vlm, rank_on, baseline, top, block, block_folder,
-                                                batch_size=batch_size, max_new_tokens=max_new_tokens,
-                                                target_folder=where / "target")}
+        def sets(seeds: list[int], running: set[str], top: Condition = top, k: int = k) -> list[Condition]:
+            return [c for c in control_conditions(geometry, detected, k, top.heads, seeds,
+                                                  matched="matched" in running,
+                                                  live=live if "live" in running else None) if c.kind in running]
 
-        found = sequential_sets([("grounding", kind) for kind in kinds], answer, where, k=k, target="top",
-                                total=rank_sets, first=first_seed + SCENE_SEEDS, block=20, h=RANK_H)
-        ranks[k] = None if found is None else found["grounding"]
+        ranks[k] = rank_test(vlm, rank_on, baseline, top, sets, kinds, folder / f"rank-k{k}", total=rank_sets,
+                             first_seed=first_seed + SCENE_SEEDS, batch_size=batch_size,
+                             max_new_tokens=max_new_tokens)
     return result, ranks
+
+
+def rank_test(vlm: Any, items: Sequence[Any], baseline: Condition, target: Condition,
+              sets: Callable[[list[int], set[str]], list[Condition]], kinds: Sequence[str], folder: Path, *,
+              total: int, first_seed: int, batch_size: int, max_new_tokens: int) -> SweepResult | None:
+    """The rank test of ``target`` (module doc): ``sequential_sets`` of ``curtailed_rank`` on ``items``, the
+    sets of each block ``sets(seeds, running kinds)``, into ``folder``; None where no sets were asked for."""
+    def answer(seeds: list[int], running: set[str], block_folder: Path) -> dict[str, SweepResult]:
+        return {"grounding": curtailed_rank(vlm, items, baseline, target, sets(seeds, running), block_folder,
+                                            batch_size=batch_size, max_new_tokens=max_new_tokens,
+                                            target_folder=folder / "target")}
+
+    found = sequential_sets([("grounding", kind) for kind in kinds], answer, folder, k=target.k, target=target.kind,
+                            total=total, first=first_seed, block=20, h=RANK_H)
+    return None if found is None else found["grounding"]

@@ -334,7 +334,9 @@ def vqa_evidence(result: Any, kinds_answered: Sequence[str], k: int, *, kinds: S
         return None
     records["sample_id"] = records["benchmark"].astype(str) + "/" + records["sample_id"].astype(str)
     records["correct"] = records["correct"].astype(float)
-    evidence = causal_evidence(records, result.conditions, k, kinds=kinds, seed=seed, special=special)
+    kept = set(records["condition"])  # a scene's set whose questions are all of unanswered kinds drops out
+    evidence = causal_evidence(records, [c for c in result.conditions if c.key in kept], k, kinds=kinds, seed=seed,
+                               special=special)
     if evidence is not None:
         evidence.numbers = f"answered kinds {', '.join(kinds_answered)}; " + evidence.numbers
     return evidence

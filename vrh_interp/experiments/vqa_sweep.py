@@ -156,10 +156,10 @@ class VQASweepResult:
                    for _, row, paired in condition_rows(parts, self.conditions, base, self.total_heads,
                                                         bootstrap_seed=bootstrap_seed, resamples=resamples)]
             rows += set_level_rows(own, parts, self.conditions, bootstrap_seed=bootstrap_seed, resamples=resamples,
-                                   pooled=lambda records, base=base: {
+                                   pooled=lambda records, base=base: {  # per answer: sets crossed or clustered
                                        "n": len(records),
-                                       "delta_vs_baseline": float(records.groupby("condition")["correct"].mean().mean()
-                                                                  - base.mean())})
+                                       "delta_vs_baseline": float(records["correct"].mean()
+                                                                  - base.loc[records["sample_id"]].mean())})
         return pd.DataFrame(rows)
 
     def table(self, *, bootstrap_seed: int = 0) -> pd.DataFrame:
@@ -181,6 +181,11 @@ class VQASweepResult:
         return table
 
 
+def vqa_item(sample: VQASample) -> str:
+    """A VQA item's name in a design and in the verdicts: ``benchmark/sample_id`` (ids are unique per benchmark)."""
+    return f"{sample.benchmark}/{sample.sample_id}"
+
+
 def vqa_sweep(vlm: VLM, samples: Sequence[VQASample], heads: HeadSet, *,
               random_seeds: Sequence[int] = DEFAULT_RANDOM_SEEDS, matched: bool = True,
               detected: HeadSet | None = None, exclude_first_layer: bool = False, batch_size: int = 8,
@@ -197,6 +202,22 @@ def vqa_sweep(vlm: VLM, samples: Sequence[VQASample], heads: HeadSet, *,
     The model runs on the handle's backend (``vlm.on(backend=...)``); one other than nnsight is recorded in the
     manifest, and an ablation kind it cannot mask with is refused before any work.
     """
+    conditions = vqa_conditions(vlm.geometry, heads, random_seeds, detected=detected,
+                                exclude_first_layer=exclude_first_layer, matched=matched, ablation=ablation)
+    return run_vqa_conditions(vlm, samples, conditions, batch_size=batch_size, run_dir=run_dir, progress=progress,
+                              shard=shard, ablation=ablation, ablation_values=ablation_values,
+                              max_batch_rows=max_batch_rows)
+
+
+def run_vqa_conditions(vlm: VLM, samples: Sequence[VQASample], conditions: Sequence[Condition], *,
+                       items_of: Mapping[str, Sequence[str]] | None = None, batch_size: int = 8,
+                       run_dir: str | Path | None = None, progress: bool = True, shard: Shard | None = None,
+                       ablation: str = "zero", ablation_values: AblationValues | None = None,
+                       max_batch_rows: int | None = None) -> VQASweepResult:
+    """``vqa_sweep`` on given ``conditions`` (the baseline first; masked with ``ablation``). ``items_of``
+    (condition key -> ``vqa_item`` names) answers those conditions on those items only: the clustered design,
+    one fresh control set per scene (``experiments.designs.vqa_scene_design``); it is part of the manifest, so a
+    folder resumes only with the same assignment."""
     if not samples:
         raise ValueError("vqa_sweep needs at least one VQA sample")
     if batch_size < 1:
@@ -204,8 +225,15 @@ def vqa_sweep(vlm: VLM, samples: Sequence[VQASample], heads: HeadSet, *,
     keys = [(s.benchmark, s.sample_id) for s in samples]
     if len(set(keys)) != len(keys):
         raise ValueError("VQA samples must have unique (benchmark, sample_id) pairs")
-    conditions = vqa_conditions(vlm.geometry, heads, random_seeds, detected=detected,
-                                exclude_first_layer=exclude_first_layer, matched=matched, ablation=ablation)
+    if not conditions or conditions[0].kind != "baseline":
+        raise ValueError("the VQA conditions must start with the unmasked baseline")
+    names = {vqa_item(s) for s in samples}
+    items_of = {key: sorted(set(ids)) for key, ids in (items_of or {}).items()}
+    unknown = sorted(set(items_of) - {c.key for c in conditions}) + sorted(
+        {i for ids in items_of.values() for i in ids} - names)
+    if unknown or any(not ids for ids in items_of.values()):
+        raise ValueError(f"items_of names conditions or items the VQA sweep does not have, or gives a condition no "
+                         f"items: {unknown[:5] or 'an empty list'}")
     masking = ablation_for(ablation, ablation_values, vlm.geometry)
     check_ablation_kinds(backend_type(vlm), [ablation])
     benchmarks = list(dict.fromkeys(s.benchmark for s in samples))
@@ -215,6 +243,8 @@ def vqa_sweep(vlm: VLM, samples: Sequence[VQASample], heads: HeadSet, *,
               **backend_config(backend_for(vlm))}  # nothing for nnsight: earlier folders resume
     if ablation_values is not None:
         config["ablation_values"] = ablation_values.fingerprint()
+    if items_of:
+        config["items_of"] = items_of
     log = VQA_SWEEP.open_log(RunFolder(run_dir, shard_config(config, shard, batch_size))) \
         if run_dir is not None else None
     mine = {b: [s for s in samples if s.benchmark == b] for b in benchmarks}
@@ -241,7 +271,9 @@ def vqa_sweep(vlm: VLM, samples: Sequence[VQASample], heads: HeadSet, *,
                          record_unit=lambda r: (r["benchmark"], r["sample_id"]), answer_of=lambda r: r["response"],
                          passes=_VQAPasses(vlm, masking, max_batch_rows=max_batch_rows),
                          record=make_record, canonical=canonical, desc="vqa sweep: masked answers",
-                         progress=progress)
+                         progress=progress,
+                         skip=frozenset(((s.benchmark, s.sample_id), key) for key, ids in items_of.items()
+                                        for part in mine.values() for s in part if vqa_item(s) not in set(ids)))
     return VQASweepResult(records=pd.DataFrame(records, columns=RECORD_COLUMNS), conditions=conditions,
                           benchmarks=benchmarks, total_heads=vlm.geometry.total_heads)
 
@@ -252,7 +284,9 @@ def vqa_sweep_from_run(run_dir: str | Path) -> VQASweepResult:
     run_dir = Path(run_dir)
     config = whole_run_manifest(run_dir, VQA_SWEEP.name, "a VQA sweep")
     records = VQA_SWEEP.read_log(run_dir).read()
-    expected = len(config["conditions"]) * sum(map(len, config["samples"].values()))
+    skipped = sum(len(ids) for ids in config["samples"].values()) * len(config.get("items_of", {})) - sum(
+        len(ids) for ids in config.get("items_of", {}).values())
+    expected = len(config["conditions"]) * sum(map(len, config["samples"].values())) - skipped
     if len({(r["benchmark"], r["sample_id"], r["condition"]) for r in records}) != expected:
         raise ValueError(f"{run_dir} is incomplete: {expected - len(records)} answers are missing; rerun its command "
                          "to resume it")
