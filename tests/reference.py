@@ -184,3 +184,71 @@ def forced_log_probs(logits: torch.Tensor, row: int, prompt_length: int, length:
     log_probs = logits[row].double().log_softmax(-1)
     return torch.stack([log_probs[prompt_length - 1 + t, int(input_ids[row, prompt_length + t])]
                         for t in range(length)])
+
+
+@contextmanager
+def redirected_attention(model: Any, heads_by_layer: dict[int, list[int]], alpha: float,
+                         target_keys: torch.Tensor) -> Iterator[None]:
+    """Add ``alpha`` to the pre-softmax scores of ``heads_by_layer``'s heads on the keys ``target_keys``
+    (``[batch, prompt_len]`` booleans) at the query rows that produce answer tokens (the last row of a forward with
+    several queries, the one query of a generation step), in attention written out by hand.
+
+    The steered layers' attention is replaced through transformers' own ``AttentionInterface`` by eager attention
+    computed here (scores scaled, soft-capped, masked, the bias added to the chosen heads only, softmax, times the
+    values); every other attention call (other layers, the vision tower) runs the implementation it ran before."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import eager_mask
+
+    layers = decoder_layers(model)
+    steered = {id(layers[layer].self_attn): heads for layer, heads in heads_by_layer.items()}
+    configs = {"": model.config, **{key: getattr(model.config, key) for key in model.config.sub_configs
+                                    if getattr(model.config, key, None) is not None}}
+    previous = {key: config._attn_implementation for key, config in configs.items()}
+    before = {id(m): getattr(getattr(m, "config", None), "_attn_implementation", "sdpa") for m in model.modules()}
+
+    def delegate(module: Any, *args: Any, **kwargs: Any) -> Any:
+        if before.get(id(module)) == "eager":
+            import sys
+
+            return sys.modules[type(module).__module__].eager_attention_forward(module, *args, **kwargs)
+        return sdpa_attention_forward(module, *args, **kwargs)
+
+    def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  attention_mask: Any = None, scaling: float | None = None, dropout: float = 0.0,
+                  **kwargs: Any) -> Any:
+        if id(module) not in steered:
+            return delegate(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+        mask = attention_mask
+        b, h, q, d = query.shape
+        k = key.shape[2]
+        group = h // key.shape[1]
+        keys = key.repeat_interleave(group, dim=1).double()
+        values = value.repeat_interleave(group, dim=1).double()
+        scores = query.double() @ keys.transpose(-1, -2) * (scaling if scaling is not None else d ** -0.5)
+        softcap = kwargs.get("softcap")
+        if softcap:
+            scores = torch.tanh(scores / softcap) * softcap
+        if mask is not None:
+            mask = mask[:, :, :, :k]
+            scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.double()
+        elif q > 1:
+            allowed = torch.arange(k)[None, :] <= torch.arange(q)[:, None] + (k - q)
+            scores = scores.masked_fill(~allowed, float("-inf"))
+        bias = torch.zeros(b, h, q, k, dtype=torch.float64)
+        target = torch.zeros(b, k, dtype=torch.float64)
+        width = min(k, target_keys.shape[1])
+        target[:, :width] = target_keys[:, :width].double()
+        for head in steered[id(module)]:
+            bias[:, head, q - 1, :] = alpha * target
+        probs = torch.softmax(scores + bias.to(scores.device), dim=-1).nan_to_num(0.0)
+        out = (probs @ values).to(query.dtype)
+        return out.transpose(1, 2).contiguous(), None
+
+    AttentionInterface.register("vrh_reference_redirect", attention)
+    AttentionMaskInterface.register("vrh_reference_redirect", eager_mask)
+    model.set_attn_implementation("vrh_reference_redirect")
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(previous)

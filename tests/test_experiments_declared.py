@@ -37,7 +37,7 @@ def _subcommands() -> dict[str, argparse.ArgumentParser]:
 def test_every_command_that_writes_a_run_folder_is_a_declared_resumable_experiment():
     commands = _subcommands()
     writing = {name for name, p in commands.items() if any("--out" in a.option_strings for a in p._actions)}
-    assert writing >= {"detect", "sweep", "scan", "design-space", "reproduce", "demo", "patch", "grid"}
+    assert writing >= {"detect", "sweep", "scan", "design-space", "reproduce", "demo", "patch", "grid", "localize"}
     undeclared = sorted(c for c in writing if declared.by_command(c) is None)
     assert not undeclared, f"commands writing a run folder without a declaration: {undeclared}"
     assert writing == set(declared.resumable_commands())
@@ -49,7 +49,8 @@ def test_declarations_are_consistent():
     names = [e.name for e in declared.experiments()]
     assert len(set(names)) == len(names)
     logs = [e.log for e in declared.experiments() if e.log]
-    assert sorted(logs) == ["detect_records", "sweep_records", "vqa_records"]  # the file stems old folders hold
+    assert sorted(logs) == ["detect_records", "localize_records", "steer_records", "sweep_records",
+                            "vqa_records"]  # old stems kept
     for experiment in declared.experiments():
         assert set(experiment.claims) <= set(CLAIMS), experiment.name
         if experiment.log:

@@ -934,6 +934,19 @@ def _grid_parser(sub: Any) -> None:
                    help="run a plan of more than 500 cells to run (experiments.grid.CONFIRM_ABOVE) without asking")
     p.set_defaults(func=cmd_grid)
 
+
+def _localize_parser(sub: Any) -> None:
+    """``vrh localize`` (its own options and runner: ``apps.localize``)."""
+    from vrh_interp.apps.localize import add_options, cmd_localize  # no torch: `vrh --help` stays fast
+
+    p = _experiment_parser(sub, "localize")
+    common(p)
+    iou_option(p)
+    backend_option(p)
+    add_options(p)
+    p.set_defaults(func=cmd_localize)
+
+
 def _experiment_parser(sub: Any, command: str) -> argparse.ArgumentParser:
     """The subparser of ``vrh COMMAND``, an experiment's: its help line is the declaration's
     (``experiments.declared``)."""
@@ -956,15 +969,23 @@ def _declared_command(sub: Any, declared: Any) -> None:
     p.set_defaults(func=lambda args: declared.resolve("run")(args))
 
 
+def _steer_parser(sub: Any) -> None:
+    """``vrh steer``: its options and runner are ``apps.steer``'s."""
+    from vrh_interp.apps.steer import add_options
+
+    add_options(_experiment_parser(sub, "steer"))
+
+
 # one function per subcommand's parser; `vrh --help` lists them in this order
 SUBCOMMAND_PARSERS = (_families_parser, _detect_parser, _sweep_parser, _scan_parser, _design_space_parser,
-                      _merge_parser, _reproduce_parser, _report_parser, _demo_parser, _patch_parser, _grid_parser)
+                      _merge_parser, _reproduce_parser, _report_parser, _demo_parser, _patch_parser, _grid_parser,
+                      _localize_parser, _steer_parser)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``vrh`` parser: one subparser per ``SUBCOMMAND_PARSERS`` entry."""
     parser = _Parser(prog="vrh", description="Find and test Visual Retrieval Heads in VLMs.", epilog=START_HERE)
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
     for add in SUBCOMMAND_PARSERS:
         add(sub)
     from vrh_interp.experiments.declared import commands_with_options

@@ -234,7 +234,9 @@ def claims_sections(table: pd.DataFrame) -> tuple[list[str], list[str]]:
     """The claims tables (``verdicts.csv``) as Markdown lines and HTML: the paper's claims, then the checks of
     the method, each row a verdict badge, the claim, the estimate with its 90 % interval and the reason."""
     md, body = [], []
-    for name, heading in (("paper", "The paper's claims"), ("method", "Checks of the method")):
+    from vrh_interp.evaluation.claims import TABLES
+
+    for name, heading in TABLES:
         part = table[table["table"] == name] if "table" in table else pd.DataFrame()
         if part.empty:
             continue

@@ -27,7 +27,8 @@ from vrh_interp.core.model import VLM, GroundingBatch
 from vrh_interp.core.templates import LayerTemplate, apply_in_order
 from vrh_interp.core.templates.ablation import PAD, ZERO_ABLATION, Ablation, HeadAblation, RowHeadAblation, segment_ids
 from vrh_interp.core.templates.head_outputs import HeadOutputCapture, HeadOutputPatch
-from vrh_interp.core.templates.readout import AttentionRowsReadout, attention_call_label
+from vrh_interp.core.templates.readout import AttentionRowsReadout, ReadoutUnavailableError, attention_call_label
+from vrh_interp.core.templates.redirect import HeadRedirect
 
 OPEN_LOOP_WARNING = r".*was never reached.*"
 
@@ -412,6 +413,44 @@ def attention_readout(vlm: VLM, prefill_rows: Sequence[int] | torch.Tensor, *, l
     paths = {layer: vlm.adapter.attention_path(layer) for layer in layer_list}
     label = attention_call_label(vlm.adapter.attention_module(vlm.nn, layer_list[0]).source.names)
     return AttentionRowsReadout.build(paths, label, prefill_rows, heads_by_layer=by_layer)
+
+
+def head_redirect(vlm: VLM, heads: HeadsLike | Sequence[HeadSet | None], alphas: float | Sequence[float],
+                  target_keys: torch.Tensor, *, prefill_rows: Sequence[int] | torch.Tensor = (-1,)) -> HeadRedirect:
+    """Redirect heads onto ``target_keys`` (``[rows, prompt_len]`` booleans, e.g. ``region_keys``) with a
+    pre-softmax bias ``alpha`` at the answer rows (``templates.redirect.HeadRedirect``). ``heads`` is one head set
+    for every row (any form ``HeadSet.coerce`` reads) or one per row (``[HeadSet | None, ...]``), ``alphas`` one
+    number or one per row."""
+    rows = int(target_keys.shape[0])
+    per_row = isinstance(heads, (list, tuple)) and len(heads) == rows and len(heads) > 0 and all(
+        h is None or isinstance(h, HeadSet) for h in heads)
+    if per_row:
+        sets = [vlm.geometry.validate(h, "head_redirect(heads)") if h is not None else None for h in heads]
+    else:
+        sets = [vlm.geometry.validate(heads, "head_redirect(heads)")] * rows
+    strengths = [float(alphas)] * rows if isinstance(alphas, (int, float)) else [float(a) for a in alphas]
+    if getattr(vlm.adapter, "rows_readout", None) is not None:
+        raise ReadoutUnavailableError("redirection recomputes heads from the attention-function call's inputs; this "
+                                      "model's attention is described (families.described) and has none")
+    layers = sorted({layer for s in sets if s is not None for layer in s.by_layer()}) or [0]
+    label = attention_call_label(vlm.adapter.attention_module(vlm.nn, layers[0]).source.names)
+    return HeadRedirect.build(sets, strengths, target_keys, vlm.geometry, attention_path=vlm.adapter.attention_path,
+                              projection_path=projection_path(vlm), call_label=label, prefill_rows=prefill_rows)
+
+
+def region_keys(batch: GroundingBatch, boxes: Sequence[Any]) -> torch.Tensor:
+    """``[batch, prompt_len]`` booleans: row r's visual tokens whose patch overlaps ``boxes[r]`` (original-image
+    pixels; ``VisualLayout.positions_for_box``, what head scoring calls the region: tiles, thumbnails and
+    non-square grids included)."""
+    from vrh_interp.core.boxes import Box
+
+    if len(boxes) != batch.batch_size:
+        raise ValueError(f"{len(boxes)} boxes for a batch of {batch.batch_size}")
+    keys = torch.zeros(batch.batch_size, batch.prompt_length, dtype=torch.bool)
+    for row, (layout, box) in enumerate(zip(batch.layouts, boxes)):
+        box = box if isinstance(box, Box) else Box(*(float(v) for v in box))
+        keys[row, layout.positions_for_box(box)] = True
+    return keys
 
 
 def head_output_capture(vlm: VLM, layers: Sequence[int] | None = None) -> HeadOutputCapture:

@@ -18,7 +18,8 @@ carries its estimate and two valid p-values: ``p_holds`` of "the claim does not 
 * **inconclusive**: anything else, with what would likely decide it: items and control sets apart
   (``inference.Effect.needed``, a variance decomposition), or the sets a rank test needs to reach its level.
 
-Family-wise error. The paper's claims form one family and the checks of the method another, each FIXED: every
+Family-wise error. The paper's claims form one family, the checks of the method another and the claims beyond the
+paper (``EXTENSION``: sufficiency by redirection, ``experiments.steer``) a third, each FIXED: every
 declared claim of the table counts, whether its step ran, was skipped by a time cap or is categorical. Within each
 family Bonferroni (each claim at ``ALPHA / m``) controls the family-wise error at ``ALPHA``, separately for
 "holds" and for "does not hold". Not Holm: its step-down makes one claim's level depend on the others' p-values,
@@ -47,12 +48,16 @@ RESAMPLES = 2000
 BOOTSTRAP_UNITS = 20
 POWER = 0.8
 VERDICTS = ("holds", "does not hold", "inconclusive", "not measured")
-PAPER, METHOD = "paper", "method"
+PAPER, METHOD, EXTENSION = "paper", "method", "extension"
+# the tables, each its own fixed family (module doc), with their headings, in the order they are shown
+TABLES: tuple[tuple[str, str], ...] = ((PAPER, "The paper's claims"), (METHOD, "Checks of the method"),
+                                       (EXTENSION, "Beyond the paper"))
 
 
 @dataclass(frozen=True)
 class ClaimSpec:
-    """One claim: ``table`` ("paper" or "method"), its words, the statistic and the decision's two values."""
+    """One claim: ``table`` ("paper", "method" or "extension"), its words, the statistic and the decision's two
+    values."""
 
     id: str
     table: str
@@ -62,14 +67,16 @@ class ClaimSpec:
     minimum: float
     unit: str = "items"  # what more of would decide an inconclusive claim
     causal: bool = False  # judged by the three-part causal test (module doc)
+    # the causal test's words for a claim that is not about masking (redirection: moves, not drops)
+    causal_words: str = ("the target more harmful than the control sets including its own draw (rank test) and a "
+                         "drop against the unmasked model (exact McNemar)")
 
     def rule(self) -> str:
         if self.statistic == "categorical":
             return ("categorical: holds / does not hold / inconclusive as read from the tests it stands for (given "
                     "with it); it counts in the table's fixed family as p = 1")
         return (f"holds: {self.statistic} bounded above {self.minimum:g}"
-                + (" with the target more harmful than the control sets including its own draw (rank test) and a "
-                   "drop against the unmasked model (exact McNemar)" if self.causal else "")
+                + (f" with {self.causal_words}" if self.causal else "")
                 + f" (Bonferroni over the table's fixed family, alpha {ALPHA}); does not hold: bounded below "
                   f"{self.minimum:g}; otherwise inconclusive")
 
@@ -114,6 +121,12 @@ CLAIMS: dict[str, ClaimSpec] = _specs(
               "ablation kinds and controls)", 0.0, 0.05, causal=True),
     ClaimSpec("score_damage", METHOD, "score predicts causal importance: Spearman(score, single-head accuracy "
               "drop) > 0", "Spearman correlation over the scanned heads", 0.0, 0.2, unit="items"),
+    ClaimSpec("sufficient", EXTENSION, "sufficient: redirecting the top-k (a pre-softmax bias onto another object) "
+              "moves answers to that object more than any control set redirected the same way",
+              "move rate of the top-k minus the control sets' at the declared alpha (smallest over the controls)",
+              0.0, 0.10, causal=True,
+              causal_words="the top-k moving more answers than the control sets including its own draw (rank test) "
+                           "and than alpha = 0, the unsteered run (exact McNemar)"),
 )
 
 # the claims about toy:planted (the demo's positive-control step), whatever model the run studies
@@ -278,7 +291,7 @@ def judge(evidence: Mapping[str, Evidence | None], *, alpha: float = ALPHA,
     ``ci_low``/``ci_high`` (90 %), ``null``, ``minimum``, ``p``, ``p_adjusted``, ``n``, ``items_needed``,
     ``reason``, ``numbers``, ``rule``."""
     rows = []
-    for table in (PAPER, METHOD):
+    for table, _ in TABLES:
         family = [i for i, spec in specs.items() if spec.table == table]
         ids = [i for i in family if i in evidence]
         raw_holds = [evidence[i].holds_p(specs[i]) if evidence.get(i) is not None else float("nan") for i in family]
@@ -411,9 +424,12 @@ def causal_test(baseline: Sequence[float], target: Sequence[float], controls: np
 
 
 def _terminal(table: pd.DataFrame, row_text: Callable[[dict], str]) -> str:
-    """Per table (the paper's, the method's) a heading, then ``row_text(row)`` for each of its claims."""
+    """Per table (the paper's, the method's, those beyond the paper) a heading, then ``row_text(row)`` for each of
+    its claims; a frame without a ``table`` column is listed under the paper's and the method's headings."""
     blocks = []
-    for name, heading in ((PAPER, "The paper's claims"), (METHOD, "Checks of the method")):
+    for name, heading in TABLES:
+        if name == EXTENSION and "table" not in table:
+            continue
         part = table[table["table"] == name] if "table" in table else table
         if not part.empty:
             blocks += [f"{heading}:", *(row_text(row) for row in part.to_dict(orient="records"))]

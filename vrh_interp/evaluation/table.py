@@ -12,11 +12,11 @@ from typing import Any, Iterator
 
 import pandas as pd
 
-from vrh_interp.evaluation.claims import claims_text
+from vrh_interp.evaluation.claims import TABLES, claims_text
 
 MAX_REPR_CLAIMS = 12  # the text repr stays within 15 lines: a title, these, and one line saying how many more
 VERDICT_COLOURS = {"holds": "#1a7f37", "fails": "#cf222e", "inconclusive": "#9a6700"}
-TABLE_HEADINGS = {"paper": "The paper's claims", "method": "Checks of the method"}
+TABLE_HEADINGS = dict(TABLES)
 
 
 def _number(value: Any) -> float:

@@ -135,8 +135,15 @@ BUILTIN: tuple[Experiment, ...] = (
                                        "score_damage")),
     Experiment("patch", "patch", "activation patching: what the VRHs read out and write (synthetic pairs)",
                resumable=True),
+    Experiment("localize", "localize",
+               "attention boxes of a head set beside the model's own boxes on the same items (Acc@0.5, four-way)",
+               log="localize_records", record_key=("heads", "sample_id"), order=("heads", "sample_id"),
+               resumable=True, summary="vrh_interp.experiments.localize:localize_from_run"),
     Experiment("grid", "grid", "models x benchmarks x experiments from GRID.toml, here or on a Ray cluster",
                resumable=True),
+    Experiment("steer", "steer", "redirect the top-k heads onto another object: does the answer move there?",
+               log="steer_records", record_key=("condition", "sample_id"), order=("condition", "sample_id"),
+               resumable=True, summary="vrh_interp.experiments.steer:steer_from_run", claims=("sufficient",)),
 )
 
 _REGISTRY: dict[str, Experiment] = {experiment.name: experiment for experiment in BUILTIN}

@@ -483,3 +483,47 @@ def grid_drop_heatmap(drops: pd.DataFrame, verdicts: pd.DataFrame | None = None,
     ax.set_title(title)
     fig.colorbar(image, ax=ax, label="accuracy drop")
     return _done(fig, own)
+
+
+STEER_STYLE = {"top": ("tab:red", "o", "-"), "planted": ("tab:purple", "D", "-"), "decoys": ("tab:orange", "v", ":"),
+               "random": ("tab:blue", "^", "--"), "matched": ("tab:green", "s", "--"), "live": ("tab:grey", "x", "--")}
+
+
+def plot_dose_response(table: pd.DataFrame, path: Any = None, *, k: int | None = None,
+                       claim_alpha: float | None = None, sets: pd.DataFrame | None = None,
+                       title: str = "redirecting heads onto another object", ax: Any = None) -> Any:
+    """Dose-response of redirection (``experiments.steer``): per head-set kind, the share of answers that MOVE to
+    the target (left) and that BREAK (right) against the bias alpha; a control kind's line is the mean over its sets,
+    its band (with ``sets``: per-set rates, columns kind / seed / alpha / move_rate / break_rate) where 90 % of its
+    sets lie (5-95 %). ``claim_alpha`` is marked (the alpha the claim is judged at). Saved to ``path`` if given."""
+    fig, axes, own = _panels(2, ax, 10.0, 4.0)
+    for panel, (column, label) in zip(axes, (("move_rate", "moved to the target"), ("break_rate", "broke"))):
+        for kind in dict.fromkeys(table["kind"]):
+            colour, marker, style = STEER_STYLE.get(kind, ("black", ".", "-."))
+            rows = table[table["kind"] == kind].sort_values("alpha")
+            count = int(rows["sets"].max()) if "sets" in rows else 1
+            name = f"top-{k}" if kind == "top" and k else kind
+            ax_label = f"{name} ({count} sets)" if count > 1 else name
+            width = 4.0 if kind == "top" else 1.5  # thick: a named set equal to the top-k stays visible over it
+            panel.plot(rows["alpha"], rows[column], marker=marker, linestyle=style, color=colour, label=ax_label,
+                       linewidth=width, alpha=0.55 if kind == "top" else 1.0)
+            if sets is not None and count > 1:
+                per = sets[sets["kind"] == kind].groupby("alpha")[column]
+                low, high = per.quantile(0.05), per.quantile(0.95)
+                alphas = [a for a in rows["alpha"] if a in low.index]
+                base = rows.set_index("alpha")[column]
+                panel.fill_between([0.0, *alphas], [base.get(0.0, np.nan), *low[alphas]],
+                                   [base.get(0.0, np.nan), *high[alphas]], color=colour, alpha=0.15, linewidth=0)
+        if claim_alpha is not None:
+            panel.axvline(claim_alpha, color="grey", linewidth=0.8, linestyle=":")
+        panel.set_xlabel("alpha (pre-softmax bias on the target's visual tokens)")
+        panel.set_ylabel(f"share of answers that {label}")
+        panel.set_ylim(-0.02, 1.02)
+        alphas = sorted(float(a) for a in table["alpha"].unique())
+        panel.set_xticks(alphas, [f"{a:g}" for a in alphas])
+    axes[0].set_title(title, fontsize=10)
+    axes[1].set_title("answers that break (no box, or a box on neither object)", fontsize=10)
+    axes[0].legend(fontsize=8)
+    if path is not None:
+        fig.savefig(path, dpi=100, bbox_inches="tight")
+    return fig

@@ -1,0 +1,123 @@
+"""``vrh steer``: redirect the top-k heads onto another object and see whether the answer moves there
+(``experiments.steer``: the redirection template, the control sets, the ``sufficient`` claim).
+
+This module holds the command's options (``add_options``) and its runner (``cmd_steer``); ``apps.cli`` registers the
+subcommand. It imports nothing of ``apps.cli`` (no import loop) and nothing heavy at module level: ``vrh --help``
+builds every parser."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+
+def _alphas(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"alphas are numbers separated by commas, e.g. 0,2,4,8,16; got {text!r}")
+    if not values or 0.0 not in values or any(v < 0 or v != v or v == float("inf") for v in values) \
+            or len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"alphas must be distinct finite numbers >= 0 and include 0 (the "
+                                         f"unsteered run), got {text!r}")
+    return values
+
+
+def _at_least(minimum: int, maximum: int | None = None) -> Any:
+    """argparse type: a whole number in ``minimum`` .. ``maximum``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a whole number") from None
+        if value < minimum or (maximum is not None and value > maximum):
+            raise argparse.ArgumentTypeError(f"{value} is outside {minimum} .. {maximum if maximum else 'any'}")
+        return value
+    return parse
+
+
+def _seeds(text: str) -> list[int]:
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isascii() and p.isdigit() and len(p) < 19 for p in parts) or len(set(parts)) != len(parts):
+        raise argparse.ArgumentTypeError(f"{text[:60]!r} is not a list of distinct seeds: write whole numbers >= 0 "
+                                         "separated by commas, e.g. 0,1,2")
+    return [int(p) for p in parts]
+
+
+def add_options(p: argparse.ArgumentParser) -> None:
+    """The options of ``vrh steer`` on its subparser (``apps.cli`` makes it with the declaration's help line)."""
+    from vrh_interp.core.backends import BACKENDS  # no torch: `vrh --help` stays fast
+    from vrh_interp.data.sources import MAX_SYNTHETIC_SCENES
+
+    scenes = _at_least(1, MAX_SYNTHETIC_SCENES)
+    p.add_argument("--model", default="toy:planted", help="hub id, local folder, toy:NAME or tiny:FAMILY")
+    p.add_argument("--out", default="runs/steer", help="run folder (rerun to resume)")
+    p.add_argument("--k", type=_at_least(1), default=3, help="how many top-scored heads are redirected")
+    p.add_argument("--alphas", type=_alphas, default="0,2,4,8,16",
+                   help="bias strengths (the claim is judged at the largest)")
+    p.add_argument("--items", type=scenes, default=40,
+                   help="evaluation items (scenes with two referable objects; the target is the other one)")
+    p.add_argument("--detect", type=scenes, default=20, help="detection scenes that rank the heads")
+    p.add_argument("--seeds", type=_seeds, default=",".join(str(s) for s in range(20)),
+                   help="control seeds: one random, one layer-matched and one live-head set each (default 0-19; the "
+                        "rank test needs >= 19 to reach 0.05)")
+    p.add_argument("--no-matched", action="store_true", help="leave the layer-matched control out")
+    p.add_argument("--no-live", action="store_true", help="leave the live-head control out (no head census)")
+    p.add_argument("--no-patching", action="store_true", help="leave the activation-patching form out")
+    p.add_argument("--patch-seeds", type=_at_least(1), default=5,
+                   help="control sets of each kind in the patching form (the first seeds)")
+    p.add_argument("--batch-size", type=_at_least(1), default=32, help="items per batch")
+    p.add_argument("--max-rows", type=_at_least(1), default=512,
+                   help="rows per generation (items x conditions redirected together)")
+    p.add_argument("--device", default=None, help="device or device_map, e.g. cpu, cuda, auto")
+    p.add_argument("--dtype", default=None, help="torch dtype name, e.g. bfloat16")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    p.add_argument("--backend", choices=BACKENDS, default="nnsight",
+                   help="what runs the model: redirection runs on nnsight only (the transformer-lens backend is "
+                        "refused before the model loads)")
+    p.set_defaults(func=cmd_steer)
+
+
+def cmd_steer(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from vrh_interp.core.backends.base import check_supported
+    from vrh_interp.core.backends.select import backend_type
+    from vrh_interp.core.model import Placement
+    from vrh_interp.experiments.steer import claim_line, detect_and_steer
+    from vrh_interp.specs import load_spec
+
+    check_supported(backend_type(args.backend), operations=["steering"] + ([] if args.no_patching else ["patching"]))
+    vlm = load_spec(args.model, args.device, args.dtype).on(Placement(args.backend, False))
+    named = None
+    if args.model == "toy:planted":  # the positive control: its planted heads and decoys, redirected too
+        from vrh_interp.experiments.positive_control import declared
+
+        planted, decoys = declared()
+        named = {"planted": planted, "decoys": decoys}
+    say = (lambda _: None) if args.json else (lambda line: print(line, flush=True))
+    result = detect_and_steer(vlm, Path(args.out), items=args.items, detect=args.detect, k=args.k,
+                              alphas=args.alphas, random_seeds=args.seeds,
+                              matched=not args.no_matched, live=not args.no_live, named=named,
+                              patching=not args.no_patching, patch_seeds=args.patch_seeds,
+                              batch_size=args.batch_size, max_rows=args.max_rows,
+                              say=say)
+    written = result.write(Path(args.out))
+    if args.json:
+        print(json.dumps({"out": args.out, "verdict": result.verdict(), "claim": result.claims().iloc[0].to_dict(),
+                          "dose_response": result.dose_response().to_dict(orient="records"),
+                          "patching": result.patching().to_dict(orient="records"), "files": written}, default=str))
+        return 0
+    tables = [("dose-response: share of answers that move to the target / stay / break", result.dose_response()),
+              ("activation patching from the target-as-referent run", result.patching())]
+    for title, frame in tables:
+        if not frame.empty:
+            with pd.option_context("display.max_columns", 20, "display.precision", 3):
+                print(f"\n{title}\n{frame.to_string(index=False, line_width=100)}")
+    print()
+    print(claim_line(result))
+    print(f"\nrun folder: {args.out} (records.csv, dose_response.csv, patching.csv, claims.csv, steer.json, "
+          "dose_response.png)")
+    return 0
