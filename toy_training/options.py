@@ -20,6 +20,12 @@ PROG = "python -m toy_training.train"
 DESCRIPTION = "Train a toy grounding VLM on CPU: dense vision pretraining, then grounding fine-tuning."
 MODEL_NAMES = ("a", "b", "c", "d", "planted", "planted-b", "planted-x")  # train.MODEL_PRESETS' keys (a test checks)
 MAX_THREADS = 1024
+# each model's language backbone: (layers, query heads per layer), its preset's text_shape (a test checks), so that
+# --split-heads and --share-attention beyond it are refused before torch loads
+HEAD_GRIDS = {"a": (4, 8), "b": (4, 8), "c": (8, 16), "d": (8, 16), "planted": (4, 16), "planted-b": (4, 16),
+              "planted-x": (4, 16)}
+# what a run folder of this trainer holds (train writes them): an --out holding none of them is not one
+RUN_FILES = ("train_config.json", "trainer_state.safetensors", "history.json", "training_log.json", "best", "final")
 
 
 class OptionError(SystemExit):
@@ -200,9 +206,20 @@ def config_problem(args: argparse.Namespace) -> str | None:
         from vrh_interp.core.heads import HeadSet, HeadSpecError
 
         try:
-            HeadSet.parse(args.split_heads)
+            heads = HeadSet.parse(args.split_heads)
         except HeadSpecError as error:
             return f"--split-heads: {error}"
+        layers, width = HEAD_GRIDS[args.model]
+        off = [str(h) for h in heads if not (h.layer < layers and h.head < width)]
+        if off:
+            return (f"--split-heads {args.split_heads}: {', '.join(off)} is not a head of the {args.model} model "
+                    f"({layers} layers x {width} heads: L0H0 .. L{layers - 1}H{width - 1})")
+    if args.share_attention is not None:
+        layers = HEAD_GRIDS[args.model][0]
+        for layer, source in args.share_attention:
+            if max(layer, source) >= layers or layer == source:
+                return f"--share-attention {layer}:{source}: name two different layers of the {args.model} model's " \
+                       f"0..{layers - 1}"
     if args.tower_lr_scale is not None and args.tower_lr_scale < 0:
         return (f"--tower-lr-scale {args.tower_lr_scale}: give a fraction >= 0 of the grounding learning rate (0: the "
                 "vision tower stays frozen)")
@@ -237,7 +254,34 @@ def command_problem(args: argparse.Namespace) -> str | None:
         return f"--out {str(args.out)!r} is a file: name a folder for the run"
     if args.out is not None and args.out.is_dir() and not os.access(args.out, os.W_OK | os.X_OK):
         return f"--out {str(args.out)!r}: no permission to write in this folder"
-    return config_problem(args) if what == "train" else None
+    problem = config_problem(args) if what == "train" else None
+    return problem or (_path_problem(args) if what in ("train", "relabel") else None)
+
+
+def _path_problem(args: argparse.Namespace) -> str | None:
+    """The first fault of the folders a training (or relabelling) run reads and writes: a checkpoint folder it starts
+    from that is not there, ``--out`` naming that folder (the run would write over the weights it starts from), and
+    an ``--out`` that holds files but no trainer run (``RUN_FILES``; a new or empty folder, or a run to resume, is
+    fine)."""
+    sources = [(option, Path(value)) for option, value in (("--warm-start", args.warm_start),
+                                                          ("--init-backbone", args.init_backbone)) if value]
+    for option, path in sources:
+        if not path.is_dir():
+            return (f"{option} {str(path)!r} is {'not a folder' if path.exists() else 'not there'}: name a trained toy "
+                    "checkpoint folder (RUN/best, RUN/final or vrh_interp/toy/checkpoints/NAME)")
+    out = args.out
+    if out is None:
+        return None
+    for option, path in sources:
+        if os.path.realpath(path) == os.path.realpath(out):
+            return (f"--out {str(out)!r} is the {option} folder: the run would write over the checkpoint it starts "
+                    "from: pass a new --out")
+    if out.is_dir():
+        entries = sorted(e for e in os.listdir(out) if not e.startswith("."))
+        if entries and not any(e in RUN_FILES for e in entries):
+            return (f"--out {str(out)!r} holds {', '.join(entries[:3])}{', ...' if len(entries) > 3 else ''} but no "
+                    f"trainer run ({', '.join(RUN_FILES[:3])}, ...): pass a new or empty folder, or a run to --resume")
+    return None
 
 
 def parse_command(argv: Sequence[str] | None = None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:

@@ -18,7 +18,7 @@ import shlex
 import sys
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, NoReturn, Sequence
 
 from vrh_interp.core.runs import write_atomic
 
@@ -685,6 +685,11 @@ class _Parser(argparse.ArgumentParser):
         kwargs.setdefault("formatter_class", _HelpFormatter)
         super().__init__(*args, **kwargs)
 
+    def error(self, message: str) -> NoReturn:
+        """One line on stderr and exit status 2, the option and the fault (argparse's own error prints the usage, a
+        dozen lines, before it)."""
+        self.exit(2, f"{self.prog}: error: {message} ({self.prog} --help lists the options)\n")
+
 
 START_HERE = """start here (a shipped toy whose retrieval heads are known; CPU, no network, 1-2 minutes each):
   vrh detect --model toy:planted --data synthetic:detect:20 --out runs/first --top 5
@@ -1046,8 +1051,9 @@ def _check_inputs(args: argparse.Namespace) -> None:
     where a folder is needed and back, symlink loops, permissions), the paths in data specs, a model folder and
     the device (``meta`` at once; CUDA's presence imports torch, still before the model loads)."""
     from vrh_interp.core import paths
-    from vrh_interp.core.model_source import check_device, check_local_model
+    from vrh_interp.core.model_source import check_device
     from vrh_interp.data.sources import check_paths
+    from vrh_interp.spec_checks import check_model
 
     checks = {"out": paths.output_folder, "file": paths.input_file, "folder": paths.input_folder}
     for option, path, role in _path_options(args):
@@ -1057,11 +1063,47 @@ def _check_inputs(args: argparse.Namespace) -> None:
             checks[role](path, option)
     for option in ("model", "transfer_model"):
         spec = getattr(args, option, None)
-        if spec is None or (option == "transfer_model" and spec in ("", "auto")) or spec.startswith(("toy:", "tiny:")):
+        if spec is None or (option == "transfer_model" and spec in ("", "auto")):
             continue
-        check_local_model(spec)
+        check_model(spec, f"--{option.replace('_', '-')}")  # toy:, tiny: by name; a folder; a hub id: not offline
+    _check_plan(args)
     if getattr(args, "device", None) is not None:
         check_device(args.device)
+
+
+def _check_plan(args: argparse.Namespace) -> None:
+    """The plan-level faults found from the options and the model's ``config.json`` alone (``spec_checks``), before
+    torch: the demo's transfer model equal to its main model, ``vrh sweep``'s k values and ``--vrhs`` heads beyond
+    the model's head grid, and evaluation samples that are detection samples (synthetic specs: ``sweep --data``
+    against the scores file's samples or ``--detect-data``, ``design-space --eval-data`` against ``--data``)."""
+    from vrh_interp import spec_checks
+
+    command = args.command
+    if command == "demo" and args.transfer_model not in (None, "", "auto"):
+        from vrh_interp.toy.names import is_shipped
+
+        main = args.model or ("toy:c" if is_shipped("c") else "toy:a")  # apps.demo.resolve_models' default
+        if args.transfer_model == main:
+            raise ValueError(f"--transfer-model {main!r} is the main model: cross-masking a model with itself says "
+                             "nothing about transfer: pass a second model sharing the backbone, or '' to skip "
+                             "transfer")
+    if command == "sweep":
+        if args.ks is not None:
+            spec_checks.check_ks_fit(args.ks, args.model)
+        if args.vrhs is not None:
+            from vrh_interp.core.published import parse_heads
+
+            spec_checks.check_heads_fit(parse_heads(args.vrhs), args.model, f"--vrhs {args.vrhs}")
+        if args.scores is not None:
+            try:
+                ids = json.loads(Path(args.scores).read_text(encoding="utf-8")).get("sample_ids") or []
+            except (OSError, ValueError, AttributeError):  # not a scores file: HeadScores.load says so
+                ids = []
+            spec_checks.check_scores_disjoint(ids, args.data, f"--scores {args.scores}", "--data")
+        elif _needs_reference_values(args.ablation):
+            spec_checks.check_disjoint_specs(args.detect_data, args.data, "--detect-data", "--data")
+    if command == "design-space":
+        spec_checks.check_disjoint_specs(args.data, args.eval_data, "--data", "--eval-data")
 
 
 def _option_of(filename: Any, args: argparse.Namespace) -> str:

@@ -542,6 +542,41 @@ def check_plan(spec: GridSpec) -> list[Cell]:
     return cells
 
 
+def check_inputs(spec: GridSpec) -> None:
+    """What the cells would meet only after a model loads, refused before (``GridSpecError`` naming the field; no
+    torch imported, ``vrh_interp.spec_checks``): a model spec naming no shipped toy or tiny fixture, or a local folder
+    that is not a model folder (a hub id cannot be checked offline: its cells say), a k above a model's heads where
+    the sweep or transfer cells use the ks, and a benchmark whose synthetic evaluation samples are its detection
+    samples."""
+    from vrh_interp import spec_checks
+
+    uses_ks = "sweep" in spec.experiments or "transfer" in spec.experiments
+    for name, model in spec.models.items():
+        where = f"{_where('models.' + name)}: model ="
+        try:
+            spec_checks.check_model(model.spec, where)
+            if uses_ks:
+                spec_checks.check_ks_fit(spec.options.ks, model.spec, f"{_where('options')}: ks =")
+        except (ValueError, OSError) as error:
+            text = str(error).strip('"')
+            raise GridSpecError(text if text.startswith("GRID.toml") else f"{where} {model.spec!r}: {text}") from None
+    from vrh_interp.data.sources import check_paths
+
+    data = [(f"benchmarks.{n}", key, getattr(b, key), False) for n, b in spec.benchmarks.items() for key in
+            ("detect", "eval")] + [(f"vqa.{n}", "data", b.data, True) for n, b in spec.vqa.items()]
+    for section, key, text, vqa in data:  # the files and folders a data spec names: there and readable
+        try:
+            check_paths(text, f"{_where(section)}: {key} =", vqa=vqa)
+        except (ValueError, OSError) as error:
+            raise GridSpecError(str(error).strip('"')) from None
+    for name, bench in spec.benchmarks.items():
+        section = _where(f"benchmarks.{name}")
+        try:
+            spec_checks.check_disjoint_specs(bench.detect, bench.eval, f"{section}: detect =", f"{section}: eval =")
+        except ValueError as error:
+            raise GridSpecError(str(error)) from None
+
+
 def check_numbers(spec: GridSpec) -> None:
     """Every number of the spec (options, models, patching) finite and >= 0, and ``summary_k`` among the ks: what
     ``parse_grid`` checks field by field, for a ``GridSpec`` made in Python."""
@@ -946,6 +981,7 @@ def run_grid(grid: str | os.PathLike[str] | GridSpec, out: str | os.PathLike[str
     if isinstance(grid, GridSpec):  # parse_grid checked a GRID.toml's
         check_numbers(spec)
     cells = check_plan(spec)
+    check_inputs(spec)
     grid_dir = Path(out)
 
     def log(line: str) -> None:

@@ -16,25 +16,17 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from transformers import (InternVLForConditionalGeneration, LlavaForConditionalGeneration, LlavaProcessor,
-                          PreTrainedModel, ProcessorMixin)
+from vrh_interp.toy.names import CHECKPOINT_ROOT as CHECKPOINT_ROOT  # torch-free: the CLI checks names with them
+from vrh_interp.toy.names import FAMILIES as FAMILIES
+from vrh_interp.toy.names import checkpoint_dir as checkpoint_dir
+from vrh_interp.toy.names import family as family
+from vrh_interp.toy.names import is_shipped as is_shipped
 
-from vrh_interp.toy.configs import FAMILIES, InternVLImageOnlyProcessor, family
-
-CHECKPOINT_ROOT = Path(__file__).resolve().parent / "checkpoints"
-
-
-def checkpoint_dir(name: str) -> Path:
-    if name not in FAMILIES:
-        raise ValueError(f"unknown toy model {name!r}; expected one of {sorted(FAMILIES)}")
-    return CHECKPOINT_ROOT / name
-
-
-def is_shipped(name: str) -> bool:
-    """Whether toy model ``name``'s checkpoint is in this installation (the one test for it)."""
-    return (checkpoint_dir(name) / "model.safetensors").exists()
+if TYPE_CHECKING:  # imported in load: `import vrh_interp.toy` stays torch-free
+    import torch
+    from transformers import PreTrainedModel, ProcessorMixin
 
 
 def weights_sha256(name: str, folder: str | Path | None = None) -> str:
@@ -51,6 +43,11 @@ def load(name: str = "a", device: str | torch.device = "cpu",
     ``folder``: a checkpoint folder of the same family written by the trainer (``RUN/final``, ``RUN/best``)
     instead of the shipped one.
     """
+    import torch
+    from transformers import InternVLForConditionalGeneration, LlavaForConditionalGeneration, LlavaProcessor
+
+    from vrh_interp.toy.configs import InternVLImageOnlyProcessor
+
     path = checkpoint_dir(name) if folder is None else Path(folder)
     if family(name) == "a":
         model_class, processor_class = LlavaForConditionalGeneration, LlavaProcessor

@@ -27,29 +27,13 @@ Head-level study: the language backbone has 4 layers x 8 query heads (head_dim 1
 
 from __future__ import annotations
 
-from typing import Literal
-
 from transformers import InternVLProcessor
 
 from vrh_interp.data.scenes import IMAGE_SIZE
-
-ModelName = Literal["a", "b", "planted", "planted-b", "planted-x", "c", "d"]
-Family = Literal["a", "b"]
-# each toy model's family: its model class, processor, prompt and native box format ("planted", the positive
-# control of docs/results/planted.md, is a LLaVA-class model like "a" with a wider-headed backbone)
-# "c" and "d" are the paper-regime pair (128-head backbone shared by a LLaVA-class and an InternVL-class model);
-# "planted-b" is the planted backbone behind an InternVL-class vision stack (the positive control's transfer pair),
-# "planted-x" the same model with its heads relabelled (the negative transfer control: no index is shared)
-FAMILIES: dict[str, Family] = {"a": "a", "b": "b", "planted": "a", "planted-b": "b", "planted-x": "b", "c": "a",
-                               "d": "b"}
-
-
-def family(name: str) -> Family:
-    """The family (``"a"``: LLaVA class, ``"b"``: InternVL class) of toy model ``name``."""
-    if name not in FAMILIES:
-        raise ValueError(f"unknown toy model {name!r}; expected one of {sorted(FAMILIES)}")
-    return FAMILIES[name]
-
+from vrh_interp.toy.names import FAMILIES as FAMILIES  # re-exported: the toys' names live in the torch-free module
+from vrh_interp.toy.names import Family as Family
+from vrh_interp.toy.names import ModelName as ModelName
+from vrh_interp.toy.names import family as family
 
 PATCH_SIZE = 8
 GRID_SIDE = IMAGE_SIZE // PATCH_SIZE  # 12 visual tokens per row for both models
