@@ -217,6 +217,12 @@ def _write_page(out: Path, measured: dict, grading: pd.DataFrame, summary: pd.Da
         "",
         markdown_table(defined[grade_cols]),
         "",
+        "Designs that miss P: " + ("; ".join(defined.loc[~defined["exact"].astype(bool), "design"]) or "none") + ". "
+        "The presets compute what their sources' released code computes (docs/scoring.md): `localization_heads` "
+        "ranks heads by a spatial entropy that is 0 where the thresholded map is one connected component or empty, "
+        "and on this organism such maps put layer-0 heads first; `ocr_heads` counts the argmax hits of the "
+        "gold-answer tokens' rows on the prompt, which few heads score at all here.",
+        "",
         "## Causal sweep (the claims rules)",
         "",
         f"{int(top['n'])} evaluation items (every referent of eval scenes 0-{EVAL_SCENES - 1}, "
