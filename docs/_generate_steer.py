@@ -6,8 +6,10 @@ Every number on the page is measured here by the library's own code path, ``expe
 (what ``vrh steer`` runs): the heads ranked by the VRH score on detection scenes, then on evaluation scenes with two
 referable objects the top-k, the declared planted heads and decoys, and random / layer-matched / live-head control
 sets redirected onto the other object with a pre-softmax bias alpha (``templates.redirect.HeadRedirect``), the
-activation-patching form beside it, and the ``sufficient`` claim judged by the causal rule at the largest alpha.
-The run folder resumes; the page is never edited by hand.
+activation-patching form beside it, and the ``sufficient`` claim judged by the causal rule at the largest alpha,
+its rank test sequential (up to ``RANK_SETS`` sets of each kind on ``RANK_ITEMS`` items). Then the calibration: the
+same experiment with a random head set of the same size (outside the planted heads and decoys) in the top-k's
+place, which must not hold. The run folders resume; the page is never edited by hand.
 """
 
 from __future__ import annotations
@@ -17,7 +19,10 @@ import shutil
 import time
 from pathlib import Path
 
+import pandas as pd
+
 from vrh_interp.core.provenance import library_versions
+from vrh_interp.evaluation.controls import random_control
 from vrh_interp.experiments.positive_control import declared, load_planted
 from vrh_interp.experiments.steer import claim_line, detect_and_steer
 from vrh_interp.toy import weights_sha256
@@ -27,8 +32,12 @@ HERE = Path(__file__).resolve().parent
 ITEMS = 30
 DETECT_SCENES = 20
 ALPHAS = (0.0, 4.0, 8.0, 16.0)
-SEEDS = range(19)  # the fewest sets per kind whose rank test can reach 0.05 (1 / (S + 1))
-PATCH_SEEDS = 5
+SEEDS = range(5)  # the dose-response sets of each kind (the picture and the effect)
+RANK_SETS = 199  # the sequential rank test's most sets of each kind: p down to 1 / 200
+RANK_ITEMS = 12
+PATCH_SEEDS = 3
+CALIBRATION_SEEDS = range(3)  # random head sets in the top-k's place
+CALIBRATION_ALPHAS = (0.0, 16.0)  # the verdict reads alpha 0 and the claim's alpha only
 
 
 def generate(out: Path) -> Path:
@@ -37,16 +46,34 @@ def generate(out: Path) -> Path:
     planted, decoys = declared()
     k = len(planted)
     result = detect_and_steer(vlm, out, items=ITEMS, detect=DETECT_SCENES, k=k, alphas=ALPHAS, random_seeds=SEEDS,
-                              named={"planted": planted, "decoys": decoys}, patch_seeds=PATCH_SEEDS, batch_size=30,
-                              say=print)
+                              named={"planted": planted, "decoys": decoys}, patch_seeds=PATCH_SEEDS,
+                              rank_sets=RANK_SETS, rank_items=RANK_ITEMS, batch_size=30, say=print)
     elapsed = time.perf_counter() - started
     written = result.write(out)
+    calibration = []
+    for seed in CALIBRATION_SEEDS:
+        heads = random_control(vlm.geometry, planted.union(decoys), k, seed)
+        found = detect_and_steer(vlm, out.parent / f"{out.name}-random-{seed}", items=ITEMS, alphas=CALIBRATION_ALPHAS,
+                                 random_seeds=SEEDS, patching=False, rank_sets=RANK_SETS, rank_items=RANK_ITEMS,
+                                 heads=heads, batch_size=30, say=print)
+        rank, dose = found.rank(), found.dose_response().set_index(["kind", "alpha"])
+        calibration.append({"redirected set (random)": ", ".join(heads.to_list()),
+                            f"moved at alpha {max(ALPHAS):g}": f"{dose.loc[('top', max(ALPHAS)), 'move_rate']:.0%}",
+                            "rank p": "; ".join(f"{r.kind} {r.p:.2g}" for r in rank.itertuples()),
+                            "sets drawn": "; ".join(f"{r.kind} {r.sets}" for r in rank.itertuples()),
+                            "verdict": found.verdict()})
+    elapsed_all = time.perf_counter() - started
     figures = HERE / "results" / "steer-figures"
     figures.mkdir(parents=True, exist_ok=True)
     shutil.copy(written["dose_response.png"], figures / "dose_response.png")
 
     config = result.config
     claim = result.claims().iloc[0]
+    rank = result.rank()
+    rank_ids = config["rank"]["sample_ids"]
+    rank_line = "; ".join(f"{r.kind} {r.p:.2g} after {r.sets} sets ({r.as_many_moved} moved as many)"
+                          for r in rank.itertuples())
+    answers = int((result.records["form"] == "rank").sum())
     dose = result.dose_response()
     patch = result.patching()
     top = config["conditions"][f"top:alpha={max(ALPHAS):g}"]
@@ -68,11 +95,12 @@ def generate(out: Path) -> Path:
         "",
         f"Heads redirected: the top-{k} by the VRH score on {DETECT_SCENES} detection scenes "
         f"({', '.join(top)}; the planted heads are {', '.join(planted.to_list())}, the decoys "
-        f"{', '.join(decoys.to_list())}), against {len(SEEDS)} random, {len(SEEDS)} layer-matched and "
-        f"{len(SEEDS)} live-head sets of {k} heads drawn outside the top-{k} (the sweep's control machinery; the live "
-        f"pool from the head census), each redirected the same way, on {ITEMS} items, alpha in "
-        f"{', '.join(f'{a:g}' for a in ALPHAS)}. The claim is judged at alpha = {max(ALPHAS):g}, the largest of the "
-        "grid, declared before the run.",
+        f"{', '.join(decoys.to_list())}), against control sets of {k} heads drawn outside the top-{k} (random, "
+        "layer-matched and live-head: the sweep's control machinery, the live pool from the head census), each "
+        f"redirected the same way. Dose-response: {ITEMS} items, alpha in {', '.join(f'{a:g}' for a in ALPHAS)}, "
+        f"{len(SEEDS)} sets of each kind. The claim is judged at alpha = {max(ALPHAS):g}, the largest of the grid, "
+        f"declared before the run; its rank test is sequential (below): up to {RANK_SETS} sets of each kind on "
+        f"{len(rank_ids)} fixed items.",
         "",
         "![Dose-response: redirecting the planted heads moves answers to the target; decoys and control sets do "
         "not](steer-figures/dose_response.png)",
@@ -86,6 +114,34 @@ def generate(out: Path) -> Path:
         + (f", live-head sets {at.loc['live', 'move_rate']:.0%}" if "live" in at.index else "") + " (mean over sets).",
         f"- The claim's numbers: {claim['numbers']}.",
         f"- The rule: {claim['rule']}.",
+        "",
+        "## The rank test",
+        "",
+        "Is the top-k more effective than the control sets INCLUDING its own draw? With 19 fixed sets of each kind",
+        "the rank p cannot go below 1/20 = 0.05, so a claim judged at 0.05 would hold only at the floor. The test is",
+        "sequential instead, as the grounding causal claim's (`experiments.designs`): at the declared alpha only,",
+        f"control sets of each kind are drawn in blocks of 20, 40, 80, ... up to {RANK_SETS} (seeds from 500 on,",
+        f"never a dose-response draw) and redirected on {len(rank_ids)} fixed items; a kind stops once 5 of its sets",
+        "moved at least as many answers as the top-k (Besag-Clifford: p = 5 / sets drawn), and each set is answered",
+        "item by item only until its comparison with the top-k is decided (a set that already left more answers",
+        "unmoved than the top-k cannot move as many). The p-value is exactly the full table's.",
+        "",
+        f"- Rank p: {rank_line}; {answers} answers in all (the full table: "
+        f"{int(rank['sets'].sum()) * len(rank_ids) + len(rank_ids)}).",
+        "",
+        markdown_table(rank),
+        "",
+        "## Calibration: a random head set in the top-k's place",
+        "",
+        f"The same experiment with a random set of {k} heads drawn outside the planted heads and decoys redirected",
+        f"in the top-k's place (`vrh steer --heads ...`; alpha 0 and {max(ALPHAS):g} only, the two the verdict reads,",
+        "no patching form): it must never hold. `tests/test_steer.py` runs the same check on the command (3 random",
+        "sets, 8 items) and the rule on simulated tables of known truth (a target exchangeable with the sets holds at",
+        "most at the level; one that moves more than every set holds).",
+        "",
+        f"- Verdicts: {', '.join(row['verdict'] for row in calibration)}.",
+        "",
+        markdown_table(pd.DataFrame(calibration)),
         "",
         "## Dose-response",
         "",
@@ -105,19 +161,20 @@ def generate(out: Path) -> Path:
         "",
         "## Provenance",
         "",
-        f"Measured on `toy:planted` (weights sha256 `{weights_sha256('planted')[:16]}`), CPU, {elapsed:.0f} s on this "
-        "machine, with " + ", ".join(f"{a} {b}" for a, b in library_versions().items()) + ". Run folder: "
-        f"`{out}` (resumable; `records.csv` holds every answer). Regenerate with `python docs/_generate_steer.py`; "
-        "the same experiment on any model: `vrh steer --model MODEL`.",
+        f"Measured on `toy:planted` (weights sha256 `{weights_sha256('planted')[:16]}`), CPU, {elapsed:.0f} s for the "
+        f"experiment and {elapsed_all - elapsed:.0f} s for the calibration on this machine, with "
+        + ", ".join(f"{a} {b}" for a, b in library_versions().items()) + ". Run folders: "
+        f"`{out}` and `{out}-random-N` (resumable; `records.csv` holds every answer). Regenerate with "
+        "`python docs/_generate_steer.py`; the same experiment on any model: `vrh steer --model MODEL`.",
         "",
     ]
     page = HERE / "results" / "steer.md"
     page.write_text("\n".join(lines))
-    print(f"wrote {page} ({elapsed:.0f} s)")
+    print(f"wrote {page} ({elapsed_all:.0f} s)")
     return page
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("runs/steer-results"))
+    parser.add_argument("--out", type=Path, default=Path("runs/steer-page"))
     generate(parser.parse_args().out)

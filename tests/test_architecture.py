@@ -144,6 +144,14 @@ def test_no_import_loops():
         " <-> ".join(component) for component in loops)
 
 
+def test_viz_is_a_leaf_of_the_methods_layer():
+    # results draw themselves through viz (``HeadScores.heatmap``, ``HeadPatchingResult.heatmap`` -> ``viz.plots``);
+    # viz reads layouts from core, never scoring or patching, so those packages and viz form no loop
+    upward = sorted(f"{module} -> {target}" for module, targets in GRAPH.items() if module.startswith("vrh_interp.viz")
+                    for target in targets if target.startswith(("vrh_interp.scoring", "vrh_interp.patching")))
+    assert not upward, "viz imports a package that draws through it: " + ", ".join(upward)
+
+
 @pytest.mark.parametrize("module", ["vrh_interp.core.model", "vrh_interp.apps.cli", "toy_training.train"])
 def test_the_checker_sees_imports(module):
     # guards the test itself: a parser that found no edges would pass everything above

@@ -138,7 +138,7 @@ def test_the_trainer_head_grids_are_its_presets() -> None:
 
 def test_the_toy_head_grids_read_from_config_are_the_loaded_models() -> None:
     """``spec_checks.head_grid`` (no weights) agrees with the loaded model's geometry, for a toy and a tiny model."""
-    from vrh_interp.spec_checks import head_grid
+    from vrh_interp.experiments.spec_checks import head_grid
     from vrh_interp.specs import load_spec
 
     for spec in ("toy:a", "tiny:llava_next_llama3"):

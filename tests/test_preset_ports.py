@@ -6,8 +6,8 @@ The library scores heads from statistics reduced inside the generation (``collec
 own code, re-typed in numpy from the files named below (the commits read are given). Nothing here calls the
 library's aggregation, readout, entropy or elbow code; from the library it takes only what the methods take as
 given: the greedy ids, the answers' IoU, the ground-truth box's visual positions (``VisualLayout.positions_for_box``,
-the key set K_s), the image grid (``collect.grid_block``: the family's real token grid), the gold answer (the box in
-the family's native format) and the stop tokens.
+the key set K_s), the image grid (``VisualLayout.grid_block``: the family's real token grid), the gold answer
+(the box in the family's native format) and the stop tokens.
 
 Sources:
 
@@ -36,7 +36,7 @@ import torch
 
 from tests.reference import eager_attention_maps
 from vrh_interp.data.checks import as_box
-from vrh_interp.scoring.collect import collect_batch, grid_block
+from vrh_interp.scoring.collect import collect_batch
 from vrh_interp.scoring.detect import scores_from_stats
 
 N_SAMPLES = 8
@@ -218,7 +218,7 @@ def find_elbow_point(x: list, y: list):
 
 def _grid_maps(shared, i):
     vlm, samples, stats, batch, ids, maps = shared
-    block = grid_block(batch.layouts[i])  # the family's real grid (rows x cols), not sqrt(N) x sqrt(N)
+    block = batch.layouts[i].grid_block()  # the family's real grid (rows x cols), not sqrt(N) x sqrt(N)
     vis = maps[:, i, :, batch.prompt_length - 1][..., list(block.positions)]  # [L, H, rows * cols]
     return vis.reshape(*vis.shape[:2], block.rows, block.cols)
 

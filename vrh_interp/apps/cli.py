@@ -1053,7 +1053,7 @@ def _check_inputs(args: argparse.Namespace) -> None:
     from vrh_interp.core import paths
     from vrh_interp.core.model_source import check_device
     from vrh_interp.data.sources import check_paths
-    from vrh_interp.spec_checks import check_model
+    from vrh_interp.experiments.spec_checks import check_model
 
     checks = {"out": paths.output_folder, "file": paths.input_file, "folder": paths.input_folder}
     for option, path, role in _path_options(args):
@@ -1076,7 +1076,7 @@ def _check_plan(args: argparse.Namespace) -> None:
     torch: the demo's transfer model equal to its main model, ``vrh sweep``'s k values and ``--vrhs`` heads beyond
     the model's head grid, and evaluation samples that are detection samples (synthetic specs: ``sweep --data``
     against the scores file's samples or ``--detect-data``, ``design-space --eval-data`` against ``--data``)."""
-    from vrh_interp import spec_checks
+    from vrh_interp.experiments import spec_checks
 
     command = args.command
     if command == "demo" and args.transfer_model not in (None, "", "auto"):

@@ -60,9 +60,17 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--items", type=scenes, default=40,
                    help="evaluation items (scenes with two referable objects; the target is the other one)")
     p.add_argument("--detect", type=scenes, default=20, help="detection scenes that rank the heads")
-    p.add_argument("--seeds", type=_seeds, default=",".join(str(s) for s in range(20)),
-                   help="control seeds: one random, one layer-matched and one live-head set each (default 0-19; the "
-                        "rank test needs >= 19 to reach 0.05)")
+    p.add_argument("--seeds", type=_seeds, default="0,1,2,3,4",
+                   help="dose-response control seeds: one random, one layer-matched and one live-head set each, "
+                        "redirected at every alpha (default 0-4; the rank test draws its own sets)")
+    p.add_argument("--rank-sets", type=_at_least(0, 10_000), default=199,
+                   help="the sequential rank test's most control sets per kind at the claim's alpha (drawn in "
+                        "blocks of 20, 40, 80, ...; stopped early once 5 sets move as many answers as the top-k; "
+                        "p reaches 1/(N+1); 0: rank the dose-response sets instead)")
+    p.add_argument("--rank-items", type=scenes, default=12, help="the rank test's fixed items")
+    p.add_argument("--heads", default=None,
+                   help="redirect these heads (e.g. L1H4,L0H3) instead of the detected top-k: no detection pass, "
+                        "k is their number (a random set here is the claim's calibration: it must not hold)")
     p.add_argument("--no-matched", action="store_true", help="leave the layer-matched control out")
     p.add_argument("--no-live", action="store_true", help="leave the live-head control out (no head census)")
     p.add_argument("--no-patching", action="store_true", help="leave the activation-patching form out")
@@ -98,19 +106,24 @@ def cmd_steer(args: argparse.Namespace) -> int:
         planted, decoys = declared()
         named = {"planted": planted, "decoys": decoys}
     say = (lambda _: None) if args.json else (lambda line: print(line, flush=True))
+    heads = vlm.geometry.validate(args.heads, "--heads") if args.heads else None
     result = detect_and_steer(vlm, Path(args.out), items=args.items, detect=args.detect, k=args.k,
                               alphas=args.alphas, random_seeds=args.seeds,
                               matched=not args.no_matched, live=not args.no_live, named=named,
                               patching=not args.no_patching, patch_seeds=args.patch_seeds,
+                              rank_sets=args.rank_sets, rank_items=args.rank_items, heads=heads,
                               batch_size=args.batch_size, max_rows=args.max_rows,
                               say=say)
     written = result.write(Path(args.out))
     if args.json:
         print(json.dumps({"out": args.out, "verdict": result.verdict(), "claim": result.claims().iloc[0].to_dict(),
                           "dose_response": result.dose_response().to_dict(orient="records"),
+                          "rank": result.rank().to_dict(orient="records"),
                           "patching": result.patching().to_dict(orient="records"), "files": written}, default=str))
         return 0
     tables = [("dose-response: share of answers that move to the target / stay / break", result.dose_response()),
+              (f"rank test at alpha {result.config['claim_alpha']:g}: control sets drawn per kind, how many moved as "
+               "many answers as the top-k, p", result.rank()),
               ("activation patching from the target-as-referent run", result.patching())]
     for title, frame in tables:
         if not frame.empty:
@@ -118,6 +131,6 @@ def cmd_steer(args: argparse.Namespace) -> int:
                 print(f"\n{title}\n{frame.to_string(index=False, line_width=100)}")
     print()
     print(claim_line(result))
-    print(f"\nrun folder: {args.out} (records.csv, dose_response.csv, patching.csv, claims.csv, steer.json, "
-          "dose_response.png)")
+    print(f"\nrun folder: {args.out} (records.csv, dose_response.csv, rank.csv, patching.csv, claims.csv, "
+          "steer.json, dose_response.png)")
     return 0

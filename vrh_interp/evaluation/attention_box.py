@@ -12,7 +12,7 @@ family's visual layout, not only a square grid:
 2. **Canvas.** Each visual token covers a rectangle of the original image (``VisualLayout``; tiles, thumbnails,
    non-square grids, padding). The canvas is the rectangle enclosing the blocks read (``blocks="all"``: every
    block, e.g. LLaVA-NeXT's base view and its tiles; ``blocks="grid"``: the layout's whole-image block,
-   ``scoring.collect.grid_block``, the one the spatial-entropy score reads), cut into equal cells no coarser than
+   ``VisualLayout.grid_block``, the one the spatial-entropy score reads), cut into equal cells no coarser than
    the finest token pitch among them. A token's attention is spread over the canvas cells its rectangle overlaps,
    in proportion to the overlap (attention as a density over pixels), so blocks of different pitch add up; on a
    single-block layout the canvas IS the token grid (rows x cols, square or not) and nothing is spread.
@@ -42,7 +42,6 @@ from vrh_interp.core.boxes import Box, InvalidBoxError
 from vrh_interp.core.families.base import VisualBlock, VisualLayout
 from vrh_interp.core.heads import HeadsLike
 from vrh_interp.core.model import VLM, GroundingBatch
-from vrh_interp.scoring.collect import grid_block
 
 QUERIES: tuple[str, ...] = ("last_input", "output")
 COMPONENTS: tuple[str, ...] = ("largest", "peak", "full")
@@ -152,7 +151,7 @@ def paint(layout: VisualLayout, weights: np.ndarray, blocks: str = "all") -> tup
     cells their rectangles overlap."""
     if blocks not in BLOCK_CHOICES:
         raise ValueError(f"blocks={blocks!r} is not one of {', '.join(BLOCK_CHOICES)}")
-    chosen = list(layout.blocks) if blocks == "all" else [grid_block(layout)]
+    chosen = list(layout.blocks) if blocks == "all" else [layout.grid_block()]
     canvas = canvas_for(chosen)
     cx0, cy0, cx1, cy1 = canvas.region
     canvas_x, canvas_y = _spans(cx0, cx1, canvas.cols), _spans(cy0, cy1, canvas.rows)

@@ -544,11 +544,11 @@ def check_plan(spec: GridSpec) -> list[Cell]:
 
 def check_inputs(spec: GridSpec) -> None:
     """What the cells would meet only after a model loads, refused before (``GridSpecError`` naming the field; no
-    torch imported, ``vrh_interp.spec_checks``): a model spec naming no shipped toy or tiny fixture, or a local folder
+    torch imported, ``spec_checks``): a model spec naming no shipped toy or tiny fixture, or a local folder
     that is not a model folder (a hub id cannot be checked offline: its cells say), a k above a model's heads where
     the sweep or transfer cells use the ks, and a benchmark whose synthetic evaluation samples are its detection
     samples."""
-    from vrh_interp import spec_checks
+    from vrh_interp.experiments import spec_checks
 
     uses_ks = "sweep" in spec.experiments or "transfer" in spec.experiments
     for name, model in spec.models.items():

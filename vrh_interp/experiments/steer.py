@@ -40,7 +40,8 @@ two. The dose-response sets (``random_seeds``, a few per kind) draw the picture 
 
 Run folder (resumable): ``manifest.json`` (configuration, conditions and their heads, provenance),
 ``steer_records.jsonl`` (one record per condition and item, the log a rerun resumes from; the rank test's answers
-as form ``rank``, conditions ``rank:KEY``, so a rerun resumes it block by block), the detection pass in
+as form ``rank``, conditions ``rank:KEY``, so a rerun resumes it block by block; a run stopped inside a block is
+read on its complete blocks, ``SteerResult.rank_records``), the detection pass in
 ``detect/``, the census in ``census.csv``; ``steer_from_run`` reads a finished folder into a ``SteerResult``
 (records, dose-response summary, claims table), whose ``write`` leaves CSV / JSON and the dose-response plot.
 """
@@ -72,7 +73,8 @@ RANK_SETS = 199
 RANK_ITEMS = 12
 """The rank test's fixed items (``designs.check_subset``)."""
 RANK_BLOCK = 20
-RESULT_FILES = ("records.csv", "dose_response.csv", "patching.csv", "claims.csv", "steer.json", "dose_response.png")
+RESULT_FILES = ("records.csv", "dose_response.csv", "rank.csv", "patching.csv", "claims.csv", "steer.json",
+                "dose_response.png")
 
 
 @dataclass(frozen=True)
@@ -214,19 +216,97 @@ def _patched_records(vlm: VLM, items: Sequence[SteerItem], kind: str, seed: int 
     return records
 
 
+RANK_FORM = "rank"
+
+
+def rank_sweep(records: pd.DataFrame, k: int) -> Any:
+    """The rank test's answers (rows with ``kind``, ``seed``, ``sample_id``, ``outcome``: the top-k and the control
+    sets at the declared alpha) as the ``sweep.SweepResult`` that ``verdicts.rank_data`` and
+    ``designs.sequential_sets`` read, NOT moving as the "correct" outcome (a set at least as harmful as the top-k
+    moved at least as many answers); None without records."""
+    from vrh_interp.experiments.sweep import Condition, SweepResult
+
+    if records is None or records.empty:
+        return None
+    conditions: dict[str, Condition] = {}
+    keys = []
+    for kind, seed in zip(records["kind"], records["seed"]):
+        condition = Condition(str(kind), k, None if kind == "top" else int(seed), HeadSet())
+        conditions.setdefault(condition.key, condition)
+        keys.append(condition.key)
+    frame = pd.DataFrame({"condition": keys, "sample_id": records["sample_id"].to_list(),
+                          "correct": (records["outcome"] != "move").to_numpy(dtype=float)})
+    frame = frame.drop_duplicates(["condition", "sample_id"]).reset_index(drop=True)
+    return SweepResult(frame, list(conditions.values()), IOU_THRESHOLD, None)
+
+
+Answer = Callable[[Sequence[str], Sequence["SteerCondition"]], list[dict[str, Any]]]
+
+
+def curtailed_moves(ids: Sequence[str], stays: int, sets: Sequence["SteerCondition"],
+                    answer: Answer) -> list[dict[str, Any]]:
+    """The rank test's ``sets`` answered with curtailment (``designs.curtailed_rank``'s order and rule) against a
+    top-k that left ``stays`` of the items ``ids`` unmoved: item by item, the sets whose comparison with it is still
+    open (``designs.comparison_open`` on the answers NOT moved). ``answer(ids, conditions)``: one record per
+    condition and item (``kind``, ``seed``, ``sample_id``, ``outcome``). A set's records stop where its comparison
+    was decided."""
+    from vrh_interp.experiments.designs import comparison_open
+
+    records: list[dict[str, Any]] = []
+    counts = {c.key: 0 for c in sets}
+    open_sets = list(sets)
+    for j, item in enumerate(ids):
+        if not open_sets:
+            break
+        got = answer([item], open_sets)
+        records += got
+        by_key = {(c.kind, c.seed): c.key for c in open_sets}
+        for r in got:
+            counts[by_key[(r["kind"], r["seed"])]] += int(r["outcome"] != "move")
+        left = len(ids) - j - 1
+        open_sets = [c for c in open_sets if comparison_open(counts[c.key], stays, left)]
+    return records
+
+
+def steer_rank_test(ids: Sequence[str], target: "SteerCondition",
+                    draw: Callable[[list[int], set[str]], list["SteerCondition"]], kinds: Sequence[str],
+                    answer: Answer, *, total: int = RANK_SETS, first_seed: int | None = None,
+                    block: int = RANK_BLOCK, h: int | None = None, folder: Path = Path(".")) -> pd.DataFrame:
+    """The sequential rank test of the redirected top-k (module doc): ``designs.sequential_sets`` over the control
+    ``kinds``, each block's sets ``draw(seeds, running kinds)`` answered by ``curtailed_moves`` on ``ids``. Returns
+    every answer it read (``answer`` resumes from the run's log, so a rerun draws the same blocks)."""
+    from vrh_interp.experiments.designs import RANK_H, SCENE_SEEDS, sequential_sets
+
+    k = len(target.heads)
+    records = list(answer(list(ids), [target]))  # the top-k on every item first
+    stays = sum(r["outcome"] != "move" for r in records)
+
+    def answer_block(seeds: list[int], running: set[str], _folder: Path) -> dict[str, Any]:
+        records.extend(curtailed_moves(ids, stays, draw(seeds, running), answer))
+        return {"steer": rank_sweep(pd.DataFrame(records), k)}
+
+    sequential_sets([("steer", kind) for kind in kinds], answer_block, folder, k=k, target="top", total=total,
+                    first=SCENE_SEEDS if first_seed is None else first_seed, block=block,
+                    h=RANK_H if h is None else h)
+    return pd.DataFrame(records).drop_duplicates(["condition", "sample_id"]).reset_index(drop=True)
+
+
 def run_steer(vlm: VLM, items: Sequence[SteerItem], ranking: HeadSet, out: str | Path, *, k: int = 3,
-              alphas: Sequence[float] = ALPHAS, random_seeds: Sequence[int] = range(10), matched: bool = True,
+              alphas: Sequence[float] = ALPHAS, random_seeds: Sequence[int] = DOSE_SEEDS, matched: bool = True,
               live: HeadSet | None = None, named: Mapping[str, HeadSet] | None = None, patching: bool = True,
-              patch_seeds: int = 5, batch_size: int = 32, max_rows: int = 512, max_new_tokens: int = ANSWER_TOKENS,
-              extra_config: Mapping[str, Any] | None = None,
+              patch_seeds: int = 5, rank_sets: int = RANK_SETS, rank_items: int = RANK_ITEMS, batch_size: int = 32,
+              max_rows: int = 512, max_new_tokens: int = ANSWER_TOKENS, extra_config: Mapping[str, Any] | None = None,
               say: Callable[[str], None] = lambda _: None) -> "SteerResult":
-    """Run (or resume) the redirection experiment into ``out`` (module doc) and read it back. ``patch_seeds``: the
-    patching form runs the top-k, the named sets and the control sets of the first ``patch_seeds`` seeds (it is
-    shown beside the claim, not judged)."""
+    """Run (or resume) the redirection experiment into ``out`` (module doc) and read it back. ``random_seeds``: the
+    dose-response control sets of each kind; ``rank_sets`` / ``rank_items``: the sequential rank test's most sets
+    per kind and its items (``rank_sets=0``: none, the rank test then reads the dose-response sets).
+    ``patch_seeds``: the patching form runs the top-k, the named sets and the control sets of the first
+    ``patch_seeds`` seeds (it is shown beside the claim, not judged)."""
     from vrh_interp.core.backends.base import check_supported
     from vrh_interp.core.backends.select import backend_type
     from vrh_interp.core.provenance import model_provenance
     from vrh_interp.core.runs import RunFolder
+    from vrh_interp.experiments.designs import RANK_H, SCENE_SEEDS, check_subset
 
     check_supported(backend_type(vlm), operations=["steering"] + (["patching"] if patching else []))
     if not items:
@@ -244,10 +324,13 @@ def run_steer(vlm: VLM, items: Sequence[SteerItem], ranking: HeadSet, out: str |
               "conditions": {c.key: c.heads.to_list() for c in conditions}, "patching": patching,
               "patch_seeds": patch_seeds if patching else 0,
               "named_sets": {name: heads.to_list() for name, heads in (named or {}).items()},
+              "rank": {"sets": rank_sets, "block": RANK_BLOCK, "h": RANK_H, "first_seed": SCENE_SEEDS,
+                       "sample_ids": [i.item_id for i in check_subset(items, rank_items)] if rank_sets else []},
               **dict(extra_config or {})}
     folder = RunFolder(out, config)
     log = STEER.open_log(folder)
-    done = {(r["condition"], r["sample_id"]) for r in log.read()}
+    stored = log.read()
+    done = {(r["condition"], r["sample_id"]) for r in stored}
     started = time.perf_counter()
     per_pass = max(1, max_rows // max(1, min(batch_size, len(items))))
     for start in range(0, len(items), batch_size):
@@ -258,6 +341,12 @@ def run_steer(vlm: VLM, items: Sequence[SteerItem], ranking: HeadSet, out: str |
             for records in _redirected_answers(vlm, chunk, part, max_new_tokens=max_new_tokens):
                 log.append(r for r in records if (r["condition"], r["sample_id"]) not in done)
         say(f"redirected items {start + 1}-{start + len(chunk)} of {len(items)} under {len(conditions)} conditions "
+            f"({time.perf_counter() - started:.0f} s)")
+    if rank_sets > 0:
+        _rank_step(vlm, items, ranking[:k], float(max(alphas)), config["rank"]["sample_ids"], log,
+                   [r for r in stored if r.get("form") == RANK_FORM], total=rank_sets, matched=matched, live=live,
+                   max_rows=max_rows, max_new_tokens=max_new_tokens, folder=Path(out))
+        say(f"rank test at alpha {max(alphas):g} on {len(config['rank']['sample_ids'])} items "
             f"({time.perf_counter() - started:.0f} s)")
     if patching:
         for name, (seed, heads) in sets.items():
@@ -270,6 +359,43 @@ def run_steer(vlm: VLM, items: Sequence[SteerItem], ranking: HeadSet, out: str |
         say(f"patched the {len(sets)} head sets from the target-as-referent runs "
             f"({time.perf_counter() - started:.0f} s)")
     return steer_from_run(out)
+
+
+def _rank_step(vlm: VLM, items: Sequence[SteerItem], top: HeadSet, alpha: float, ids: Sequence[str], log: Any,
+               stored: Sequence[dict[str, Any]], *, total: int, matched: bool, live: HeadSet | None, max_rows: int,
+               max_new_tokens: int, folder: Path) -> pd.DataFrame:
+    """``steer_rank_test`` with the model: the top-k and the control sets (``sweep.control_conditions``, drawn outside
+    the top-k as the dose-response sets are) redirected at ``alpha`` on the items ``ids``, answers read from the
+    ``log`` where there (``stored``) and generated (one pass per item and chunk of ``max_rows`` sets) where not."""
+    from vrh_interp.experiments.sweep import control_conditions
+
+    known = {(r["condition"], r["sample_id"]): r for r in stored}
+    by_id = {i.item_id: i for i in items}
+    k = len(top)
+
+    def answer(wanted: Sequence[str], conditions: Sequence[SteerCondition]) -> list[dict[str, Any]]:
+        todo = [c for c in conditions if any((f"{RANK_FORM}:{c.key}", i) not in known for i in wanted)]
+        chunk = [by_id[i] for i in wanted]
+        per_pass = max(1, max_rows // len(chunk))
+        for first in range(0, len(todo), per_pass):
+            new = []
+            for records in _redirected_answers(vlm, chunk, todo[first:first + per_pass], max_new_tokens=max_new_tokens):
+                for r in records:
+                    key = (f"{RANK_FORM}:{r['condition']}", r["sample_id"])
+                    if key not in known:
+                        known[key] = {**r, "form": RANK_FORM, "condition": key[0]}
+                        new.append(known[key])
+            log.append(new)
+        return [known[(f"{RANK_FORM}:{c.key}", i)] for c in conditions for i in wanted]
+
+    def draw(seeds: list[int], running: set[str]) -> list[SteerCondition]:
+        found = control_conditions(vlm.geometry, top, k, top, seeds, matched="matched" in running,
+                                   live=live if "live" in running else None)
+        return [SteerCondition(c.kind, c.seed, c.heads, alpha) for c in found if c.kind in running]
+
+    kinds = ["random", *(["matched"] if matched else []), *(["live"] if live is not None else [])]
+    return steer_rank_test(list(ids), SteerCondition("top", None, top, alpha), draw, kinds, answer, total=total,
+                           folder=folder)
 
 
 # ----------------------------------------------------------------------------------------------- reading a run
@@ -312,9 +438,54 @@ class SteerResult:
         return pd.DataFrame([{k: v for k, v in _rates(part[part["kind"] == kind], kind, 0.0).items() if k != "alpha"}
                              for kind in kinds])
 
+    def rank_records(self) -> pd.DataFrame:
+        """The rank test's answers in its complete blocks: a run stopped inside a block (a set whose comparison with
+        the top-k is still open, ``designs.comparison_open``) leaves that block and later ones out, since an
+        unanswered item would read as not moved (``verdicts.rank_data``); a rerun resumes them."""
+        from vrh_interp.experiments.designs import comparison_open, rank_blocks
+
+        rank = self.records[self.records["form"] == RANK_FORM]
+        setup = self.config.get("rank") or {}
+        if rank.empty or not setup:
+            return rank
+        items = len(setup["sample_ids"])
+        top = rank[rank["kind"] == "top"]
+        if top["sample_id"].nunique() < items:
+            return rank.iloc[0:0]
+        stays = int((top["outcome"] != "move").sum())
+        sets = rank[rank["kind"] != "top"]
+        offsets = [int(seed) - int(setup["first_seed"]) for (_, seed), part in sets.groupby(["kind", "seed"])
+                   if comparison_open(int((part["outcome"] != "move").sum()), stays, items - len(part))]
+        if not offsets:
+            return rank
+        cut = next(start for start, stop in rank_blocks(int(setup["sets"]), int(setup["block"]))
+                   if start <= min(offsets) < stop)
+        return rank[(rank["kind"] == "top") | (rank["seed"].astype(float) < int(setup["first_seed"]) + cut)]
+
+    def rank(self) -> pd.DataFrame:
+        """Per control kind of the sequential rank test (module doc): the sets drawn, how many moved at least as
+        many answers as the top-k, its p-value and the items; empty without a rank test."""
+        from vrh_interp.evaluation.inference import sequential_rank_p
+        from vrh_interp.experiments.designs import RANK_H
+        from vrh_interp.experiments.verdicts import rank_data
+
+        rows, sweep = [], rank_sweep(self.rank_records(), int(self.config["k"]))
+        h = int(self.config.get("rank", {}).get("h", RANK_H))
+        for kind in ("random", "matched", "live"):
+            ranked = rank_data(sweep, int(self.config["k"]), kind, "zero", "top", IOU_THRESHOLD)
+            if ranked is None:
+                continue
+            p, used = sequential_rank_p(*ranked, h=h)
+            rows.append({"kind": kind, "sets": len(ranked[1]), "used": used,
+                         "as_many_moved": int(np.sum(ranked[1][:used] <= ranked[0])), "p": p,
+                         "items": int(sweep.records["sample_id"].nunique()), "top_move_rate": 1 - ranked[0]})
+        return pd.DataFrame(rows)
+
     def evidence(self) -> Any:
         """Evidence for ``sufficient`` at the declared alpha (module doc); None without control sets."""
         from vrh_interp.evaluation.claims import CLAIMS, causal_test, intersection
+        from vrh_interp.experiments.designs import RANK_H
+        from vrh_interp.experiments.verdicts import rank_data
 
         alpha = float(self.config["claim_alpha"])
         red = self.records[self.records["form"] == "redirect"]
@@ -327,19 +498,29 @@ class SteerResult:
         base = not_moved(red[red["condition"] == "baseline:alpha=0"])
         at = red[red["alpha"] == alpha]
         top = not_moved(at[at["kind"] == "top"])
-        parts, moved = {}, {}
+        k = int(self.config["k"])
+        sweep = rank_sweep(self.rank_records(), k)
+        h = int(self.config.get("rank", {}).get("h", RANK_H))
+        parts, moved, ranks = {}, {}, []
         for kind in ("random", "matched", "live"):
             sets = at[at["kind"] == kind]
             if sets.empty:
                 continue
             controls = np.stack([not_moved(s) for _, s in sets.groupby("seed", sort=True)])
-            parts[kind] = causal_test(base, top, controls, minimum=CLAIMS["sufficient"].minimum)
+            ranked = rank_data(sweep, k, kind, "zero", "top", IOU_THRESHOLD)
+            parts[kind] = causal_test(base, top, controls, minimum=CLAIMS["sufficient"].minimum, rank=ranked,
+                                      rank_h=h)
             moved[kind] = 1 - float(controls.mean())
+            drawn = len(ranked[1]) if ranked is not None else len(controls)
+            ranks.append(f"{kind} {parts[kind].parts['special']:.2g} ({drawn} sets)")
         if not parts:
             return None
         rates = "; ".join(f"{kind} {rate:.3f}" for kind, rate in moved.items())
-        numbers = (f"alpha {alpha:g}, {len(ids)} items: moved to the target: top-{self.config['k']} "
-                   f"{1 - float(top.mean()):.3f} vs alpha 0 {1 - float(base.mean()):.3f}; control sets (mean) {rates}")
+        where = (f"sequential, on {sweep.records['sample_id'].nunique()} items" if sweep is not None
+                 else "on the dose-response sets")
+        numbers = (f"alpha {alpha:g}, {len(ids)} items: moved to the target: top-{k} "
+                   f"{1 - float(top.mean()):.3f} vs alpha 0 {1 - float(base.mean()):.3f}; control sets (mean) {rates}; "
+                   f"rank p ({where}) {'; '.join(ranks)}")
         return intersection(parts, numbers)
 
     def claims(self) -> pd.DataFrame:
@@ -366,7 +547,8 @@ class SteerResult:
         folder.mkdir(parents=True, exist_ok=True)
         written = {}
         for name, frame in (("records.csv", self.records), ("dose_response.csv", self.dose_response()),
-                            ("patching.csv", self.patching()), ("claims.csv", self.claims())):
+                            ("rank.csv", self.rank()), ("patching.csv", self.patching()),
+                            ("claims.csv", self.claims())):
             frame.to_csv(folder / name, index=False)
             written[name] = str(folder / name)
         from vrh_interp.core.provenance import library_versions, now_utc
@@ -375,6 +557,7 @@ class SteerResult:
                    "provenance": {"model": self.config.get("model"), "versions": library_versions(),
                                   "written": now_utc()},
                    "dose_response": self.dose_response().to_dict(orient="records"),
+                   "rank": self.rank().to_dict(orient="records"),
                    "patching": self.patching().to_dict(orient="records"),
                    "config": {k: v for k, v in self.config.items() if k not in ("sample_ids", "target_ids")}}
         (folder / "steer.json").write_text(json.dumps(summary, indent=1, default=_json_value) + "\n")
@@ -423,34 +606,46 @@ def steer_from_run(run_dir: str | Path) -> SteerResult:
 
 
 def detect_and_steer(vlm: VLM, out: str | Path, *, items: int = 40, detect: int = 20, k: int = 3,
-                     alphas: Sequence[float] = ALPHAS, random_seeds: Sequence[int] = range(10), matched: bool = True,
+                     alphas: Sequence[float] = ALPHAS, random_seeds: Sequence[int] = DOSE_SEEDS, matched: bool = True,
                      live: bool = True, named: Mapping[str, HeadSet] | None = None, patching: bool = True,
-                     patch_seeds: int = 5, split: str = "eval", difficulty: int = 1, batch_size: int = 32,
+                     patch_seeds: int = 5, rank_sets: int = RANK_SETS, rank_items: int = RANK_ITEMS,
+                     heads: HeadSet | None = None, split: str = "eval", difficulty: int = 1, batch_size: int = 32,
                      max_rows: int = 512,
                      say: Callable[[str], None] = lambda _: None) -> SteerResult:
     """The whole experiment on synthetic scenes: score every head on ``detect`` detection scenes (the library's
     default design; kept in ``out/detect``), take the top ``k``, draw the controls (the live pool from the head
-    census, kept in ``out/census.csv``) and run ``run_steer`` on ``items`` evaluation items."""
+    census, kept in ``out/census.csv``) and run ``run_steer`` on ``items`` evaluation items. ``heads``: redirect
+    these instead of the detected top-k (no detection pass; k is their number): the calibration, a random set in
+    the top-k's place, must not read "holds"."""
     from vrh_interp.core.provenance import model_provenance
+    from vrh_interp.core.runs import lock_run_folder
     from vrh_interp.data.sources import synthetic_samples
     from vrh_interp.evaluation.census import live_pool
     from vrh_interp.scoring.detect import collect_detection_stats, scores_from_stats
 
     out = Path(out)
-    detection = synthetic_samples("detect", detect)
-    stats = collect_detection_stats(vlm, detection, batch_size=batch_size, max_new_tokens=ANSWER_TOKENS,
-                                    run_dir=out / "detect", dataset=f"synthetic:detect:{detect}", progress=False)
-    scores = scores_from_stats(stats, "vrh", {"model": model_provenance(vlm),
-                                              "sample_ids": [s.sample_id for s in detection]})
-    ranking = scores.ranking()
-    say(f"top-{k} by the VRH score on {len(detection)} detection scenes: {', '.join(ranking[:k].to_list())}")
+    lock = lock_run_folder(out)  # a run folder from the start: the census may write into it before the manifest
+    if heads is not None:
+        ranking = vlm.geometry.validate(heads)
+        k, source = len(ranking), "given"
+        say(f"redirecting the given heads {', '.join(ranking.to_list())} in the top-k's place")
+    else:
+        detection = synthetic_samples("detect", detect)
+        stats = collect_detection_stats(vlm, detection, batch_size=batch_size, max_new_tokens=ANSWER_TOKENS,
+                                        run_dir=out / "detect", dataset=f"synthetic:detect:{detect}", progress=False)
+        scores = scores_from_stats(stats, "vrh", {"model": model_provenance(vlm),
+                                                  "sample_ids": [s.sample_id for s in detection]})
+        ranking, source = scores.ranking(), f"synthetic:detect:{detect}"
+        say(f"top-{k} by the VRH score on {len(detection)} detection scenes: {', '.join(ranking[:k].to_list())}")
     chosen = steer_items(split, items, difficulty)
     pool = live_pool(vlm, [i.sample for i in chosen], ranking, k, out, say=say)[1] if live else None
-    return run_steer(vlm, chosen, ranking, out, k=k, alphas=alphas, random_seeds=random_seeds, matched=matched,
-                     live=pool, named=named, patching=patching, patch_seeds=patch_seeds, batch_size=batch_size,
-                     max_rows=max_rows,
-                     extra_config={"detect": f"synthetic:detect:{detect}", "data": f"synthetic:{split}:{difficulty}",
-                                   "live_pool": None if pool is None else pool.to_list()}, say=say)
+    result = run_steer(vlm, chosen, ranking, out, k=k, alphas=alphas, random_seeds=random_seeds, matched=matched,
+                       live=pool, named=named, patching=patching, patch_seeds=patch_seeds, rank_sets=rank_sets,
+                       rank_items=rank_items, batch_size=batch_size, max_rows=max_rows,
+                       extra_config={"detect": source, "data": f"synthetic:{split}:{difficulty}",
+                                     "live_pool": None if pool is None else pool.to_list()}, say=say)
+    del lock
+    return result
 
 
 def claim_line(result: SteerResult) -> str:

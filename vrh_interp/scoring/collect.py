@@ -33,7 +33,7 @@ import torch
 from vrh_interp.core.backends.base import Backend
 from vrh_interp.core.backends.select import backend_for
 from vrh_interp.core.boxes import Box, BoxParseFailure
-from vrh_interp.core.families.base import VisualBlock, VisualLayout
+from vrh_interp.core.families.base import VisualLayout
 from vrh_interp.core.model import VLM, GroundingBatch
 from vrh_interp.data.checks import GroundingSampleLike, as_box
 from vrh_interp.core.templates.ablation import HeadAblation
@@ -83,18 +83,6 @@ def _input_rows(batch: GroundingBatch) -> tuple[torch.Tensor, torch.Tensor]:
         index[i, :count] = torch.arange(start, s)
         valid[i, :count] = True
     return index, valid
-
-
-def grid_block(layout: VisualLayout) -> VisualBlock:
-    """The block used for spatial maps: the one covering the whole image with the most tokens."""
-    width, height = layout.image_size
-
-    def covers(block: VisualBlock) -> bool:
-        x0, y0, x1, y1 = block.region
-        return x0 <= 0.5 and y0 <= 0.5 and x1 >= width - 0.5 and y1 >= height - 0.5
-
-    candidates = [b for b in layout.blocks if covers(b)] or list(layout.blocks)
-    return max(candidates, key=lambda b: b.rows * b.cols)
 
 
 def negative_spatial_entropy(grid: np.ndarray) -> float:
@@ -236,7 +224,8 @@ def _per_grid(parts: _Components, values: np.ndarray, count: int):
 
 @dataclass
 class GridScores:
-    """Per sample ``[L, H]`` values of the last prompt row's attention over the image grid (``grid_block``)."""
+    """Per sample ``[L, H]`` values of the last prompt row's attention over the image grid
+    (``VisualLayout.grid_block``)."""
 
     neg_entropy: np.ndarray  # minus the cell-count spatial entropy (``negative_spatial_entropies``)
     neg_entropy_mass: np.ndarray  # minus the released code's mass-weighted one (``released_negative_...``)
@@ -248,7 +237,7 @@ def _entropies(last_rows: torch.Tensor, layouts: Sequence[VisualLayout]) -> list
     gather and one vectorised call)."""
     by_shape: dict[tuple[int, int], list[tuple[int, tuple[int, ...]]]] = {}
     for i, layout in enumerate(layouts):
-        block = grid_block(layout)
+        block = layout.grid_block()
         by_shape.setdefault((block.rows, block.cols), []).append((i, block.positions))
     out: list[GridScores] = [GridScores(np.empty(0), np.empty(0), np.empty(0))] * len(layouts)
     for (rows, cols), items in by_shape.items():

@@ -157,7 +157,7 @@ PRESETS: dict[str, Preset] = {
                "components weighted by relu mass; frequency in per-sample top-10",
                "the elbow cuts by attention-sum value, not by flat head index (the code's issue #12 is not copied); "
                "the per-sample top-10 frequency is the paper's (the code ranks one sample and stops); the grid is the "
-               "family's real token grid (collect.grid_block), not sqrt(N) x sqrt(N); entropies in float64 (the "
+               "family's real token grid (VisualLayout.grid_block), not sqrt(N) x sqrt(N); entropies in float64 (the "
                "code: the map's dtype); the bottom-row-focus flag the code records is not used (it ranks by entropy "
                "alone)"),
         Preset("localization_heads_paper", ScoringDesign("last_input", "entropy", "freq", freq_top_k=10,

@@ -20,7 +20,6 @@ from vrh_interp.core.families.base import VisualBlock
 from vrh_interp.core.heads import HeadSet
 from vrh_interp.core.model import VLM
 from vrh_interp.data.checks import GroundingSampleLike, as_box
-from vrh_interp.scoring.collect import grid_block
 
 
 @dataclass
@@ -61,7 +60,7 @@ def prediction_overlays(vlm: VLM, sample: GroundingSampleLike, vrhs: HeadSet, *,
         vrh_mask[head.layer, head.head] = True
     subsets = {"all heads": torch.ones_like(vrh_mask), "VRHs": vrh_mask, "all heads except VRHs": ~vrh_mask}
     layout = batch.layouts[0]
-    block = grid_block(layout)
+    block = layout.grid_block()
     positions = torch.tensor(block.positions)
     overlays = []
     for name, mask in subsets.items():

@@ -113,6 +113,18 @@ class VisualLayout:
             found.update(block.positions_for_box(box))
         return sorted(found)
 
+    def grid_block(self) -> VisualBlock:
+        """The block spatial maps are read on (the spatial-entropy score, attention boxes, overlays): the one
+        covering the whole image with the most tokens (a tiled layout's global grid, not a tile)."""
+        width, height = self.image_size
+
+        def covers(block: VisualBlock) -> bool:
+            x0, y0, x1, y1 = block.region
+            return x0 <= 0.5 and y0 <= 0.5 and x1 >= width - 0.5 and y1 >= height - 0.5
+
+        candidates = [b for b in self.blocks if covers(b)] or list(self.blocks)
+        return max(candidates, key=lambda b: b.rows * b.cols)
+
 
 @dataclass(frozen=True)
 class BoxFrame:
