@@ -698,7 +698,7 @@ START_HERE = """start here (a shipped toy whose retrieval heads are known; CPU, 
   vrh report runs/first-sweep
 then the same on your own model: --model Qwen/Qwen2.5-VL-3B-Instruct (a hub id) or a folder,
 --data jsonl:PATH or refcoco:ROOT (docs/datasets.md).
-The whole pipeline at fixed sizes (no clock in any verdict; ~17 minutes on a busy 2-core
+The whole pipeline at fixed sizes (no clock in any verdict; ~3 minutes on a quiet 2-core
 machine): vrh demo"""
 
 
