@@ -366,7 +366,7 @@ def no_training(trainer, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--threads", "0"], "argument --threads: 0 is out of range: use a whole number from 1 to 1024"),
+    (["--threads", "0"], "argument --threads: 0 is too small: use a whole number from 1 to 1024"),
     (["--threads", "two"], "argument --threads: 'two' is not a whole number"),
     ([], "--out is required to train: the run folder"),
     (["--out", ""], "argument --out: an empty path: name a folder"),
@@ -380,10 +380,10 @@ def no_training(trainer, monkeypatch: pytest.MonkeyPatch) -> None:
     (["--head-dropout", "1"], "argument --head-dropout: 1 is out of range"),
     (["--warm-start", "CKPT", "--revive-floor", "inf"], "argument --revive-floor: inf is out of range"),
     (["--warm-start", "CKPT", "--revive-floor", "-0.1"], "argument --revive-floor: -0.1 is out of range"),
-    (["--steps", "-1"], "argument --steps: -1 is out of range: use a whole number >= 0"),
-    (["--vision-steps", "-5"], "argument --vision-steps: -5 is out of range"),
-    (["--eval-every", "0"], "argument --eval-every: 0 is out of range: use a whole number >= 1"),
-    (["--seed", "-1"], "argument --seed: -1 is out of range"),
+    (["--steps", "-1"], "argument --steps: -1 is too small: use a whole number >= 0"),
+    (["--vision-steps", "-5"], "argument --vision-steps: -5 is too small"),
+    (["--eval-every", "0"], "argument --eval-every: 0 is too small: use a whole number >= 1"),
+    (["--seed", "-1"], "argument --seed: -1 is too small"),
     (["--split-heads", "L1H1"], "--split-heads need --warm-start"),
     (["--warm-start", "CKPT", "--split-heads", "7,12"], "--split-heads: cannot parse '7' as a head"),
     (["--model", "c", "--warm-start", "CKPT", "--share-attention", "9:6"],
@@ -431,7 +431,7 @@ def test_trainer_refuses_before_torch_loads() -> None:
              "atexit.register(lambda: print('TORCH=' + str('torch' in sys.modules), file=sys.stderr))\n"
              "sys.argv = ['train', *sys.argv[1:]]\n"
              "runpy.run_module('toy_training.train', run_name='__main__', alter_sys=True)\n")
-    for argv, message in ((["--threads", "0", "--out", "X"], "argument --threads: 0 is out of range"),
+    for argv, message in ((["--threads", "0", "--out", "X"], "argument --threads: 0 is too small"),
                           (["--tower-lr-scale", "nan", "--out", "X"], "--tower-lr-scale: nan is not a finite number"),
                           ([], "--out is required to train")):
         done = subprocess.run([sys.executable, "-c", probe, *argv], cwd=ROOT, capture_output=True, text=True,

@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from vrh_interp.apps.argtypes import whole_number
+
 PROG = "python -m toy_training.train"
 DESCRIPTION = "Train a toy grounding VLM on CPU: dense vision pretraining, then grounding fine-tuning."
 MODEL_NAMES = ("a", "b", "c", "d", "planted", "planted-b", "planted-x")  # train.MODEL_PRESETS' keys (a test checks)
@@ -46,20 +48,6 @@ class _Parser(argparse.ArgumentParser):
         """One line on stderr and exit status 2 (argparse's own error prints the whole 12-line usage first)."""
         print(f"{self.prog}: error: {message} (--help lists the options)", file=sys.stderr)
         raise CommandLineError(message)
-
-
-def _whole(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
-    """argparse type: a whole number in [``minimum``, ``maximum``]."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a whole number") from None
-        if value < minimum or (maximum is not None and value > maximum):
-            bounds = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
-            raise argparse.ArgumentTypeError(f"{value} is out of range: use a whole number {bounds}")
-        return value
-    return parse
 
 
 def _number(low: float, high: float, *, above_low: bool = False, below_high: bool = False,
@@ -124,10 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", choices=MODEL_NAMES, default="a")
     parser.add_argument("--out", type=_folder, help="run folder (training; required to train)")
     parser.add_argument("--resume", action="store_true")
-    parser.add_argument("--steps", type=_whole(0), default=None, help="grounding (stage-2) steps")
-    parser.add_argument("--vision-steps", type=_whole(0), default=None, help="dense vision pretraining (stage-1) steps")
-    parser.add_argument("--seed", type=_whole(0), default=0)
-    parser.add_argument("--eval-every", type=_whole(1), default=None)
+    parser.add_argument("--steps", type=whole_number(0), default=None, help="grounding (stage-2) steps")
+    parser.add_argument("--vision-steps", type=whole_number(0), default=None,
+                        help="dense vision pretraining (stage-1) steps")
+    parser.add_argument("--seed", type=whole_number(0), default=0)
+    parser.add_argument("--eval-every", type=whole_number(1), default=None)
     parser.add_argument("--init-backbone", default=None,
                         help="trained toy checkpoint folder whose language backbone initialises this model")
     parser.add_argument("--warm-start", default=None,
@@ -185,7 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tower-lr-scale", type=_finite, default=None,
                         help="stage 2 also trains the vision tower, at this fraction of the grounding learning rate "
                              "(>= 0; default 0: the tower stays frozen after stage 1)")
-    parser.add_argument("--threads", type=_whole(1, MAX_THREADS), default=2,
+    parser.add_argument("--threads", type=whole_number(1, MAX_THREADS), default=2,
                         help="torch CPU threads (1 each when two runs share 2 cores)")
     return parser
 

@@ -20,6 +20,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, NoReturn, Sequence
 
+from vrh_interp.apps.argtypes import whole_number
 from vrh_interp.core.runs import write_atomic
 
 if TYPE_CHECKING:  # imported where used: `vrh --help` must not pay for pandas, torch, transformers
@@ -119,26 +120,13 @@ def _shard(text: str) -> Any:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
-def _int_at_least(minimum: int) -> Any:
-    """argparse type: a whole number >= ``minimum`` (``--top -5`` is an error, not "all but five")."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a whole number") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{value} is too small: use a whole number >= {minimum}")
-        return value
-    return parse
-
-
-_positive_int, _non_negative_int = _int_at_least(1), _int_at_least(0)
+_positive_int, _non_negative_int = whole_number(1), whole_number(0)
 
 
 def _scene_count(minimum: int) -> Any:
     """argparse type: a number of synthetic scenes, ``minimum`` .. ``sources.MAX_SYNTHETIC_SCENES`` (scenes are
     rendered eagerly: an unbounded count would run without end)."""
-    at_least = _int_at_least(minimum)
+    at_least = whole_number(minimum)
 
     def parse(text: str) -> int:
         from vrh_interp.data.sources import MAX_SYNTHETIC_SCENES

@@ -16,6 +16,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from vrh_interp.apps.argtypes import whole_number
+
 COMPONENTS = ("largest", "peak", "full")  # evaluation.attention_box.COMPONENTS (not imported: it loads torch)
 BLOCKS = ("all", "grid")
 QUERIES = ("last_input", "output")
@@ -46,12 +48,6 @@ def _threshold(text: str) -> str:
     return text
 
 
-def _positive(text: str) -> int:
-    if not (text.isascii() and text.isdigit() and len(text) < 10 and int(text) >= 1):
-        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a whole number >= 1")
-    return int(text)
-
-
 def add_options(p: argparse.ArgumentParser) -> None:
     """``vrh localize``'s own options (``apps.cli._localize_parser`` adds the shared ones)."""
     p.set_defaults(data="synthetic:eval:40", out="runs/localize")
@@ -62,7 +58,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="vrh",
                    help="without --heads or --scores: the scoring preset of the detection run here (vrh, "
                         "localization_heads, ...)")
-    p.add_argument("--k", type=_positive, default=3, help="how many top-scored heads form the set")
+    p.add_argument("--k", type=whole_number(1), default=3, help="how many top-scored heads form the set")
     p.add_argument("--detect-data", dest="detection_data", default="synthetic:detect:40",
                    help="without --heads or --scores: the detection samples (disjoint from --data)")
     p.add_argument("--sigma", type=_sigma, default=1.0, help="Gaussian smoothing of the attention map, in cells")

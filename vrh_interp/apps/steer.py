@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+
+from vrh_interp.apps.argtypes import whole_number
 
 
 def _alphas(text: str) -> tuple[float, ...]:
@@ -23,19 +24,6 @@ def _alphas(text: str) -> tuple[float, ...]:
         raise argparse.ArgumentTypeError(f"alphas must be distinct finite numbers >= 0 and include 0 (the "
                                          f"unsteered run), got {text!r}")
     return values
-
-
-def _at_least(minimum: int, maximum: int | None = None) -> Any:
-    """argparse type: a whole number in ``minimum`` .. ``maximum``."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a whole number") from None
-        if value < minimum or (maximum is not None and value > maximum):
-            raise argparse.ArgumentTypeError(f"{value} is outside {minimum} .. {maximum if maximum else 'any'}")
-        return value
-    return parse
 
 
 def _seeds(text: str) -> list[int]:
@@ -51,10 +39,10 @@ def add_options(p: argparse.ArgumentParser) -> None:
     from vrh_interp.core.backends import BACKENDS  # no torch: `vrh --help` stays fast
     from vrh_interp.data.sources import MAX_SYNTHETIC_SCENES
 
-    scenes = _at_least(1, MAX_SYNTHETIC_SCENES)
+    scenes = whole_number(1, MAX_SYNTHETIC_SCENES)
     p.add_argument("--model", default="toy:planted", help="hub id, local folder, toy:NAME or tiny:FAMILY")
     p.add_argument("--out", default="runs/steer", help="run folder (rerun to resume)")
-    p.add_argument("--k", type=_at_least(1), default=3, help="how many top-scored heads are redirected")
+    p.add_argument("--k", type=whole_number(1), default=3, help="how many top-scored heads are redirected")
     p.add_argument("--alphas", type=_alphas, default="0,2,4,8,16",
                    help="bias strengths (the claim is judged at the largest)")
     p.add_argument("--items", type=scenes, default=40,
@@ -63,7 +51,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seeds", type=_seeds, default="0,1,2,3,4",
                    help="dose-response control seeds: one random, one layer-matched and one live-head set each, "
                         "redirected at every alpha (default 0-4; the rank test draws its own sets)")
-    p.add_argument("--rank-sets", type=_at_least(0, 10_000), default=199,
+    p.add_argument("--rank-sets", type=whole_number(0, 10_000), default=199,
                    help="the sequential rank test's most control sets per kind at the claim's alpha (drawn in "
                         "blocks of 20, 40, 80, ...; stopped early once 5 sets move as many answers as the top-k; "
                         "p reaches 1/(N+1); 0: rank the dose-response sets instead)")
@@ -74,10 +62,10 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-matched", action="store_true", help="leave the layer-matched control out")
     p.add_argument("--no-live", action="store_true", help="leave the live-head control out (no head census)")
     p.add_argument("--no-patching", action="store_true", help="leave the activation-patching form out")
-    p.add_argument("--patch-seeds", type=_at_least(1), default=5,
+    p.add_argument("--patch-seeds", type=whole_number(1), default=5,
                    help="control sets of each kind in the patching form (the first seeds)")
-    p.add_argument("--batch-size", type=_at_least(1), default=32, help="items per batch")
-    p.add_argument("--max-rows", type=_at_least(1), default=512,
+    p.add_argument("--batch-size", type=whole_number(1), default=32, help="items per batch")
+    p.add_argument("--max-rows", type=whole_number(1), default=512,
                    help="rows per generation (items x conditions redirected together)")
     p.add_argument("--device", default=None, help="device or device_map, e.g. cpu, cuda, auto")
     p.add_argument("--dtype", default=None, help="torch dtype name, e.g. bfloat16")
