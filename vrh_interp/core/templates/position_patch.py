@@ -28,8 +28,8 @@ from typing import Any, ClassVar, Sequence
 import torch
 
 from vrh_interp.core.heads import Head, HeadGeometry
-from vrh_interp.core.templates import module_at, per_head_view
-from vrh_interp.core.templates.readout import attention_call_label, softmax_rows
+from vrh_interp.core.templates import per_head_view
+from vrh_interp.core.templates.readout import attention_call_inputs, attention_call_label, softmax_rows
 
 
 class StatePatch:
@@ -152,13 +152,7 @@ class HeadKeyValuePatch:
 
     def recompute(self, model: Any) -> torch.Tensor:
         """The head's output at ``rows`` of the target rows with patched keys/values: ``[t, r, D]``."""
-        attention = module_at(model, self.attention_path)
-        args, kwargs = getattr(attention.source, self.call_label).inputs
-        query, key, value = args[1], args[2], args[3]
-        mask = args[4] if len(args) > 4 else kwargs.get("attention_mask")
-        scaling = kwargs.get("scaling")
-        if scaling is None:
-            scaling = query.shape[-1] ** -0.5
+        query, key, value, mask, scaling, kwargs = attention_call_inputs(model, self.attention_path, self.call_label)
         group = self.head.head // (self.num_heads // self.num_key_value_heads)
         device = query.device
         src = torch.tensor(self.source_rows, device=device)

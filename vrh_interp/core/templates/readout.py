@@ -47,6 +47,17 @@ def attention_call_label(source_names: Sequence[str]) -> str:
     return max(labels, key=lambda n: int(n.rsplit("_", 1)[1]))
 
 
+def attention_call_inputs(model: Any, path: str, call_label: str) -> tuple[Any, Any, Any, Any, float, dict]:
+    """``(query, key, value, attention_mask, scaling, kwargs)`` of the attention-function call (``call_label``,
+    ``attention_call_label``) inside the attention module at ``path``, in a trace: what every template that
+    recomputes some heads' attention reads (scaling defaults to ``head_dim ** -0.5``, as HF's eager attention)."""
+    args, kwargs = getattr(module_at(model, path).source, call_label).inputs
+    query, key, value = args[1], args[2], args[3]
+    mask = args[4] if len(args) > 4 else kwargs.get("attention_mask")
+    scaling = kwargs.get("scaling")
+    return query, key, value, mask, query.shape[-1] ** -0.5 if scaling is None else scaling, kwargs
+
+
 def _row_index(rows: torch.Tensor, batch: int, q_len: int, device: Any) -> torch.Tensor:
     """``rows`` ([r] or [b, r], negative counting from the end) as non-negative ``[b, r]`` query indices."""
     row_index = rows.to(device).long()
@@ -165,13 +176,8 @@ class AttentionRowsReadout:
 
     def call_inputs(self, model: Any, layer: int) -> tuple[torch.Tensor, torch.Tensor, Any, float, float | None]:
         """``(query, key, attention_mask, scaling, softcap)`` of ``layer``'s attention-function call."""
-        attention = module_at(model, self.attention_paths[layer])
-        args, kwargs = getattr(attention.source, self.call_label).inputs
-        query, key = args[1], args[2]
-        mask = args[4] if len(args) > 4 else kwargs.get("attention_mask")
-        scaling = kwargs.get("scaling")
-        if scaling is None:
-            scaling = query.shape[-1] ** -0.5
+        query, key, _, mask, scaling, kwargs = attention_call_inputs(model, self.attention_paths[layer],
+                                                                      self.call_label)
         window = kwargs.get("sliding_window")
         if window and query.shape[2] == 1 and key.shape[2] >= window:
             raise ReadoutUnavailableError(

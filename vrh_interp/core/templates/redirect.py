@@ -44,9 +44,9 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from vrh_interp.core.heads import Head, HeadGeometry, HeadSet
-from vrh_interp.core.templates import module_at, per_head_view
+from vrh_interp.core.templates import per_head_view
 from vrh_interp.core.templates.readout import (ReadoutUnavailableError, _allowed_rows, _masked_scores_, _pad_keys,
-                                               _row_index)
+                                               _row_index, attention_call_inputs)
 
 
 @dataclass(frozen=True)
@@ -118,13 +118,8 @@ class HeadRedirect:
 
     def at_attention_call(self, model: Any, layer: int) -> None:
         """Recompute the steered heads at the steered rows with the bias (kept until the output projection)."""
-        attention = module_at(model, self.attention_paths[layer])
-        args, kwargs = getattr(attention.source, self.call_label).inputs
-        query, key, value = args[1], args[2], args[3]
-        mask = args[4] if len(args) > 4 else kwargs.get("attention_mask")
-        scaling = kwargs.get("scaling")
-        if scaling is None:
-            scaling = query.shape[-1] ** -0.5
+        query, key, value, mask, scaling, kwargs = attention_call_inputs(model, self.attention_paths[layer],
+                                                                          self.call_label)
         self._pending[layer] = redirected_rows(
             query, key, value, mask, self.rows_for(query.shape[2]), self.heads_by_layer[layer],
             self.strength[layer], self.target_keys, num_key_value_heads=self.num_key_value_heads,
