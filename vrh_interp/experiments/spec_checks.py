@@ -135,5 +135,6 @@ def check_scores_disjoint(sample_ids: Iterable[str], evaluate: str, scores_optio
                     if m and m[1] == split and int(m[3]) == level and int(m[2]) < count)
     if shared:
         raise ValueError(f"{eval_option} {evaluate} overlaps the samples the {scores_option} heads were detected on "
-                         f"({len(shared)} shared, e.g. {shared[0]}): evaluate on samples of another split, e.g. "
+                         f"({len(shared)} shared, e.g. {shared[0]}; detection and evaluation samples must be "
+                         "disjoint): evaluate on samples of another split, e.g. "
                          f"synthetic:{'eval' if split != 'eval' else 'train'}:{count}")
