@@ -74,6 +74,10 @@ def test_localize_records_resume_and_read_back(tmp_path):
     assert json.loads((tmp_path / "out" / "localize.json").read_text())["provenance"]["kind"] == "localize"
     counts = mcnemar_exact(read.items()["heads_right"][:2], read.items()["answer_right"][:2])
     assert read.summary()["mcnemar_p"].iloc[0] == pytest.approx(counts["p_value"])
+    # it shows itself in a few lines and as HTML, one row per head set, never the records frame
+    shown = repr(read)
+    assert shown.startswith("LocalizeResult:") and len(shown.splitlines()) == 3 and "attention box" in shown
+    assert "heads_iou" not in shown and "<table>" in read._repr_html_()
 
 
 def test_vrh_localize_on_toy_planted(tmp_path, capsys):

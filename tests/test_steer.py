@@ -50,6 +50,9 @@ def test_vrh_steer_on_the_planted_toy_moves_answers_with_the_planted_heads(tmp_p
     assert list(rank.index) == ["random", "matched"] and (rank["sets"] == 59).all()
     assert np.allclose(rank["p"], 1 / 60) and (rank["as_many_moved"] == 0).all()
     assert np.isclose(result.claims().iloc[0]["p"], max(1 / 60, result.evidence().parts["drop"]))
+    shown = repr(result)  # a few lines: the verdict, then each kind's move rate per alpha; never the records
+    assert shown.startswith("SteerResult: top-3") and "HOLDS" in shown and len(shown.splitlines()) <= 9
+    assert "planted: alpha 0:" in shown and "sample_id" not in shown and "<table>" in result._repr_html_()
     answered = result.records[result.records["form"] == "rank"].groupby("condition").size()
     assert answered.max() == 8 and answered.median() < 8  # the top-k on every item; the sets curtailed
     records = len(result.records)

@@ -25,6 +25,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
+
+from vrh_interp.core._display import Card
 from tqdm.auto import tqdm
 
 from vrh_interp.core.backends.base import backend_config
@@ -56,8 +58,8 @@ def outcome(heads_right: bool, answer_right: bool) -> str:
     return "answer_only" if answer_right else "neither"
 
 
-@dataclass
-class LocalizeResult:
+@dataclass(repr=False)
+class LocalizeResult(Card):
     """One record per (head set, sample) (``records``), the head sets in order, the readout and the threshold."""
 
     records: pd.DataFrame
@@ -65,6 +67,14 @@ class LocalizeResult:
     readout: BoxReadout
     iou_threshold: float = 0.5
     provenance: dict[str, Any] | None = None
+
+    def _card(self) -> tuple[str, list[tuple[str, str]]]:
+        """Per head set the two accuracies and the four-way counts (not the records frame)."""
+        rows = [(str(r["heads"]), f"attention box {r['heads_acc']:.2f} vs generated box {r['answer_acc']:.2f} on "
+                 f"{r['n']} items; " + " / ".join(f"{r[name]}" for name in OUTCOMES) + f" ({' / '.join(OUTCOMES)})")
+                for r in self.summary().to_dict(orient="records")]
+        return (f"LocalizeResult: Acc@{self.iou_threshold:g} of attention boxes beside the model's own (summary(), "
+                "four_way(), items())", rows[:8])
 
     def items(self) -> pd.DataFrame:
         """The records with ``heads_right``, ``answer_right`` and the four-way ``outcome`` of each."""

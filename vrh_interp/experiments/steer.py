@@ -57,6 +57,8 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from vrh_interp.core._display import Card
+
 from vrh_interp.core.heads import HeadSet
 from vrh_interp.core.model import VLM
 from vrh_interp.experiments.declared import experiment
@@ -399,13 +401,22 @@ def _rank_step(vlm: VLM, items: Sequence[SteerItem], top: HeadSet, alpha: float,
 
 
 # ----------------------------------------------------------------------------------------------- reading a run
-@dataclass
-class SteerResult:
+@dataclass(repr=False)
+class SteerResult(Card):
     """A finished steer run: its ``records`` (one row per form, condition and item), the ``config`` (manifest)."""
 
     records: pd.DataFrame
     config: dict[str, Any]
     _claims: pd.DataFrame | None = field(default=None, repr=False)
+
+    def _card(self) -> tuple[str, list[tuple[str, str]]]:
+        """The verdict, then per head-set kind its move rate at each alpha (not the records frame)."""
+        dose = self.dose_response()
+        rows = [(str(kind), ", ".join(f"alpha {a:g}: {m:.2f}" for a, m in zip(part["alpha"], part["move_rate"])))
+                for kind, part in dose.groupby("kind", sort=False)]
+        items = self.records["sample_id"].nunique()
+        return (f"SteerResult: top-{self.config.get('k')} redirected, {items} items, sufficient: "
+                f"{self.verdict().upper()} (move rates below; dose_response(), rank(), claims(), plot())", rows[:8])
 
     def dose_response(self) -> pd.DataFrame:
         """Per (head-set kind, alpha): move / stay / break rates over items, pooled over the kind's sets, with the
