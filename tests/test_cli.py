@@ -167,7 +167,7 @@ def test_demo_runs_end_to_end_on_tiny_models(tmp_path, capsys):
     assert len(list((out / "overlays").glob("*.png"))) == 3
     vqa = pd.read_csv(out / "vqa_summary.csv")
     assert set(vqa["benchmark"]) == {"synthetic-attribute", "synthetic-counting", "synthetic-spatial"}
-    assert set(vqa["condition"]) == {"baseline", "top", "random", "matched"}
+    assert set(vqa["condition"]) == {"baseline", "top", "random", "matched", "live"}  # one set of each per scene
     sweep = pd.read_csv(out / "sweep_summary.csv")
     assert {"k_fraction", "p_vs_random", "p_vs_matched", "p_vs_live", "accuracy_q05"} <= set(sweep)
     assert set(sweep[sweep["seed"].astype(str) == "all"]["condition"]) == {"random", "matched", "live"}

@@ -54,6 +54,10 @@ PATCH_FRAME = pd.DataFrame([{"head": h, "region": r, "recovery": 0.3, "ci_low": 
                             for h in ("L1H0", "L1H2") for r in ("head_output", "clean_referent")])
 RECOVERY = pd.DataFrame({"head": ["L0H0", "L0H1", "L1H0"], "recovery": [0.1, 0.5, -0.2]})
 
+DOSE = pd.DataFrame([{"kind": kind, "alpha": alpha, "sets": sets, "move_rate": move, "break_rate": 0.1}
+                     for kind, sets, slope in (("top", 1, 0.08), ("random", 5, 0.0)) for alpha in (0.0, 4.0, 8.0)
+                     for move in (0.05 + slope * alpha,)])
+
 # (name, call with ax=..., number of panels)
 PLOTS = {
     "score_heatmap": (lambda ax: plots.score_heatmap(GRID, ax=ax), 1),
@@ -79,6 +83,7 @@ PLOTS = {
         PATCH_FRAME, image=IMAGE, boxes={"clean_referent": (1, 1, 8, 8)}, ax=ax), 2),
     "grid_drop_heatmap": (lambda ax: plots.grid_drop_heatmap(pd.DataFrame([[0.1, 0.4]], index=["m"],
                                                                           columns=["b1", "b2"]), ax=ax), 1),
+    "plot_dose_response": (lambda ax: plots.plot_dose_response(DOSE, k=3, claim_alpha=8.0, ax=ax), 2),
 }
 
 

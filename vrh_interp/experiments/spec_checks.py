@@ -95,8 +95,12 @@ def check_heads_fit(heads: Iterable[object], spec: str, option: str) -> None:
     off = [h for h in heads if not (0 <= h.layer < grid[0] and 0 <= h.head < grid[1])]  # type: ignore[attr-defined]
     if off:
         verb = "is not a head" if len(off) == 1 else "are not heads"
+        source = getattr(heads, "source", None)  # a published list (``core.published``): say whose grid it is
+        origin = (f"; {source.spec} holds heads of {source.model.name} ({source.model.grid}): published heads "
+                  "transfer by index only to a model with the same language backbone"
+                  if hasattr(source, "model") and hasattr(source, "spec") else "")
         raise ValueError(f"{option}: {', '.join(map(str, off[:3]))} {verb} of {spec} ({grid[0]} layers x {grid[1]} "
-                         f"heads: L0H0 .. L{grid[0] - 1}H{grid[1] - 1})")
+                         f"heads: L0H0 .. L{grid[0] - 1}H{grid[1] - 1}){origin}")
 
 
 _SYNTHETIC_ID = re.compile(r"^([a-z]+)-(\d+)-L(\d+)-o\d+$")
