@@ -9,10 +9,11 @@ import math
 import numpy as np
 import pytest
 
-from tests.conftest import noise_image, tiny_vlm
+from tests.conftest import tiny_vlm
+from tests.families.checks import edge_heads, two_prompt_batch
 from tests.reference import eager_attention_maps
 from vrh_interp.core.boxes import Box
-from vrh_interp.core.heads import Head, HeadSet
+from vrh_interp.core.heads import HeadSet
 from vrh_interp.evaluation.attention_box import (
     BoxReadout,
     Canvas,
@@ -108,15 +109,6 @@ def _reference_box(blocks, weights, image_size, *, sigma=1.0, component="largest
                min(max(r[2] for r in rects), image_size[0]), min(max(r[3] for r in rects), image_size[1]))
 
 
-def _batch(vlm):
-    """Two prompts of different lengths (left padding) on non-square images of both orientations."""
-    return vlm.encode_grounding([noise_image(83, 61, seed=1), noise_image(64, 96, seed=2)],
-                                ["the red circle", "the cat left of the dog"])
-
-
-def _heads(vlm) -> HeadSet:
-    g = vlm.geometry
-    return HeadSet([Head(0, 1), Head(g.num_layers - 1, 0), Head(g.num_layers - 1, g.num_heads - 1)])
 
 
 def _reference_weights(vlm, encoding, heads, rows_of):
@@ -138,7 +130,7 @@ def _assert_boxes_close(got: Box | None, want: Box | None) -> None:
 # ------------------------------------------------------------------ every family
 def test_last_input_attention_box_equals_plain_pytorch_reference(family):
     vlm = tiny_vlm(family)
-    batch, heads = _batch(vlm), _heads(vlm)
+    batch, heads = two_prompt_batch(vlm), edge_heads(vlm)
     s = batch.prompt_length
     weights = head_attention(vlm, batch, heads)
     reference = _reference_weights(vlm, batch.encoding, heads, [[s - 1]] * batch.batch_size)
@@ -157,7 +149,7 @@ def test_last_input_attention_box_equals_plain_pytorch_reference(family):
 def test_output_rows_attention_box_equals_plain_pytorch_reference(family):
     """``query="output"``: the mean over the rows predicting each answer token, teacher-forced."""
     vlm = tiny_vlm(family)
-    batch, heads = _batch(vlm), _heads(vlm)
+    batch, heads = two_prompt_batch(vlm), edge_heads(vlm)
     s = batch.prompt_length
     vocab = [i for i in range(10, 60) if i not in set(batch.encoding["input_ids"].flatten().tolist())]
     answers = [vocab[:3], vocab[3:4]]
@@ -176,7 +168,7 @@ def test_tiled_and_non_square_layouts_paint_every_block(name):
     """LLaVA-NeXT: a base view and finer tiles; the canvas takes the tiles' pitch and both add their attention.
     Qwen2-VL: one non-square grid (no sqrt(N) square), which IS the canvas."""
     vlm = tiny_vlm(name)
-    batch, heads = _batch(vlm), _heads(vlm)
+    batch, heads = two_prompt_batch(vlm), edge_heads(vlm)
     layout = batch.layouts[0]
     box_all, box_grid = (attention_boxes(vlm, batch, heads, BoxReadout(blocks=b))[0] for b in ("all", "grid"))
     if name == "llava_next":
@@ -270,7 +262,7 @@ def test_readout_options_are_checked():
         with pytest.raises(ValueError, match=field):
             BoxReadout(**{field: value})
     vlm = tiny_vlm("llava")
-    batch = _batch(vlm)
+    batch = two_prompt_batch(vlm)
     with pytest.raises(ValueError, match="answer_ids"):
         head_attention(vlm, batch, "L0H0", query="output")
     with pytest.raises(ValueError, match="at least one head"):

@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import noise_image, tiny_vlm
+from tests.conftest import tiny_vlm
+from tests.families.checks import edge_heads, two_prompt_batch
 from tests.reference import decoder_layers, redirected_attention, text_geometry
 from vrh_interp.core import interventions as iv
 from vrh_interp.core.heads import Head, HeadSet
@@ -19,14 +20,6 @@ ALPHA = 6.0
 BOXES = [(10, 5, 50, 40), (30, 40, 64, 96)]
 
 
-def _batch(vlm):
-    return vlm.encode_grounding([noise_image(83, 61, seed=1), noise_image(64, 96, seed=2)],
-                                ["the red circle", "the cat left of the dog"])
-
-
-def _heads(vlm) -> HeadSet:
-    g = vlm.geometry
-    return HeadSet([Head(0, 1), Head(g.num_layers - 1, 0), Head(g.num_layers - 1, g.num_heads - 1)])
 
 
 def _by_layer(heads: HeadSet) -> dict[int, list[int]]:
@@ -35,7 +28,7 @@ def _by_layer(heads: HeadSet) -> dict[int, list[int]]:
 
 def test_region_keys_are_the_boxes_visual_tokens(family):
     vlm = tiny_vlm(family)
-    batch = _batch(vlm)
+    batch = two_prompt_batch(vlm)
     keys = iv.region_keys(batch, BOXES)
     for row, (layout, box) in enumerate(zip(batch.layouts, BOXES)):
         chosen = keys[row].nonzero().flatten().tolist()
@@ -46,8 +39,8 @@ def test_region_keys_are_the_boxes_visual_tokens(family):
 
 def test_redirected_prompt_forward_equals_reference(family):
     vlm = tiny_vlm(family)
-    batch = _batch(vlm)
-    heads = _heads(vlm)
+    batch = two_prompt_batch(vlm)
+    heads = edge_heads(vlm)
     keys = iv.region_keys(batch, BOXES)
     result = iv.run_forward(vlm, batch.encoding, [iv.head_redirect(vlm, heads, ALPHA, keys)])
     with torch.no_grad():
@@ -66,8 +59,8 @@ def test_redirected_prompt_forward_equals_reference(family):
 def test_redirected_generation_equals_reference_step_by_step(family):
     """Greedy ids equal, and the steered heads' outputs at every generation step equal the reference's."""
     vlm = tiny_vlm(family)
-    batch = _batch(vlm)
-    heads = _heads(vlm)
+    batch = two_prompt_batch(vlm)
+    heads = edge_heads(vlm)
     keys = iv.region_keys(batch, BOXES)
     steps = 4
     capture = iv.head_output_capture(vlm, sorted(heads.by_layer()))
@@ -100,9 +93,9 @@ def test_redirected_generation_equals_reference_step_by_step(family):
 
 def test_alpha_zero_is_the_unsteered_run(family):
     vlm = tiny_vlm(family)
-    batch = _batch(vlm)
+    batch = two_prompt_batch(vlm)
     keys = iv.region_keys(batch, BOXES)
-    template = iv.head_redirect(vlm, _heads(vlm), 0.0, keys)
+    template = iv.head_redirect(vlm, edge_heads(vlm), 0.0, keys)
     with torch.no_grad():
         plain = vlm.hf_model(**batch.encoding).logits
         plain_ids = vlm.hf_model.generate(**batch.encoding, max_new_tokens=5, do_sample=False)
@@ -114,9 +107,9 @@ def test_alpha_zero_is_the_unsteered_run(family):
 def test_rows_redirect_like_their_condition_alone(family):
     """One batch replicated per condition (heads x alpha, row by row) gives each block what it gives alone."""
     vlm = tiny_vlm(family)
-    batch = _batch(vlm)
+    batch = two_prompt_batch(vlm)
     keys = iv.region_keys(batch, BOXES)
-    heads, other = _heads(vlm), HeadSet([Head(0, 0)])
+    heads, other = edge_heads(vlm), HeadSet([Head(0, 0)])
     conditions = [(heads, ALPHA), (other, 2 * ALPHA), (None, 0.0), (heads, -ALPHA)]
     rows = batch.batch_size
     template = iv.head_redirect(vlm, [h for h, _ in conditions for _ in range(rows)],
@@ -130,8 +123,8 @@ def test_rows_redirect_like_their_condition_alone(family):
 @pytest.mark.parametrize("family", ["qwen2_vl", "gemma3"])
 def test_redirect_survives_remote_serialisation(family):
     vlm = tiny_vlm(family)
-    batch = _batch(vlm)
-    template = iv.head_redirect(vlm, _heads(vlm), ALPHA, iv.region_keys(batch, BOXES))
+    batch = two_prompt_batch(vlm)
+    template = iv.head_redirect(vlm, edge_heads(vlm), ALPHA, iv.region_keys(batch, BOXES))
     local = iv.run_generate(vlm, batch.encoding, [template], max_new_tokens=3)
     remote = iv.run_generate(vlm.on(remote="local"), batch.encoding, [template], max_new_tokens=3)
     assert torch.equal(local.ids, remote.ids)

@@ -18,7 +18,7 @@ from vrh_interp.core.boxes import Box, BoxParseFailure
 from vrh_interp.core.families import adapter_for_config
 from vrh_interp.core.families.base import BoxFrame, FamilyAdapter, VisualLayout
 from vrh_interp.core.families.llava_next import tiled_canvas
-from vrh_interp.core.heads import HeadGeometry
+from vrh_interp.core.heads import Head, HeadGeometry, HeadSet
 from tests.layout_probe import (
     assert_changed_within_sampling,
     changed_positions,
@@ -144,3 +144,16 @@ def assert_parses_to(adapter: FamilyAdapter, answer: str, frame: BoxFrame, expec
     else:
         assert isinstance(parsed, Box)
         assert parsed.as_tuple() == pytest.approx(expected.as_tuple())
+
+
+def two_prompt_batch(vlm: Any) -> Any:
+    """Two prompts of different lengths (left padding) on non-square images of both orientations: the batch the
+    per-head readout and intervention references run on every family."""
+    return vlm.encode_grounding([noise_image(83, 61, seed=1), noise_image(64, 96, seed=2)],
+                                ["the red circle", "the cat left of the dog"])
+
+
+def edge_heads(vlm: Any) -> HeadSet:
+    """Heads at the grid's edges: layer 0, and the last layer's first and last head."""
+    g = vlm.geometry
+    return HeadSet([Head(0, 1), Head(g.num_layers - 1, 0), Head(g.num_layers - 1, g.num_heads - 1)])

@@ -245,6 +245,7 @@ def run_vqa_conditions(vlm: VLM, samples: Sequence[VQASample], conditions: Seque
         config["ablation_values"] = ablation_values.fingerprint()
     if items_of:
         config["items_of"] = items_of
+    assigned = {key: set(ids) for key, ids in items_of.items()}
     log = VQA_SWEEP.open_log(RunFolder(run_dir, shard_config(config, shard, batch_size))) \
         if run_dir is not None else None
     mine = {b: [s for s in samples if s.benchmark == b] for b in benchmarks}
@@ -272,8 +273,8 @@ def run_vqa_conditions(vlm: VLM, samples: Sequence[VQASample], conditions: Seque
                          passes=_VQAPasses(vlm, masking, max_batch_rows=max_batch_rows),
                          record=make_record, canonical=canonical, desc="vqa sweep: masked answers",
                          progress=progress,
-                         skip=frozenset(((s.benchmark, s.sample_id), key) for key, ids in items_of.items()
-                                        for part in mine.values() for s in part if vqa_item(s) not in set(ids)))
+                         skip=frozenset(((s.benchmark, s.sample_id), key) for key, ids in assigned.items()
+                                        for part in mine.values() for s in part if vqa_item(s) not in ids))
     return VQASweepResult(records=pd.DataFrame(records, columns=RECORD_COLUMNS), conditions=conditions,
                           benchmarks=benchmarks, total_heads=vlm.geometry.total_heads)
 
