@@ -66,7 +66,7 @@ def build_random_vlm(name: str, *, image_size: int = REALISTIC_IMAGE_SIZE, seed:
     """A random-weight LLaVA-class VLM with a real backbone's proportions, built offline (nothing downloaded)."""
     from transformers import LlavaForConditionalGeneration
 
-    from vrh_interp.core.model import cast_model, wrap
+    from vrh_interp.core.description.model import cast_model, wrap
     from toy_training import configs
 
     if name not in REALISTIC_SHAPES:
@@ -130,10 +130,11 @@ def main() -> None:
             setattr(args, key, value)
     torch.set_num_threads(args.threads)
 
-    from vrh_interp.core import interventions as iv
-    from vrh_interp.experiments.sweep import Condition, run_conditions
+    from vrh_interp.core.execution import interventions as iv
+    from vrh_interp.experiments.conditions import Condition
+    from vrh_interp.experiments.sweep import run_conditions
     from vrh_interp.evaluation.controls import random_control
-    from vrh_interp.core.heads import HeadSet
+    from vrh_interp.core.description.heads import HeadSet
     from vrh_interp.scoring.collect import collect_batch
     from vrh_interp.data.sources import synthetic_samples
 

@@ -68,13 +68,16 @@ CASES = {
     "grid: file is a folder": ["grid", "grids", "--out", "G"],
     "grid: 520 cells, no --yes": ["grid", "big.toml", "--out", "G"],
     "grid --ray at a closed port": ["grid", "ok.toml", "--out", "G", "--ray", "127.0.0.1:1"],
+    "three faults at once (all named)": ["sweep", "--model", "toy:typo", "--scores", "MISSING.json", "--data",
+                                         "jsonl:MISSING.jsonl", "--out", "X"],
 }
 # issue 53's fault classes x commands: (class, command) -> argv (the trainer's: its own argv); the files they name
 # are written by write_class_files into the folder the cases run in
-COMMANDS = ("detect", "sweep", "demo", "grid", "trainer")
+COMMANDS = ("detect", "sweep", "transfer", "demo", "grid", "trainer")
 CLASSES = ("unknown model", "unknown partner", "missing file", "k out of range", "overlapping detect/eval",
            "non-finite number", "colliding names", "foreign --out")
 SWEEP = ["sweep", "--model", "toy:a", "--vrhs", "L0H1"]
+TRANSFER = ["transfer", "--model", "toy:a", "--scores", "scores.json", "--partner-scores", "scores.json"]
 CLASS_CASES: dict[tuple[str, str], list[str]] = {
     ("unknown model", "detect"): ["detect", "--model", "toy:typo", "--out", "X"],
     ("unknown model", "sweep"): ["sweep", "--model", "tiny:typo", "--vrhs", "L0H1", "--out", "X"],
@@ -83,6 +86,11 @@ CLASS_CASES: dict[tuple[str, str], list[str]] = {
     ("unknown model", "trainer"): ["--model", "typo", "--out", "T"],
     ("unknown partner", "demo"): ["demo", "--model", "toy:a", "--transfer-model", "toy:typo", "--out", "X"],
     ("unknown partner", "grid"): ["grid", "unknown-partner.toml", "--out", "G"],
+    ("unknown partner", "transfer"): [*TRANSFER, "--partner", "toy:typo", "--out", "X"],
+    ("missing file", "transfer"): [*TRANSFER[:-1], "MISSING.json", "--partner", "toy:b", "--out", "X"],
+    ("k out of range", "transfer"): [*TRANSFER, "--partner", "toy:b", "--ks", "0,999", "--out", "X"],
+    ("colliding names", "transfer"): [*TRANSFER, "--partner", "toy:a", "--out", "X"],
+    ("foreign --out", "transfer"): [*TRANSFER, "--partner", "toy:b", "--out", "foreign"],
     ("missing file", "detect"): ["detect", "--model", "toy:a", "--data", "jsonl:MISSING.jsonl", "--out", "X"],
     ("missing file", "sweep"): ["sweep", "--model", "toy:a", "--scores", "MISSING.json", "--out", "X"],
     ("missing file", "demo"): ["demo", "--model", "./no-such-model", "--out", "X"],

@@ -1,13 +1,13 @@
 """The demo's causal k-sweep, whole, two ways in one run: the library's pipeline vs a naive loop.
 
 The protocol is step 3 of ``vrh demo`` on the default organism (``toy:c``): the conditions the library builds
-with its sweep functions (the crossed design, ``experiments.sweep.sweep_conditions``: the unmasked
+with its sweep functions (the crossed design, ``experiments.conditions.sweep_conditions``: the unmasked
 baseline, the top-k heads at every k of ``demo_ks``, and the control sets: uniform random, layer-matched and
 live-head, ``--sets`` of each kind at k*, ``--curve-sets`` of each at the other k), greedy grounding of
 ``--items`` evaluation items (every referent of the first evaluation scenes, ``apps.demo.evaluation_items``).
 
 * library pipeline (timed): ``experiments.sweep.run_conditions``, as the demo calls it (with layer sharing,
-  ``core.layer_sharing``, where it applies);
+  ``core.execution.layer_sharing``, where it applies);
 * the same without layer sharing (timed, ``layer_sharing.ENABLED = False``: the path before it), for a
   before / after in one run; its answers must equal the library's too;
 * naive loop (timed): for every condition and every batch of ``--batch-size`` items, one plain HF ``generate``
@@ -63,7 +63,7 @@ def naive_loop(vlm: Any, items: Sequence[Any], conditions: Sequence[Any], batch_
                max_new_tokens: int) -> dict[tuple[str, str], tuple[str, Any]]:
     """``(sample_id, condition key) -> (answer, parsed box or None)``: one plain ``generate`` per condition and
     batch of items, the condition's heads zeroed by hooks."""
-    from vrh_interp.core.boxes import BoxParseFailure
+    from vrh_interp.core.description.boxes import BoxParseFailure
 
     batches = [list(items[i: i + batch_size]) for i in range(0, len(items), batch_size)]
     encoded = [vlm.encode_grounding([s.image for s in b], [s.expression for s in b]) for b in batches]
@@ -87,8 +87,10 @@ def library_answers(result: Any) -> dict[tuple[str, str], tuple[str, Any]]:
 def protocol(vlm: Any, args: argparse.Namespace) -> tuple[list[Any], list[Any], dict[str, Any]]:
     """The evaluation items and the demo's k-sweep conditions (ranking from detection, live pool from the census;
     not timed)."""
-    from vrh_interp.apps.demo import demo_ks, evaluation_items
-    from vrh_interp.experiments.sweep import CONTROL_KINDS, sweep_conditions
+    from vrh_interp.apps.demo_plan import evaluation_items
+    from vrh_interp.experiments.ks import demo_ks
+    from vrh_interp.evaluation.controls import CONTROL_KINDS
+    from vrh_interp.experiments.conditions import sweep_conditions
     from vrh_interp.data.sources import synthetic_samples
     from vrh_interp.evaluation.census import census
     from vrh_interp.scoring.detect import collect_detection_stats, scores_from_stats
@@ -115,10 +117,11 @@ def sharing(vlm: Any, items: Sequence[Any], conditions: Sequence[Any], batch_siz
             max_new_tokens: int) -> tuple[list[str], int, int]:
     """What the library shares that the naive loop does not, as lines; and the generations each side runs (the
     library's planner: batches cut into whole images where layer sharing applies, ``_GroundingPasses.split``)."""
-    from vrh_interp.core.interventions import shared_image_prefix
-    from vrh_interp.core.templates.ablation import ZERO_ABLATION
+    from vrh_interp.core.execution.interventions import shared_image_prefix
+    from vrh_interp.core.execution.templates.ablation import ZERO_ABLATION
     from vrh_interp.evaluation.grounding import encode_samples
-    from vrh_interp.experiments.sweep import _GroundingPasses, head_signature
+    from vrh_interp.experiments.sweep import _GroundingPasses
+    from vrh_interp.experiments.conditions import head_signature
 
     distinct = len({head_signature(c) for c in conditions})
     planner = _GroundingPasses(vlm, {"zero": ZERO_ABLATION}, max_new_tokens=max_new_tokens, max_batch_rows=None)
@@ -151,7 +154,7 @@ def sharing(vlm: Any, items: Sequence[Any], conditions: Sequence[Any], batch_siz
 
 def layer_sharing_line() -> str:
     """What layer sharing skipped in the last generation that used it (``layer_sharing.LAST_STATS``)."""
-    from vrh_interp.core import layer_sharing
+    from vrh_interp.core.execution import layer_sharing
 
     stats = layer_sharing.LAST_STATS
     if not stats.total:
@@ -228,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     print("what the library shares that the naive loop does not:")
     print("\n".join(lines), flush=True)
 
-    from vrh_interp.core import layer_sharing
+    from vrh_interp.core.execution import layer_sharing
 
     warm_up(vlm, items, conditions)
     clock = time.process_time if args.clock == "cpu" else time.perf_counter

@@ -43,8 +43,8 @@ def run_one(mode: str, length: int, repeats: int) -> dict[str, float]:
 
     import nnsight
 
-    from vrh_interp.core.templates import apply_in_order
-    from vrh_interp.core.templates.readout import AttentionRowsReadout, attention_call_label
+    from vrh_interp.core.execution.templates import apply_in_order
+    from vrh_interp.core.execution.templates.readout import AttentionRowsReadout, attention_call_label
 
     torch.set_num_threads(1)
     model = build_model()

@@ -1,6 +1,6 @@
 """A paper model at its real shape (random weights), measured through the library's own code paths in one run.
 
-The model is built from its real configuration (``vrh_interp.core.families.paper_models``: the checkpoint's
+The model is built from its real configuration (``vrh_interp.core.description.families.paper_models``: the checkpoint's
 config.json facts) with random weights in ``--dtype`` (bf16 by default), the family's real image processor class
 with the checkpoint's preprocessor parameters, and a local byte tokenizer with the family's special tokens (no
 tokenizer can be downloaded: prompts are longer in tokens than with the real BPE, the visual tokens are exact).
@@ -56,7 +56,7 @@ MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_ARENA_MAX": "1"}
 
 def model_names() -> dict[str, Any]:
     """``--model`` names: the native paper models (lower-case paper name) and Qwen2.5-VL-3B."""
-    from vrh_interp.core.families.paper_models import NATIVE, PAPER_MODELS, QWEN2_5_VL_3B
+    from vrh_interp.core.description.families.paper_models import NATIVE, PAPER_MODELS, QWEN2_5_VL_3B
 
     return {m.name.lower(): m for m in (QWEN2_5_VL_3B, *PAPER_MODELS) if m.support == NATIVE}
 
@@ -102,13 +102,13 @@ def real_facts(paper: Any, *, layers: int | None, vision_layers: int | None, sca
 
 def build_processor(paper: Any, recipe: Any) -> Any:
     """The family's processor class with the checkpoint's image processor and a local byte tokenizer."""
-    from vrh_interp.core.tiny import resolve
-    from vrh_interp.core.tiny._image_only_processor import image_only_processor_class
-    from vrh_interp.core.tiny.tokenizer import build_byte_tokenizer
+    from vrh_interp.core.description.tiny import resolve
+    from vrh_interp.core.description.tiny._image_only_processor import image_only_processor_class
+    from vrh_interp.core.description.tiny.tokenizer import build_byte_tokenizer
 
     if paper.image_processor is None:
-        raise SystemExit(f"{paper.name}: no image processor recorded in core/families/paper_models.py; add its "
-                         "preprocessor_config.json facts (image_processor=) to measure it")
+        raise SystemExit(f"{paper.name}: no image processor recorded in core/description/families/paper_models.py; add "
+                         "its preprocessor_config.json facts (image_processor=) to measure it")
     spec = recipe.tokenizer
     tokenizer = build_byte_tokenizer(spec.special_tokens, named_special_tokens=spec.named,
                                      extra_special_tokens=spec.extra or None, chat_template=spec.chat_template)
@@ -126,8 +126,8 @@ def build_model(paper: Any, args: argparse.Namespace, dtype: Any) -> Any:
     import torch
     from transformers import AutoConfig, AutoModelForImageTextToText
 
-    from vrh_interp.core.families.registry import TINY_RECIPES
-    from vrh_interp.core.model import wrap
+    from vrh_interp.core.description.families.registry import TINY_RECIPES
+    from vrh_interp.core.description.model import wrap
 
     recipe = TINY_RECIPES[paper.family]
     processor = build_processor(paper, recipe)
@@ -156,7 +156,7 @@ def scaled_sample(sample: Any, size: tuple[int, int], suffix: str = "") -> Any:
     """``sample`` with its image stretched to ``size`` and its box scaled alike."""
     from PIL import Image
 
-    from vrh_interp.core.boxes import Box
+    from vrh_interp.core.description.boxes import Box
     from vrh_interp.data.datasets.images import LoadedImage
     from vrh_interp.data.datasets.samples import GroundingSample
 
@@ -259,11 +259,12 @@ def spearman(a: Any, b: Any) -> float:
 def slice_comparison(vlm: Any, samples: list[Any], dtype: Any, cast: Callable[[Any, Any], Any] | None = None
                      ) -> dict[str, float]:
     """``vrh`` scores of the first two language-model layers of ``vlm`` (same weights) in bf16 and fp32, the model
-    cast by ``cast`` (default ``core.model.cast_model``: rotary ``inv_freq`` stays float32, as ``from_pretrained
-    (dtype=)`` leaves it; ``benchmarks/rotary_precision.py`` passes ``model.to`` to show the difference)."""
+    cast by ``cast`` (default ``core.description.model.cast_model``: rotary ``inv_freq`` stays float32, as
+    ``from_pretrained(dtype=)`` leaves it; ``benchmarks/rotary_precision.py`` passes ``model.to`` to show the
+    difference)."""
     import torch
 
-    from vrh_interp.core.model import cast_model, wrap
+    from vrh_interp.core.description.model import cast_model, wrap
     from vrh_interp.scoring.collect import collect_batch
     from vrh_interp.scoring.detect import scores_from_stats
 
@@ -356,11 +357,12 @@ def main(argv: list[str] | None = None) -> None:
     paper = model_names()[args.model]
     args.attn_implementation = attention_for(paper, args.attn_implementation)
 
-    from vrh_interp.core import interventions as iv
-    from vrh_interp.core.heads import HeadSet
+    from vrh_interp.core.execution import interventions as iv
+    from vrh_interp.core.description.heads import HeadSet
     from vrh_interp.data.sources import synthetic_samples
     from vrh_interp.evaluation.controls import random_control
-    from vrh_interp.experiments.sweep import Condition, run_conditions
+    from vrh_interp.experiments.conditions import Condition
+    from vrh_interp.experiments.sweep import run_conditions
     from vrh_interp.patching import batch as patching
     from vrh_interp.patching.head_patching import patch_head_set
     from vrh_interp.patching.pairs import make_pairs

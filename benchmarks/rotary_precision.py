@@ -1,7 +1,7 @@
 """Why a bf16 model must keep its rotary frequencies in float32: the attention-logit error of a model cast with
-``model.to(torch.bfloat16)`` (which rounds ``inv_freq`` to bf16) against ``core.model.cast_model`` (which keeps it
-float32, as ``from_pretrained(dtype=...)`` builds it), by distance from the query, and what each does to the bf16
-head ranking.
+``model.to(torch.bfloat16)`` (which rounds ``inv_freq`` to bf16) against ``core.description.model.cast_model`` (which
+keeps it float32, as ``from_pretrained(dtype=...)`` builds it), by distance from the query, and what each does to the
+bf16 head ranking.
 
 The model is a paper model at its real shape with random weights (``benchmarks/real_shape.py``'s builder: two
 language-model layers, one vision layer, widths times ``--scale``). For the last prompt row, the attention over the
@@ -35,8 +35,8 @@ def logit_error(vlm: Any, batch: Any, cast: Any) -> dict[str, Any]:
     distance bin (query position minus key position), last prompt row, every head of every layer."""
     import torch
 
-    from vrh_interp.core import interventions as iv
-    from vrh_interp.core.model import wrap
+    from vrh_interp.core.execution import interventions as iv
+    from vrh_interp.core.description.model import wrap
 
     model = vlm.hf_model
     visual = torch.as_tensor(list(batch.layouts[0].visual_positions))
@@ -60,7 +60,7 @@ def logit_error(vlm: Any, batch: Any, cast: Any) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     import torch
 
-    from vrh_interp.core.model import cast_model
+    from vrh_interp.core.description.model import cast_model
     from vrh_interp.data.sources import synthetic_samples
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from vrh_interp.core.provenance import library_versions
+from vrh_interp.core.bookkeeping.provenance import library_versions
 from vrh_interp.data import grounding_samples
 from vrh_interp.data.sources import synthetic_samples
 from vrh_interp.evaluation.attention_box import BoxReadout, attention_boxes

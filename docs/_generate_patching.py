@@ -69,7 +69,7 @@ def positive_control(out: Path, pairs: int) -> list[str]:
     attribution; where each puts the planted heads (Markdown lines; the tables go to ``out``)."""
     import pandas as pd
 
-    from vrh_interp.core.heads import HeadSet
+    from vrh_interp.core.description.heads import HeadSet
     from vrh_interp.specs import load_spec
     from vrh_interp.patching.attribution import ATTRIBUTION_METHODS, attribution_patching, compare_attribution
     from vrh_interp.patching.batch import baseline, prepare_pairs

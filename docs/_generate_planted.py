@@ -24,14 +24,14 @@ from vrh_interp.viz import plots
 from vrh_interp.data import grounding_samples
 from vrh_interp.experiments.head_scan import head_scan
 from vrh_interp.experiments.designs import clustered_sweep
-from vrh_interp.experiments.sweep import Condition
+from vrh_interp.experiments.conditions import Condition
 from vrh_interp.experiments.verdicts import sweep_claims
 from vrh_interp.evaluation.controls import layer_matched_control, random_control
 from vrh_interp.patching.batch import baseline, prepare_pairs
 from vrh_interp.patching.head_patching import patch_head_set
 from vrh_interp.patching.pairs import make_pairs
 from vrh_interp.experiments.positive_control import declared, load_planted, transfer_control
-from vrh_interp.core.provenance import library_versions
+from vrh_interp.core.bookkeeping.provenance import library_versions
 from vrh_interp.viz.tables import markdown_table
 from vrh_interp.scoring.detect import collect_detection_stats, scores_from_stats
 from vrh_interp.scoring.grading import grade_detection

@@ -11,6 +11,8 @@ PACKAGE = ROOT / "vrh_interp"
 OUT = Path(__file__).resolve().parent / "reference"
 SKIP = ("checkpoints",)
 LAYER_PACKAGES = ("core", "data", "experiments", "apps", "viz")  # see CHANGELOG 0.2.0
+# subpackages of a layer package that get a page per module too (core's three parts)
+NESTED_LAYER_PACKAGES = ("core.description", "core.execution", "core.bookkeeping")
 
 
 def _is_package(path: Path) -> bool:
@@ -36,13 +38,20 @@ def pages() -> dict[str, str]:
     out = {"index.md": "# `vrh_interp`\n\nThe top-level exports (`import vrh_interp as vrh`); every module has its "
                        "own page in this section.\n\n::: vrh_interp\n    options:\n      show_submodules: false\n"}
     for child in _entries(PACKAGE):
-        if child.name in LAYER_PACKAGES:  # a page per module of a layer package, the package's docstring first
-            out[f"{child.name}.md"] = f"# `vrh_interp.{child.name}`\n\n::: vrh_interp.{child.name}\n"
-            for grandchild in _entries(child):
-                out[f"{child.name}.{grandchild.stem}.md"] = _page(grandchild)
-        else:
-            out[f"{child.stem}.md"] = _page(child)
+        _add_pages(child, out)
     return out
+
+
+def _add_pages(path: Path, out: dict[str, str]) -> None:
+    """A layer package (``LAYER_PACKAGES``, ``NESTED_LAYER_PACKAGES``): a page of its docstring, then a page per
+    entry; anything else: one page for the module or the package with all its modules."""
+    dotted = ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
+    if dotted in LAYER_PACKAGES + NESTED_LAYER_PACKAGES:
+        out[f"{dotted}.md"] = f"# `vrh_interp.{dotted}`\n\n::: vrh_interp.{dotted}\n"
+        for child in _entries(path):
+            _add_pages(child, out)
+    else:
+        out[f"{dotted}.md"] = _page(path)
 
 
 def _entries(folder: Path) -> list[Path]:

@@ -17,7 +17,7 @@ import shutil
 from pathlib import Path
 
 from vrh_interp.apps.cli import main as vrh
-from vrh_interp.core.provenance import library_versions
+from vrh_interp.core.bookkeeping.provenance import library_versions
 from vrh_interp.toy import grounding_status
 
 HERE = Path(__file__).resolve().parent

@@ -38,7 +38,7 @@ from pathlib import Path
 import pandas as pd
 
 from vrh_interp.apps.cli import main as vrh
-from vrh_interp.core.provenance import library_versions
+from vrh_interp.core.bookkeeping.provenance import library_versions
 from vrh_interp.evaluation.claims import POSITIVE_CONTROL_CLAIMS
 from vrh_interp.scoring.scores import HeadScores
 from vrh_interp.toy import weights_sha256

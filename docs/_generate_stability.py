@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from vrh_interp.apps.cli import main as vrh
-from vrh_interp.core.provenance import library_versions
+from vrh_interp.core.bookkeeping.provenance import library_versions
 from vrh_interp.toy import weights_sha256
 
 from _generate_results import demo_seconds  # noqa: E402  (docs/ is the script's folder: sys.path[0])

@@ -10,7 +10,7 @@ activation-patching form beside it, and the ``sufficient`` claim judged by the c
 its rank test sequential (up to ``RANK_SETS`` sets of each kind on ``RANK_ITEMS`` items). Then the calibration: the
 same experiment with a random head set of the same size (outside the planted heads and decoys) in the top-k's
 place, which must not hold. Then toys A and C (``toy:a``, ``toy:c``): the same experiment on the VRH-score top-k*
-(k* as the demo's, ``apps.demo_plan.demo_ks``), whose heads are not known retrieval heads, with the rank test capped
+(k* as the demo's, ``experiments.ks.demo_ks``), whose heads are not known retrieval heads, with the rank test capped
 at ``TOY_RANK_SETS`` sets of each kind. The run folders resume; the page is never edited by hand.
 """
 
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from vrh_interp.apps.demo_plan import demo_ks
-from vrh_interp.core.provenance import library_versions
+from vrh_interp.experiments.ks import demo_ks
+from vrh_interp.core.bookkeeping.provenance import library_versions
 from vrh_interp.evaluation.controls import random_control
 from vrh_interp.experiments.positive_control import declared, load_planted
 from vrh_interp.experiments.steer import SteerResult, claim_line, detect_and_steer
@@ -191,7 +191,8 @@ def generate(out: Path) -> Path:
         "follows. Each item is an evaluation scene with at least two referable objects; the input's expression names",
         "its referent, and the target is the next referable object. The redirected heads get a pre-softmax bias",
         "alpha on the keys of the target's visual tokens, at the rows that produce the answer (the last prompt row",
-        "and every generated token; `vrh_interp.core.templates.redirect`). An answer **moves** (IoU >= 0.5 with the",
+        "and every generated token; `vrh_interp.core.execution.templates.redirect`). An answer **moves** (IoU >= 0.5 "
+        "with the",
         "target's box), **stays** (IoU >= 0.5 with the referent's) or **breaks** (no box, or a box on neither).",
         "The same experiment then runs on toys A and C, whose top heads are not known retrieval heads (last section).",
         "",
@@ -267,7 +268,7 @@ def generate(out: Path) -> Path:
         "",
         "The same experiment (`detect_and_steer`, what `vrh steer --model toy:a` runs) on the two toys whose heads",
         "were trained, not planted: the top-k* by the VRH score on the same detection scenes, k* as the demo takes it",
-        "(`apps.demo_plan.demo_ks`: about 2% of the heads, at least 1), redirected at the same alphas against random,",
+        "(`experiments.ks.demo_ks`: about 2% of the heads, at least 1), redirected at the same alphas against random,",
         "layer-matched and live-head sets of the same size. Unlike the planted heads these are not known to retrieve",
         "the referent, so no verdict is expected in advance: whatever the rule reads is the result. Smaller than",
         f"the positive control: the rank test stops at {TOY_RANK_SETS} sets of each kind (p no lower than "

@@ -4,9 +4,9 @@
     python docs/_generate_text_ancestors.py --check  # exit 1 if the page is stale
 
 Every number comes from the lists alone (no model): QRHead's query-focused retrieval heads of text LLMs
-(``vrh_interp/core/published_qrhead.json``, copied from github.com/princeton-pli/QRHead, MIT) and the paper's
-appendix-D VRH lists (``published_heads.json``), paired where the text LLM and the VLM's language model have the same
-grid, through ``vrh_interp.core.published`` (``text_ancestor_overlap``, ``text_ancestor_tables``).
+(``vrh_interp/core/description/published_qrhead.json``, copied from github.com/princeton-pli/QRHead, MIT) and the
+paper's appendix-D VRH lists (``published_heads.json``), paired where the text LLM and the VLM's language model have
+the same grid, through ``vrh_interp.core.description.published`` (``text_ancestor_overlap``, ``text_ancestor_tables``).
 ``tests/test_published.py`` fails when the page and this script's rendering differ.
 """
 
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from vrh_interp.core import published  # noqa: E402
+from vrh_interp.core.description import published  # noqa: E402
 
 PAGE = ROOT / "docs" / "results" / "text-ancestors.md"
 
@@ -100,7 +100,8 @@ def render() -> str:
         f"{len(catalog)} lists, copied verbatim from QRHead's QRRetriever configs "
         "(`src/qrretriever/configs/<model>_qr_head_<data>.yaml`, field `attn_head_set`; commits "
         f"{', '.join(f'`{c}`' for c in commits)}; each list's config path and full commit are in "
-        "`vrh_interp/core/published_qrhead.json`). `data` is the detection set: NQ (Natural Questions) or LME "
+        "`vrh_interp/core/description/published_qrhead.json`). `data` is the detection set: NQ (Natural Questions) or "
+        "LME "
         "(LongMemEval). The Gemma-3-4B-it `mid_head` config is left out: it holds 24 middle-layer heads, two per "
         "layer in layer order, not a detected ranking; the `full_head` configs name every head. "
         f"{len(matched)} of the lists have a grid equal to one of the paper's VLMs; the Llama ones "
@@ -160,8 +161,8 @@ def render() -> str:
         "`--ks` masks its top-k prefixes, and in Python `heads[:k]` is the top k.",
         "",
         "```python",
-        "from vrh_interp.core import published",
-        "from vrh_interp.core.heads import Head, HeadGeometry",
+        "from vrh_interp.core.description import published",
+        "from vrh_interp.core.description.heads import Head, HeadGeometry",
         "",
         "qr = published.parse_heads(\"published:qrhead/qwen2.5-7b-instruct\")",
         "assert qr == published.qrhead_heads(\"Qwen/Qwen2.5-7B-Instruct\", \"NQ\")",
@@ -187,7 +188,7 @@ def render() -> str:
         "",
         f"QRHead's lists are data from {published.QRHEAD_DATA['repository']}, {licence['copyright']}, under the "
         f"{licence['name']} licence; its text (the repository's `{licence['source']}` at commit "
-        f"`{licence['commit'][:7]}`) ships beside the data as `vrh_interp/core/{licence['file']}`.",
+        f"`{licence['commit'][:7]}`) ships beside the data as `vrh_interp/core/description/{licence['file']}`.",
         "",
     ]
     return "\n".join(parts)

@@ -95,7 +95,7 @@ Markdown(f"{recovered}Masking them takes grounding accuracy from "
         ("markdown", "What the heads look at: the mean attention of the top heads' answer rows over the image, for "
                      "one evaluation scene, with the referent's box and the model's answer box drawn in the "
                      "image's pixels."),
-        ("code", '''from vrh_interp.core.boxes import Box
+        ("code", '''from vrh_interp.core.description.boxes import Box
 from vrh_interp.viz.overlays import overlay_figures, prediction_overlays
 
 records = result.records
@@ -150,7 +150,7 @@ from vrh_interp.experiments.transfer import compare_scores
 comparison = compare_scores(scores_a, scores_b, ks=(3, 5, 8))
 display(plots.score_map_comparison(scores_a.scores, scores_b.scores, LABELS, k=5))
 comparison'''),
-        ("code", '''from vrh_interp.apps.demo import demo_ks
+        ("code", '''from vrh_interp.experiments.ks import demo_ks
 from vrh_interp.experiments.transfer import cross_masking
 
 _, k_star = demo_ks(vlm_a.geometry.total_heads)  # the demo's k* (1 of a toy's 32 heads: the paper's ~2%)
@@ -191,12 +191,12 @@ Markdown("\\n\\n".join(lines) + "\\n\\nThe heads transfer when the transferred h
          "toy-a.md)).")'''),
         ("markdown", "## The paper's own pairs, from its published lists\n\n"
                      "Appendix D publishes the top-20 heads of Qwen2.5-VL-7B, InternVL3-8B (both Qwen2.5-7B) and "
-                     "Qwen3-VL-8B, InternVL3.5-8B (both Qwen3-8B) on five benchmarks (`vrh_interp.core.published`, "
+                     "Qwen3-VL-8B, InternVL3.5-8B (both Qwen3-8B) on five benchmarks (`vrh_interp.core.description.published`, "
                      "[docs](../docs/published-heads.md)). The overlap of each same-backbone pair against chance: "
                      "uniform over the grid, and layer-matched (same heads per layer, random heads within a layer). "
                      "On a real checkpoint, `sweep(vlm, samples, published.heads(...))` or "
                      "`vrh sweep --vrhs published:qwen2.5-vl-7b/refcoco` masks a published set."),
-        ("code", '''from vrh_interp.core import published
+        ("code", '''from vrh_interp.core.description import published
 
 published.same_backbone_overlap()[["pair", "benchmark", "shared", "jaccard", "chance_uniform", "p_uniform",
                                    "chance_layer_matched", "p_layer_matched"]]'''),
@@ -206,10 +206,10 @@ published.same_backbone_overlap()[["pair", "benchmark", "shared", "jaccard", "ch
                      "The templates are plain data; apply them inside your own `vlm.nn.trace(...)`."),
         ("code", PICK_MODEL),
         ("code", '''import nnsight, torch
-from vrh_interp.core import interventions as iv
-from vrh_interp.core.heads import Head, HeadSet
+from vrh_interp.core.execution import interventions as iv
+from vrh_interp.core.description.heads import Head, HeadSet
 from vrh_interp.data.sources import synthetic_samples
-from vrh_interp.core.templates import apply_in_order
+from vrh_interp.core.execution.templates import apply_in_order
 
 sample = synthetic_samples("eval", 1)[0]
 batch = vlm.encode_grounding([sample.image], [sample.expression])
@@ -225,7 +225,7 @@ with torch.no_grad():
 print("max logit change from ablating", heads, float((logits - plain).abs().max()))
 assert float((logits - plain).abs().max()) > 0
 assert torch.allclose(rows[0].sum(-1), torch.ones_like(rows[0].sum(-1)), atol=1e-5)'''),
-        ("code", '''from vrh_interp.core.boxes import BoxParseFailure
+        ("code", '''from vrh_interp.core.description.boxes import BoxParseFailure
 from vrh_interp.viz.plots import pair_panels
 
 
@@ -263,7 +263,7 @@ pair_panels((sample.image, sample.image), {"ground truth": sample.box},
 import vrh_interp as vrh
 from vrh_interp import toy
 from vrh_interp.viz import plots
-from vrh_interp.core.tiny import build_tiny
+from vrh_interp.core.description.tiny import build_tiny
 
 if (toy.checkpoint_dir("a") / "config.json").exists():
     model, processor = toy.load("a")
@@ -281,7 +281,7 @@ print(vlm.adapter.display_name, geometry, "targets:", TARGETS)'''),
                      "spot; every other pixel is identical. Among the first `N_PAIRS` = 12 such pairs (reused in the "
                      "many-pair section) we take one where the model grounds both inputs correctly, so its answer "
                      "follows the object."),
-        ("code", '''from vrh_interp.core.boxes import BoxParseFailure
+        ("code", '''from vrh_interp.core.description.boxes import BoxParseFailure
 from vrh_interp.patching.batch import prepare_pairs
 from vrh_interp.patching.pairs import make_pairs
 from vrh_interp.data.checks import as_box
@@ -370,7 +370,7 @@ plots.position_patching_map(regions, image=pair.corrupted.image,
                      "later MLP and head frozen at its corrupted value, so only the residual-stream path to the "
                      "logits is left. `patched_answers` lets the corrupted input generate with the head patched at "
                      "every step, and scores the box it writes."),
-        ("code", '''from vrh_interp.core.heads import HeadSet
+        ("code", '''from vrh_interp.core.description.heads import HeadSet
 from vrh_interp.patching.head_patching import patched_answers
 from vrh_interp.patching.mediation import direct_and_total_effect
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 from PIL import Image
 
-from vrh_interp.core.model import VLM, wrap
-from vrh_interp.core.tiny import TINY_FAMILIES, build_tiny
+from vrh_interp.core.description.model import VLM, wrap
+from vrh_interp.core.description.tiny import TINY_FAMILIES, build_tiny
 
 torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests build or ship their models: never ask a hub

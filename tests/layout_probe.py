@@ -24,9 +24,9 @@ import torch
 from PIL import Image, ImageDraw
 from transformers.image_utils import PILImageResampling
 
-from vrh_interp.core.boxes import Box
-from vrh_interp.core.families.base import FamilyAdapter, VisualLayout
-from vrh_interp.core.tiny import TinyVLM
+from vrh_interp.core.description.boxes import Box
+from vrh_interp.core.description.families.base import FamilyAdapter, VisualLayout
+from vrh_interp.core.description.tiny import TinyVLM
 
 
 @contextmanager

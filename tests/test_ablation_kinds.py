@@ -15,12 +15,12 @@ import torch
 
 from tests.conftest import noise_image, tiny_vlm
 from tests.reference import reference_segments, replaced_heads, segment_sums
-from vrh_interp.core import interventions as iv
+from vrh_interp.core.execution import interventions as iv
 from vrh_interp.evaluation.grounding import ablation_values, ground_batch
-from vrh_interp.core.heads import Head, HeadSet
+from vrh_interp.core.description.heads import Head, HeadSet
 from vrh_interp.data.checks import as_box
 from vrh_interp.data.sources import synthetic_samples
-from vrh_interp.core.templates.ablation import (
+from vrh_interp.core.execution.templates.ablation import (
     ANSWER,
     PAD,
     PROMPT,
@@ -239,10 +239,10 @@ def test_mean_ablation_is_remote_safe():
 def test_a_new_ablation_kind_is_one_class(monkeypatch):
     """Issue 32: kinds are objects. One registered class is a working kind: ``Ablation``, ``ablation_for`` and both
     templates use it through its methods (here: twice the pooled mean), with no name switch anywhere."""
-    from vrh_interp.core import ablation_kinds
-    from vrh_interp.core.heads import HeadGeometry
-    from vrh_interp.core.templates.ablation import HeadAblation, RowHeadAblation
-    from vrh_interp.experiments.sweep import ablation_for
+    from vrh_interp.core.execution import ablation_kinds
+    from vrh_interp.core.description.heads import HeadGeometry
+    from vrh_interp.core.execution.templates.ablation import HeadAblation, RowHeadAblation
+    from vrh_interp.experiments.conditions import ablation_for
 
     class DoubleMeanAblation(ablation_kinds.AblationMethod):
         name = "double-mean"
@@ -267,9 +267,9 @@ def test_a_new_ablation_kind_is_one_class(monkeypatch):
 
 
 def test_kinds_declare_what_they_need():
-    from vrh_interp.core.ablation_kinds import ABLATION_KINDS, ABLATION_METHODS, DEFAULT_ABLATION_KIND
-    from vrh_interp.core.backends.base import NnsightBackend
-    from vrh_interp.core.backends.transformer_lens import TransformerLensBackend
+    from vrh_interp.core.execution.ablation_kinds import ABLATION_KINDS, ABLATION_METHODS, DEFAULT_ABLATION_KIND
+    from vrh_interp.core.execution.backends.base import NnsightBackend
+    from vrh_interp.core.execution.backends.transformer_lens import TransformerLensBackend
 
     assert ABLATION_KINDS == ("zero", "mean", "resample") and DEFAULT_ABLATION_KIND == "zero"  # names records keep
     assert [(m.needs_reference_values, m.per_sample) for m in ABLATION_METHODS.values()] == [

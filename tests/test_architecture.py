@@ -152,7 +152,16 @@ def test_viz_is_a_leaf_of_the_methods_layer():
     assert not upward, "viz imports a package that draws through it: " + ", ".join(upward)
 
 
-@pytest.mark.parametrize("module", ["vrh_interp.core.model", "vrh_interp.apps.cli", "toy_training.train"])
+def test_core_description_and_execution_import_no_run_records():
+    # core's three parts (vrh_interp/core/__init__.py): what the model is (description) and running things on it
+    # (execution) never import the run records (bookkeeping), which may read the model's description (provenance)
+    parts = ("vrh_interp.core.description", "vrh_interp.core.execution")
+    found = sorted(f"{module} -> {target}" for module, targets in GRAPH.items() if module.startswith(parts)
+                   for target in targets if target.startswith("vrh_interp.core.bookkeeping"))
+    assert not found, "core.description / core.execution import core.bookkeeping: " + ", ".join(found)
+
+
+@pytest.mark.parametrize("module", ["vrh_interp.core.description.model", "vrh_interp.apps.cli", "toy_training.train"])
 def test_the_checker_sees_imports(module):
     # guards the test itself: a parser that found no edges would pass everything above
     assert GRAPH[module], f"{module} imports nothing from {' or '.join(PACKAGES)}? the import parser is broken"

@@ -12,8 +12,8 @@ import pytest
 from tests.conftest import tiny_vlm
 from tests.families.checks import edge_heads, two_prompt_batch
 from tests.reference import eager_attention_maps
-from vrh_interp.core.boxes import Box
-from vrh_interp.core.heads import HeadSet
+from vrh_interp.core.description.boxes import Box
+from vrh_interp.core.description.heads import HeadSet
 from vrh_interp.evaluation.attention_box import (
     BoxReadout,
     Canvas,

@@ -1,4 +1,5 @@
-"""Described attention (``vrh_interp.core.families.described``) against native adapters and plain-PyTorch references.
+"""Described attention (``vrh_interp.core.description.families.described``) against native adapters and plain-PyTorch
+references.
 
 Two kinds of proof:
 
@@ -24,9 +25,9 @@ import torch
 
 from tests.conftest import noise_image, tiny_vlm
 from tests.reference import eager_attention_maps
-from vrh_interp.core import interventions as iv
-from vrh_interp.core.boxes import Box
-from vrh_interp.core.families.described import (
+from vrh_interp.core.execution import interventions as iv
+from vrh_interp.core.description.boxes import Box
+from vrh_interp.core.description.families.described import (
     MODULE_ROTARY,
     AttentionDescription,
     AttentionDescriptionError,
@@ -36,12 +37,12 @@ from vrh_interp.core.families.described import (
     SeparateQKV,
     apply_rotary,
 )
-from vrh_interp.core.heads import Head, HeadSet
-from vrh_interp.core.model import VLM, wrap
+from vrh_interp.core.description.heads import Head, HeadSet
+from vrh_interp.core.description.model import VLM, wrap
 from vrh_interp.scoring.collect import collect_batch
-from vrh_interp.core.templates.readout import ReadoutUnavailableError
+from vrh_interp.core.execution.templates.readout import ReadoutUnavailableError
 
-# The project's descriptions of its tiny fixtures, written from the fixture configs (vrh_interp/core/tiny):
+# The project's descriptions of its tiny fixtures, written from the fixture configs (vrh_interp/core/description/tiny):
 # 2 layers, 4 heads, 2 KV heads, head_dim 16; rope theta: the text config's.
 TINY_DESCRIPTIONS = {
     "qwen2_vl": dict(attention="model.language_model.layers.{layer}.self_attn", rotary=MODULE_ROTARY),
@@ -360,8 +361,8 @@ def test_phi3_fused_qkv_with_partial_rotary_equals_native_readout_and_eager_maps
     import nnsight
     from transformers import Phi3Config, Phi3ForCausalLM
 
-    from vrh_interp.core.families.described import DescribedRowsReadout
-    from vrh_interp.core.templates.readout import AttentionRowsReadout, attention_call_label
+    from vrh_interp.core.description.families.described import DescribedRowsReadout
+    from vrh_interp.core.execution.templates.readout import AttentionRowsReadout, attention_call_label
 
     torch.manual_seed(0)
     config = Phi3Config(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,

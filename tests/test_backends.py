@@ -1,4 +1,5 @@
-"""The backend seam (``vrh_interp.core.backends.base``): the pipelines on TransformerLens equal them on nnsight.
+"""The backend seam (``vrh_interp.core.execution.backends.base``): the pipelines on TransformerLens equal them on
+nnsight.
 
 Tolerances (stated in docs/recipes/transformer-lens.md): the bridge runs eager attention without a KV cache and
 the scoring readout in one forward over prompt + answer, where nnsight reads it inside the cached sdpa generation:
@@ -25,15 +26,15 @@ import torch
 
 from tests.conftest import noise_image, tiny_vlm
 from tests.reference import zeroed_heads
-from vrh_interp.core import interventions as iv
-from vrh_interp.core.backends.base import Backend, BackendError, NnsightBackend, backend_config
-from vrh_interp.core.backends.select import backend_for, backend_type
-from vrh_interp.core.heads import Head, HeadSet
-from vrh_interp.core.runs import RunMismatchError
+from vrh_interp.core.execution import interventions as iv
+from vrh_interp.core.execution.backends.base import Backend, BackendError, NnsightBackend, backend_config
+from vrh_interp.core.execution.backends.select import backend_for, backend_type
+from vrh_interp.core.description.heads import Head, HeadSet
+from vrh_interp.core.bookkeeping.runs import RunMismatchError
 from vrh_interp.scoring.design import resolve_design
 from vrh_interp.scoring.detect import collect_detection_stats, score_heads
 from vrh_interp.data.sources import synthetic_samples
-from vrh_interp.core.templates.ablation import ZERO_ABLATION, Ablation
+from vrh_interp.core.execution.templates.ablation import ZERO_ABLATION, Ablation
 
 pytest.importorskip("transformer_lens")
 
@@ -314,7 +315,7 @@ def test_refusals_come_before_any_work_in_one_line(tmp_path, capsys, monkeypatch
 
 
 def test_the_patching_study_refuses_a_backend_that_cannot_run_it_before_any_work(toy, tmp_path):
-    from vrh_interp.core.backends.base import check_supported
+    from vrh_interp.core.execution.backends.base import check_supported
     from vrh_interp.experiments.patching_study import detect_and_study
 
     placed = toy.on(backend="transformer-lens")  # not built: the refusal reads the class, no model copy

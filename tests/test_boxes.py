@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from vrh_interp.core.boxes import Box, BoxParseFailure, InvalidBoxError, iou
-from vrh_interp.core.families.base import VisualBlock, VisualLayout
+from vrh_interp.core.description.boxes import Box, BoxParseFailure, InvalidBoxError, iou
+from vrh_interp.core.description.families.base import VisualBlock, VisualLayout
 
 
 def test_box_iou_and_xywh():

@@ -13,7 +13,7 @@ import torch
 
 from tests.conftest import tiny_vlm
 from tests.reference import zeroed_heads
-from vrh_interp.core.heads import Head, HeadSet
+from vrh_interp.core.description.heads import Head, HeadSet
 from vrh_interp.data.sources import synthetic_samples
 from vrh_interp.evaluation.census import CENSUS_CSV, Census, census, output_norms, run_census, single_head_effects
 from vrh_interp.evaluation.controls import live_control

@@ -14,12 +14,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from vrh_interp.core.heads import HeadSet
+from vrh_interp.core.description.heads import HeadSet
 from vrh_interp.evaluation import claims
 from vrh_interp.evaluation import inference
 from vrh_interp.evaluation.claims import CLAIMS, Evidence, causal_test, decide, holm, judge
 from vrh_interp.experiments import verdicts
-from vrh_interp.experiments.sweep import Condition
+from vrh_interp.experiments.conditions import Condition
 
 
 def test_holm_matches_the_step_down_procedure_by_hand():

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from vrh_interp.apps.cli import main
-from vrh_interp.core.families import BUILTIN_ADAPTERS
+from vrh_interp.core.description.families import BUILTIN_ADAPTERS
 from vrh_interp.scoring.scores import HeadScores
 
 
@@ -27,8 +27,8 @@ def test_families_is_a_static_table_in_100_columns(paper):
     import subprocess
     import sys
 
-    from vrh_interp.core.families.paper_models import PAPER_MODELS
-    from vrh_interp.core.families.registry import FAMILIES
+    from vrh_interp.core.description.families.paper_models import PAPER_MODELS
+    from vrh_interp.core.description.families.registry import FAMILIES
 
     probe = ("import sys; from vrh_interp.apps.cli import main; main(['families'" + (", '--paper'" if paper else "")
              + "]); print('IMPORTED', sorted(m for m in ('torch', 'transformers', 'pandas') if m in sys.modules))")
@@ -66,9 +66,9 @@ def test_sweep_and_scan_with_mean_ablation_mask_like_ground_batch(tmp_path, caps
     answer is what ``ground_batch`` gives with the same ablation (itself checked against a plain-hook reference
     in test_ablation_kinds); the baseline stays unmasked and zero-kind."""
     from vrh_interp.evaluation.grounding import ablation_values, ground_batch
-    from vrh_interp.core.heads import HeadSet
+    from vrh_interp.core.description.heads import HeadSet
     from vrh_interp.data.sources import synthetic_samples
-    from vrh_interp.core.templates.ablation import Ablation, AblationValues
+    from vrh_interp.core.execution.templates.ablation import Ablation, AblationValues
 
     out = tmp_path / "run"
     common = ["--model", "tiny:qwen2_vl", "--batch-size", "4", "--max-new-tokens", "3"]
@@ -289,8 +289,8 @@ def _vqa_summary(benchmark, n, base, top, sets, majority):
     """A VQA summary from hand-built records: ``base`` / ``top`` / each set's number of correct answers of ``n``
     (20 random and 20 layer-matched sets answering ``sets`` correctly, each missing other items)."""
     from vrh_interp.experiments.vqa_sweep import RECORD_COLUMNS, VQASweepResult
-    from vrh_interp.experiments.sweep import Condition
-    from vrh_interp.core.heads import HeadSet
+    from vrh_interp.experiments.conditions import Condition
+    from vrh_interp.core.description.heads import HeadSet
 
     conditions = [Condition("baseline", 0, None, HeadSet()), Condition("top", 3, None, HeadSet())]
     conditions += [Condition(kind, 3, seed, HeadSet()) for kind in ("random", "matched") for seed in range(20)]
@@ -343,7 +343,7 @@ def test_spearman_permutation_p_equals_exhaustive_enumeration():
 
 def test_grading_csv_reads_back_into_the_positive_control_table(tmp_path):
     """The report reads the positive control's ``grading.csv``, whose rank lists are stored as text."""
-    from vrh_interp.core.heads import HeadSet
+    from vrh_interp.core.description.heads import HeadSet
     from vrh_interp.experiments.positive_control import grading_table
     from vrh_interp.apps.report import read_grading
     from vrh_interp.scoring.grading import grade_ranking

@@ -30,7 +30,7 @@ import torch
 from tests.datasets import fixtures
 from tests.test_remote_timeouts import server
 from vrh_interp.apps.cli import main
-from vrh_interp.core.runs import LOCK_FILE
+from vrh_interp.core.bookkeeping.runs import LOCK_FILE
 from vrh_interp.scoring.design import resolve_design
 from vrh_interp.scoring.scores import HeadScores
 from tests.ndif_server import client_host, free_port
@@ -84,7 +84,7 @@ def scores_file(path: Path, layers: int, heads: int, model_id: str) -> Path:
 
 
 def tiny_folder(tmp_path: Path) -> Path:
-    from vrh_interp.core.tiny import build_tiny
+    from vrh_interp.core.description.tiny import build_tiny
 
     tiny = build_tiny("qwen2_vl")
     tiny.model.save_pretrained(tmp_path / "saved")
@@ -220,7 +220,7 @@ def test_a_damaged_run_folder_is_refused_naming_file_and_line(detected: Path, da
 def test_a_folder_another_process_writes_is_refused_naming_it(tmp_path: Path,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; "
-                               "from vrh_interp.core.runs import lock_run_folder; "
+                               "from vrh_interp.core.bookkeeping.runs import lock_run_folder; "
                                "l = lock_run_folder(sys.argv[1]); print('locked', flush=True); time.sleep(600)",
                                str(tmp_path / "run")], env={**os.environ, "PYTHONPATH": str(ROOT)},
                               stdout=subprocess.PIPE, text=True)
@@ -343,7 +343,7 @@ def test_an_unreachable_hub_falls_back_to_the_cached_copy_at_once(tmp_path: Path
     """The positive side of failing fast: a hub id whose copy is in the HF cache loads without the hub (one
     short request, then ``local_files_only``), and is the model that was cached."""
     from vrh_interp.specs import load_spec
-    from vrh_interp.core.tiny import build_tiny
+    from vrh_interp.core.description.tiny import build_tiny
 
     no_hub(monkeypatch, tmp_path)
     tiny = build_tiny("llava")  # its processor rebuilds through AutoProcessor (the image-only fixtures' do not)

@@ -258,8 +258,8 @@ def test_a_wrong_input_is_reported_before_the_heavy_imports(case: str, tmp_path:
 
 def test_the_api_refuses_an_empty_run_folder(tmp_path: Path) -> None:
     """`run_dir=""` (an unset variable in a script) is refused by the run folder itself, not the current folder."""
-    from vrh_interp.core.paths import PathOptionError
-    from vrh_interp.core.runs import RunFolder
+    from vrh_interp.core.bookkeeping.paths import PathOptionError
+    from vrh_interp.core.bookkeeping.runs import RunFolder
 
     with pytest.raises(PathOptionError, match="run_dir '' is an empty path"):
         RunFolder("", {"kind": "x"})

@@ -18,17 +18,19 @@ import pytest
 import torch
 
 from tests.conftest import tiny_vlm
-from vrh_interp.core import interventions as iv
+from vrh_interp.core.execution import interventions as iv
 from vrh_interp.experiments import sweep as sweep_module
 from vrh_interp.evaluation.grounding import ablation_values, encode_samples, ground_batch, ground_conditions
-from vrh_interp.experiments.sweep import Condition, conditions_per_pass, run_conditions
+from vrh_interp.experiments.conditions import Condition
+from vrh_interp.experiments.passes import conditions_per_pass
+from vrh_interp.experiments.sweep import run_conditions
 from vrh_interp.evaluation.controls import random_control
-from vrh_interp.core.heads import Head, HeadSet
-from vrh_interp.core.model import wrap
-from vrh_interp.core.runs import RecordLog
+from vrh_interp.core.description.heads import Head, HeadSet
+from vrh_interp.core.description.model import wrap
+from vrh_interp.core.bookkeeping.runs import RecordLog
 from vrh_interp.data.sources import synthetic_samples
-from vrh_interp.core.templates.ablation import Ablation
-from vrh_interp.core.tiny import TINY_FAMILIES
+from vrh_interp.core.execution.templates.ablation import Ablation
+from vrh_interp.core.description.tiny import TINY_FAMILIES
 
 FAMILIES = ["llava", "idefics3", "gemma3", "qwen2_vl"]
 TOKENS = 6

@@ -14,13 +14,14 @@ from matplotlib.colors import to_rgba
 from tests.conftest import tiny_vlm
 from vrh_interp.viz import plots
 from vrh_interp.specs import load_spec
-from vrh_interp.experiments.sweep import Condition, run_conditions, sweep
+from vrh_interp.experiments.conditions import Condition
+from vrh_interp.experiments.sweep import run_conditions, sweep
 from vrh_interp.evaluation.controls import random_control
-from vrh_interp.core.heads import HeadSet
+from vrh_interp.core.description.heads import HeadSet
 from vrh_interp.scoring.detect import score_heads
 from vrh_interp.scoring.scores import HeadScores
 from vrh_interp.data.sources import synthetic_samples
-from vrh_interp.core.head_mapping import IncompatibleHeadGridError
+from vrh_interp.core.description.head_mapping import IncompatibleHeadGridError
 from vrh_interp.experiments.transfer import cross_conditions, cross_masking, masking_drops
 
 KS = (0, 1, 2)

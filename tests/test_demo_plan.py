@@ -7,7 +7,7 @@ import dataclasses
 
 import numpy as np
 
-from vrh_interp.apps import demo
+from vrh_interp.apps import demo, demo_plan
 from vrh_interp.apps.demo import resolve_models
 
 
@@ -34,13 +34,13 @@ def test_default_models_are_c_and_d_where_shipped_else_a_and_b(monkeypatch):
 
 
 def test_scan_heads_sample():
-    from vrh_interp.core.heads import HeadGeometry, HeadSet
+    from vrh_interp.core.description.heads import HeadGeometry, HeadSet
 
     small, wide = HeadGeometry(4, 8, 4, 16), HeadGeometry(8, 16, 4, 16)
     assert demo.scan_heads(small.all_heads(), small, 1) == small.all_heads()  # up to 48 heads: every head
     ranking = HeadSet(sorted(wide.all_heads(), key=lambda h: (-h.head, h.layer)))
     picked = demo.scan_heads(ranking, wide, 3)
-    assert len(picked) == demo.SCAN_SAMPLED_HEADS and len(set(picked)) == len(picked)
+    assert len(picked) == demo_plan.SCAN_SAMPLED_HEADS and len(set(picked)) == len(picked)
     assert set(ranking[:3]) <= set(picked)  # the top k* are always scanned
     ranks = sorted(list(ranking).index(h) for h in picked)
     assert ranks[:3] == [0, 1, 2] and ranks[-1] == len(ranking) - 1  # the score range end to end

@@ -11,12 +11,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from vrh_interp.core.runs import RunMismatchError
-from vrh_interp.core.heads import Head, HeadGeometry, HeadSet
+from vrh_interp.core.bookkeeping.runs import RunMismatchError
+from vrh_interp.core.description.heads import Head, HeadGeometry, HeadSet
 from vrh_interp.evaluation import inference
 from vrh_interp.evaluation.claims import causal_test
 from vrh_interp.experiments.designs import check_subset, rank_blocks, restrict_design, scene_design, scenes_of
-from vrh_interp.experiments.sweep import RECORD_COLUMNS, Condition, SweepResult, control_conditions
+from vrh_interp.experiments.sweep import RECORD_COLUMNS, SweepResult
+from vrh_interp.experiments.conditions import Condition, control_conditions
 from vrh_interp.experiments.verdicts import rank_data
 
 
@@ -131,7 +132,8 @@ def planted():
 
 
 def test_items_of_answers_only_the_assigned_pairs_as_the_crossed_run_does(planted, tmp_path):
-    from vrh_interp.experiments.sweep import run_conditions, sweep_conditions
+    from vrh_interp.experiments.sweep import run_conditions
+    from vrh_interp.experiments.conditions import sweep_conditions
 
     vlm, items = planted
     ranking = HeadSet([Head(3, 2), Head(3, 11), Head(2, 3)])

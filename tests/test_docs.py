@@ -27,7 +27,9 @@ import importlib.util
 import linecache
 import re
 import shlex
+import sys
 import time
+import types
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,7 +124,10 @@ def test_python_blocks_run(path: Path, tmp_path: Path, monkeypatch: pytest.Monke
     if not blocks:
         pytest.skip("no executable python blocks")
     monkeypatch.chdir(tmp_path)
-    namespace: dict[str, object] = {"__name__": f"docs_{path.stem.replace('-', '_')}"}
+    # the file runs as a module of its own, as a script would (a dataclass in a block looks its module up)
+    module = types.ModuleType(f"docs_{path.stem.replace('-', '_')}")
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    namespace = module.__dict__
     for block in blocks:
         started = time.perf_counter()
         failure = None

@@ -16,6 +16,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+from dataclasses import dataclass
+
+from vrh_interp.experiments.spec import RunSpec, data_spec, non_negative_int, option, positive_int, shard
 
 from tests.test_architecture import LAYERS, layer_of
 from vrh_interp.apps.cli import build_parser, main
@@ -51,8 +54,9 @@ def test_declarations_are_consistent():
     logs = [e.log for e in declared.experiments() if e.log]
     assert sorted(logs) == ["detect_records", "localize_records", "steer_records", "sweep_records",
                             "vqa_records"]  # old stems kept
+    for claim, spec in CLAIMS.items():  # a claim names the experiment that measures it, and only there
+        assert spec.experiment in names, claim
     for experiment in declared.experiments():
-        assert set(experiment.claims) <= set(CLAIMS), experiment.name
         if experiment.log:
             assert experiment.record_key, experiment.name
     # the keys old run folders were read with
@@ -73,13 +77,15 @@ def test_the_detection_writer_keys_its_log_as_declared():
 @pytest.mark.parametrize("experiment", declared.BUILTIN, ids=lambda e: e.name)
 def test_declared_functions_resolve_in_the_experiments_layer_or_below(experiment: Experiment):
     experiments_layer = [name for name, _ in LAYERS].index("experiments")
-    for field in ("summary", "merge_files", "add_options", "run"):
+    for field in ("summary", "merge_files", "spec", "run", "show", "demo"):
         reference = getattr(experiment, field)
         if reference is None:
             continue
         assert callable(experiment.resolve(field)), reference
         module = reference.partition(":")[0]
-        assert 0 <= layer_of(module) <= experiments_layer, f"{experiment.name}.{field} = {reference}: above experiments"
+        # what a run prints and the demo's steps are the drivers' (apps); what runs is the experiments layer's
+        top = experiments_layer + (field in ("show", "demo"))
+        assert 0 <= layer_of(module) <= top, f"{experiment.name}.{field} = {reference}: above its layer"
 
 
 def test_a_declaration_without_what_its_features_need_is_refused():
@@ -87,8 +93,10 @@ def test_a_declaration_without_what_its_features_need_is_refused():
         Experiment("x", log="x_records")
     with pytest.raises(ValueError, match="merging needs"):
         Experiment("x", log="x_records", record_key=("sample_id",), mergeable=True)
-    with pytest.raises(ValueError, match="both add_options and run"):
+    with pytest.raises(ValueError, match="a runner its spec"):
         Experiment("x", command="x", run="m:f")
+    with pytest.raises(ValueError, match="grid's cells"):
+        Experiment("x", grid="everywhere")
     with pytest.raises(ValueError, match="already declared by 'sweep'"):
         declared.register(Experiment("other", log="sweep_records", record_key=("sample_id",)))
     with pytest.raises(KeyError, match="no experiment 'nope' is declared"):
@@ -123,7 +131,7 @@ def test_the_log_scanner_fires_on_a_planted_unkeyed_log():
 def test_every_record_log_the_package_opens_is_keyed_by_its_caller():
     found = {}
     for path in sorted(PACKAGE.rglob("*.py")):
-        if path.name in ("runs.py", "declared.py") and path.parent.name in ("core", "experiments"):
+        if path.name in ("runs.py", "declared.py") and path.parent.name in ("bookkeeping", "experiments"):
             continue  # the log class itself, and the declarations' helpers that pass record_key
         lines = unkeyed_log_opens(path.read_text(encoding="utf-8"))
         if lines:
@@ -162,34 +170,55 @@ def test_the_core_names_no_experiment():
 
 
 # ------------------------------------------------------------------ the worked example: one module, no other edits
+@dataclass(frozen=True, kw_only=True)
+class ToyCountSpec(RunSpec):
+    """What the toy experiment takes: a sample count, a shard, a planted interruption; ``data`` from a grid's
+    evaluation samples (only its count is used)."""
+
+    n: int = option(5, "samples", parse=positive_int)
+    data: str = option("synthetic:eval:5", "grounding samples (their count is n when given by a grid)",
+                       parse=data_spec, grid="eval")
+    shard: Any = option(None, "run shard I of N", parse=shard, metavar="I/N")
+    stop_after: int | None = option(None, "interrupt after this many records", parse=non_negative_int)
+
+    def plan_faults(self) -> list[Any]:
+        def odd() -> None:
+            if self.n == 13:
+                raise ValueError("--n 13: unlucky (a plan fault found before any work)")
+        return [odd]
+
+
 TOY = Experiment("toy_count", command="toy-count", help="square numbers, one record per sample (a test's)",
                  log="toy_records", record_key=("sample_id",), order=("sample_id",), resumable=True,
-                 mergeable=True, add_options=f"{__name__}:toy_options", run=f"{__name__}:toy_run")
+                 mergeable=True, spec=f"{__name__}:ToyCountSpec", run=f"{__name__}:toy_run",
+                 show=f"{__name__}:toy_show", grid="benchmark", demo=f"{__name__}:toy_step", demo_order=8.5)
 
 
-def toy_options(parser: argparse.ArgumentParser) -> None:
-    from vrh_interp.core.shards import Shard
+def toy_run(spec: ToyCountSpec, vlm: Any, folder: Path) -> int:
+    from vrh_interp.core.bookkeeping.runs import RunFolder
+    from vrh_interp.core.bookkeeping.shards import shard_config
 
-    parser.add_argument("--n", type=int, default=5)
-    parser.add_argument("--shard", type=Shard.parse, default=None)
-    parser.add_argument("--stop-after", type=int, default=None, help="interrupt after this many records")
-
-
-def toy_run(args: argparse.Namespace) -> int:
-    from vrh_interp.core.runs import RunFolder
-    from vrh_interp.core.shards import shard_config
-
-    ids = [f"s{i}" for i in range(args.n)]
-    folder = RunFolder(args.out, shard_config({"kind": TOY.name, "sample_ids": ids}, args.shard, 2))
-    log = TOY.open_log(folder)
+    assert vlm is None  # a spec without a model (RunSpec): nothing is loaded
+    ids = [f"s{i}" for i in range(spec.n)]
+    run = RunFolder(folder, shard_config({"kind": TOY.name, "sample_ids": ids}, spec.shard, 2))
+    log = TOY.open_log(run)
     done = {r["sample_id"] for r in log.read()}
-    mine = args.shard.select(ids, 2) if args.shard is not None else ids
+    mine = spec.shard.select(ids, 2) if spec.shard is not None else ids
     for count, sample_id in enumerate(i for i in mine if i not in done):
-        if args.stop_after is not None and count == args.stop_after:
+        if spec.stop_after is not None and count == spec.stop_after:
             raise KeyboardInterrupt
         log.append([{"sample_id": sample_id, "square": int(sample_id[1:]) ** 2}])
-    print(json.dumps({"records": len(log.read())}))
+    return len(log.read())
+
+
+def toy_show(records: int, spec: ToyCountSpec, as_json: bool) -> int:
+    print(json.dumps({"records": records}))
     return 0
+
+
+def toy_step(run: Any) -> None:
+    """Its step in ``vrh demo`` (a ``DemoRun``)."""
+    run.evidence["toy"] = None
 
 
 @pytest.fixture
@@ -238,3 +267,28 @@ def test_unregistering_removes_every_trace(tmp_path):
     declared.unregister(TOY.name)
     assert "toy-count" not in _subcommands() and declared.by_log("toy_records") is None
     assert "toy-count" not in declared.resumable_commands() and declared.experiments() == declared.BUILTIN
+
+
+def test_a_declared_experiment_refuses_its_plan_faults_before_any_work(toy, tmp_path, capsys):
+    out = tmp_path / "toy"
+    assert main(["toy-count", "--out", str(out), "--n", "13"]) == 2
+    assert "unlucky" in capsys.readouterr().err and not out.exists()
+    with pytest.raises(SystemExit) as exited:  # the field's parser: a whole number >= 1 (argparse's exit)
+        main(["toy-count", "--out", str(out), "--n", "0"])
+    assert exited.value.code == 2 and "too small" in capsys.readouterr().err and not out.exists()
+
+
+def test_a_declared_experiment_is_a_grid_experiment_and_a_demo_step(toy, tmp_path):
+    from vrh_interp.apps.demo import demo_steps
+    from vrh_interp.experiments.grid import GridSpecError, parse_grid, run_grid
+
+    text = ('experiments = ["toy_count"]\n[toy_count]\nn = 3\n[models.a]\nmodel = "toy:a"\n'
+            '[benchmarks.x]\ndetect = "synthetic:detect:2"\neval = "synthetic:eval:2"\n')
+    result = run_grid(parse_grid(text), tmp_path / "grid", progress=False)
+    assert not result.failed, result.status
+    assert [c.id for c in result.cells] == ["detect:a:x", "toy_count:a:x"]
+    assert [r["square"] for r in _records(tmp_path / "grid" / "cells/a/x/toy_count")] == [0, 1, 4]
+    with pytest.raises(GridSpecError, match=r"GRID.toml \[toy_count\]: n = 0: 0 is too small"):
+        parse_grid(text.replace("n = 3", "n = 0"))
+    steps = [declared.name for declared, _ in demo_steps()]
+    assert steps.index("transfer") < steps.index("toy_count") < steps.index("vqa_sweep")  # demo_order 8.5

@@ -90,7 +90,7 @@ MODEL = "[models.a]\nmodel = 'toy:a'\n"
     (MODEL + "remote = 'yes'\n" + BENCH, "remote = 'yes'"),
     ("[models]\n" + BENCH, "[models] is empty"),
     (MODEL, "no [benchmarks.NAME] tables"),
-    ("experiments = ['vqa']\n" + MODEL + BENCH, "there is no [vqa.NAME] table"),
+    ("experiments = ['vqa_sweep']\n" + MODEL + BENCH, "there is no [vqa.NAME] table"),
     ("[options]\nlive = 'yes'\n" + MODEL + BENCH, "live = 'yes' is not true or false"),
     ("models = [", "not valid TOML"),
 ])
@@ -103,19 +103,20 @@ def test_bad_grid_files_fail_with_one_line(text: str, message: str) -> None:
 def test_transfer_and_vqa_references_are_checked() -> None:
     base = GRID + "[vqa.s]\ndata = 'synthetic:eval:1'\nheads_from = 'medium'\n"
     with pytest.raises(GridSpecError, match="heads_from = 'medium' is not a benchmark"):
-        parse_grid("experiments = ['sweep', 'vqa']\n" + base)
+        parse_grid("experiments = ['sweep', 'vqa_sweep']\n" + base)
     with pytest.raises(GridSpecError, match="'c' is not a model of the grid"):
         parse_grid("experiments = ['transfer']\n" + GRID + "[[transfer]]\nmodels = ['a', 'c']\n")
 
 
 def test_plan_orders_cells_after_their_dependencies() -> None:
-    spec = parse_grid("experiments = ['sweep', 'vqa', 'transfer']\n" + GRID.replace("max_batch_rows = 4", "shards = 2")
+    spec = parse_grid("experiments = ['sweep', 'vqa_sweep', 'transfer']\n"
+                      + GRID.replace("max_batch_rows = 4", "shards = 2")
                       + "[vqa.s]\ndata = 'synthetic:eval:1'\n[[transfer]]\nmodels = ['a', 'b']\n")
     cells = plan_cells(spec)
     ids = [c.id for c in cells]
     for cell in cells:
         assert all(ids.index(d) < ids.index(cell.id) for d in cell.depends)
-    assert {c.kind for c in cells} == {"detect", "sweep-shard", "sweep-merge", "vqa", "transfer"}
+    assert {c.kind for c in cells} == {"detect", "sweep-shard", "sweep-merge", "vqa_sweep", "transfer"}
     assert "sweep:a:easy#1/2" in ids and ids[-1] == "transfer:a+b:easy"
     assert cell_resources(spec, cells[0]) == {"num_cpus": 1.0, "num_gpus": 0.0}
 
@@ -148,7 +149,7 @@ def test_local_grid_summary_manifest_and_heatmap(local: Path, grid_file: Path) -
 def test_grid_sweep_draws_live_head_controls_from_the_census(tmp_path: Path) -> None:
     """``live = true`` (the default): the census of the cell's first evaluation items in its folder, live-head sets
     drawn only from its live heads outside the top k, their mean in the summary; ``live = false``: none."""
-    from vrh_interp.core.heads import Head
+    from vrh_interp.core.description.heads import Head
     from vrh_interp.evaluation.census import CENSUS_CSV, Census
     from vrh_interp.scoring.scores import HeadScores
 
@@ -157,7 +158,7 @@ def test_grid_sweep_draws_live_head_controls_from_the_census(tmp_path: Path) -> 
     assert not result.failed, result.status
     cell = tmp_path / "live" / "cells/a/x/sweep"
     pool = Census.load(cell / CENSUS_CSV, 32)
-    top = set(HeadScores.load(cell.parent / "scores-vrh.json").top(2))
+    top = set(HeadScores.load(cell.parent / "detect" / "scores-vrh.json").top(2))
     live_sets = [{Head.parse(h) for h in heads}
                  for key, heads in json.loads((cell / "manifest.json").read_text())["conditions"].items()
                  if key.startswith("live:")]
@@ -217,7 +218,7 @@ def test_ray_executor_without_ray_says_how_to_install(tmp_path: Path, monkeypatc
 # ------------------------------------------------------------------------------------------------ patching cells
 
 PATCH_GRID = """
-experiments = ["patching"]
+experiments = ["patch"]
 
 [options]
 batch_size = 4
@@ -229,7 +230,7 @@ model = "tiny:llava"
 detect = "synthetic:detect:2"
 eval = "synthetic:eval:2"
 
-[patching]
+[patch]
 top = 2
 pairs = 2
 probe_scenes = 12
@@ -259,7 +260,7 @@ def patching_grid(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("patching") / "grid"
     result = run_grid(parse_grid(PATCH_GRID), out, progress=False)
     assert not result.failed, result.status
-    assert [c.id for c in result.cells] == ["detect:l:x", "patching:l:x"]
+    assert [c.id for c in result.cells] == ["detect:l:x", "patch:l:x"]
     return out
 
 
@@ -270,11 +271,11 @@ def test_patching_cell_holds_what_vrh_patch_writes(patching_grid: Path, tmp_path
     from vrh_interp.scoring.detect import scores_from_run
 
     heads = [str(h) for h in scores_from_run(patching_grid / "cells/l/x/detect", "vrh").top(2)]
-    assert read_status(patching_grid, "patching:l:x")["heads"] == heads
+    assert read_status(patching_grid, "patch:l:x")["heads"] == heads
     direct = tmp_path / "patch"
     assert main(["patch", "--model", "tiny:llava", "--vrhs", ",".join(heads), *PATCH_ARGS, "--out", str(direct)]) == 0
     assert "**Location** (referent_moved" in capsys.readouterr().out
-    _same_study(_folder(patching_grid / "cells/l/patching"), _folder(direct))
+    _same_study(_folder(patching_grid / "cells/l/patch"), _folder(direct))
     # the grid's patching table is the study's own headline, read back from vrh patch's folder here
     table = pd.read_csv(patching_grid / "grid_patching.csv")
     expected = headline(PatchingStudy.load(direct))
@@ -291,11 +292,11 @@ def test_patching_rerun_repeats_no_work_and_a_killed_cell_resumes_from_its_parts
     from vrh_interp.experiments import patching_study
     from vrh_interp.experiments.grid import print_grid, write_status
 
-    cell = patching_grid / "cells/l/patching"
+    cell = patching_grid / "cells/l/patch"
     before = _folder(cell)
     result = run_grid(parse_grid(PATCH_GRID), patching_grid, progress=False)
     assert not result.failed
-    assert _folder(cell) == before and len(_attempts(patching_grid, "patching:l:x")) == 1
+    assert _folder(cell) == before and len(_attempts(patching_grid, "patch:l:x")) == 1
     assert print_grid(result) == 0 and "Patching: recovery of the studied heads" in capsys.readouterr().out
     assert print_grid(result, as_json=True) == 0
     assert len(json.loads(capsys.readouterr().out)["patching"]) == 4  # one row per pair kind
@@ -308,51 +309,55 @@ def test_patching_rerun_repeats_no_work_and_a_killed_cell_resumes_from_its_parts
     # killed while saving: every part done, the tables and patching.json not written
     for name in [n for n in before if "/" not in n]:
         (cell / name).unlink()
-    write_status(patching_grid, "patching:l:x", "running", pid=0, host="gone")
+    write_status(patching_grid, "patch:l:x", "running", pid=0, host="gone")
     assert not run_grid(parse_grid(PATCH_GRID), patching_grid, progress=False).failed
     _same_study(_folder(cell), before)
-    attempts = _attempts(patching_grid, "patching:l:x")
+    attempts = _attempts(patching_grid, "patch:l:x")
     assert len(attempts) == 2 and attempts[1]["records_before"] == 5  # four pair kinds and the probes
 
 
 def test_patching_plan_and_spec_round_trip() -> None:
-    from vrh_interp.experiments.grid import GridSpec, PatchingOptions
+    from vrh_interp.experiments.grid import GridSpec, cell_spec
 
-    spec = parse_grid("experiments = ['sweep', 'patching']\n" + GRID + "[patching]\nheads_from = 'hard'\n")
-    assert spec.patching == PatchingOptions(heads_from="hard", random_sets=2)  # the grid's random_sets by default
+    spec = parse_grid("experiments = ['sweep', 'patch']\n" + GRID + "[patch]\nheads_from = 'hard'\n")
+    patching = [c for c in plan_cells(spec) if c.kind == "patch"]
+    study = cell_spec(Path("g"), spec, patching[0])
+    assert (study.random_sets, study.control_seeds()) == (2, [0, 1])  # the grid's random_sets by default
+    assert study.scores == "g/cells/a/hard/detect/scores-vrh.json"
     assert GridSpec.from_dict(spec.to_dict()) == spec  # what a Ray task gets
-    patching = [c for c in plan_cells(spec) if c.kind == "patching"]
     assert [(c.id, c.folder, c.depends) for c in patching] == [
-        ("patching:a:hard", "cells/a/patching", ("detect:a:hard",)),
-        ("patching:b:hard", "cells/b/patching", ("detect:b:hard",))]
-    assert "patching" not in parse_grid(GRID).to_dict()  # grids without it keep their grid.json
+        ("patch:a:hard", "cells/a/patch", ("detect:a:hard",)),
+        ("patch:b:hard", "cells/b/patch", ("detect:b:hard",))]
+    assert "tables" not in parse_grid(GRID).to_dict()  # grids without one keep their grid.json
 
 
 @pytest.mark.parametrize("table, message", [
-    ("[patching]\npairs = 0\n", "GRID.toml [patching]: pairs = 0 must be >= 1"),
-    ("[patching]\ntop = 'many'\n", "[patching]: top = 'many' is not a whole number"),
-    ("[patching]\nmetric = 'logit'\n", "[patching]: metric = 'logit': use \"answer\" or \"first_token\""),
-    ("[patching]\ntargets = 'best'\n", "[patching]: targets = 'best': use \"greedy\" or \"ground_truth\""),
-    ("[patching]\nheads_from = 'nope'\n", "[patching]: heads_from = 'nope' is not a benchmark of the grid (x)"),
-    ("[patching]\nseeds = 3\n", "[patching]: unknown key 'seeds'; the keys are heads_from, top, pairs"),
-    ("[models.r]\nmodel = 'toy:b'\nremote = true\n", "[models.r]: remote = true: the patching study runs only here"),
-    ("[models.r]\nmodel = 'toy:b'\nremote = 'local'\n", "set remote = false, or remove \"patching\" from experiments"),
+    ("[patch]\npairs = 0\n", "GRID.toml [patch]: pairs = 0: 0 is too small: use a whole number >= 1"),
+    ("[patch]\ntop = 'many'\n", "[patch]: top = 'many': 'many' is not a whole number"),
+    ("[patch]\nmetric = 'logit'\n", "[patch]: metric = 'logit': use one of answer, first_token"),
+    ("[patch]\ntargets = 'best'\n", "[patch]: targets = 'best': use one of greedy, ground_truth"),
+    ("[patch]\nheads_from = 'nope'\n", "[patch]: heads_from = 'nope' is not a benchmark of the grid (x)"),
+    ("[patch]\nseedz = 3\n", "[patch]: unknown key 'seedz'; the keys are out, model"),
+    ("[models.r]\nmodel = 'toy:b'\nremote = true\n", "[models.r]: remote = true: patch runs only here"),
+    ("[models.r]\nmodel = 'toy:b'\nremote = 'local'\n", "set remote = false, or remove \"patch\" from experiments"),
 ])
 def test_bad_patching_options_are_refused_before_any_work(table: str, message: str, tmp_path: Path,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     from vrh_interp.apps.cli import main
 
     with pytest.raises(GridSpecError) as caught:
-        parse_grid("experiments = ['patching']\n" + MODEL + BENCH + table)
+        parse_grid("experiments = ['patch']\n" + MODEL + BENCH + table)
     assert message in str(caught.value) and "\n" not in str(caught.value)
     grid = tmp_path / "GRID.toml"
-    grid.write_text("experiments = ['patching']\n" + MODEL + BENCH + table)
+    grid.write_text("experiments = ['patch']\n" + MODEL + BENCH + table)
     assert main(["grid", str(grid), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("vrh grid: error: GRID.toml") and message in err and err.count("\n") == 1
     assert not (tmp_path / "out").exists()
-    with pytest.raises(GridSpecError, match='a \\[patching\\] table but experiments has no "patching"'):
-        parse_grid(MODEL + BENCH + "[patching]\ntop = 2\n")
+    with pytest.raises(GridSpecError, match='a \\[patch\\] table but experiments has no "patch"'):
+        parse_grid(MODEL + BENCH + "[patch]\ntop = 2\n")
+    with pytest.raises(GridSpecError, match="unknown experiment 'patching' \\(now named 'patch'"):
+        parse_grid("experiments = ['patching']\n" + MODEL + BENCH)
 
 
 # ------------------------------------------------------------------------------------------------- Ray executor
@@ -458,7 +463,7 @@ def test_a_cell_runs_on_the_threads_its_spec_fixes_whatever_the_process_has(thre
     from vrh_interp.experiments import grid
 
     seen = []
-    monkeypatch.setitem(grid.RUNNERS, "detect", lambda *_: seen.append(torch.get_num_threads()) or {})
+    monkeypatch.setattr(grid, "_run_declared", lambda *_: seen.append(torch.get_num_threads()) or {})
     spec = parse_grid(MODEL + BENCH + f"[options]\nthreads = {threads}\n")
     before = torch.get_num_threads()
     other = 3 if threads != 3 else 2

@@ -9,9 +9,9 @@ import pytest
 
 import vrh_interp as vrh
 from tests.conftest import noise_image, tiny_vlm
-from vrh_interp.core import interventions as iv
-from vrh_interp.core.boxes import Box
-from vrh_interp.core.heads import Head, HeadSet, HeadSpecError, HeadTypeError
+from vrh_interp.core.execution import interventions as iv
+from vrh_interp.core.description.boxes import Box
+from vrh_interp.core.description.heads import Head, HeadSet, HeadSpecError, HeadTypeError
 from vrh_interp.data.datasets import GroundingSample
 from vrh_interp.data.datasets.errors import DatasetError
 from vrh_interp.data.datasets.images import LoadedImage

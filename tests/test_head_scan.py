@@ -18,13 +18,13 @@ import pytest
 from vrh_interp.evaluation.grounding import ablation_values, ground_batch
 from vrh_interp.experiments.head_scan import HeadScanResult, head_scan, head_scan_from_run
 from vrh_interp.experiments.sweep import run_conditions
-from vrh_interp.core.heads import Head, HeadSet
-from vrh_interp.core.model import wrap
-from vrh_interp.core.runs import RecordLog
+from vrh_interp.core.description.heads import Head, HeadSet
+from vrh_interp.core.description.model import wrap
+from vrh_interp.core.bookkeeping.runs import RecordLog
 from vrh_interp.scoring.design import resolve_design
 from vrh_interp.scoring.scores import HeadScores
 from vrh_interp.data.sources import synthetic_samples
-from vrh_interp.core.templates.ablation import Ablation
+from vrh_interp.core.execution.templates.ablation import Ablation
 from vrh_interp.toy import load as load_toy
 from vrh_interp.evaluation.statistics import spearman
 
@@ -119,7 +119,7 @@ def test_resume_after_a_truncated_log_is_exact(toy, samples, scores, scan, tmp_p
 KILLED_SCAN = textwrap.dedent("""
     import sys, torch
     torch.set_num_threads(1)
-    from vrh_interp.core.model import wrap
+    from vrh_interp.core.description.model import wrap
     from vrh_interp.toy import load
     from vrh_interp.data.sources import synthetic_samples
     from vrh_interp.experiments.head_scan import head_scan

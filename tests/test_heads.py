@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, strategies as st
 
-from vrh_interp.core.heads import Head, HeadGeometry, HeadOutOfRangeError, HeadSet
-from vrh_interp.core.head_mapping import IncompatibleHeadGridError, transfer_heads
+from vrh_interp.core.description.heads import Head, HeadGeometry, HeadOutOfRangeError, HeadSet
+from vrh_interp.core.description.head_mapping import IncompatibleHeadGridError, transfer_heads
 
 
 @given(st.integers(0, 500), st.integers(0, 500))

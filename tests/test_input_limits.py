@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import tiny_vlm
-from vrh_interp.core.boxes import Box
-from vrh_interp.core.limits import (InputLimitError, check_answer_budget, check_prompts_fit, context_length,
-                                    prompt_lengths)
-from vrh_interp.core.model import wrap
-from vrh_interp.core.tiny import build_tiny
+from vrh_interp.core.description.boxes import Box
+from vrh_interp.core.execution.limits import (InputLimitError, check_answer_budget, check_prompts_fit, context_length,
+                                              prompt_lengths)
+from vrh_interp.core.description.model import wrap
+from vrh_interp.core.description.tiny import build_tiny
 from vrh_interp.data.datasets.images import LoadedImage
 from vrh_interp.data.datasets.samples import GroundingSample
 from vrh_interp.data.sources import synthetic_samples
@@ -72,8 +72,9 @@ def test_an_answer_budget_the_model_cannot_produce_is_refused(budget: object, wo
 
 def test_the_api_refuses_before_any_work(tmp_path: Path) -> None:
     """score_heads and run_conditions check first: no run folder is created, no answer generated."""
-    from vrh_interp.experiments.sweep import run_conditions, sweep_conditions
-    from vrh_interp.core.heads import HeadSet
+    from vrh_interp.experiments.sweep import run_conditions
+    from vrh_interp.experiments.conditions import sweep_conditions
+    from vrh_interp.core.description.heads import HeadSet
     from vrh_interp.scoring.detect import score_heads
 
     vlm = _shrunk("qwen2_vl", 120)

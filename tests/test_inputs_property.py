@@ -2,12 +2,12 @@
 works (and means what it says) or raises one of the library's own error types with a message, never an unrelated
 exception.
 
-Covered: path options (``core.paths``) against a folder holding a file, a folder, a symlink loop and a dangling
-link; the paths in data specs (``sources.check_paths``); answer budgets (``core.limits.check_answer_budget``);
-JSONL rows with repeated keys; run folders' record logs (``RecordLog.read`` over arbitrary bytes, against an
-independent reading), manifests (``RunFolder``, ``whole_run_manifest``) and head-scores files
-(``HeadScores.load``). The parsers of head specs, k lists, shards, data specs, boxes and model specs are in
-tests/test_parsers_property.py.
+Covered: path options (``core.bookkeeping.paths``) against a folder holding a file, a folder, a symlink loop and a
+dangling link; the paths in data specs (``sources.check_paths``); answer budgets
+(``core.execution.limits.check_answer_budget``); JSONL rows with repeated keys; run folders' record logs
+(``RecordLog.read`` over arbitrary bytes, against an independent reading), manifests (``RunFolder``,
+``whole_run_manifest``) and head-scores files (``HeadScores.load``). The parsers of head specs, k lists, shards, data
+specs, boxes and model specs are in tests/test_parsers_property.py.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from hypothesis import HealthCheck, assume, given, settings, strategies as st
 from PIL import Image
 
 from tests.test_parsers_property import assert_own_error
-from vrh_interp.core import paths
-from vrh_interp.core.limits import InputLimitError, check_answer_budget
-from vrh_interp.core.runs import RunFolder, RunRecordError, whole_run_manifest
+from vrh_interp.core.bookkeeping import paths
+from vrh_interp.core.execution.limits import InputLimitError, check_answer_budget
+from vrh_interp.core.bookkeeping.runs import RunFolder, RunRecordError, whole_run_manifest
 from vrh_interp.data.datasets.errors import DatasetError
 from vrh_interp.data.datasets.jsonl import load_jsonl
 from vrh_interp.data.sources import check_paths

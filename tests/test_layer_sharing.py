@@ -1,10 +1,10 @@
-"""Layer sharing (``core.layer_sharing``): a condition's layers below its first masked layer come from the unmasked
-rows while its tokens equal theirs. Checked against the plain-PyTorch reference (``tests.reference.zeroed_heads``:
-one plain HF ``generate`` per condition, heads zeroed by hooks, nothing shared) on real models: the trained toy C
-(8 layers; its conditions include ones whose answers leave the baseline's on every row, on one row only, and not
-at all, so tied, untied and mixed rows all occur) and toy A, and tiny LLaVA. A mutant that takes one layer too many
-from the unmasked rows (first masked layer off by one) is caught by the same comparison. Where the path does not
-apply it returns None and ``generate_conditions`` takes its usual path.
+"""Layer sharing (``core.execution.layer_sharing``): a condition's layers below its first masked layer come from the
+unmasked rows while its tokens equal theirs. Checked against the plain-PyTorch reference
+(``tests.reference.zeroed_heads``: one plain HF ``generate`` per condition, heads zeroed by hooks, nothing shared) on
+real models: the trained toy C (8 layers; its conditions include ones whose answers leave the baseline's on every row,
+on one row only, and not at all, so tied, untied and mixed rows all occur) and toy A, and tiny LLaVA. A mutant that
+takes one layer too many from the unmasked rows (first masked layer off by one) is caught by the same comparison. Where
+the path does not apply it returns None and ``generate_conditions`` takes its usual path.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import torch
 
 from tests.conftest import tiny_vlm
 from tests.reference import zeroed_heads
-from vrh_interp.core import interventions as iv
-from vrh_interp.core import layer_sharing as ls
-from vrh_interp.core.heads import Head, HeadSet
-from vrh_interp.core.templates.ablation import Ablation
+from vrh_interp.core.execution import interventions as iv
+from vrh_interp.core.execution import layer_sharing as ls
+from vrh_interp.core.description.heads import Head, HeadSet
+from vrh_interp.core.execution.templates.ablation import Ablation
 from vrh_interp.data import grounding_samples
 from vrh_interp.evaluation.grounding import ablation_values, encode_samples
 from vrh_interp.data.sources import synthetic_samples
@@ -178,12 +178,13 @@ def test_a_big_batch_is_cut_into_whole_images_and_answers_as_the_reference(toy_c
     unmasked rows among them, and its answers equal one plain ``generate`` per condition with hooks. Where the
     backend does not share layers (switched off), the batch is not cut."""
     from vrh_interp.experiments import sweep as sw
+    from vrh_interp.experiments.conditions import Condition
 
     samples = _scene_items(3)
     heads = [HeadSet(), _layer(toy_c, 7), HeadSet([Head(6, 3), Head(2, 5)]), HeadSet([Head(5, 1)]),
              HeadSet([Head(4, 2), Head(4, 0)]), HeadSet([Head(3, 9)])]
-    conditions = [sw.Condition("baseline", 0, None, heads[0])] + [sw.Condition("top", len(h), i, h)
-                                                                   for i, h in enumerate(heads[1:])]
+    conditions = [Condition("baseline", 0, None, heads[0])] + [Condition("top", len(h), i, h)
+                                                             for i, h in enumerate(heads[1:])]
     passes: list[tuple[int, int, int]] = []
     answer = sw._GroundingPasses.answer
 

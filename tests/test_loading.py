@@ -8,11 +8,11 @@ import torch
 from transformers import GPT2Config
 
 from tests.conftest import noise_image
-from vrh_interp.core import interventions as iv
-from vrh_interp.core.families import UnsupportedModelError, adapter_for_config
-from vrh_interp.core.heads import Head, HeadSet
+from vrh_interp.core.execution import interventions as iv
+from vrh_interp.core.description.families import UnsupportedModelError, adapter_for_config
+from vrh_interp.core.description.heads import Head, HeadSet
 from vrh_interp.specs import load
-from vrh_interp.core.tiny import build_tiny
+from vrh_interp.core.description.tiny import build_tiny
 
 
 def test_load_local_folder_equals_in_memory_model(tmp_path):
@@ -91,7 +91,7 @@ def _rotary_buffers(model) -> dict[str, torch.Tensor]:
 def test_cast_model_leaves_rotary_frequencies_as_from_config_builds_them(family):
     from transformers import AutoModelForImageTextToText
 
-    from vrh_interp.core.model import cast_model
+    from vrh_interp.core.description.model import cast_model
 
     tiny = build_tiny(family)
     reference = AutoModelForImageTextToText.from_config(tiny.model.config, dtype=torch.bfloat16)  # HF's own dtype path
@@ -107,7 +107,7 @@ def test_half_precision_rotary_frequencies_move_far_positions_and_cast_model_doe
     """Why cast_model exists: ``.to(bf16)`` rounds ``inv_freq``, and the rotary angle error grows with position."""
     import copy
 
-    from vrh_interp.core.model import cast_model
+    from vrh_interp.core.description.model import cast_model
 
     model = build_tiny("paligemma2").model
     rotary = model.model.language_model.rotary_emb
@@ -126,7 +126,7 @@ def test_half_precision_rotary_frequencies_move_far_positions_and_cast_model_doe
 def test_wrap_warns_when_rotary_frequencies_are_half_precision(recwarn):
     import copy
 
-    from vrh_interp.core.model import cast_model, wrap
+    from vrh_interp.core.description.model import cast_model, wrap
 
     tiny = build_tiny("paligemma2")
     with pytest.warns(UserWarning, match=r"rotary frequency buffer.*bfloat16.*cast_model"):

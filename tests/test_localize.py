@@ -11,8 +11,8 @@ import pytest
 
 from tests.conftest import tiny_vlm
 from vrh_interp.apps.cli import main
-from vrh_interp.core.heads import HeadSet
-from vrh_interp.core.runs import RunMismatchError
+from vrh_interp.core.description.heads import HeadSet
+from vrh_interp.core.bookkeeping.runs import RunMismatchError
 from vrh_interp.data.sources import synthetic_samples
 from vrh_interp.evaluation.attention_box import BoxReadout
 from vrh_interp.evaluation.statistics import mcnemar_exact

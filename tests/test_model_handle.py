@@ -1,7 +1,7 @@
 """Issue 32, item 1: one model handle. The ``VLM`` says where it runs (``Placement``: backend and remote, set once
 with ``vlm.on(...)``); no method threads ``remote`` by hand or takes ``backend=``, and no module outside
-``vrh_interp/core/backends/`` asks which backend runs. The scans below parse every module of the package; each has
-a check that it fires on a small source holding the violation.
+``vrh_interp/core/execution/backends/`` asks which backend runs. The scans below parse every module of the package;
+each has a check that it fires on a small source holding the violation.
 """
 
 from __future__ import annotations
@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import noise_image, tiny_vlm
-from vrh_interp.core.backends import BACKENDS
+from vrh_interp.core.execution.backends import BACKENDS
 
 PACKAGE = Path(__file__).resolve().parents[1] / "vrh_interp"
-BACKENDS_DIR = PACKAGE / "core" / "backends"
-HANDLE = PACKAGE / "core" / "model.py"  # ``VLM.on(placement, *, backend, remote)``: where a placement is set
+BACKENDS_DIR = PACKAGE / "core" / "execution" / "backends"
+# ``VLM.on(placement, *, backend, remote)``: where a placement is set
+HANDLE = PACKAGE / "core" / "description" / "model.py"
 PLACEMENT_PARAMETERS = ("remote", "backend")
 
 
@@ -68,7 +69,7 @@ def test_no_method_takes_remote_or_backend():
 def test_no_module_outside_the_backends_asks_which_backend_runs():
     found = {str(path.relative_to(PACKAGE.parent)): lines for path in _modules((BACKENDS_DIR,))
              if (lines := backend_name_comparisons(path.read_text()))}
-    assert not found, ("backend-name comparisons outside vrh_interp/core/backends/ (use a declaration of the "
+    assert not found, ("backend-name comparisons outside vrh_interp/core/execution/backends/ (use a declaration of the "
                        f"backend: backend_config, ablation_kinds, operations, runs_remotely): {found}")
 
 
@@ -86,7 +87,7 @@ def test_the_comparison_scan_fires():
 
 
 def test_on_places_a_handle_that_shares_the_model():
-    from vrh_interp.core.model import LOCAL, Placement
+    from vrh_interp.core.description.model import LOCAL, Placement
 
     vlm = tiny_vlm("llava")
     assert vlm.placement == LOCAL and vlm.remote is False and vlm.backend_name == "nnsight"
@@ -104,8 +105,8 @@ def test_on_places_a_handle_that_shares_the_model():
 
 
 def test_a_placed_handle_shares_one_nnsight_wrapper_built_after_placing():
-    from vrh_interp.core.model import wrap
-    from vrh_interp.core.tiny import build_tiny
+    from vrh_interp.core.description.model import wrap
+    from vrh_interp.core.description.tiny import build_tiny
 
     tiny = build_tiny("qwen2_vl")
     vlm = wrap(tiny.model, tiny.processor)  # a fresh model: no wrapper yet
@@ -117,7 +118,7 @@ def test_the_interventions_read_where_the_handle_runs(monkeypatch):
     """``run_forward`` passes the handle's ``remote`` to nnsight (no parameter of its own)."""
     import torch
 
-    from vrh_interp.core import interventions as iv
+    from vrh_interp.core.execution import interventions as iv
 
     vlm = tiny_vlm("llava")
     batch = vlm.encode_grounding([noise_image(40, 40)], ["the red circle"])
@@ -138,7 +139,7 @@ def test_a_method_that_traces_with_nnsight_refuses_a_handle_placed_elsewhere():
     """The handle says where it runs: a method that traces the model itself (interventions, patching, probes,
     overlays) refuses a handle placed on TransformerLens in one line instead of running on nnsight silently. Nothing
     is built (no bridge: TransformerLens need not be installed)."""
-    from vrh_interp.core import interventions as iv
+    from vrh_interp.core.execution import interventions as iv
     from vrh_interp.data import grounding_samples
     from vrh_interp.viz.overlays import prediction_overlays
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from vrh_interp.core.boxes import MAX_COORDINATE, Box, BoxParseFailure, InvalidBoxError, _shown, iou
-from vrh_interp.core.families import coordinates as co
-from vrh_interp.core.runs import (LOCK_FILE, RecordLog, RunFolder, RunManifestError, RunMismatchError,
-                                  RunRecordError, _naming, check_not_running, lock_run_folder, read_manifest,
-                                  whole_run_manifest, write_atomic, write_json_atomic)
+from vrh_interp.core.description.boxes import MAX_COORDINATE, Box, BoxParseFailure, InvalidBoxError, _shown, iou
+from vrh_interp.core.description.families import coordinates as co
+from vrh_interp.core.bookkeeping.runs import (LOCK_FILE, RecordLog, RunFolder, RunManifestError, RunMismatchError,
+                                              RunRecordError, _naming, check_not_running, lock_run_folder,
+                                              read_manifest, whole_run_manifest, write_atomic, write_json_atomic)
 
 
 # ------------------------------------------------------------------ boxes: each value against its definition
@@ -263,7 +263,7 @@ def test_the_run_lock_is_reentrant_and_emptied_on_release(tmp_path: Path) -> Non
 
 # ------------------------------------------------------------------ the box -> token rule's arithmetic
 def test_overlapping_spans_against_hand_computed_tilings() -> None:
-    from vrh_interp.core.families.base import overlapping_spans
+    from vrh_interp.core.description.families.base import overlapping_spans
 
     assert overlapping_spans(0, 16, 2, 1, 10) == [0, 1]  # 2 px inside span 1: far above the rounding tolerance
     assert overlapping_spans(10, 20, 2, 16, 20) == [1]  # the tiling starts at 10, not 0
@@ -278,7 +278,7 @@ def test_overlapping_spans_against_hand_computed_tilings() -> None:
 def test_check_image_box_and_visual_blocks() -> None:
     import torch
 
-    from vrh_interp.core.families.base import VisualBlock, check_image_box
+    from vrh_interp.core.description.families.base import VisualBlock, check_image_box
 
     box = Box(0, 0, 1, 1)
     assert check_image_box(box, (1, 1)) is box

@@ -1,4 +1,5 @@
-"""Tests written to kill surviving mutants of the ablation templates (``core/templates/ablation.py``, docs/testing.md).
+"""Tests written to kill surviving mutants of the ablation templates (``core/execution/templates/ablation.py``,
+docs/testing.md).
 
 Two levels. (1) The templates act on any object whose output projection has an ``.input`` (they never need
 nnsight): here a stand-in model of plain tensors, and every expected value is written out by loops over rows,
@@ -21,10 +22,11 @@ import pytest
 import torch
 
 from tests.reference import decoder_layers, reference_segments, replaced_heads, segment_sums, zeroed_heads
-from vrh_interp.core.heads import Head, HeadGeometry, HeadSet
-from vrh_interp.core.templates.ablation import (ANSWER, PAD, PROMPT, VISUAL, Ablation, AblationValues, HeadAblation,
-                                                RowHeadAblation, SegmentSumCapture, forward_segments, segment_ids)
-from vrh_interp.core.templates.head_outputs import HeadOutputCapture
+from vrh_interp.core.description.heads import Head, HeadGeometry, HeadSet
+from vrh_interp.core.execution.templates.ablation import (ANSWER, PAD, PROMPT, VISUAL, Ablation, AblationValues,
+                                                          HeadAblation, RowHeadAblation, SegmentSumCapture,
+                                                          forward_segments, segment_ids)
+from vrh_interp.core.execution.templates.head_outputs import HeadOutputCapture
 
 LAYERS, HEADS, DIM = 2, 3, 2
 WIDTH = HEADS * DIM

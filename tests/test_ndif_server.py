@@ -20,11 +20,11 @@ import pytest
 import torch
 from cloudpickle import cloudpickle as cloudpickle_impl
 
-from vrh_interp.core import interventions as iv
+from vrh_interp.core.execution import interventions as iv
 from vrh_interp.data import grounding_samples
-from vrh_interp.core.heads import Head, HeadSet
-from vrh_interp.core.interventions import RemoteExecutionError
-from vrh_interp.core.model import VLM, wrap
+from vrh_interp.core.description.heads import Head, HeadSet
+from vrh_interp.core.execution.interventions import RemoteExecutionError
+from vrh_interp.core.description.model import VLM, wrap
 from vrh_interp.patching.attribution import attribution_patching
 from vrh_interp.patching.batch import prepare_pairs
 from vrh_interp.patching.head_patching import patch_each_head, patch_head_set, patched_answers

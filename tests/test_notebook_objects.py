@@ -15,13 +15,13 @@ import pytest
 import torch
 
 from tests.conftest import tiny_vlm
-from vrh_interp.core import interventions as iv
-from vrh_interp.core.families import FamilyAdapter
-from vrh_interp.core.heads import Head, HeadGeometry, HeadSet
-from vrh_interp.core.templates import LayerValues, TemplateValues, apply_in_order
-from vrh_interp.core.templates.head_outputs import RowPairHeadPatch
-from vrh_interp.core.templates.position_patch import HeadKeyValuePatch
-from vrh_interp.core.templates.readout import attention_call_label
+from vrh_interp.core.execution import interventions as iv
+from vrh_interp.core.description.families import FamilyAdapter
+from vrh_interp.core.description.heads import Head, HeadGeometry, HeadSet
+from vrh_interp.core.execution.templates import LayerValues, TemplateValues, apply_in_order
+from vrh_interp.core.execution.templates.head_outputs import RowPairHeadPatch
+from vrh_interp.core.execution.templates.position_patch import HeadKeyValuePatch
+from vrh_interp.core.execution.templates.readout import attention_call_label
 from vrh_interp.data.sources import synthetic_samples
 from vrh_interp.patching.attribution import attribution_patching
 from vrh_interp.patching.batch import baseline, prepare_pairs
@@ -115,8 +115,8 @@ def test_adapters_show_the_family_and_the_head_grid_not_the_config(vlm):
             yield sub
             yield from every_subclass(sub)
 
-    from vrh_interp.core.families.described import DescribedAdapter
-    from vrh_interp.core.families.gemma3 import Gemma3Adapter
+    from vrh_interp.core.description.families.described import DescribedAdapter
+    from vrh_interp.core.description.families.gemma3 import Gemma3Adapter
 
     subclasses = list(every_subclass(FamilyAdapter))
     assert {Gemma3Adapter, DescribedAdapter} <= set(subclasses)  # @dataclass subclasses would write their own repr

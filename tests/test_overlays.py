@@ -7,8 +7,8 @@ import torch
 
 from tests.conftest import tiny_vlm
 from tests.reference import eager_attention_maps
-from vrh_interp.core import interventions as iv
-from vrh_interp.core.heads import Head, HeadSet
+from vrh_interp.core.execution import interventions as iv
+from vrh_interp.core.description.heads import Head, HeadSet
 from vrh_interp.viz.overlays import overlay_figures, prediction_overlays
 from vrh_interp.data.sources import synthetic_samples
 

@@ -20,14 +20,14 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 from PIL import Image
 
-from vrh_interp.core.boxes import BOX_FORMATS, Box, InvalidBoxError
+from vrh_interp.core.description.boxes import BOX_FORMATS, Box, InvalidBoxError
 from vrh_interp.data.datasets.errors import DatasetError
 from vrh_interp.data.datasets.jsonl import load_jsonl
-from vrh_interp.experiments.sweep import KSpecError, parse_ks
-from vrh_interp.core.heads import Head, HeadGeometry, HeadSet, HeadSpecError
-from vrh_interp.core.model_source import ModelLoadError, check_device, resolve_model_source
+from vrh_interp.experiments.ks import KSpecError, parse_ks
+from vrh_interp.core.description.heads import Head, HeadGeometry, HeadSet, HeadSpecError
+from vrh_interp.core.description.model_source import ModelLoadError, check_device, resolve_model_source
 from vrh_interp.data.checks import MAX_EXPRESSION_CHARS, InvalidSampleError, as_box, check_samples
-from vrh_interp.core.shards import Shard, ShardSpecError
+from vrh_interp.core.bookkeeping.shards import Shard, ShardSpecError
 from vrh_interp.data.sources import (
     GROUNDING_KINDS, MAX_SYNTHETIC_SCENES, VQA_BENCHMARKS, DataSpecError, _synthetic_args, load_data, load_vqa,
     parse_spec,
@@ -301,7 +301,7 @@ def test_dtype_options_are_checked_before_anything_loads(dtype: str) -> None:
 
 @pytest.mark.parametrize("dtype", ["bool", "int8", "float99", "__class__", "finfo"])
 def test_dtype_must_be_a_floating_torch_dtype(dtype: str) -> None:
-    from vrh_interp.core.model_source import parse_dtype
+    from vrh_interp.core.description.model_source import parse_dtype
 
     with pytest.raises(ModelLoadError, match="unknown dtype"):
         parse_dtype(dtype)

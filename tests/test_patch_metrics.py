@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.conftest import tiny_vlm
-from vrh_interp.core.heads import HeadSet
+from vrh_interp.core.description.heads import HeadSet
 from vrh_interp.patching import batch
 from vrh_interp.patching.batch import baseline, prepare_pairs
 from vrh_interp.patching.head_patching import patch_each_head
@@ -70,7 +70,7 @@ def test_a_new_metric_is_one_class(monkeypatch):
 
 
 def test_key_value_patch_kinds_are_objects_in_one_registry():
-    from vrh_interp.core.templates.position_patch import PATCHED_STATES, StatePatch, patched_states
+    from vrh_interp.core.execution.templates.position_patch import PATCHED_STATES, StatePatch, patched_states
 
     assert {name: (kind.keys, kind.values) for name, kind in PATCHED_STATES.items()} == {
         "keys": (True, False), "values": (False, True), "both": (True, True)}

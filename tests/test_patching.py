@@ -13,17 +13,17 @@ from tests.conftest import tiny_vlm
 from tests.reference import (captured_o_proj_inputs, decoder_layers, eager_attention_maps, edited_o_proj_inputs,
                              forced_log_probs, text_geometry)
 from vrh_interp.data.scenes import COLOURS, make_scene, move_object, recolour_object
-from vrh_interp.core.heads import Head, HeadSet
-from vrh_interp.core.model import wrap
+from vrh_interp.core.description.heads import Head, HeadSet
+from vrh_interp.core.description.model import wrap
 from vrh_interp.patching.attribution import AttributionResult, attribution_patching, compare_attribution
 from vrh_interp.patching.batch import PairBatch, baseline, measure, prepare_pairs
 from vrh_interp.patching.head_patching import HeadPatchingResult, patch_each_head, patch_head_set, patched_answers
 from vrh_interp.patching.mediation import FreezeComponents, _corrupted_values, direct_and_total_effect, mlp_path
 from vrh_interp.patching.pairs import PAIR_KINDS, make_pairs
 from vrh_interp.patching.positions import position_patching
-from vrh_interp.core.templates.head_outputs import RowPairHeadPatch
-from vrh_interp.core.tiny import TINY_FAMILIES, build_tiny
-from vrh_interp.core import interventions as iv
+from vrh_interp.core.execution.templates.head_outputs import RowPairHeadPatch
+from vrh_interp.core.description.tiny import TINY_FAMILIES, build_tiny
+from vrh_interp.core.execution import interventions as iv
 
 MAX_NEW = 6
 

@@ -16,13 +16,13 @@ import torch
 
 from tests.conftest import tiny_vlm
 from tests.reference import captured_o_proj_inputs, edited_o_proj_inputs, forced_log_probs
-from vrh_interp.core.heads import Head, HeadSet
-from vrh_interp.core.model import wrap
+from vrh_interp.core.description.heads import Head, HeadSet
+from vrh_interp.core.description.model import wrap
 from vrh_interp.patching.batch import GROUPS, PairBatch, baseline, prepare_pairs, token_coordinates
 from vrh_interp.patching.controls import compare_with_controls
 from vrh_interp.patching.head_patching import patch_each_head, patch_head_set
 from vrh_interp.patching.pairs import make_pairs
-from vrh_interp.core.tiny import build_tiny
+from vrh_interp.core.description.tiny import build_tiny
 
 # the order a family writes the four coordinates in
 ORDERS = {"llava": ("x1", "y1", "x2", "y2"), "gemma3": ("y1", "x1", "y2", "x2"), "paligemma": ("y1", "x1", "y2", "x2")}

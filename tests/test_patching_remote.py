@@ -14,7 +14,7 @@ import torch
 
 from tests.conftest import tiny_vlm
 from vrh_interp.data import grounding_samples
-from vrh_interp.core.heads import Head, HeadSet
+from vrh_interp.core.description.heads import Head, HeadSet
 from vrh_interp.patching.attribution import attribution_patching
 from vrh_interp.patching.batch import PairBatch, baseline, prepare_pairs
 from vrh_interp.patching.head_patching import patch_each_head, patch_head_set, patched_answers

@@ -44,8 +44,8 @@ def ran(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         seen.append(cell.id)
         return {}
 
-    for kind in list(grid.RUNNERS):
-        monkeypatch.setitem(grid.RUNNERS, kind, stub)
+    monkeypatch.setattr(grid, "_run_declared", stub)
+    monkeypatch.setattr(grid, "_run_merge", stub)
     monkeypatch.setattr(grid, "write_summary", lambda *args: pd.DataFrame())
     return seen
 
@@ -181,10 +181,11 @@ def test_old_status_files_are_read_only_for_the_cell_they_name(tmp_path: Path) -
 
 
 @pytest.mark.parametrize("text, message", [
-    ("experiments = ['vqa']\n" + MODEL + BENCH + _bench("vqa-s") + "[vqa.s]\ndata = 'synthetic:eval:2'\n",
-     "cells detect:a:vqa-s and vqa:a:s would write into nested folders (cells/a/vqa-s/detect, cells/a/vqa-s)"),
-    ("experiments = ['patching']\n" + MODEL + BENCH + _bench("patching"),
-     "cells detect:a:patching and patching:a:x would write into nested folders"),
+    ("experiments = ['vqa_sweep']\n" + MODEL + BENCH + _bench("vqa_sweep-s") + "[vqa.s]\ndata = 'synthetic:eval:2'\n",
+     "cells detect:a:vqa_sweep-s and vqa_sweep:a:s would write into nested folders (cells/a/vqa_sweep-s/detect, "
+     "cells/a/vqa_sweep-s)"),
+    ("experiments = ['patch']\n" + MODEL + BENCH + _bench("patch"),
+     "cells detect:a:patch and patch:a:x would write into nested folders"),
     ("experiments = ['transfer']\n" + "".join(f"[models.{m}]\nmodel = 'toy:a'\n" for m in ("a", "b", "c", "a__b",
                                                                                             "b__c"))
      + BENCH + "[[transfer]]\nmodels = ['a__b', 'c']\n[[transfer]]\nmodels = ['a', 'b__c']\n",
@@ -199,7 +200,7 @@ def test_cells_whose_folders_collide_are_refused_before_any_runs(text: str, mess
 
 
 def test_every_planned_folder_is_apart_from_the_others() -> None:
-    spec = parse_grid("experiments = ['sweep', 'vqa', 'transfer', 'patching']\n[options]\nshards = 2\n" + MODEL
+    spec = parse_grid("experiments = ['sweep', 'vqa_sweep', 'transfer', 'patch']\n[options]\nshards = 2\n" + MODEL
                       + "[models.b]\nmodel = 'toy:b'\n" + BENCH + _bench("y") + "[vqa.s]\ndata = 'synthetic:eval:2'\n"
                       + "[[transfer]]\nmodels = ['a', 'b']\n")
     assert grid.check_plan(spec) == plan_cells(spec)  # the usual plan passes

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from vrh_interp.core.families.base import image_token_positions
-from vrh_interp.core.heads import HeadSet
-from vrh_interp.core.model import wrap
+from vrh_interp.core.description.families.base import image_token_positions
+from vrh_interp.core.description.heads import HeadSet
+from vrh_interp.core.description.model import wrap
 from toy_training import planted
 from toy_training import train as trainer
 from toy_training.configs import TextBackboneShape, VisionTowerShape, format_box_answer
@@ -53,7 +53,7 @@ def test_box_cells_match_the_library_layout() -> None:
     for row, sample in enumerate(samples):
         encoding = {k: v[row:row + 1] for k, v in inputs.items()}
         layout = vlm.adapter.visual_layout(encoding, sample.image.size, processor)
-        from vrh_interp.core.boxes import Box
+        from vrh_interp.core.description.boxes import Box
 
         expected = set(layout.positions_for_box(Box(*sample.box)))
         assert set(targets.referent[row].nonzero().flatten().tolist()) == expected
@@ -105,7 +105,7 @@ def test_attention_loss_equals_a_loop_reference() -> None:
 
 def test_masking_hook_equals_the_library_zero_ablation() -> None:
     """Masking by the trainer's plain pre-hook gives the same logits as the library's nnsight ablation."""
-    from vrh_interp.core.interventions import head_ablation, run_forward
+    from vrh_interp.core.execution.interventions import head_ablation, run_forward
 
     config, model, processor = _tiny_planted(attention=False)
     model.eval()
@@ -212,7 +212,8 @@ def test_shipped_organism_properties_hold_on_a_small_sample() -> None:
 def test_library_default_scorer_finds_the_planted_heads_and_masking_them_separates() -> None:
     """Through the library's own path (nnsight detection and masked generation): top-|P| == P, and masking P
     collapses grounding while masking the decoys does not."""
-    from vrh_interp.experiments.sweep import Condition, run_conditions
+    from vrh_interp.experiments.conditions import Condition
+    from vrh_interp.experiments.sweep import run_conditions
     from vrh_interp.experiments.positive_control import declared as declared_sets, load_planted
     from vrh_interp.scoring.detect import collect_detection_stats, scores_from_stats
     from vrh_interp.data.sources import synthetic_samples

@@ -12,7 +12,7 @@ from tests.conftest import noise_image, tiny_vlm
 from tests.reference import zeroed_heads
 from vrh_interp.data import grounding_samples
 from vrh_interp.evaluation.controls import random_control
-from vrh_interp.core.heads import Head, HeadSet
+from vrh_interp.core.description.heads import Head, HeadSet
 from vrh_interp.experiments.preferences import (control_path, export_preference_pairs, image_reference,
                                                 open_image_reference)
 

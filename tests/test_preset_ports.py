@@ -47,7 +47,7 @@ MAX_NEW_TOKENS = 24
 def shared():
     """toy:planted (a LLaVA-class model with planted retrieval heads: real box answers, peaked heads) on 8 samples:
     the library's statistics, and the eager maps ``[L, b, H, S, S]`` of prompt + the same greedy answers."""
-    from vrh_interp.core import interventions as iv
+    from vrh_interp.core.execution import interventions as iv
     from vrh_interp.data.sources import synthetic_samples
     from vrh_interp.experiments.positive_control import load_planted
 
@@ -370,7 +370,7 @@ def released_ocr_heads(shared) -> np.ndarray:
 def test_prompt_key_argmax_equals_the_code_slice():
     """The readout's fourth statistic against ``argmax(attn[row, :-G])`` (keys 0 .. P-2) on random rows whose
     largest values often sit on the last prompt key or on generated keys (which the code's slice excludes)."""
-    from vrh_interp.core.templates.readout import RegionAttentionReadout
+    from vrh_interp.core.execution.templates.readout import RegionAttentionReadout
 
     rng = np.random.default_rng(1)
     b, heads, rows, P, G = 3, 4, 6, 20, 5

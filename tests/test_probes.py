@@ -9,7 +9,7 @@ import torch
 from tests.conftest import tiny_vlm
 from tests.reference import captured_o_proj_inputs
 from vrh_interp.data import grounding_samples
-from vrh_interp.core.heads import Head, HeadSet
+from vrh_interp.core.description.heads import Head, HeadSet
 from vrh_interp.data.checks import as_box
 from vrh_interp.patching.probes import (
     BOX_TARGETS,

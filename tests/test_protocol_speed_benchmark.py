@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.conftest import noise_image, tiny_vlm
-from vrh_interp.core.heads import Head, HeadSet
+from vrh_interp.core.description.heads import Head, HeadSet
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "protocol_speed.py"
 
@@ -44,7 +44,7 @@ def test_naive_loop_equals_the_library_on_a_tiny_model(capsys: pytest.CaptureFix
 
 def test_the_naive_hook_zeroes_exactly_the_named_heads() -> None:
     """The naive loop's masking is not vacuous: its hook changes the output, and equals the library's ablation."""
-    from vrh_interp.core import interventions as iv
+    from vrh_interp.core.execution import interventions as iv
 
     script = _load_script()
     vlm = tiny_vlm("llava")

@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from tests.conftest import noise_image, tiny_vlm
-from vrh_interp.core import interventions as iv
+from vrh_interp.core.execution import interventions as iv
 from vrh_interp.data import grounding_samples
-from vrh_interp.core.heads import Head, HeadSet
+from vrh_interp.core.description.heads import Head, HeadSet
 from vrh_interp.data.checks import as_box
 from vrh_interp.scoring.collect import (_input_rows, _region_and_visual_masks, collect_batch,
                                         negative_spatial_entropies, negative_spatial_entropy)
-from vrh_interp.core.templates.readout import RegionAttentionReadout, _row_scores
+from vrh_interp.core.execution.templates.readout import RegionAttentionReadout, _row_scores
 
 # mRoPE (qwen2_vl), sliding-window layers with their own mask (gemma3), MHA-like GQA groups, image splitting
 FAMILIES = ("llava", "qwen2_vl", "gemma3", "idefics3")
@@ -44,7 +44,7 @@ def _by_layer(values: dict, per_layer: bool) -> tuple[torch.Tensor, ...]:
                          ids=["one_chunk", "default", "chunk_per_layer", "sample_slices"])
 def test_layer_stacked_region_readout_is_bit_identical_to_per_layer(family, budget, monkeypatch):
     if budget == "sliced":  # every chunk reduced one sample at a time (what long prompts get on CPU)
-        from vrh_interp.core.templates import readout
+        from vrh_interp.core.execution.templates import readout
 
         monkeypatch.setattr(readout, "SLICE_BYTES", 1)
         budget = 1 << 30
@@ -140,7 +140,7 @@ def test_stack_layers_refuses_a_head_subset():
 
 
 def test_argmax_in_region_equals_gather_at_argmax_including_ties():
-    from vrh_interp.core.templates.readout import _argmax_in_region
+    from vrh_interp.core.execution.templates.readout import _argmax_in_region
 
     gen = torch.Generator().manual_seed(0)
     probs = torch.softmax(torch.randn(2, 3, 4, 5, 30, generator=gen), -1)

@@ -19,8 +19,8 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForImageTextToText
 
-from vrh_interp.core.families import adapter_for_config
-from vrh_interp.core.families.paper_models import QWEN2_5_VL_3B, paper_model
+from vrh_interp.core.description.families import adapter_for_config
+from vrh_interp.core.description.families.paper_models import QWEN2_5_VL_3B, paper_model
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "real_shape.py"
@@ -120,7 +120,7 @@ def test_every_model_has_its_real_processor_and_visual_tokens(model: str) -> Non
     gives the real visual-token count for a 1024 x 768 image (processor only: no model is built)."""
     from PIL import Image
 
-    from vrh_interp.core.families.registry import TINY_RECIPES
+    from vrh_interp.core.description.families.registry import TINY_RECIPES
 
     script = _load_script()
     assert set(script.model_names()) == set(REAL_VISUAL_TOKENS)

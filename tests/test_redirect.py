@@ -13,8 +13,8 @@ import torch
 from tests.conftest import tiny_vlm
 from tests.families.checks import edge_heads, two_prompt_batch
 from tests.reference import decoder_layers, redirected_attention, text_geometry
-from vrh_interp.core import interventions as iv
-from vrh_interp.core.heads import Head, HeadSet
+from vrh_interp.core.execution import interventions as iv
+from vrh_interp.core.description.heads import Head, HeadSet
 
 ALPHA = 6.0
 BOXES = [(10, 5, 50, 40), (30, 40, 64, 96)]
@@ -131,8 +131,8 @@ def test_redirect_survives_remote_serialisation(family):
 
 
 def test_redirect_is_refused_on_transformer_lens():
-    from vrh_interp.core.backends.base import BackendError, check_supported
-    from vrh_interp.core.backends.select import backend_type
+    from vrh_interp.core.execution.backends.base import BackendError, check_supported
+    from vrh_interp.core.execution.backends.select import backend_type
 
     with pytest.raises(BackendError, match="redirect"):
         check_supported(backend_type("transformer-lens"), operations=["steering"])

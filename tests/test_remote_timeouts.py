@@ -2,7 +2,8 @@
 
 The servers are plain sockets on 127.0.0.1: one accepts connections and never answers (the hang reported in
 issue 20); one speaks just enough of the NDIF wire protocol (the websocket handshake, the session id, the POST
-of the request) and then goes silent at a chosen stage, so each timeout of ``vrh_interp.core.remote`` is reached.
+of the request) and then goes silent at a chosen stage, so each timeout of ``vrh_interp.core.execution.remote`` is
+reached.
 """
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ from typing import Iterator
 import pytest
 
 from tests.conftest import noise_image
-from vrh_interp.core import interventions as iv
-from vrh_interp.core.interventions import RemoteExecutionError
-from vrh_interp.core.model import VLM, wrap
-from vrh_interp.core.remote import remote_timeouts, set_remote_timeouts
+from vrh_interp.core.execution import interventions as iv
+from vrh_interp.core.execution.interventions import RemoteExecutionError
+from vrh_interp.core.description.model import VLM, wrap
+from vrh_interp.core.execution.remote import remote_timeouts, set_remote_timeouts
 from tests.ndif_server import client_host, free_port
-from vrh_interp.core.tiny import build_tiny
+from vrh_interp.core.description.tiny import build_tiny
 
 WS_MAGIC = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 
@@ -141,7 +142,7 @@ def test_dns_failure_is_not_called_a_host_that_is_no_ndif_api() -> None:
 def test_timeouts_have_sensible_defaults_and_are_configurable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("VRH_REMOTE_CONNECT_TIMEOUT", raising=False)
     monkeypatch.delenv("VRH_REMOTE_READ_TIMEOUT", raising=False)
-    monkeypatch.setattr("vrh_interp.core.remote._configured", {})
+    monkeypatch.setattr("vrh_interp.core.execution.remote._configured", {})
     assert remote_timeouts() == (10.0, 600.0)
     monkeypatch.setenv("VRH_REMOTE_READ_TIMEOUT", "30")
     assert remote_timeouts() == (10.0, 30.0)
@@ -165,7 +166,7 @@ def test_nothing_listening_is_still_a_refused_connection() -> None:
 
 def test_the_installed_nnsight_has_every_private_name_the_timeouts_use() -> None:
     """Run on both ends of the allowed nnsight range by tests/version_ends.py."""
-    from vrh_interp.core.remote import check_remote_backend
+    from vrh_interp.core.execution.remote import check_remote_backend
 
     check_remote_backend()
 
@@ -175,7 +176,7 @@ def test_an_nnsight_without_a_private_name_is_refused_in_one_line() -> None:
 
     from nnsight.intervention.backends import remote as module
 
-    from vrh_interp.core.remote import UnsupportedNnsightError, check_remote_backend
+    from vrh_interp.core.execution.remote import UnsupportedNnsightError, check_remote_backend
 
     fake = types.SimpleNamespace(**{name: getattr(module, name) for name in dir(module) if name != "_REFRESH"})
     with pytest.raises(UnsupportedNnsightError, match=r"has no _REFRESH .*pip install 'nnsight>=0.8.0,<0.9'") as info:

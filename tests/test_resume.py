@@ -21,19 +21,19 @@ from tests.conftest import tiny_vlm
 from vrh_interp.data.datasets.errors import DatasetError
 from vrh_interp.data.datasets.samples import GroundingSample
 from vrh_interp.experiments.sweep import sweep, sweep_from_run
-from vrh_interp.core.heads import HeadSet
+from vrh_interp.core.description.heads import HeadSet
 from vrh_interp.experiments.merge import merge_runs
-from vrh_interp.core.runs import RecordLog, RunMismatchError
+from vrh_interp.core.bookkeeping.runs import RecordLog, RunMismatchError
 from vrh_interp.scoring.detect import score_heads
-from vrh_interp.core.shards import Shard
+from vrh_interp.core.bookkeeping.shards import Shard
 from vrh_interp.data.sources import synthetic_samples
 
 FAMILY = "qwen2_vl"
 SCRIPT = textwrap.dedent("""
     import sys, torch
     torch.set_num_threads(1)
-    from vrh_interp.core.model import wrap
-    from vrh_interp.core.tiny import build_tiny
+    from vrh_interp.core.description.model import wrap
+    from vrh_interp.core.description.tiny import build_tiny
     from vrh_interp.data.sources import synthetic_samples
     from vrh_interp.scoring.detect import score_heads
     from vrh_interp.experiments.sweep import sweep, sweep_from_run
@@ -154,9 +154,9 @@ def test_resuming_with_other_weights_of_the_same_model_is_refused(tmp_path):
 
     import torch
 
-    from vrh_interp.core.model import wrap
-    from vrh_interp.core.provenance import weights_fingerprint
-    from vrh_interp.core.tiny import build_tiny
+    from vrh_interp.core.description.model import wrap
+    from vrh_interp.core.bookkeeping.provenance import weights_fingerprint
+    from vrh_interp.core.description.tiny import build_tiny
 
     vlm = tiny_vlm(FAMILY)
     samples = synthetic_samples("eval", 2)
@@ -181,7 +181,7 @@ def test_resuming_with_other_weights_of_the_same_model_is_refused(tmp_path):
 def test_weights_fingerprint_reads_every_parameter_and_is_none_for_weights_not_in_memory():
     import torch
 
-    from vrh_interp.core.provenance import FINGERPRINT_VALUES, weights_fingerprint
+    from vrh_interp.core.bookkeeping.provenance import FINGERPRINT_VALUES, weights_fingerprint
 
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 2))
     base = weights_fingerprint(model)

@@ -23,7 +23,8 @@ import pytest
 
 from tests.conftest import tiny_vlm
 from vrh_interp.experiments.sweep import sweep, sweep_from_run
-from vrh_interp.core.runs import LOCK_FILE, RecordLog, RunFolder, RunLockedError, RunRecordError, lock_run_folder
+from vrh_interp.core.bookkeeping.runs import (LOCK_FILE, RecordLog, RunFolder, RunLockedError, RunRecordError,
+                                              lock_run_folder)
 from vrh_interp.data.sources import synthetic_samples
 from vrh_interp.experiments.declared import record_log
 
@@ -35,14 +36,14 @@ RACER = textwrap.dedent("""
     import sys, time, pathlib, torch
     torch.set_num_threads(1)
     from vrh_interp.apps import cli
-    import vrh_interp.core.model, vrh_interp.scoring.detect, vrh_interp.core.tiny
+    import vrh_interp.core.description.model, vrh_interp.scoring.detect, vrh_interp.core.description.tiny
     pathlib.Path(sys.argv[1]).touch()
     while not pathlib.Path(sys.argv[2]).exists():
         time.sleep(0.002)
     sys.exit(cli.main(sys.argv[3:]))
 """)
-HOLDER = "import sys, time; from vrh_interp.core.runs import lock_run_folder; l = lock_run_folder(sys.argv[1]); " \
-         "print('locked', flush=True); time.sleep(600)"
+HOLDER = "import sys, time; from vrh_interp.core.bookkeeping.runs import lock_run_folder; " \
+         "l = lock_run_folder(sys.argv[1]); print('locked', flush=True); time.sleep(600)"
 
 
 def _env() -> dict[str, str]:

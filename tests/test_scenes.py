@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import vrh_interp
-from vrh_interp.core.boxes import Box
+from vrh_interp.core.description.boxes import Box
 from vrh_interp.data import scenes
 from vrh_interp.data.datasets.samples import GroundingSample, VQASample
 from vrh_interp.data.datasets.synthetic_vqa import answer_text

@@ -11,13 +11,13 @@ import torch
 from tests.conftest import tiny_vlm
 from tests.reference import eager_attention_maps
 from vrh_interp.data import grounding_samples
-from vrh_interp.core.heads import Head, HeadGeometry
+from vrh_interp.core.description.heads import Head, HeadGeometry
 from vrh_interp.data.checks import as_box
 from vrh_interp.scoring.aggregate import aggregate
 from vrh_interp.scoring.collect import SampleStats, collect_batch, negative_spatial_entropy
 from vrh_interp.scoring.design import PRESETS, ScoringDesign, design_space_variants
 from vrh_interp.scoring.detect import scores_from_stats
-from vrh_interp.experiments.sweep import sweep_conditions
+from vrh_interp.experiments.conditions import sweep_conditions
 from vrh_interp.evaluation.controls import random_control
 
 SCORING_FAMILIES = ("qwen2_vl", "llava", "gemma3", "idefics3")
@@ -33,7 +33,7 @@ def test_collected_statistics_equal_brute_force_from_eager_maps(family):
     samples = _samples(2)
     stats = collect_batch(vlm, samples, max_new_tokens=4)
     batch = vlm.encode_grounding([s.image for s in samples], [s.expression for s in samples])
-    from vrh_interp.core import interventions as iv
+    from vrh_interp.core.execution import interventions as iv
 
     ids = iv.run_generate(vlm, batch.encoding, [], max_new_tokens=4).ids
     full = dict(batch.encoding)

@@ -15,16 +15,19 @@ import pandas as pd
 import pytest
 
 from tests.conftest import tiny_vlm
-from vrh_interp.core.boxes import Box
-from vrh_interp.apps.demo import demo_ks
+from vrh_interp.core.description.boxes import Box
+from vrh_interp.experiments.ks import demo_ks
 from vrh_interp.experiments import sweep as sweep_module
 from vrh_interp.evaluation.statistics import (bootstrap_ci, empirical_p_value, random_set_distribution,
                                               set_level_verdict, two_level_bootstrap_ci)
 from vrh_interp.experiments.designs import check_subset
-from vrh_interp.experiments.sweep import (RECORD_COLUMNS, Condition, SweepResult, other_object_iou, parse_ks,
-                                          run_conditions, summary_verdict, sweep, sweep_conditions, sweep_from_run)
+from vrh_interp.experiments.sweep import (RECORD_COLUMNS, SweepResult, other_object_iou, run_conditions, sweep,
+                                          sweep_from_run)
+from vrh_interp.experiments.conditions import Condition, sweep_conditions
+from vrh_interp.experiments.ks import parse_ks
+from vrh_interp.experiments.condition_stats import summary_verdict
 from vrh_interp.evaluation.controls import layer_matched_control
-from vrh_interp.core.heads import Head, HeadGeometry, HeadSet
+from vrh_interp.core.description.heads import Head, HeadGeometry, HeadSet
 from vrh_interp.data.sources import synthetic_samples
 
 
@@ -379,6 +382,6 @@ def test_sweep_conditions_refuse_a_k_longer_than_the_ranking():
     geometry = HeadGeometry(4, 8, 8, 16)
     ranking = HeadSet([Head(2, 0), Head(3, 1)])
     with pytest.raises(ValueError, match=r"k values \[3\] exceed the ranking's 2 heads"):
-        sweep_module.sweep_conditions(ranking, geometry, [0, 3], [0])
-    conditions = sweep_module.sweep_conditions(ranking, geometry, [0, 2], [0])
+        sweep_conditions(ranking, geometry, [0, 3], [0])
+    conditions = sweep_conditions(ranking, geometry, [0, 2], [0])
     assert [len(c.heads) for c in conditions if c.kind == "top"] == [2]

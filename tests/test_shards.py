@@ -14,10 +14,10 @@ from tests.conftest import tiny_vlm
 from vrh_interp.apps.cli import main
 from vrh_interp.experiments.sweep import sweep, sweep_from_run
 from vrh_interp.experiments.merge import ShardMergeError, merge_runs
-from vrh_interp.core.runs import RunRecordError
+from vrh_interp.core.bookkeeping.runs import RunRecordError
 from vrh_interp.scoring.detect import collect_detection_stats, score_heads, scores_from_run
 from vrh_interp.scoring.scores import HeadScores
-from vrh_interp.core.shards import Shard
+from vrh_interp.core.bookkeeping.shards import Shard
 from vrh_interp.data.sources import synthetic_samples
 
 FAMILY = "qwen2_vl"

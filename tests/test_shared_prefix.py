@@ -14,13 +14,13 @@ import pytest
 import torch
 
 from tests.conftest import tiny_vlm
-from vrh_interp.core import interventions as iv
+from vrh_interp.core.execution import interventions as iv
 from vrh_interp.data import grounding_samples
 from vrh_interp.evaluation.grounding import ablation_values, encode_samples, ground_conditions
-from vrh_interp.core.heads import Head, HeadSet
+from vrh_interp.core.description.heads import Head, HeadSet
 from vrh_interp.specs import load_spec
 from vrh_interp.data.sources import synthetic_samples
-from vrh_interp.core.templates.ablation import Ablation
+from vrh_interp.core.execution.templates.ablation import Ablation
 
 TOKENS = 8
 

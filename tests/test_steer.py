@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from vrh_interp.apps.cli import main
-from vrh_interp.core.heads import HeadSet
+from vrh_interp.core.description.heads import HeadSet
 from vrh_interp.evaluation.inference import sequential_rank_p
 from vrh_interp.experiments.positive_control import available, declared
 from vrh_interp.experiments.steer import (SteerCondition, SteerResult, steer_conditions, steer_from_run,
@@ -87,7 +87,7 @@ def test_the_sufficient_claim_holds_only_when_the_top_k_moves_more_than_every_co
 
 
 def test_steer_conditions_share_the_unsteered_run_and_draw_controls_outside_the_top_k():
-    from vrh_interp.core.heads import HeadGeometry, HeadSet
+    from vrh_interp.core.description.heads import HeadGeometry, HeadSet
 
     geometry = HeadGeometry(4, 16, 8, 8)
     ranking = geometry.all_heads()

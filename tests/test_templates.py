@@ -12,9 +12,9 @@ from tests.reference import (
     zeroed_attention_outputs,
     zeroed_heads,
 )
-from vrh_interp.core import interventions as iv
-from vrh_interp.core.heads import Head, HeadOutOfRangeError, HeadSet
-from vrh_interp.core.templates.readout import eager_attention_rows
+from vrh_interp.core.execution import interventions as iv
+from vrh_interp.core.description.heads import Head, HeadOutOfRangeError, HeadSet
+from vrh_interp.core.execution.templates.readout import eager_attention_rows
 
 
 def _batch(vlm):

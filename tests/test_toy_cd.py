@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from vrh_interp.core.heads import HeadSet
+from vrh_interp.core.description.heads import HeadSet
 from toy_training import planted, regime
 from toy_training import train as trainer
 from toy_training.configs import WIDE_SHAPE, format_box_answer
@@ -120,7 +120,7 @@ def test_regime_single_head_kl_equals_the_library_census() -> None:
     """The regime tool's per-task effects (plain hooks, heads batched per row) against the library's census
     (``evaluation.census.single_head_effects``: nnsight templates) on the same grounding items: two
     implementations of the same KL."""
-    from vrh_interp.core.model import wrap
+    from vrh_interp.core.description.model import wrap
     from vrh_interp.evaluation.census import single_head_effects
     from vrh_interp.evaluation.grounding import encode_samples
 

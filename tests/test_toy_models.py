@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from vrh_interp.core.boxes import Box
+from vrh_interp.core.description.boxes import Box
 from toy_training import train as trainer
 from vrh_interp.toy import checkpoint_dir, load
 
@@ -397,7 +397,7 @@ def test_evaluate_scenes_from_measures_the_named_eval_scenes(monkeypatch: pytest
                                                              capsys: pytest.CaptureFixture) -> None:
     """``--evaluate --scenes-from N`` (the confirmation scenes): level-1 accuracy on eval scenes N.. (2 here), equal
     to the IoU >= 0.5 rate of the same scenes' referents computed directly; without --evaluate it is refused."""
-    from vrh_interp.core.boxes import iou
+    from vrh_interp.core.description.boxes import iou
     from vrh_interp.data.scenes import grounding_samples
 
     monkeypatch.setattr(trainer, "REPORT_SCENES", 2)

@@ -1,4 +1,4 @@
-"""The TransformerLens backend against the nnsight backend (``vrh_interp.core.interventions``), per family.
+"""The TransformerLens backend against the nnsight backend (``vrh_interp.core.execution.interventions``), per family.
 
 Both backends act on the same site (o_proj's input split per head), but the bridge always runs eager
 attention while the fixtures run sdpa: positions that are left padding (fully masked queries) hold
@@ -19,10 +19,10 @@ import pytest
 import torch
 
 from tests.conftest import noise_image, tiny_vlm
-from vrh_interp.core import interventions as iv
-from vrh_interp.core.heads import Head, HeadOutOfRangeError, HeadSet
+from vrh_interp.core.execution import interventions as iv
+from vrh_interp.core.description.heads import Head, HeadOutOfRangeError, HeadSet
 
-transformer_lens_backend = pytest.importorskip("vrh_interp.core.backends.transformer_lens")
+transformer_lens_backend = pytest.importorskip("vrh_interp.core.execution.backends.transformer_lens")
 TransformerLensBackend = transformer_lens_backend.TransformerLensBackend
 SUPPORTED_FAMILIES = transformer_lens_backend.SUPPORTED_FAMILIES
 
@@ -193,8 +193,8 @@ def test_without_transformer_lens_the_backend_names_the_extra(monkeypatch):
     """TransformerLens is the optional ``[tl]`` extra: without it, one line naming the install, not an ImportError."""
     import importlib.util
 
-    from vrh_interp.core.backends.base import BackendError
-    from vrh_interp.core.backends.select import backend_for
+    from vrh_interp.core.execution.backends.base import BackendError
+    from vrh_interp.core.execution.backends.select import backend_for
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",

@@ -40,9 +40,11 @@ def test_wheel_has_no_test_harness(wheel_names: list[str]) -> None:
     assert not [n for n in wheel_names if n.startswith("tests/") or "ndif_server" in n or "ndif_cpu_actor" in n]
     assert "vrh_interp/apps/cli.py" in wheel_names
     assert any(n.startswith("vrh_interp/toy/checkpoints/c/") for n in wheel_names)  # shipped models stay
-    assert "vrh_interp/core/published_heads.json" in wheel_names  # the paper's lists, read by vrh_interp.core.published
-    assert "vrh_interp/core/published_qrhead.json" in wheel_names  # QRHead's text-LLM lists (MIT) ...
-    assert "vrh_interp/core/published_qrhead_LICENSE.txt" in wheel_names  # ... ship with their licence notice
+    # the paper's lists, read by vrh_interp.core.description.published
+    assert "vrh_interp/core/description/published_heads.json" in wheel_names
+    assert "vrh_interp/core/description/published_qrhead.json" in wheel_names  # QRHead's text-LLM lists (MIT) ...
+    # ... ship with their licence notice
+    assert "vrh_interp/core/description/published_qrhead_LICENSE.txt" in wheel_names
 
 
 def test_wheel_has_no_toy_trainer(wheel_names: list[str]) -> None:

@@ -14,7 +14,7 @@ from PIL import Image
 
 from toy_training.configs import grounding_messages, parse_box
 from toy_training.tokenizer import IM_END
-from vrh_interp.core.boxes import Box, iou
+from vrh_interp.core.description.boxes import Box, iou
 from vrh_interp.data.datasets.samples import GroundingSample
 from vrh_interp.data.scenes import grounding_samples
 from vrh_interp.evaluation.statistics import bootstrap_statistic_ci

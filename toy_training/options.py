@@ -1,7 +1,7 @@
 """The command line of ``python -m toy_training.train``: its parser and every check that needs no model.
 
-Standard library only (and ``vrh_interp.core.heads``, which imports no torch), so that ``train.py`` refuses a wrong
-command line before torch and transformers load: every number finite and in range (``--threads 0``,
+Standard library only (and ``vrh_interp.core.description.heads``, which imports no torch), so that ``train.py`` refuses
+a wrong command line before torch and transformers load: every number finite and in range (``--threads 0``,
 ``--tower-lr-scale nan``), ``--out`` where training needs it, the options that need another. Each fault is one
 line, ``python -m toy_training.train: error: ...``, with exit status 2, as argparse reports its own.
 """
@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from vrh_interp.apps.argtypes import whole_number
+from vrh_interp.experiments.spec import whole_number
 
 PROG = "python -m toy_training.train"
 DESCRIPTION = "Train a toy grounding VLM on CPU: dense vision pretraining, then grounding fine-tuning."
@@ -192,7 +192,7 @@ def config_problem(args: argparse.Namespace) -> str | None:
     if growth and args.warm_start is None:  # they change a trained model's weights: without one they did nothing
         return f"{', '.join(growth)} need --warm-start: the trained checkpoint whose heads they change"
     if args.split_heads is not None:
-        from vrh_interp.core.heads import HeadSet, HeadSpecError
+        from vrh_interp.core.description.heads import HeadSet, HeadSpecError
 
         try:
             heads = HeadSet.parse(args.split_heads)

@@ -43,7 +43,7 @@ import torch
 from toy_training.configs import TextBackboneShape
 from toy_training.grounding import (IGNORE_INDEX, encode_supervised, grounding_metrics, grounding_prompts,
                                      held_out_samples, predict_boxes)
-from vrh_interp.core.heads import Head, HeadSet
+from vrh_interp.core.description.heads import Head, HeadSet
 from vrh_interp.toy.configs import GRID_SIDE, PATCH_SIZE
 from vrh_interp.toy.planted import PLANTED_FILE
 
@@ -363,7 +363,7 @@ def random_rest_sets(geometry_layers: int, geometry_heads: int, exclude: HeadSet
 
 def masked_accuracy(model, processor, samples: Sequence, heads: HeadSet, name: str = "planted") -> float:
     """Level-1 grounding accuracy (IoU >= 0.5, greedy generate) with ``heads`` zeroed by plain hooks."""
-    from vrh_interp.core.boxes import Box, iou
+    from vrh_interp.core.description.boxes import Box, iou
 
     with head_multipliers(model, mask_multipliers(model, heads) if len(heads) else None):
         predictions = [box for _, box in predict_boxes(model, processor, name, samples)]

@@ -39,7 +39,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from vrh_interp.core.runs import write_json_atomic
+from vrh_interp.core.bookkeeping.runs import write_json_atomic
 from vrh_interp.toy import checkpoint_dir, load
 from vrh_interp.toy import weights_sha256 as toy_weights_sha256
 from vrh_interp.toy.configs import ModelName

@@ -33,8 +33,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from vrh_interp.core.boxes import Box, iou
-from vrh_interp.core.heads import Head, HeadSet
+from vrh_interp.core.description.boxes import Box, iou
+from vrh_interp.core.description.heads import Head, HeadSet
 from toy_training import planted
 from toy_training.grounding import grounding_metrics, held_out_samples, predict_boxes
 from vrh_interp.toy import GROUNDING_TARGET  # level-1 grounding on fresh scenes: the one 90 % goal
@@ -103,7 +103,7 @@ TASK_ITEMS = 12  # per task, one per scene: twice the library census's 6 (a head
 def _single_head_kl(model, encoding: dict, heads_per_pass: int = 16) -> np.ndarray:
     """[layers, heads] mean KL(unmasked || head zeroed alone) per answer token of one batch, the unmasked greedy
     answer (before its EOS) teacher-forced; heads zeroed by ``planted.head_multipliers`` (plain hooks, per row)."""
-    from vrh_interp.core.interventions import replicate_encoding
+    from vrh_interp.core.execution.interventions import replicate_encoding
 
     config = model.config.get_text_config()
     layers, heads = config.num_hidden_layers, config.num_attention_heads
@@ -141,7 +141,7 @@ def task_effects(model, processor, *, items: int = TASK_ITEMS, offset: int = 200
     level-1 eval scenes from ``offset`` on: grounding, VQA and the text-only tasks (``text_tasks``). The issue's
     rule for a live head is a measurable change on a MIXED set of its tasks: a head with a text job and no image job
     is a trained head with another job (what the paper's models' non-retrieval heads are), not an inert one."""
-    from vrh_interp.core.model import wrap
+    from vrh_interp.core.description.model import wrap
     from vrh_interp.data.scenes import grounding_samples, vqa_samples
     from vrh_interp.evaluation.grounding import encode_samples
     from vrh_interp.experiments.vqa_sweep import encode_vqa
@@ -227,7 +227,7 @@ def measure(model, processor, name: str, *, n_scenes: int = 200, offset: int = 2
     random_acc = np.array(accuracies[1 + total:])
     damage = base - single
     from toy_training import grow
-    from vrh_interp.core.model import wrap
+    from vrh_interp.core.description.model import wrap
     from vrh_interp.evaluation.census import EFFECT_FLOOR, NORM_FLOOR, census
 
     norms = grow.head_norms(model)

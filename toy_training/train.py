@@ -57,7 +57,7 @@ from tqdm import tqdm
 from transformers import (AutoModelForImageTextToText, InternVLForConditionalGeneration, LlavaForConditionalGeneration,
                           PreTrainedModel)
 
-from vrh_interp.core.heads import HeadSet
+from vrh_interp.core.description.heads import HeadSet
 from vrh_interp.data.scenes import COLOURS, SHAPES, SIZES, grounding_samples, make_scene, vqa_samples
 from vrh_interp.data.datasets.samples import GroundingSample, VQASample
 from vrh_interp.data.datasets.synthetic_vqa import answer_text, majority_answer_rate, synthetic_vqa

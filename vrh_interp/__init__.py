@@ -6,11 +6,11 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from vrh_interp.core import published  # the paper's published head sets (appendix D)
-    from vrh_interp.core.boxes import Box, BoxParseFailure, InvalidBoxError
+    from vrh_interp.core.description import published  # the paper's published head sets (appendix D)
+    from vrh_interp.core.description.boxes import Box, BoxParseFailure, InvalidBoxError
     from vrh_interp.experiments.sweep import sweep
-    from vrh_interp.core.heads import Head, HeadGeometry, HeadOutOfRangeError, HeadSet
-    from vrh_interp.core.model import VLM, Placement, wrap
+    from vrh_interp.core.description.heads import Head, HeadGeometry, HeadOutOfRangeError, HeadSet
+    from vrh_interp.core.description.model import VLM, Placement, wrap
     from vrh_interp.specs import load, load_spec
     from vrh_interp.scoring.design import PRESETS, ScoringDesign
     from vrh_interp.scoring.detect import score_heads
@@ -18,13 +18,13 @@ if TYPE_CHECKING:
 
 __version__ = "0.2.0"
 
-# imported on first use (PEP 562), so that `vrh --help` and `import vrh_interp.core.heads` do not load torch
+# imported on first use (PEP 562), so that `vrh --help` and `import vrh_interp.core.description.heads` do not load torch
 _EXPORTS = {name: module for module, names in {
-    "vrh_interp.core.published": ("published",),
-    "vrh_interp.core.boxes": ("Box", "BoxParseFailure", "InvalidBoxError"),
+    "vrh_interp.core.description.published": ("published",),
+    "vrh_interp.core.description.boxes": ("Box", "BoxParseFailure", "InvalidBoxError"),
     "vrh_interp.experiments.sweep": ("sweep",),
-    "vrh_interp.core.heads": ("Head", "HeadGeometry", "HeadOutOfRangeError", "HeadSet"),
-    "vrh_interp.core.model": ("VLM", "Placement", "wrap"),
+    "vrh_interp.core.description.heads": ("Head", "HeadGeometry", "HeadOutOfRangeError", "HeadSet"),
+    "vrh_interp.core.description.model": ("VLM", "Placement", "wrap"),
     "vrh_interp.specs": ("load", "load_spec"),
     "vrh_interp.scoring.design": ("PRESETS", "ScoringDesign"),
     "vrh_interp.scoring.detect": ("score_heads",),

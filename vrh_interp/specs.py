@@ -8,9 +8,9 @@ import difflib
 import os
 from typing import Any
 
-from vrh_interp.core.families import FamilyAdapter
-from vrh_interp.core.model import VLM, cast_model, load_pretrained, wrap
-from vrh_interp.core.model_source import DEVICE_MAP_NAMES, check_device, loading_output, parse_dtype
+from vrh_interp.core.description.families import FamilyAdapter
+from vrh_interp.core.description.model import VLM, cast_model, load_pretrained, wrap
+from vrh_interp.core.description.model_source import DEVICE_MAP_NAMES, check_device, loading_output, parse_dtype
 
 BUILTIN_PREFIXES = ("toy:", "tiny:")
 
@@ -26,10 +26,10 @@ def load(model_id_or_path: str | os.PathLike[str], *, device_map: Any = None, dt
          progress: bool = True, **from_pretrained_kwargs: Any) -> VLM:
     """Load a model spec and wrap it: a hub id or a local folder, ``toy:NAME`` (a shipped toy model) or
     ``tiny:FAMILY`` (a random-weight fixture, for trying the pipeline, not for results). Hub ids and folders go
-    to ``vrh_interp.core.model.load_pretrained`` (its docstring: attention implementation, remote code), with any
-    further keyword passed to ``from_pretrained``. Every keyword is honoured for every spec or refused in one line:
-    ``attn_implementation="eager"`` loads a toy with eager attention (``self_attn.output[1]`` in a trace is then the
-    attention pattern), a misspelt keyword (``attn_implementaton``) is refused, naming the accepted ones.
+    to ``vrh_interp.core.description.model.load_pretrained`` (its docstring: attention implementation, remote code),
+    with any further keyword passed to ``from_pretrained``. Every keyword is honoured for every spec or refused in one
+    line: ``attn_implementation="eager"`` loads a toy with eager attention (``self_attn.output[1]`` in a trace is then
+    the attention pattern), a misspelt keyword (``attn_implementaton``) is refused, naming the accepted ones.
     ``progress=False``: no download or "Loading weights" bars and no transformers info lines; a ``toy:`` / ``tiny:``
     spec never shows transformers' "Loading weights" bar (it loads in about a second)."""
     spec = os.fspath(model_id_or_path)
@@ -88,7 +88,7 @@ def _load_builtin(spec: str, device: Any = None) -> VLM:
     """``toy:NAME`` and ``tiny:FAMILY`` specs (no hub, no network)."""
     kind, name = spec.split(":", 1)
     if kind == "tiny":
-        from vrh_interp.core.tiny import build_tiny
+        from vrh_interp.core.description.tiny import build_tiny
 
         tiny = build_tiny(name)
         model = tiny.model if device is None else tiny.model.to(device)

@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from tests.datasets import fixtures
-from vrh_interp.core.boxes import Box
+from vrh_interp.core.description.boxes import Box
 from vrh_interp.data.datasets.errors import DatasetError, SkippedRow
 from vrh_interp.data.datasets.jsonl import load_jsonl
 from vrh_interp.data.datasets.lmms_refcoco import load_lmms_refcoco

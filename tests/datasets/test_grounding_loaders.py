@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tests.datasets import fixtures
-from vrh_interp.core.boxes import Box
+from vrh_interp.core.description.boxes import Box
 from vrh_interp.data.datasets.errors import DatasetError
 from vrh_interp.data.datasets.jsonl import load_jsonl
 from vrh_interp.data.datasets.jxu124_refcoco import load_jxu124_refcoco

@@ -13,8 +13,8 @@ import pytest
 from tests.datasets import fixtures
 from vrh_interp.data.datasets.splits import detection_split
 from vrh_interp.apps.reproduce import capped_ks, run_reproduce
-from vrh_interp.core.runs import RunMismatchError
-from vrh_interp.core.heads import Head
+from vrh_interp.core.bookkeeping.runs import RunMismatchError
+from vrh_interp.core.description.heads import Head
 from vrh_interp.data.sources import load_data
 from vrh_interp.evaluation.census import Census
 from vrh_interp.scoring.scores import HeadScores
@@ -140,7 +140,7 @@ def test_sharded_reproduce_merges_into_the_unsharded_run(tmp_path: Path, capsys:
     from vrh_interp.apps.cli import main
     from vrh_interp.experiments.merge import ShardMergeError
     from vrh_interp.apps.reproduce import merge_reproduce_runs
-    from vrh_interp.core.shards import Shard
+    from vrh_interp.core.bookkeeping.shards import Shard
 
     data, vqa = _reproduce_inputs(tmp_path, cv_rows=3)
     arguments = dict(detect_count=6, batch_size=2, max_new_tokens=6, random_seeds=(0, 1), progress=False)

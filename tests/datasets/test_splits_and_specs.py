@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.datasets import fixtures
-from vrh_interp.core.boxes import Box
+from vrh_interp.core.description.boxes import Box
 from vrh_interp.data.datasets.splits import detection_split, split_rank
 from vrh_interp.data.sources import DataSpecError, load_data, load_vqa, parse_spec
 

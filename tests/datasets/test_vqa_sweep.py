@@ -15,7 +15,7 @@ from vrh_interp.data.datasets.images import ImageFile
 from vrh_interp.data.datasets.samples import VQASample
 from vrh_interp.data.datasets.vqa_prompt import vqa_prompt, vqa_user_text
 from vrh_interp.experiments.vqa_sweep import vqa_conditions, vqa_sweep
-from vrh_interp.core.heads import Head, HeadSet
+from vrh_interp.core.description.heads import Head, HeadSet
 
 
 def test_vqa_prompt_uses_the_chat_template_and_letters_the_choices(tmp_path: Path) -> None:
@@ -101,7 +101,7 @@ def test_vqa_mean_and_resample_ablation_equal_the_hook_reference(family: str, ki
     from vrh_interp.experiments.vqa_sweep import answer_batch
     from vrh_interp.evaluation.grounding import ablation_values
     from vrh_interp.data.sources import synthetic_samples
-    from vrh_interp.core.templates.ablation import Ablation
+    from vrh_interp.core.execution.templates.ablation import Ablation
 
     vlm = tiny_vlm(family)
     reference = synthetic_samples("detect", 4)

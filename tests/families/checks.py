@@ -14,18 +14,18 @@ from hypothesis import strategies as st
 from transformers.image_processing_utils import select_best_resolution
 
 from tests.conftest import noise_image
-from vrh_interp.core.boxes import Box, BoxParseFailure
-from vrh_interp.core.families import adapter_for_config
-from vrh_interp.core.families.base import BoxFrame, FamilyAdapter, VisualLayout
-from vrh_interp.core.families.llava_next import tiled_canvas
-from vrh_interp.core.heads import Head, HeadGeometry, HeadSet
+from vrh_interp.core.description.boxes import Box, BoxParseFailure
+from vrh_interp.core.description.families import adapter_for_config
+from vrh_interp.core.description.families.base import BoxFrame, FamilyAdapter, VisualLayout
+from vrh_interp.core.description.families.llava_next import tiled_canvas
+from vrh_interp.core.description.heads import Head, HeadGeometry, HeadSet
 from tests.layout_probe import (
     assert_changed_within_sampling,
     changed_positions,
     language_model_input,
     random_boxes,
 )
-from vrh_interp.core.tiny import TinyVLM
+from vrh_interp.core.description.tiny import TinyVLM
 
 
 def assert_fixture_is_registered(tiny: TinyVLM, model_class: type, image_processor_class: type,

@@ -2,8 +2,9 @@
 
 A row's values are written down from the family's sources (the processor's resize rule, the chat template,
 documented model answers), never read back from the adapter under test. The row's name is the family's
-registry key (``vrh_interp.core.families.registry``) and the name of its tiny fixture (``build_tiny``). A ``None`` field
-means the family has no such check; checks that only one family has are family-specific tests in ``test_families.py``.
+registry key (``vrh_interp.core.description.families.registry``) and the name of its tiny fixture (``build_tiny``). A
+``None`` field means the family has no such check; checks that only one family has are family-specific tests in
+``test_families.py``.
 """
 
 from __future__ import annotations
@@ -40,23 +41,23 @@ from transformers.models.glm4v.image_processing_pil_glm4v import smart_resize as
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
 from tests.families.checks import anyres_sample_spacing
-from vrh_interp.core.boxes import Box
-from vrh_interp.core.families.aya_vision import AyaVisionAdapter
-from vrh_interp.core.families.base import BoxFrame, FamilyAdapter, VisualLayout
-from vrh_interp.core.families.gemma3 import Gemma3Adapter
-from vrh_interp.core.families.glm4v import Glm4vAdapter
-from vrh_interp.core.families.idefics3 import Idefics3Adapter
-from vrh_interp.core.families.internvl import InternVLAdapter
-from vrh_interp.core.families.llava import LlavaAdapter, llava_processed_view
-from vrh_interp.core.families.llava_next import LlavaNextAdapter
-from vrh_interp.core.families.llava_onevision import LlavaOnevisionAdapter
-from vrh_interp.core.families.mistral3 import Mistral3Adapter
-from vrh_interp.core.families.paligemma import PaliGemmaAdapter
-from vrh_interp.core.families.qwen2_5_vl import Qwen25VLAdapter
-from vrh_interp.core.families.qwen2_vl import Qwen2VLAdapter
-from vrh_interp.core.families.qwen3_vl import Qwen3VLAdapter
-from vrh_interp.core.heads import HeadGeometry
-from vrh_interp.core.families.registry import (
+from vrh_interp.core.description.boxes import Box
+from vrh_interp.core.description.families.aya_vision import AyaVisionAdapter
+from vrh_interp.core.description.families.base import BoxFrame, FamilyAdapter, VisualLayout
+from vrh_interp.core.description.families.gemma3 import Gemma3Adapter
+from vrh_interp.core.description.families.glm4v import Glm4vAdapter
+from vrh_interp.core.description.families.idefics3 import Idefics3Adapter
+from vrh_interp.core.description.families.internvl import InternVLAdapter
+from vrh_interp.core.description.families.llava import LlavaAdapter, llava_processed_view
+from vrh_interp.core.description.families.llava_next import LlavaNextAdapter
+from vrh_interp.core.description.families.llava_onevision import LlavaOnevisionAdapter
+from vrh_interp.core.description.families.mistral3 import Mistral3Adapter
+from vrh_interp.core.description.families.paligemma import PaliGemmaAdapter
+from vrh_interp.core.description.families.qwen2_5_vl import Qwen25VLAdapter
+from vrh_interp.core.description.families.qwen2_vl import Qwen2VLAdapter
+from vrh_interp.core.description.families.qwen3_vl import Qwen3VLAdapter
+from vrh_interp.core.description.heads import HeadGeometry
+from vrh_interp.core.description.families.registry import (
     FAMILIES,
     GLM4V_MAX_PIXELS,
     GLM4V_MIN_PIXELS,
@@ -66,9 +67,9 @@ from vrh_interp.core.families.registry import (
     QWEN3_VL_MAX_PIXELS,
     QWEN_MIN_PIXELS,
 )
-from vrh_interp.core.tiny import TinyVLM
+from vrh_interp.core.description.tiny import TinyVLM
 
-# Sizes of the tiny fixtures, written from their recipes (vrh_interp/core/families/registry.py).
+# Sizes of the tiny fixtures, written from their recipes (vrh_interp/core/description/families/registry.py).
 INTERNVL_TILE, INTERNVL_TOKENS_PER_TILE = 64, 16  # patch 8, pixel shuffle 0.5: 4 x 4 tokens
 LLAVA_NEXT_TILE, ONEVISION_TILE = 32, 36
 PALIGEMMA_IMAGE, PALIGEMMA_PATCH = 56, 7

@@ -18,12 +18,12 @@ from transformers.models.idefics3 import Idefics3ImageProcessorPil
 
 from tests.conftest import noise_image
 from tests.families.checks import assert_separators_are_image_newlines, encode_noise_image
-from vrh_interp.core.boxes import Box
-from vrh_interp.core.families import adapter_for_config
-from vrh_interp.core.families.base import FamilyAdapter, VisualLayout
-from vrh_interp.core.families.idefics3 import frame_blocks, split_canvas_size
+from vrh_interp.core.description.boxes import Box
+from vrh_interp.core.description.families import adapter_for_config
+from vrh_interp.core.description.families.base import FamilyAdapter, VisualLayout
+from vrh_interp.core.description.families.idefics3 import frame_blocks, split_canvas_size
 from tests.layout_probe import check_layout_by_painting, nearest_resampling
-from vrh_interp.core.tiny import TinyVLM, build_tiny
+from vrh_interp.core.description.tiny import TinyVLM, build_tiny
 
 EXTREME_SIZES = [(2000, 40), (40, 2000), (1, 40), (8, 200)]
 ANYRES_FAMILIES = ("llava_next", "llava_onevision")

@@ -57,16 +57,16 @@ from tests.families.specs import (
     llava_view_spacing,
 )
 from tests.reference import decoder_layers
-from vrh_interp.core.boxes import Box, BoxParseFailure, InvalidBoxError
-from vrh_interp.core.families import FamilyAdapter, adapter_for_config
-from vrh_interp.core.families.base import BoxFrame, VisualLayout
-from vrh_interp.core.families.gemma3 import Gemma3Adapter
-from vrh_interp.core.families.idefics3 import Idefics3Adapter, split_canvas_size
-from vrh_interp.core.families.llava import LlavaAdapter, llava_processed_view
-from vrh_interp.core.families.llava_onevision import bilinear_sources
-from vrh_interp.core.families.registry import call, family_row
+from vrh_interp.core.description.boxes import Box, BoxParseFailure, InvalidBoxError
+from vrh_interp.core.description.families import FamilyAdapter, adapter_for_config
+from vrh_interp.core.description.families.base import BoxFrame, VisualLayout
+from vrh_interp.core.description.families.gemma3 import Gemma3Adapter
+from vrh_interp.core.description.families.idefics3 import Idefics3Adapter, split_canvas_size
+from vrh_interp.core.description.families.llava import LlavaAdapter, llava_processed_view
+from vrh_interp.core.description.families.llava_onevision import bilinear_sources
+from vrh_interp.core.description.families.registry import call, family_row
 from tests.layout_probe import check_layout_by_painting, nearest_resampling
-from vrh_interp.core.tiny import TinyVLM, build_processor, build_recipe, build_tiny
+from vrh_interp.core.description.tiny import TinyVLM, build_processor, build_recipe, build_tiny
 
 
 @functools.cache

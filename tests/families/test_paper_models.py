@@ -2,8 +2,8 @@
 backbones as tiny models against the plain-PyTorch references.
 
 Meta device (no weights, about a second each): each checkpoint is built from the configuration facts recorded in
-``vrh_interp.core.families.paper_models`` (sources: the checkpoints' config.json); the registry must pick the right
-adapter, the head grid must match the attention modules and the published head sets, and the module paths the
+``vrh_interp.core.description.families.paper_models`` (sources: the checkpoints' config.json); the registry must pick
+the right adapter, the head grid must match the attention modules and the published head sets, and the module paths the
 masking, capture and readout templates name must resolve to the language model's attention and output projection
 (found independently through transformers' ``get_decoder()``). The parameter count the facts give is checked
 against the count each checkpoint's hub page shows, which ties every recorded size to the real model.
@@ -46,25 +46,25 @@ from tests.test_templates import (  # noqa: F401  (collected here with this modu
     test_readout_during_generation_equals_eager_rows_of_full_sequence as _generation_readout_check,
     test_templates_survive_remote_serialisation,
 )
-from vrh_interp.core import interventions as iv
-from vrh_interp.core import published
-from vrh_interp.core.boxes import Box
+from vrh_interp.core.execution import interventions as iv
+from vrh_interp.core.description import published
+from vrh_interp.core.description.boxes import Box
 from vrh_interp.apps.cli import main
-from vrh_interp.core.families import UnsupportedModelError, adapter_for_config
-from vrh_interp.core.families.described import (
+from vrh_interp.core.description.families import UnsupportedModelError, adapter_for_config
+from vrh_interp.core.description.families.described import (
     AttentionDescription,
     AttentionDescriptionError,
     FusedQKV,
     LatentQKV,
     Rotary,
 )
-from vrh_interp.core.families.paper_models import NATIVE, PAPER_MODELS, REMOTE_CODE, PaperModel, paper_model
-from vrh_interp.core.heads import Head, HeadSet
-from vrh_interp.core.model import VLM
-from vrh_interp.core.templates import module_at
-from vrh_interp.core.templates.readout import ReadoutUnavailableError
+from vrh_interp.core.description.families.paper_models import NATIVE, PAPER_MODELS, REMOTE_CODE, PaperModel, paper_model
+from vrh_interp.core.description.heads import Head, HeadSet
+from vrh_interp.core.description.model import VLM
+from vrh_interp.core.execution.templates import module_at
+from vrh_interp.core.execution.templates.readout import ReadoutUnavailableError
 from tests.layout_probe import check_layout_by_painting
-from vrh_interp.core.tiny import TINY_BACKBONE_VARIANTS, build_tiny
+from vrh_interp.core.description.tiny import TINY_BACKBONE_VARIANTS, build_tiny
 
 NATIVE_MODELS = [m for m in PAPER_MODELS if m.support == NATIVE]
 
@@ -391,7 +391,7 @@ TINY_BACKBONES = {  # tiny random language models of the two backbones (2 layers
 def described_backbone(request: pytest.FixtureRequest) -> tuple[VLM, AttentionDescription]:
     from transformers import AutoConfig
 
-    from vrh_interp.core.tiny import build_tiny
+    from vrh_interp.core.description.tiny import build_tiny
 
     torch.manual_seed(0)
     facts = dict(TINY_BACKBONES[request.param])

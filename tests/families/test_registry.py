@@ -14,21 +14,22 @@ from pathlib import Path
 
 import pytest
 
-import vrh_interp.core.families
+import vrh_interp.core.description.families
 from tests.families.specs import SPECS
-from vrh_interp.core.families import BUILTIN_ADAPTERS, FamilyAdapter, adapter_class, adapter_for_config
-from vrh_interp.core.families.registry import FAMILIES, TINY_RECIPES, family_row, row_for_model_type
-from vrh_interp.core.tiny import TINY_BACKBONE_VARIANTS, TINY_FAMILIES, build_tiny, resolve
+from vrh_interp.core.description.families import BUILTIN_ADAPTERS, FamilyAdapter, adapter_class, adapter_for_config
+from vrh_interp.core.description.families.registry import FAMILIES, TINY_RECIPES, family_row, row_for_model_type
+from vrh_interp.core.description.tiny import TINY_BACKBONE_VARIANTS, TINY_FAMILIES, build_tiny, resolve
 
 NAMES = [row.name for row in FAMILIES]
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "families.md"
 
 
 def concrete_adapters_in_package() -> set[type[FamilyAdapter]]:
-    """Every non-abstract adapter class defined in a module of vrh_interp.core.families that serves a model type."""
+    """Every non-abstract adapter class defined in a module of vrh_interp.core.description.families that serves a
+    model type."""
     found = set()
-    for module_info in pkgutil.iter_modules(vrh_interp.core.families.__path__):
-        module = importlib.import_module(f"vrh_interp.core.families.{module_info.name}")
+    for module_info in pkgutil.iter_modules(vrh_interp.core.description.families.__path__):
+        module = importlib.import_module(f"vrh_interp.core.description.families.{module_info.name}")
         for _, obj in inspect.getmembers(module, inspect.isclass):
             if (issubclass(obj, FamilyAdapter) and obj.__module__ == module.__name__ and not inspect.isabstract(obj)
                     and getattr(obj, "model_types", ())):
@@ -90,7 +91,7 @@ def test_unknown_tiny_fixture_names_the_available_ones() -> None:
 
 def test_transformer_lens_flag_matches_transformer_lens_own_table() -> None:
     factory = pytest.importorskip("transformer_lens.factories.architecture_adapter_factory")
-    from vrh_interp.core.backends.transformer_lens import SUPPORTED_FAMILIES
+    from vrh_interp.core.execution.backends.transformer_lens import SUPPORTED_FAMILIES
 
     assert SUPPORTED_FAMILIES == tuple(row.name for row in FAMILIES if row.transformer_lens)
     for row in FAMILIES:

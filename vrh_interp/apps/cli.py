@@ -18,18 +18,18 @@ import shlex
 import sys
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, NoReturn, Sequence
+from typing import Any, NoReturn, Sequence
 
-from vrh_interp.apps.argtypes import whole_number
-from vrh_interp.core.runs import write_atomic
-
-if TYPE_CHECKING:  # imported where used: `vrh --help` must not pay for pandas, torch, transformers
-    import pandas as pd
+from vrh_interp.apps import show
+from vrh_interp.experiments.spec import (data_spec, ks_spec, non_negative_int, positive_int, preset,
+                                         scene_count, seconds, seed_list, shard, unit_interval, vqa_spec)
+from vrh_interp.core.bookkeeping.runs import write_atomic
 
 
 def _placement(args: argparse.Namespace) -> Any:
-    """Where the command runs the model (``core.model.Placement``): ``--backend`` and ``--remote`` where it has them."""
-    from vrh_interp.core.model import Placement
+    """Where the command runs the model (``core.description.model.Placement``): ``--backend`` and ``--remote`` where
+    it has them."""
+    from vrh_interp.core.description.model import Placement
 
     return Placement(getattr(args, "backend", "nnsight"), getattr(args, "remote", False))
 
@@ -45,31 +45,19 @@ def _placed_model(args: argparse.Namespace) -> Any:
     return _load_model(args.model, args.device, args.dtype).on(_placement(args))
 
 
-def _check_backend(args: argparse.Namespace, *, operations: Sequence[str] = ()) -> None:
+def _check_backend(chosen: str, *, ablation: str | None = None, operations: Sequence[str] = ()) -> None:
     """Refuse what ``--backend`` cannot run (``--ablation`` where the command has it, ``operations``) before the
     model loads: one line naming what is unsupported and the alternative (``backends.base.check_supported``)."""
-    from vrh_interp.core.backends.base import check_supported
-    from vrh_interp.core.backends.select import backend_type
+    from vrh_interp.core.execution.backends.base import check_supported
+    from vrh_interp.core.execution.backends.select import backend_type
 
-    kinds = [args.ablation] if getattr(args, "ablation", None) else []
-    check_supported(backend_type(args.backend), ablation_kinds=kinds, operations=operations)
-
-
-def _print_table(frame: pd.DataFrame | list[dict[str, Any]], title: str) -> None:
-    """A table (or its rows) that fits a 100-column terminal: wider tables wrap into column blocks and long text
-    cells end in "..." (the files and ``--json`` hold them whole)."""
-    import pandas as pd
-
-    frame = frame if isinstance(frame, pd.DataFrame) else pd.DataFrame(frame)
-    print(f"\n{title}")
-    with pd.option_context("display.max_columns", 20, "display.precision", 3):
-        print(frame.to_string(index=False, line_width=100, max_colwidth=48))
+    check_supported(backend_type(chosen), ablation_kinds=[ablation] if ablation else [], operations=operations)
 
 
 def cmd_families(args: argparse.Namespace) -> int:
     """Static tables read from the registries (data modules): no model code, torch or pandas is imported."""
-    from vrh_interp.core.families.paper_models import PAPER_MODELS
-    from vrh_interp.core.families.registry import FAMILIES
+    from vrh_interp.core.description.families.paper_models import PAPER_MODELS
+    from vrh_interp.core.description.families.registry import FAMILIES
 
     if args.paper:
         rows = [{"model": m.name, "backbone": m.backbone, "checkpoint": m.checkpoint,
@@ -111,396 +99,8 @@ def _text_table(rows: list[dict[str, Any]], width: int = 100) -> str:
     return "\n".join(lines)
 
 
-def _shard(text: str) -> Any:
-    from vrh_interp.core.shards import Shard
-
-    try:
-        return Shard.parse(text)
-    except (TypeError, ValueError) as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-
-
-_positive_int, _non_negative_int = whole_number(1), whole_number(0)
-
-
-def _scene_count(minimum: int) -> Any:
-    """argparse type: a number of synthetic scenes, ``minimum`` .. ``sources.MAX_SYNTHETIC_SCENES`` (scenes are
-    rendered eagerly: an unbounded count would run without end)."""
-    at_least = whole_number(minimum)
-
-    def parse(text: str) -> int:
-        from vrh_interp.data.sources import MAX_SYNTHETIC_SCENES
-
-        value = at_least(text)
-        if value > MAX_SYNTHETIC_SCENES:
-            raise argparse.ArgumentTypeError(f"{value} scenes is above the limit of {MAX_SYNTHETIC_SCENES} "
-                                             "(vrh_interp.data.sources.MAX_SYNTHETIC_SCENES)")
-        return value
-    return parse
-
-
-def _float_in(low: float, high: float) -> Any:
-    """argparse type: a finite number in [``low``, ``high``]."""
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number") from None
-        if not low <= value <= high:  # NaN fails too
-            raise argparse.ArgumentTypeError(f"{text[:40]} is outside {low:g} .. {high:g}")
-        return value
-    return parse
-
-
-_unit_interval = _float_in(0.0, 1.0)
-
-
-def _seconds(text: str) -> float:
-    """argparse type: a cap in seconds, finite and > 0 (0 would mean "skip every step", not "no cap": leave the
-    option out for no cap)."""
-    value = _float_in(0.0, 1e9)(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text[:40]} is not a positive number of seconds (leave the option out "
-                                         "for no cap)")
-    return value
-
-
-def _head_spec(text: str) -> str:
-    """argparse type: heads as text (``L2H6,L2H7`` or ``published:MODEL/BENCHMARK``), checked, kept as text."""
-    from vrh_interp.core.published import parse_heads
-
-    try:
-        parse_heads(text)
-    except (KeyError, TypeError, ValueError) as error:
-        raise argparse.ArgumentTypeError(str(error).strip('"')) from None
-    return text
-
-
-def _ks_spec(text: str) -> str:
-    """argparse type: a k list (``0,1,5`` or ``0,1%,2.5%``), checked for syntax, kept as text."""
-    from vrh_interp.experiments.ks import parse_ks
-
-    try:
-        parse_ks(text, total_heads=1_000_000)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-    return text
-
-
-def _seed_list(text: str) -> str:
-    """argparse type: distinct whole-number seeds >= 0 separated by commas (``0,1,2``), kept as text."""
-    parts = [p.strip() for p in text.split(",")]
-    numbers = all(p.isascii() and p.isdigit() and len(p) < 19 for p in parts)
-    if not numbers or len({int(p) for p in parts}) != len(parts):
-        raise argparse.ArgumentTypeError(f"{text[:60]!r} is not a list of distinct seeds: write whole numbers >= 0 "
-                                         "separated by commas, e.g. 0,1,2")
-    return text
-
-
-def _preset(text: str) -> str:
-    """argparse type: a scoring preset name (checked before any model loads)."""
-    from vrh_interp.scoring.design import resolve_design
-
-    try:
-        resolve_design(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-    return text
-
-
-def _source_spec(vqa: bool) -> Callable[[str], str]:
-    """argparse type: a ``--data`` (``vqa``: ``--vqa``) spec whose kind and synthetic arguments are valid (checked
-    before any model loads; files are read later), kept as text."""
-
-    def parse(text: str) -> str:
-        from vrh_interp.data.sources import DataSpecError, check_spec
-
-        try:
-            check_spec(text, vqa=vqa)
-        except DataSpecError as error:
-            raise argparse.ArgumentTypeError(str(error)) from None
-        return text
-
-    return parse
-
-
-_data_spec, _vqa_spec = _source_spec(vqa=False), _source_spec(vqa=True)
-
-
-def _shard_done(args: argparse.Namespace, done: int) -> int:
-    """What a shard run prints instead of the tables (they need every shard)."""
-    if args.json:
-        print(json.dumps({"shard": str(args.shard), "out": args.out, "done": done}))
-    else:
-        print(f"\nshard {args.shard} done: {done} units in {args.out}. When all {args.shard.count} shards are done: "
-              f"vrh merge MERGED_OUT SHARD_0_OUT ... SHARD_{args.shard.count - 1}_OUT")
-    return 0
-
-
-def _print_scores(scores: Any, path: Path, preset: str, top: int, as_json: bool) -> None:
-    top = min(top, scores.scores.size)
-    if as_json:
-        print(json.dumps({"scores_file": str(path), "top": scores.top(top).to_list()}))
-    else:
-        _print_table(scores.to_frame().head(top), f"Top {top} heads ({preset}); saved {path}")
-
-
-def _print_sweep(result: Any, as_json: bool, out: str | Path) -> None:
-    """A compact table (each control's distribution row stands for its per-set rows), then one verdict line per
-    k (``report.verdict_lines``: the claims rules); the full summary is ``OUT/sweep_summary.csv``."""
-    from vrh_interp.apps.report import compact_sweep_table, verdict_lines
-    from vrh_interp.evaluation.inference import sets_for
-
-    summary = result.summary()
-    if as_json:
-        print(summary.to_json(orient="records"))
-        return
-    _print_table(compact_sweep_table(summary), "k-sweep: top-k heads vs control head sets "
-                                               "(control rows: their sets' distribution)")
-    import textwrap
-
-    pooled = summary[summary["seed"].astype(str) == "all"]
-    if len(pooled):
-        sets = int(pooled["sets"].min())
-        family = max(1, summary["k"].nunique() - 1)
-        floor = (f"p_random / p_matched / p_live: the top-k's rank among {sets} sets of each kind, so no smaller "
-                 f"than 1/{sets + 1} = {1 / (sets + 1):.3f} (more --random-sets lower that floor: Bonferroni over "
-                 f"{family} k values needs about {sets_for(0.05 / family)} for a HOLDS).")
-        print(textwrap.fill(floor, 100))
-    print("\n" + textwrap.fill("Verdict (evaluation.claims: HOLDS = the top-k ranks above the control sets including "
-                               "its own draw, lowers accuracy against the unmasked model (exact McNemar) and the "
-                               "control sets' accuracy minus its own is bounded above 0.05; DOES NOT HOLD = bounded "
-                               "below 0.05; else INCONCLUSIVE; Bonferroni over the k values):", 100))
-    _print_bullets(verdict_lines(result))
-    print(f"\nfull table (per-set rows, failure decomposition):\n  {Path(out) / 'sweep_summary.csv'}")
-
-
-def _print_bullets(lines: list[str]) -> None:
-    import textwrap
-
-    print("\n".join(textwrap.fill(line, 100, initial_indent="- ", subsequent_indent="  ",
-                                   break_on_hyphens=False) for line in lines))
-
-
-DEFAULT_KS = "0,1,3,5,10,20"
-
-
-def _fitted_ks(args: argparse.Namespace, ranking: Any, geometry: Any) -> str:
-    """``--ks``, or the default grid without the k whose controls cannot be drawn on this model (too few heads
-    outside the top k, ``experiments.sweep.largest_usable_k``), saying so."""
-    if args.ks is not None:
-        return args.ks
-    from vrh_interp.experiments.sweep import largest_usable_k
-
-    usable = largest_usable_k(ranking, geometry, matched=not args.no_matched,
-                              exclude_first_layer=args.exclude_first_layer)
-    ks = [k for k in map(int, DEFAULT_KS.split(",")) if k <= usable]
-    if len(ks) < len(DEFAULT_KS.split(",")):
-        import textwrap
-
-        print(textwrap.fill(f"note: default --ks {DEFAULT_KS} trimmed to {','.join(map(str, ks))}: on this model "
-                            f"({geometry.total_heads} heads) the largest k whose random and layer-matched sets fit "
-                            f"outside the top k is {usable}; pass --ks to choose", 100), file=sys.stderr)
-    return ",".join(map(str, ks))
-
-
-def _print_design_space(table: pd.DataFrame, k: int, as_json: bool) -> None:
-    if as_json:
-        print(table.to_json(orient="records"))
-    else:
-        _print_table(table.drop(columns=["top_heads"]), f"Design space: accuracy drop when masking top-{k}")
-
-
-def cmd_detect(args: argparse.Namespace) -> int:
-    from vrh_interp.scoring.design import resolve_design
-    from vrh_interp.scoring.detect import collect_detection_stats, score_heads
-    from vrh_interp.data.sources import load_data
-
-    vlm = _placed_model(args)
-    samples = load_data(args.data)
-    out = Path(args.out)
-    if args.shard is not None:
-        stats = collect_detection_stats(vlm, samples, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
-                                        output_source=resolve_design(args.preset).output_source, run_dir=out,
-                                        dataset=args.data, shard=args.shard)
-        return _shard_done(args, len(stats))
-    scores = score_heads(vlm, samples, args.preset, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
-                         run_dir=out, dataset=args.data)
-    _print_scores(scores, scores.save(out / f"scores-{args.preset}.json"), args.preset, args.top, args.json)
-    return 0
-
-
-def _control_seeds(args: argparse.Namespace) -> list[int]:
-    """``--seeds`` when given, else seeds 0 .. ``--random-sets`` - 1."""
-    if args.seeds:
-        return [int(s) for s in args.seeds.split(",")]
-    if args.random_sets < 1:
-        raise ValueError(f"--random-sets must be >= 1, got {args.random_sets}")
-    return list(range(args.random_sets))
-
-
-def _needs_reference_values(kind: str) -> bool:
-    """Whether ablation ``kind`` replaces heads by reference outputs (mean, resample) rather than zeroing them."""
-    from vrh_interp.core.ablation_kinds import ablation_method
-
-    return ablation_method(kind).needs_reference_values
-
-
-def _ablation_values(args: argparse.Namespace, vlm: Any, scores: Any) -> Any:
-    """``--ablation mean|resample``: the reference outputs on the detection samples the scores were computed on
-    (those of ``--detect-data`` whose ids the scores file lists; all of them with ``--vrhs``, which has no scores
-    file), saved as ``OUT/ablation_values.pt``; None for zero ablation."""
-    if not _needs_reference_values(args.ablation):
-        return None
-    from vrh_interp.data.sources import load_data
-
-    if scores is None:  # --vrhs (e.g. a published set): no detection run to take the samples from
-        return _saved_ablation_values(args, vlm, load_data(args.detect_data))
-    wanted = set(scores.sample_ids)
-    detection = [s for s in load_data(args.detect_data) if s.sample_id in wanted]
-    if not wanted or len(detection) != len(wanted):
-        raise ValueError(f"--ablation {args.ablation} takes its reference outputs from the detection samples, but "
-                         f"--detect-data {args.detect_data} holds {len(detection)} of the {len(wanted)} samples the "
-                         f"scores file {args.scores} was computed on: pass the --data of its `vrh detect` run as "
-                         "--detect-data")
-    return _saved_ablation_values(args, vlm, detection)
-
-
-def _saved_ablation_values(args: argparse.Namespace, vlm: Any, detection: Any) -> Any:
-    from vrh_interp.evaluation.grounding import ablation_values
-
-    values = ablation_values(vlm, detection, batch_size=args.batch_size, progress=not args.json)
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    values.save(Path(args.out) / "ablation_values.pt")
-    return values
-
-
-def _live_pool(args: argparse.Namespace, vlm: Any, samples: Any, ranking: Any, ks: str) -> Any:
-    """The live heads for the live-head control (``evaluation.census.run_census`` on the first evaluation samples,
-    kept in the run folder), with the census line on stderr; None with ``--no-live``, on ``--remote`` (the census
-    runs the model here) or when too few live heads lie outside the top k (each said)."""
-    if args.no_live:
-        return None
-    if args.remote:
-        print("note: no live-head control on --remote (the head census runs the model locally)", file=sys.stderr)
-        return None
-    from vrh_interp.evaluation.census import live_pool
-    from vrh_interp.experiments.ks import parse_ks
-    from vrh_interp.experiments.sweep import check_geometry, sweep_conditions
-
-    counts = parse_ks(ks, vlm.geometry.total_heads)
-    largest = max(counts, default=0)
-    if largest == 0:
-        return None
-    try:
-        check_geometry(ranking, vlm.geometry)
-    except ValueError:  # heads off the model's grid: `sweep` refuses them with its own message (scores of another
-        return None     # model, a published set for another grid), before any work; no census needed
-    # a k whose random / matched sets cannot be drawn fails here as in `sweep`, before the census runs or writes
-    sweep_conditions(ranking, vlm.geometry, counts, _control_seeds(args), matched=not args.no_matched,
-                     exclude_first_layer=args.exclude_first_layer)
-    return live_pool(vlm, samples, ranking, largest, args.out, max_new_tokens=args.max_new_tokens,
-                     say=lambda line: print(line, file=sys.stderr))[1]
-
-
-def cmd_sweep(args: argparse.Namespace) -> int:
-    from vrh_interp.experiments.sweep import sweep
-    from vrh_interp.core.published import parse_heads
-    from vrh_interp.scoring.scores import HeadScores
-    from vrh_interp.data.sources import load_data
-
-    vrhs = parse_heads(args.vrhs) if args.vrhs else None  # a bad name fails before the model loads
-    _check_backend(args)
-    vlm = _placed_model(args)
-    scores = HeadScores.load(args.scores) if vrhs is None else None
-    samples = load_data(args.data)
-    values = _ablation_values(args, vlm, scores)
-    ranking = vrhs if vrhs is not None else scores
-    head_ranking = vrhs if vrhs is not None else scores.ranking()
-    ks = _fitted_ks(args, head_ranking, vlm.geometry)
-    live = _live_pool(args, vlm, samples, head_ranking, ks)
-    result = sweep(vlm, samples, ranking, ks=ks, random_seeds=_control_seeds(args), matched=not args.no_matched,
-                   exclude_first_layer=args.exclude_first_layer, iou_threshold=args.iou, batch_size=args.batch_size,
-                   max_new_tokens=args.max_new_tokens, run_dir=args.out, shard=args.shard,
-                   ablation=args.ablation, ablation_values=values, live=live)
-    if args.shard is not None:
-        return _shard_done(args, len(result.records))
-    write_atomic(Path(args.out) / "sweep_summary.csv", result.summary().to_csv(index=False))
-    _print_sweep(result, args.json, args.out)
-    return 0
-
-
-def cmd_scan(args: argparse.Namespace) -> int:
-    import pandas as pd
-
-    from vrh_interp.experiments.head_scan import SCAN_CSV, SCAN_PNG, head_scan, write_head_scan
-    from vrh_interp.experiments.sweep import ablation_for
-    from vrh_interp.core.published import parse_heads
-    from vrh_interp.scoring.scores import HeadScores
-    from vrh_interp.data.sources import load_data
-
-    _check_backend(args)
-    vlm = _placed_model(args)
-    scores = HeadScores.load(args.scores)
-    samples = list(load_data(args.data))
-    if args.limit is not None:
-        if args.limit < 1:
-            raise ValueError(f"--limit must be >= 1, got {args.limit}")
-        samples = samples[: args.limit]
-    out = Path(args.out)
-    ablation = ablation_for(args.ablation, _ablation_values(args, vlm, scores), vlm.geometry)
-    result = head_scan(vlm, samples, scores, heads=parse_heads(args.heads) if args.heads else None,
-                       ablation=ablation, iou_threshold=args.iou, batch_size=args.batch_size,
-                       max_new_tokens=args.max_new_tokens, run_dir=out / "scan", progress=not args.json)
-    facts = write_head_scan(result, out)
-    if args.json:
-        print(json.dumps({**facts, "csv": str(out / SCAN_CSV), "figure": str(out / SCAN_PNG)}))
-        return 0
-    _print_table(pd.read_csv(out / SCAN_CSV), f"Single-head causal scan ({args.ablation} ablation, {facts['n']} "
-                                              f"samples, baseline accuracy {facts['baseline_accuracy']:.3f})")
-    print(f"\nSpearman(score, accuracy drop) over {facts['heads']} heads: {facts['spearman']:.3f} "
-          f"(one-sided permutation p = {facts['p_value']:.3g}); scatter: {out / SCAN_PNG}")
-    return 0
-
-
-def cmd_design_space(args: argparse.Namespace) -> int:
-    from vrh_interp.experiments.sweep import run_conditions
-    from vrh_interp.experiments.design_space import check_disjoint, design_space, design_space_plan
-    from vrh_interp.scoring.detect import collect_detection_stats
-    from vrh_interp.data.sources import load_data
-
-    _check_backend(args)
-    vlm = _placed_model(args)
-    detect, evaluate = load_data(args.data), load_data(args.eval_data)
-    out = Path(args.out)
-    # every shard needs ALL detection statistics (they pick the heads to mask): it collects them, or resumes
-    # from a merged `vrh detect --shard` folder copied to OUT/detect
-    stats = collect_detection_stats(vlm, detect, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
-                                    run_dir=out / "detect", dataset=args.data)
-    values = None
-    if _needs_reference_values(args.ablation):  # reference outputs from the same detection samples
-        from vrh_interp.evaluation.grounding import ablation_values
-
-        values = ablation_values(vlm, detect, batch_size=args.batch_size, progress=not args.json)
-        values.save(out / "ablation_values.pt")
-    if args.shard is not None:
-        check_disjoint(stats, evaluate)
-        plan = design_space_plan(stats, k=args.k, random_seeds=range(args.random_sets), ablation=args.ablation)
-        result = run_conditions(vlm, evaluate, plan.conditions,
-                                batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
-                                run_dir=out / "design_space", shard=args.shard,
-                                ablation_values=values)
-        return _shard_done(args, len(result.records))
-    table = design_space(vlm, stats, evaluate, k=args.k, random_seeds=range(args.random_sets),
-                         batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, run_dir=out,
-                         ablation=args.ablation, ablation_values=values)
-    write_atomic(out / "design_space.csv", table.to_csv(index=False))
-    _print_design_space(table, args.k, args.json)
-    return 0
-
-
 def _read_manifest(path: Path) -> dict[str, Any]:
-    from vrh_interp.core.runs import read_manifest
+    from vrh_interp.core.bookkeeping.runs import read_manifest
 
     return read_manifest(path)
 
@@ -523,14 +123,14 @@ def cmd_merge(args: argparse.Namespace) -> int:
     if all((d / "design_space" / "manifest.json").exists() for d in shards):
         table = merge_design_space_runs(out, shards)
         write_atomic(out / "design_space.csv", table.to_csv(index=False))
-        _print_design_space(table, int(table["k"].iloc[0]), args.json)
+        show.design_table(table, int(table["k"].iloc[0]), args.json)
         return 0
     merged = merge_runs(out, shards)
     if merged.kind == "detect":
         from vrh_interp.scoring.detect import scores_from_run
 
         scores = scores_from_run(out, args.preset)
-        _print_scores(scores, scores.save(out / f"scores-{args.preset}.json"), args.preset, args.top, args.json)
+        show.scores(scores, scores.save(out / f"scores-{args.preset}.json"), args.preset, args.top, args.json)
     elif merged.kind != "sweep":  # another declared mergeable experiment: its folder is what its command writes
         facts = {"out": str(out), "kind": merged.kind, "shards": merged.shards, "records": merged.records}
         print(json.dumps(facts) if args.json else f"merged {merged.shards} shards of a {merged.kind} run: "
@@ -540,7 +140,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
         merged_result = sweep_from_run(out, iou_threshold=args.iou)
         write_atomic(out / "sweep_summary.csv", merged_result.summary().to_csv(index=False))
-        _print_sweep(merged_result, args.json, out)
+        show.sweep_table(merged_result, args.json, out)
     return 0
 
 
@@ -548,7 +148,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from vrh_interp.apps.report import sweep_result, verdict_lines, write_report
 
     paths = write_report(Path(args.run))
-    _print_bullets(verdict_lines(sweep_result(Path(args.run))))  # the k-sweep's verdict, as `vrh sweep` printed it
+    show.bullets(verdict_lines(sweep_result(Path(args.run))))  # the k-sweep's verdict, as `vrh sweep` printed it
     print(f"report: {paths['html']}\nsummary: {paths['markdown']}")
     return 0
 
@@ -564,7 +164,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         progress=not args.json, shard=args.shard, placement=_placement(args), live=not args.no_live)
     if args.shard is not None:
         per_condition = result.failure_split[result.failure_split["seed"].astype(str) != "all"]
-        return _shard_done(args, int(per_condition["n"].sum()))  # this shard's k-sweep answers
+        return show.shard_done(args, int(per_condition["n"].sum()), args.json)  # this shard's k-sweep answers
     _print_reproduce(result, args.data, args.json)
     return 0
 
@@ -578,17 +178,17 @@ def _print_reproduce(result: Any, data: str, as_json: bool) -> None:
                           "claims": None if result.claims is None else result.claims.to_dict(orient="records")},
                          default=str))
         return
-    _print_table(result.sweep_summary.drop(columns=["key"]), f"k-sweep on {data} (ks {result.ks})")
-    _print_table(result.failure_split.drop(columns=["key"]),
+    show.table(result.sweep_summary.drop(columns=["key"]), f"k-sweep on {data} (ks {result.ks})")
+    show.table(result.failure_split.drop(columns=["key"]),
                  "Failure split: correct / parse failure / mislocation (boxed another object / no object)")
     if result.vqa_table is not None:
-        _print_table(result.vqa_table.xs("accuracy", axis=1, level="stat").round(1).reset_index(names="condition"),
+        show.table(result.vqa_table.xs("accuracy", axis=1, level="stat").round(1).reset_index(names="condition"),
                      f"Cross-task VQA accuracy (%), top-{result.vqa_k} VRHs vs {result.vqa_k} random heads")
     if result.claims is not None:
         from vrh_interp.apps.report import claim_lines
 
         print("\nVerdict (evaluation.claims, Bonferroni over the k values):")
-        _print_bullets(claim_lines(result.claims))
+        show.bullets(claim_lines(result.claims))
     print(f"\nrun folder: {result.out}")
 
 
@@ -604,28 +204,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
                     seed=args.seed, placement=_placement(args))
 
 
-def cmd_patch(args: argparse.Namespace) -> int:
-    from vrh_interp.apps.demo import demo_ks
-    from vrh_interp.core.published import parse_heads
-    from vrh_interp.experiments.patching_study import answers, detect_and_study
-
-    _check_backend(args, operations=["patching"])
-    vlm = _placed_model(args)
-    top = args.top if args.top is not None else demo_ks(vlm.geometry.total_heads)[1]
-    vrhs = parse_heads(args.vrhs) if args.vrhs else None
-    study = detect_and_study(vlm, Path(args.out), detect_scenes=args.detect, top=top, vrhs=vrhs,
-                             pairs_per_kind=args.pairs, probe_scenes=args.probe_scenes,
-                             random_seeds=[int(s) for s in args.seeds.split(",")], targets=args.targets,
-                             metric=args.metric)
-    if args.json:
-        print(json.dumps({"out": args.out, "facts": study.facts,
-                          "tables": {k: v.to_dict(orient="records") for k, v in study.tables.items()}}, default=str))
-        return 0
-    print("\n".join(f"- {line}" for line in answers(study)))
-    print(f"\nrun folder: {args.out} (patching.md, patching.json and one CSV per table)")
-    return 0
-
-
 def cmd_grid(args: argparse.Namespace) -> int:
     from vrh_interp.experiments.grid import print_grid, run_grid
 
@@ -633,25 +211,13 @@ def cmd_grid(args: argparse.Namespace) -> int:
                       as_json=args.json)
 
 
-def ablation_options(p: argparse.ArgumentParser, *, detect_data: bool = True) -> None:
-    from vrh_interp.core.ablation_kinds import ABLATION_KINDS, DEFAULT_ABLATION_KIND  # no torch: --help stays fast
-
-    p.add_argument("--ablation", choices=ABLATION_KINDS, default=DEFAULT_ABLATION_KIND,
-                   help="how masked heads are removed: zero (the paper's), mean (the head's mean output per position "
-                        "segment over the detection samples) or resample (another detection sample's)")
-    if detect_data:
-        p.add_argument("--detect-data", type=_data_spec, default="synthetic:detect:200",
-                       help="mean/resample ablation: the --data of the `vrh detect` run that wrote --scores (its "
-                            "samples are the reference)")
-
-
 def iou_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--iou", type=_unit_interval, default=0.5,
+    p.add_argument("--iou", type=unit_interval, default=0.5,
                    help="an answer is correct when its box overlaps the referent's at IoU >= this")
 
 
 def backend_option(p: argparse.ArgumentParser) -> None:
-    from vrh_interp.core.backends import BACKENDS  # no torch: `vrh --help` stays fast
+    from vrh_interp.core.execution.backends import BACKENDS  # no torch: `vrh --help` stays fast
 
     p.add_argument("--backend", choices=BACKENDS, default="nnsight",
                    help="what runs the model: nnsight, or a TransformerLens bridge (LLaVA-type families, zero "
@@ -696,16 +262,16 @@ def common(p: argparse.ArgumentParser, *, data: bool = True) -> None:
                    help="hub id, local folder, toy:a / toy:b / toy:c / toy:d / toy:planted (shipped toy models) "
                         "or tiny:FAMILY (random fixture)")
     if data:
-        p.add_argument("--data", type=_data_spec, default="synthetic:detect:200",
+        p.add_argument("--data", type=data_spec, default="synthetic:detect:200",
                        help="synthetic:SPLIT:N, jsonl:PATH, refcoco:ROOT[:SPLIT], lmms-refcoco:DIR, "
                             "toloka:CSV:IMAGES, ... (docs/datasets.md)")
     p.add_argument("--out", default="runs/vrh", help="run folder (rerun to resume)")
     p.add_argument("--device", default=None, help="device or device_map, e.g. cpu, cuda, auto")
     p.add_argument("--dtype", default=None, help="torch dtype name, e.g. bfloat16")
-    p.add_argument("--batch-size", type=_positive_int, default=16, help="samples per forward pass")
-    p.add_argument("--max-new-tokens", type=_positive_int, default=24, help="greedy answer tokens per sample")
+    p.add_argument("--batch-size", type=positive_int, default=16, help="samples per forward pass")
+    p.add_argument("--max-new-tokens", type=positive_int, default=24, help="greedy answer tokens per sample")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
-    p.add_argument("--shard", type=_shard, default=None, metavar="I/N",
+    p.add_argument("--shard", type=shard, default=None, metavar="I/N",
                    help="run shard I (0-based) of N, into its own --out; join them with `vrh merge`")
     p.add_argument("--remote", action="store_true",
                    help="run the model on NDIF (nnsight's configured host and API key; docs/recipes/remote.md)")
@@ -720,86 +286,15 @@ def _families_parser(sub: Any) -> None:
     p.set_defaults(func=cmd_families)
 
 
-def _detect_parser(sub: Any) -> None:
-    """``vrh detect``."""
-    p = _experiment_parser(sub, "detect")
-    common(p)
-    p.add_argument("--preset", type=_preset, default="vrh", help="scoring preset (vrh, retrieval_heads, qrhead, ...)")
-    p.add_argument("--top", type=_positive_int, default=20,
-                   help="how many of the best-scored heads to print (all are saved)")
-    backend_option(p)
-    p.set_defaults(func=cmd_detect)
-
-
-def _sweep_parser(sub: Any) -> None:
-    """``vrh sweep``."""
-    p = _experiment_parser(sub, "sweep")
-    common(p)
-    p.set_defaults(data="synthetic:eval:200")
-    ranking = p.add_mutually_exclusive_group(required=True)
-    ranking.add_argument("--scores", help="scores JSON written by `vrh detect`")
-    ranking.add_argument("--vrhs", type=_head_spec,
-                         help="a ranking given as heads instead: L19H17,L16H0,... or a published list, "
-                                        "published:MODEL/BENCHMARK, e.g. published:qwen2.5-vl-7b/refcoco")
-    p.add_argument("--ks", type=_ks_spec, default=None,
-                   help="k values: head counts and/or percentages of all heads, e.g. 0,1%%,2.5%%,5 (a positive "
-                        f"percentage is rounded half up to at least 1 head). Default: {DEFAULT_KS} without the k "
-                        "too large for this model's controls (a note names them)")
-    p.add_argument("--random-sets", type=_positive_int, default=20,
-                   help="control head sets per k and control kind (seeds 0 .. N-1)")
-    p.add_argument("--seeds", type=_seed_list, default=None,
-                   help="explicit control seeds, e.g. 0,1,2 (overrides --random-sets)")
-    p.add_argument("--no-matched", action="store_true",
-                   help="leave out the layer-matched control (only the uniform random sets)")
-    p.add_argument("--no-live", action="store_true",
-                   help="leave out the live-head control (random sets of the heads a census on the first "
-                        "evaluation samples finds acting; census.csv in --out)")
-    iou_option(p)
-    p.add_argument("--exclude-first-layer", action="store_true", help="random controls avoid layer 0")
-    ablation_options(p)
-    backend_option(p)
-    p.set_defaults(func=cmd_sweep)
-
-
-def _scan_parser(sub: Any) -> None:
-    """``vrh scan``."""
-    p = _experiment_parser(sub, "scan")
-    common(p)
-    p.set_defaults(data="synthetic:eval:200", out="runs/scan")
-    p.add_argument("--scores", required=True, help="scores JSON written by `vrh detect`")
-    p.add_argument("--limit", type=_positive_int, default=100,
-                   help="scan on the first N evaluation samples (a fixed subset; cost: (1 + heads) x N answers)")
-    p.add_argument("--heads", type=_head_spec, default=None, help="heads to scan, e.g. L0H1,L3H5 (default: every head)")
-    iou_option(p)
-    ablation_options(p)
-    backend_option(p)
-    p.set_defaults(func=cmd_scan)
-
-
-def _design_space_parser(sub: Any) -> None:
-    """``vrh design-space``."""
-    p = _experiment_parser(sub, "design-space")
-    common(p)
-    p.add_argument("--eval-data", type=_data_spec, default="synthetic:eval:200",
-                   help="evaluation samples the masks are tested on (disjoint from --data, which detects)")
-    p.add_argument("--k", type=_positive_int, default=20, help="heads masked per variant: each variant's top k")
-    p.add_argument("--random-sets", type=_non_negative_int, default=20,
-                   help="random sets of k heads (outside every variant's top-k) each variant is compared with; "
-                        "0: rank the variants without a random control")
-    ablation_options(p, detect_data=False)
-    backend_option(p)
-    p.set_defaults(func=cmd_design_space)
-
-
 def _merge_parser(sub: Any) -> None:
     """``vrh merge``."""
     p = sub.add_parser("merge", help="join the --out folders of a sharded detect, sweep, design-space or reproduce run")
     p.add_argument("out", help="new folder for the merged run")
     p.add_argument("shards", nargs="+", help="the --out folders of every shard 0/N .. N-1/N")
-    p.add_argument("--preset", type=_preset, default="vrh",
+    p.add_argument("--preset", type=preset, default="vrh",
                    help="detect runs: scoring preset of the scores file written")
-    p.add_argument("--top", type=_positive_int, default=20, help="detect runs: heads printed")
-    p.add_argument("--iou", type=_unit_interval, default=0.5, help="sweep runs: correctness threshold of the summary")
+    p.add_argument("--top", type=positive_int, default=20, help="detect runs: heads printed")
+    p.add_argument("--iou", type=unit_interval, default=0.5, help="sweep runs: correctness threshold of the summary")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.set_defaults(func=cmd_merge)
 
@@ -809,19 +304,19 @@ def _reproduce_parser(sub: Any) -> None:
     p = _experiment_parser(sub, "reproduce")
     common(p, data=False)
     p.set_defaults(out="runs/reproduce")
-    p.add_argument("--data", type=_data_spec, required=True,
+    p.add_argument("--data", type=data_spec, required=True,
                    help="grounding spec: refcoco:ROOT[:SPLIT], lmms-refcoco:DIR, toloka:CSV:IMAGES, "
                         "refspatial:PATH, ...")
-    p.add_argument("--vqa", type=_vqa_spec, action="append", default=[], metavar="NAME:PATH",
+    p.add_argument("--vqa", type=vqa_spec, action="append", default=[], metavar="NAME:PATH",
                    help="VQA benchmark spec, repeatable: cvbench, mmstar, countbench, mathvista, spatial457, "
                         "spatialrgpt, vaw")
-    p.add_argument("--detect", type=_positive_int, default=200, help="seeded detection samples; the rest evaluate")
-    p.add_argument("--eval", type=_positive_int, default=None, help="evaluation samples (default: all the rest)")
+    p.add_argument("--detect", type=positive_int, default=200, help="seeded detection samples; the rest evaluate")
+    p.add_argument("--eval", type=positive_int, default=None, help="evaluation samples (default: all the rest)")
     p.add_argument("--split-seed", type=int, default=0, help="seed of the detection / evaluation split")
-    p.add_argument("--ks", type=_ks_spec, default="0,1,3,5,10,20", help="k values, capped at half the model's heads")
-    p.add_argument("--seeds", type=_seed_list, default="0,1,2", help="random-control seeds")
-    p.add_argument("--vqa-k", type=_positive_int, default=20, help="VRHs (and random heads) masked on the VQA suite")
-    p.add_argument("--vqa-limit", type=_positive_int, default=None, help="first N questions of each VQA benchmark")
+    p.add_argument("--ks", type=ks_spec, default="0,1,3,5,10,20", help="k values, capped at half the model's heads")
+    p.add_argument("--seeds", type=seed_list, default="0,1,2", help="random-control seeds")
+    p.add_argument("--vqa-k", type=positive_int, default=20, help="VRHs (and random heads) masked on the VQA suite")
+    p.add_argument("--vqa-limit", type=positive_int, default=None, help="first N questions of each VQA benchmark")
     p.add_argument("--no-live", action="store_true",
                    help="leave out the live-head control (random sets of the heads a census on the first "
                         "evaluation samples finds acting; census.csv in --out)")
@@ -845,35 +340,35 @@ def _demo_parser(sub: Any) -> None:
                    help="second model sharing the backbone (default: the main model's partner, toy:d for toy:c, "
                         "toy:b for toy:a; '' to skip)")
     p.add_argument("--out", default="runs/demo", help="run folder (rerun to resume)")
-    p.add_argument("--budget-seconds", type=_seconds, default=None,
+    p.add_argument("--budget-seconds", type=seconds, default=None,
                    help="optional cap on the whole demo: steps not begun by then are skipped and their claims read "
                         "'inconclusive'. Default: no cap; the sizes are fixed, never chosen from a clock")
-    p.add_argument("--seed", type=_non_negative_int, default=0,
+    p.add_argument("--seed", type=non_negative_int, default=0,
                    help="seed of the control-set draws, the scan's head sample and the bootstrap (default 0)")
-    p.add_argument("--detect-scenes", "--detect", dest="detect", type=_scene_count(1), default=None,
+    p.add_argument("--detect-scenes", "--detect", dest="detect", type=scene_count(1), default=None,
                    help="detection scenes (default 200)")
-    p.add_argument("--eval-scenes", "--eval", dest="eval", type=_scene_count(1), default=None,
+    p.add_argument("--eval-scenes", "--eval", dest="eval", type=scene_count(1), default=None,
                    help="evaluation scenes (disjoint from detection); every referent is an item (default 40 "
                         "scenes, 132 items)")
-    p.add_argument("--random-sets", type=_positive_int, default=None,
+    p.add_argument("--random-sets", type=positive_int, default=None,
                    help="control head sets of each kind (uniform, layer-matched, live heads) answered on every item "
                         "in the design-space, transfer and VQA steps (default 20; the k-sweep draws one fresh set "
                         "of each kind per scene instead)")
-    p.add_argument("--rank-sets", type=_non_negative_int, default=None,
+    p.add_argument("--rank-sets", type=non_negative_int, default=None,
                    help="the rank test's control sets of each kind at k* (default 199: 1/200 is under 0.05/8, the "
                         "paper family's Bonferroni level; drawn in blocks of 20, 40, 80, ..., stopped once 5 are as "
                         "harmful as the top-k, each set answered only until that is decided; 0: no rank test, so "
                         "the causal claim cannot hold)")
-    p.add_argument("--rank-items", type=_positive_int, default=None,
+    p.add_argument("--rank-items", type=positive_int, default=None,
                    help="items the rank test's sets are answered on (default 12, spread over the scenes)")
-    p.add_argument("--check-items", type=_positive_int, default=None,
+    p.add_argument("--check-items", type=positive_int, default=None,
                    help="fixed evaluation items for the ablation-kind check, head scan, design space, cross-masking "
                         "(default 40)")
-    p.add_argument("--vqa-scenes", type=_scene_count(0), default=None,
+    p.add_argument("--vqa-scenes", type=scene_count(0), default=None,
                    help="eval scenes whose VQA questions are asked (default 20)")
-    p.add_argument("--control-scenes", type=_scene_count(0), default=None,
+    p.add_argument("--control-scenes", type=scene_count(0), default=None,
                    help="evaluation scenes of the positive control on toy:planted (default 30)")
-    p.add_argument("--batch-size", type=_positive_int, default=256, help="rows per forward pass")
+    p.add_argument("--batch-size", type=positive_int, default=256, help="rows per forward pass")
     p.add_argument("--no-positive-control", action="store_true",
                    help="skip step 1, the positive control on toy:planted")
     p.add_argument("--device", default=None, help="device or device_map, e.g. cpu, cuda, auto")
@@ -881,36 +376,6 @@ def _demo_parser(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print the verdicts as JSON")
     backend_option(p)
     p.set_defaults(func=cmd_demo)
-
-
-def _patch_parser(sub: Any) -> None:
-    """``vrh patch``."""
-    p = _experiment_parser(sub, "patch")
-    p.add_argument("--model", default="toy:a", help="hub id, local folder, toy:NAME or tiny:FAMILY")
-    p.add_argument("--out", default="runs/patching", help="run folder")
-    p.add_argument("--vrhs", type=_head_spec, default=None,
-                   help="heads to study, e.g. L2H6,L2H7 or published:MODEL/BENCHMARK "
-                                                "(default: detect them)")
-    p.add_argument("--detect", type=_scene_count(1), default=200, help="detection scenes (when --vrhs is not given)")
-    p.add_argument("--top", type=_positive_int, default=None,
-                   help="how many top-scored heads are the VRHs (default: the demo's k*)")
-    p.add_argument("--pairs", type=_scene_count(1), default=48,
-                   help="clean/corrupted pairs per kind (held-out eval scenes)")
-    p.add_argument("--probe-scenes", type=_scene_count(1), default=120, help="eval scenes for the linear probes")
-    p.add_argument("--seeds", type=_seed_list, default=",".join(str(s) for s in range(20)),
-                   help="control seeds: one random and one layer-matched set each (default 0-19)")
-    p.add_argument("--targets", choices=("greedy", "ground_truth"), default="greedy",
-                   help="the two answers of a pair: the model's greedy answers, or the referents' boxes")
-    from vrh_interp.patching.metrics import DEFAULT_PATCH_METRIC, PATCH_METRICS  # no torch: --help stays fast
-
-    p.add_argument("--metric", choices=tuple(PATCH_METRICS), default=DEFAULT_PATCH_METRIC,
-                   help="answer: log-probability of the whole clean box vs the corrupted one (every coordinate); "
-                        "first_token: logit difference at the first differing answer token only")
-    p.add_argument("--device", default=None, help="device or device_map, e.g. cpu, cuda, auto")
-    p.add_argument("--dtype", default=None, help="torch dtype name, e.g. bfloat16")
-    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
-    backend_option(p)
-    p.set_defaults(func=cmd_patch)
 
 
 def _grid_parser(sub: Any) -> None:
@@ -951,17 +416,6 @@ def _experiment_parser(sub: Any, command: str) -> argparse.ArgumentParser:
     return sub.add_parser(command, help=declared.help)
 
 
-def _declared_command(sub: Any, declared: Any) -> None:
-    """``vrh COMMAND`` of an experiment that brings its own options and runner (``add_options``, ``run``): a
-    resumable one gets ``--out`` (its run folder, held under the folder's lock), every one ``--json``."""
-    p = sub.add_parser(declared.command, help=declared.help)
-    if declared.resumable:
-        p.add_argument("--out", default=f"runs/{declared.name}", help="run folder (rerun to resume)")
-    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
-    declared.resolve("add_options")(p)
-    p.set_defaults(func=lambda args: declared.resolve("run")(args))
-
-
 def _steer_parser(sub: Any) -> None:
     """``vrh steer``: its options and runner are ``apps.steer``'s."""
     from vrh_interp.apps.steer import add_options
@@ -970,21 +424,48 @@ def _steer_parser(sub: Any) -> None:
 
 
 # one function per subcommand's parser; `vrh --help` lists them in this order
-SUBCOMMAND_PARSERS = (_families_parser, _detect_parser, _sweep_parser, _scan_parser, _design_space_parser,
-                      _merge_parser, _reproduce_parser, _report_parser, _demo_parser, _patch_parser, _grid_parser,
-                      _localize_parser, _steer_parser)
+SUBCOMMAND_PARSERS = (_merge_parser, _reproduce_parser, _report_parser, _demo_parser, _grid_parser, _localize_parser,
+                      _steer_parser)
+
+
+def _spec_command(sub: Any, declared: Any) -> None:
+    """``vrh COMMAND`` of an experiment declared with a spec: one option per spec field (``RunSpec.add_options``)
+    and ``--json``; it runs ``cmd_spec``."""
+    p = sub.add_parser(declared.command, help=declared.help)
+    spec_class = declared.resolve("spec")
+    spec_class.add_options(p)
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    p.set_defaults(func=cmd_spec, spec_class=spec_class)
+
+
+def cmd_spec(args: argparse.Namespace) -> int:
+    """A declared experiment's command: its spec (checked whole in ``_check_inputs``), the model loaded and placed
+    where the spec says, the declaration's ``run(spec, vlm, folder)`` and ``show``."""
+    from vrh_interp.experiments.declared import by_command
+    from vrh_interp.experiments.spec import ExperimentSpec
+
+    declared, spec = by_command(args.command), args.spec
+    vlm = None
+    if isinstance(spec, ExperimentSpec):
+        _check_backend(spec.backend, ablation=getattr(spec, "ablation", None),
+                       operations=getattr(spec, "operations", ()))
+        vlm = _load_model(spec.model, spec.device, spec.dtype).on(_placement(spec))
+    result = declared.resolve("run")(spec, vlm, Path(spec.out))
+    return int(declared.resolve("show")(result, spec, args.json)) if declared.show is not None else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``vrh`` parser: one subparser per ``SUBCOMMAND_PARSERS`` entry."""
+    """The ``vrh`` parser: ``families``, a subparser per experiment declared with a spec
+    (``experiments.declared``), in their order, then one per ``SUBCOMMAND_PARSERS`` entry."""
+    from vrh_interp.experiments.declared import spec_commands
+
     parser = _Parser(prog="vrh", description="Find and test Visual Retrieval Heads in VLMs.", epilog=START_HERE)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
+    _families_parser(sub)
+    for declared in spec_commands():
+        _spec_command(sub, declared)
     for add in SUBCOMMAND_PARSERS:
         add(sub)
-    from vrh_interp.experiments.declared import commands_with_options
-
-    for declared in commands_with_options():  # experiments declared with a command of their own, after these
-        _declared_command(sub, declared)
     return parser
 
 
@@ -1003,7 +484,7 @@ WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPE
 def _resume_hint(args: argparse.Namespace, argv: Sequence[str]) -> str:
     """Where the work done is kept and the command that resumes it; nothing when the run folder is not there (a
     run that failed before its first result leaves none)."""
-    from vrh_interp.core.runs import LOCK_FILE
+    from vrh_interp.core.bookkeeping.runs import LOCK_FILE
 
     out = Path(args.out)
     if not _resumable(args.command) or not out.is_dir() or not set(os.listdir(out)) - {LOCK_FILE}:
@@ -1013,7 +494,10 @@ def _resume_hint(args: argparse.Namespace, argv: Sequence[str]) -> str:
 
 def _path_options(args: argparse.Namespace) -> list[tuple[str, str, str]]:
     """Every path the command was given, as (option, path or data spec, role): ``out`` a folder it writes,
-    ``file`` / ``folder`` one it reads, ``spec`` a --data-like spec (grounding), ``vqa`` a --vqa spec."""
+    ``file`` / ``folder`` one it reads, ``data`` a --data-like spec (grounding), ``vqa`` a --vqa spec (a spec
+    command's: its spec's ``inputs``)."""
+    if getattr(args, "spec", None) is not None:
+        return args.spec.inputs()
     command, found = args.command, []
     if _resumable(command):
         found.append(("--out", args.out, "out"))
@@ -1024,28 +508,28 @@ def _path_options(args: argparse.Namespace) -> list[tuple[str, str, str]]:
     if getattr(args, "scores", None) is not None:
         found.append(("--scores", args.scores, "file"))
     if getattr(args, "data", None) is not None and command != "patch":
-        found.append(("--data", args.data, "spec"))
-    if getattr(args, "eval_data", None) is not None:
-        found.append(("--eval-data", args.eval_data, "spec"))
-    if getattr(args, "detect_data", None) is not None and _needs_reference_values(args.ablation):  # mean, resample
-        found.append(("--detect-data", args.detect_data, "spec"))
+        found.append(("--data", args.data, "data"))
     found += [("--vqa", spec, "vqa") for spec in getattr(args, "vqa", None) or ()]
     return found
 
 
 def _check_inputs(args: argparse.Namespace) -> None:
     """Everything that can be checked without a model, before anything heavy loads (a mistyped path fails in well
-    under a second, not after torch and the model): every path option (``core.paths``: empty, missing, a file
-    where a folder is needed and back, symlink loops, permissions), the paths in data specs, a model folder and
+    under a second, not after torch and the model): every path option (``core.bookkeeping.paths``: empty, missing, a
+    file where a folder is needed and back, symlink loops, permissions), the paths in data specs, a model folder and
     the device (``meta`` at once; CUDA's presence imports torch, still before the model loads)."""
-    from vrh_interp.core import paths
-    from vrh_interp.core.model_source import check_device
+    from vrh_interp.core.bookkeeping import paths
+    from vrh_interp.core.description.model_source import check_device
     from vrh_interp.data.sources import check_paths
     from vrh_interp.experiments.spec_checks import check_model
 
+    if getattr(args, "spec_class", None) is not None:  # a spec command: the spec checks itself, every fault at once
+        args.spec = args.spec_class.from_args(args)
+        args.spec.check()
+        return
     checks = {"out": paths.output_folder, "file": paths.input_file, "folder": paths.input_folder}
     for option, path, role in _path_options(args):
-        if role in ("spec", "vqa"):
+        if role in ("data", "vqa"):
             check_paths(path, option, vqa=role == "vqa")
         else:
             checks[role](path, option)
@@ -1060,14 +544,9 @@ def _check_inputs(args: argparse.Namespace) -> None:
 
 
 def _check_plan(args: argparse.Namespace) -> None:
-    """The plan-level faults found from the options and the model's ``config.json`` alone (``spec_checks``), before
-    torch: the demo's transfer model equal to its main model, ``vrh sweep``'s k values and ``--vrhs`` heads beyond
-    the model's head grid, and evaluation samples that are detection samples (synthetic specs: ``sweep --data``
-    against the scores file's samples or ``--detect-data``, ``design-space --eval-data`` against ``--data``)."""
-    from vrh_interp.experiments import spec_checks
-
-    command = args.command
-    if command == "demo" and args.transfer_model not in (None, "", "auto"):
+    """The plan-level faults of a command without a spec found from its options alone, before torch: the demo's
+    transfer model equal to its main model (a spec command's are its spec's ``plan_faults``)."""
+    if args.command == "demo" and args.transfer_model not in (None, "", "auto"):
         from vrh_interp.toy.names import is_shipped
 
         main = args.model or ("toy:c" if is_shipped("c") else "toy:a")  # apps.demo.resolve_models' default
@@ -1075,23 +554,6 @@ def _check_plan(args: argparse.Namespace) -> None:
             raise ValueError(f"--transfer-model {main!r} is the main model: cross-masking a model with itself says "
                              "nothing about transfer: pass a second model sharing the backbone, or '' to skip "
                              "transfer")
-    if command == "sweep":
-        if args.ks is not None:
-            spec_checks.check_ks_fit(args.ks, args.model)
-        if args.vrhs is not None:
-            from vrh_interp.core.published import parse_heads
-
-            spec_checks.check_heads_fit(parse_heads(args.vrhs), args.model, f"--vrhs {args.vrhs}")
-        if args.scores is not None:
-            try:
-                ids = json.loads(Path(args.scores).read_text(encoding="utf-8")).get("sample_ids") or []
-            except (OSError, ValueError, AttributeError):  # not a scores file: HeadScores.load says so
-                ids = []
-            spec_checks.check_scores_disjoint(ids, args.data, f"--scores {args.scores}", "--data")
-        elif _needs_reference_values(args.ablation):
-            spec_checks.check_disjoint_specs(args.detect_data, args.data, "--detect-data", "--data")
-    if command == "design-space":
-        spec_checks.check_disjoint_specs(args.data, args.eval_data, "--data", "--eval-data")
 
 
 def _option_of(filename: Any, args: argparse.Namespace) -> str:
@@ -1102,7 +564,7 @@ def _option_of(filename: Any, args: argparse.Namespace) -> str:
         return ""
     target = os.path.abspath(os.fsdecode(filename))
     for option, path, role in _path_options(args):
-        if role in ("spec", "vqa"):
+        if role in ("data", "vqa"):
             parsed = parse_spec(path)
             candidates = [*parsed.positional, *parsed.options.values()]
         else:
@@ -1118,7 +580,7 @@ def _run(args: argparse.Namespace) -> int:
     """``args.func`` under the lock of its run folder; a folder this call created and left empty is removed."""
     if not _resumable(args.command):
         return int(args.func(args))
-    from vrh_interp.core.runs import LOCK_FILE, lock_run_folder
+    from vrh_interp.core.bookkeeping.runs import LOCK_FILE, lock_run_folder
 
     out = Path(args.out)
     created = not out.exists()

@@ -41,22 +41,18 @@ from typing import Any, Sequence
 import pandas as pd
 
 from vrh_interp.apps.demo_plan import (ANSWER_TOKENS, DEFAULT_SIZES, PLAN_FILE, SEED_STRIDE,
-                                       TERMINAL_WIDTH, Sizes, Steps, demo_ks, evaluation_items, restrict,
+                                       TERMINAL_WIDTH, Sizes, Steps, evaluation_items, restrict,
                                        scan_heads, vqa_answered)
-from vrh_interp.apps.demo_plan import ANSWERS_VQA_MARGIN as ANSWERS_VQA_MARGIN  # re-exported: apps.demo's names
-from vrh_interp.apps.demo_plan import DEMO_GRID as DEMO_GRID
-from vrh_interp.apps.demo_plan import PAPER_FRACTION_RANGE as PAPER_FRACTION_RANGE
-from vrh_interp.apps.demo_plan import SCAN_ALL_HEADS as SCAN_ALL_HEADS
-from vrh_interp.apps.demo_plan import SCAN_SAMPLED_HEADS as SCAN_SAMPLED_HEADS
-from vrh_interp.apps.demo_plan import STEPS as STEPS
-from vrh_interp.core.backends.base import backend_config
-from vrh_interp.core.backends.select import backend_for, backend_type
-from vrh_interp.core.model import LOCAL, Placement
-from vrh_interp.core.provenance import library_versions, model_provenance, now_utc
+from vrh_interp.core.execution.backends.base import backend_config
+from vrh_interp.core.execution.backends.select import backend_for, backend_type
+from vrh_interp.core.description.model import LOCAL, Placement
+from vrh_interp.core.bookkeeping.provenance import library_versions, model_provenance, now_utc
 from vrh_interp.apps.report import write_report
 from vrh_interp.evaluation.claims import Evidence, claims_lines, judge
 from vrh_interp.experiments import verdicts as ev
-from vrh_interp.experiments.sweep import Condition, SweepResult, run_conditions
+from vrh_interp.experiments.ks import demo_ks
+from vrh_interp.experiments.conditions import Condition
+from vrh_interp.experiments.sweep import SweepResult, run_conditions
 from vrh_interp.experiments.design_space import design_space, stability, token_choice_stability
 from vrh_interp.experiments.designs import RANK_H, check_subset, scene_design
 from vrh_interp.scoring.detect import collect_detection_stats, scores_from_stats
@@ -72,9 +68,6 @@ BACKEND_STEPS = {
                "4.3 has no InternVL adapter), 9 VQA (kept here: the bridge generates uncached) and 10 overlays "
                "(nnsight traces)",
 }
-CLAIM_STEPS = {"positive_control": 1, "transfer_control": 1, "causal": 3, "causal_curve": 3, "specific": 3,
-               "ablation_kinds": 4, "score_damage": 5, "design_space": 6, "sparse": 7, "stable": 7, "shared": 8,
-               "vqa": 9}
 
 
 MODEL_PAIRS = {"toy:a": "toy:b", "toy:b": "toy:a", "toy:c": "toy:d", "toy:d": "toy:c"}
@@ -129,7 +122,7 @@ def check_models(main: str, transfer: str | None, explicit: bool) -> None:
                                                           "its checkpoint is not shipped in this installation")
                              + f": the shipped toys are {', '.join('toy:' + n for n in available)}")
         if kind == "tiny":
-            from vrh_interp.core.tiny import TINY_FAMILIES
+            from vrh_interp.core.description.tiny import TINY_FAMILIES
 
             if name not in TINY_FAMILIES:
                 raise ValueError(f"{option} {spec!r}: no such tiny family: use one of "
@@ -357,7 +350,7 @@ def ablation_kinds_step(run: DemoRun) -> None:
         return
     if not run.steps.open(4, f"ablation kinds at k*={run.k_star} on {len(run.checks)} fixed items"):
         return
-    from vrh_interp.core.ablation_kinds import ABLATION_KINDS, DEFAULT_ABLATION_KIND
+    from vrh_interp.core.execution.ablation_kinds import ABLATION_KINDS, DEFAULT_ABLATION_KIND
     from vrh_interp.evaluation.grounding import ablation_values
 
     from vrh_interp.experiments.designs import restrict_design
@@ -512,8 +505,11 @@ def judge_claims(run: DemoRun) -> pd.DataFrame:
             "as constructed" if all(row["as_expected"] for row in rows) else "a planted pair reads against its "
             "construction" if any(row["verdict"] != "inconclusive" and not row["as_expected"] for row in rows)
             else "a planted pair is undecided")
-    for claim, step in CLAIM_STEPS.items():  # a claim whose step the cap skipped is undecided, never another verdict
-        if step in run.steps.skipped and (evidence.get(claim) is None) and (claim != "shared" or run.transfer_ready):
+    from vrh_interp.evaluation.claims import CLAIMS
+
+    skipped = {declared.name for declared, _ in demo_steps() if declared.demo_order in run.steps.skipped}
+    for claim, spec in CLAIMS.items():  # a claim whose step the cap skipped is undecided, never another verdict
+        if spec.experiment in skipped and evidence.get(claim) is None:
             evidence[claim] = Evidence.categorical("inconclusive", "", "not measured within --budget-seconds")
     table = judge(evidence)
     table.to_csv(run.out / "verdicts.csv", index=False)
@@ -548,8 +544,20 @@ def report_step(run: DemoRun, table: pd.DataFrame, overlay_items: int, started: 
     return 0
 
 
-DEMO_STEPS = (detect_step, sweep_step, ablation_kinds_step, scan_step, design_space_step, sparsity_step,
-              transfer_step, vqa_step)  # steps 2-9, in order, after the positive control and the model load
+def control_step(run: DemoRun) -> None:
+    """Step 1: the positive control (``positive_control_step``), where it is shipped and asked for."""
+    if run.run_control and run.steps.open(1, "positive control: the same pipeline on toy:planted, whose retrieval "
+                                             "heads are known"):
+        run.outcome = positive_control_step(run.out, run.device, run.batch_size, run.sizes.control_scenes,
+                                            placement=run.placement, random_sets=run.sizes.random_sets)
+
+
+def demo_steps() -> list[tuple[Any, Any]]:
+    """(declaration, step function) of every experiment declared with a demo step (``Experiment.demo``), in
+    ``demo_order``: steps 1-9, before the report. A new experiment declared with ``demo`` is a step here."""
+    from vrh_interp.experiments.declared import demo_steps as declared_steps
+
+    return [(declared, declared.resolve("demo")) for declared in declared_steps()]
 
 
 def run_demo(*, model_spec: str | None = None, out: Path = Path("runs/demo"), detect_scenes: int | None = None,
@@ -569,11 +577,8 @@ def run_demo(*, model_spec: str | None = None, out: Path = Path("runs/demo"), de
     run = plan_demo(model_spec, transfer_model, out, sizes, seed=seed, batch_size=batch_size, device=device,
                     dtype=dtype, placement=placement, positive_control=positive_control, overlay_items=overlay_items,
                     budget_seconds=budget_seconds, started=started)
-    if run.run_control and run.steps.open(1, "positive control: the same pipeline on toy:planted, whose retrieval "
-                                             "heads are known"):
-        run.outcome = positive_control_step(out, device, batch_size, sizes.control_scenes, placement=placement,
-                                            random_sets=sizes.random_sets)
-    load_main_model(run)
-    for step in DEMO_STEPS:
+    for declared, step in demo_steps():
+        if declared.demo_order >= 2 and run.vlm is None:  # the main model, after the positive control
+            load_main_model(run)
         step(run)
     return report_step(run, judge_claims(run), overlay_items, started, as_json)

@@ -4,18 +4,16 @@ conditions, the scanned heads, and the step progress with the optional time cap.
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from typing import Any, Callable, Sequence
 
 import numpy as np
 import pandas as pd
 
-from vrh_interp.experiments.sweep import Condition, SweepResult, parse_ks
+from vrh_interp.experiments.conditions import Condition
+from vrh_interp.experiments.sweep import SweepResult
 
 ANSWER_TOKENS = 24
-PAPER_FRACTION_RANGE = (0.017, 0.026)  # 20 of 1152 .. 20 of 784 heads
-DEMO_GRID = ("0.5%", "1%", "1.7%", "2.6%", "5%", "10%")
 TERMINAL_WIDTH = 100
 STEPS = 10
 PLAN_FILE = "plan.json"
@@ -42,20 +40,6 @@ class Sizes:
 DEFAULT_SIZES = Sizes()
 
 
-def demo_ks(total_heads: int) -> tuple[list[int], int]:
-    """``(ks, k_star)`` for a model with ``total_heads`` heads (module doc)."""
-    low = math.ceil(PAPER_FRACTION_RANGE[0] * total_heads)
-    high = math.floor(PAPER_FRACTION_RANGE[1] * total_heads)
-    middle = sum(PAPER_FRACTION_RANGE) / 2 * total_heads
-    if low <= high:
-        k_star = min(range(low, high + 1), key=lambda k: (abs(k - middle), k))
-    else:
-        k_star = max(1, math.floor(middle + 0.5))
-    cap = max(1, total_heads // 4)
-    ks = sorted({0, k_star, *(k for k in parse_ks(DEMO_GRID, total_heads) if k <= cap)})
-    return ks, k_star
-
-
 def evaluation_items(scenes: int) -> list[Any]:
     """Every referent of the first ``scenes`` evaluation scenes (level 1; disjoint from the ``detect-`` scenes)."""
     from vrh_interp.data import grounding_samples
@@ -79,7 +63,7 @@ def scan_heads(ranking: Any, geometry: Any, k_star: int) -> Any:
     score ranks (``SCAN_SAMPLED_HEADS`` in all), in (layer, head) order. Rank-stratified, not a seeded uniform
     draw: "score predicts damage" is a correlation over the score range, which a uniform draw covers unevenly
     (mostly low scores), and a draw that moves with ``--seed`` made the claim's verdict move with it."""
-    from vrh_interp.core.heads import HeadSet
+    from vrh_interp.core.description.heads import HeadSet
 
     everything = geometry.all_heads()
     if len(everything) <= SCAN_ALL_HEADS:

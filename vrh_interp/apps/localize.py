@@ -16,7 +16,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from vrh_interp.apps.argtypes import whole_number
+from vrh_interp.experiments.spec import whole_number
 
 COMPONENTS = ("largest", "peak", "full")  # evaluation.attention_box.COMPONENTS (not imported: it loads torch)
 BLOCKS = ("all", "grid")
@@ -75,7 +75,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
 
 def _head_sets(args: argparse.Namespace, vlm: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """``({label: heads}, how they were chosen)`` from ``--heads``, ``--scores`` or a detection run here."""
-    from vrh_interp.core.published import check_geometry, parse_heads
+    from vrh_interp.core.description.published import check_geometry, parse_heads
     from vrh_interp.data.sources import load_data
     from vrh_interp.scoring.design import resolve_design
     from vrh_interp.scoring.detect import score_heads
@@ -101,7 +101,7 @@ def _head_sets(args: argparse.Namespace, vlm: Any) -> tuple[dict[str, Any], dict
 
 def cmd_localize(args: argparse.Namespace) -> int:
     """Run ``vrh localize`` and print the per-set summary and four-way table (or ``--json``)."""
-    from vrh_interp.core.model import Placement
+    from vrh_interp.core.description.model import Placement
     from vrh_interp.data.sources import load_data
     from vrh_interp.evaluation.attention_box import BoxReadout
     from vrh_interp.experiments.localize import CSV, JSON, localize, write_localize

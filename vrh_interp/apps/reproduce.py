@@ -12,7 +12,7 @@ Steps (Appendix E, H, J of the paper), each resumable from the records it writes
    evaluation samples finds acting (``census.csv``): a control that inert heads cannot carry. The paper's k in
    {0, 1, 3, 5, 10, 20} is capped at half the model's head count (``capped_ks``), the most for which k random
    heads still exist outside the top k, and at the largest k whose layer-matched control can be drawn
-   (``experiments.sweep.largest_usable_k``: a layer holding more than half its heads in the top k cannot);
+   (``experiments.conditions.largest_usable_k``: a layer holding more than half its heads in the top k cannot);
 4. the functional-specificity split of every condition into correct / parse failure / mislocation, the
    mislocations split into boxed another annotated object / boxed no object where the loader lists the
    image's other objects (``failure_split.csv``, ``experiments.sweep.failure_counts``);
@@ -41,14 +41,15 @@ import pandas as pd
 from vrh_interp.data.datasets.samples import VQASample
 from vrh_interp.data.datasets.splits import PAPER_DETECTION_COUNT, detection_split
 from vrh_interp.experiments.vqa_sweep import VQASweepResult, vqa_sweep, vqa_sweep_from_run
-from vrh_interp.experiments.sweep import (CONTROL_KINDS, SweepResult, failure_counts, largest_usable_k, sweep,
-                                         sweep_from_run)
+from vrh_interp.evaluation.controls import CONTROL_KINDS
+from vrh_interp.experiments.sweep import SweepResult, failure_counts, live_pool_for, sweep, sweep_from_run
+from vrh_interp.experiments.conditions import largest_usable_k
 from vrh_interp.experiments.merge import ShardMergeError, check_shards_together, merge_runs, read_shard_folder
-from vrh_interp.core.model import LOCAL, Placement
-from vrh_interp.core.runs import RunFolder, write_json_atomic
+from vrh_interp.core.description.model import LOCAL, Placement
+from vrh_interp.core.bookkeeping.runs import RunFolder, write_json_atomic
 from vrh_interp.scoring.detect import score_heads
 from vrh_interp.scoring.scores import HeadScores
-from vrh_interp.core.shards import Shard, shard_config
+from vrh_interp.core.bookkeeping.shards import Shard, shard_config
 from vrh_interp.data.sources import load_data, load_vqa
 from vrh_interp.evaluation.census import CENSUS_CSV
 
@@ -117,8 +118,8 @@ def run_reproduce(model_spec: str, data_spec: str, vqa_specs: Sequence[str] = ()
     With ``shard``, every shard runs the (short) detection in full, so all shards mask the same heads, and
     only its shard of the k-sweep and VQA samples; it writes no tables (its result's tables cover its samples
     only). ``merge_reproduce_runs`` (``vrh merge``) joins the shard folders and writes the tables. ``placement``
-    (``core.model.Placement``: backend and remote) places the model once (``VLM.on``); detection, the k-sweep and
-    the VQA sweep run where it says (remote: batched requests). Remote is not part of the run folder's
+    (``core.description.model.Placement``: backend and remote) places the model once (``VLM.on``); detection, the
+    k-sweep and the VQA sweep run where it says (remote: batched requests). Remote is not part of the run folder's
     configuration, so a remote run may resume a local one.
     """
     from vrh_interp.specs import load_spec
@@ -146,7 +147,8 @@ def run_reproduce(model_spec: str, data_spec: str, vqa_specs: Sequence[str] = ()
     used_ks = capped_ks(ks, total, largest_usable_k(scores.ranking(), vlm.geometry))
     say(f"[2/4] k-sweep on {len(split.evaluation)} disjoint samples{part}, ks={used_ks} ({total} heads), "
         f"random seeds {list(random_seeds)}")
-    pool = _live_pool(vlm, list(split.evaluation), scores, used_ks, out, max_new_tokens, say) if live else None
+    pool = live_pool_for(vlm, list(split.evaluation), scores.ranking(), used_ks, out, random_seeds=random_seeds,
+                         max_new_tokens=max_new_tokens, say=lambda line: say(f"      {line}")) if live else None
     result = sweep(vlm, list(split.evaluation), scores, ks=used_ks, random_seeds=random_seeds, batch_size=batch_size,
                    max_new_tokens=max_new_tokens, run_dir=out / "sweep", progress=progress, shard=shard, live=pool)
     vqa_result = None
@@ -164,19 +166,6 @@ def run_reproduce(model_spec: str, data_spec: str, vqa_specs: Sequence[str] = ()
     say("[4/4] tables")
     return write_tables(out, arguments, scores, json.loads((out / "split.json").read_text(encoding="utf-8")),
                         result, vqa_result, seconds=time.perf_counter() - started)
-
-
-def _live_pool(vlm: Any, evaluation: list[Any], scores: HeadScores, ks: Sequence[int], out: Path,
-               max_new_tokens: int, say: Any) -> Any:
-    """The live heads outside the top max(k) for the live-head control (the census of the first evaluation
-    samples, ``out/census.csv``: every shard measures the same items); None, said, where it cannot be drawn."""
-    from vrh_interp.evaluation.census import live_pool
-
-    if vlm.remote:
-        say("      note: no live-head control on a remote model (the head census runs the model here)")
-        return None
-    return live_pool(vlm, evaluation, scores.ranking(), max(ks, default=0), out, max_new_tokens=max_new_tokens,
-                     say=lambda line: say(f"      {line}"))[1]
 
 
 def _tables(out: Path, arguments: dict[str, Any], total_heads: int, result: SweepResult,

@@ -11,7 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
-from vrh_interp.apps.argtypes import whole_number
+from vrh_interp.experiments.spec import whole_number
 
 
 def _alphas(text: str) -> tuple[float, ...]:
@@ -36,7 +36,7 @@ def _seeds(text: str) -> list[int]:
 
 def add_options(p: argparse.ArgumentParser) -> None:
     """The options of ``vrh steer`` on its subparser (``apps.cli`` makes it with the declaration's help line)."""
-    from vrh_interp.core.backends import BACKENDS  # no torch: `vrh --help` stays fast
+    from vrh_interp.core.execution.backends import BACKENDS  # no torch: `vrh --help` stays fast
     from vrh_interp.data.sources import MAX_SYNTHETIC_SCENES
 
     scenes = whole_number(1, MAX_SYNTHETIC_SCENES)
@@ -79,9 +79,9 @@ def add_options(p: argparse.ArgumentParser) -> None:
 def cmd_steer(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from vrh_interp.core.backends.base import check_supported
-    from vrh_interp.core.backends.select import backend_type
-    from vrh_interp.core.model import Placement
+    from vrh_interp.core.execution.backends.base import check_supported
+    from vrh_interp.core.execution.backends.select import backend_type
+    from vrh_interp.core.description.model import Placement
     from vrh_interp.experiments.steer import claim_line, detect_and_steer
     from vrh_interp.specs import load_spec
 

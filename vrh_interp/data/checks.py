@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
 
-from vrh_interp.core.boxes import Box, InvalidBoxError
+from vrh_interp.core.description.boxes import Box, InvalidBoxError
 
 if TYPE_CHECKING:
     from PIL import Image

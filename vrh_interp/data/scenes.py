@@ -49,7 +49,7 @@ from typing import Literal
 import numpy as np
 from PIL import Image, ImageDraw
 
-from vrh_interp.core.boxes import Box
+from vrh_interp.core.description.boxes import Box
 from vrh_interp.data.checks import DIFFICULTY_LEVELS
 from vrh_interp.data.datasets.images import LoadedImage
 from vrh_interp.data.datasets.samples import GroundingSample, VQASample

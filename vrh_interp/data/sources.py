@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from vrh_interp.core import paths
+from vrh_interp.core.bookkeeping import paths
 from vrh_interp.data.checks import DIFFICULTY_LEVELS
 
 if TYPE_CHECKING:

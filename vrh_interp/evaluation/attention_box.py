@@ -37,11 +37,11 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from vrh_interp.core.backends.select import backend_for
-from vrh_interp.core.boxes import Box, InvalidBoxError
-from vrh_interp.core.families.base import VisualBlock, VisualLayout
-from vrh_interp.core.heads import HeadsLike
-from vrh_interp.core.model import VLM, GroundingBatch
+from vrh_interp.core.execution.backends.select import backend_for
+from vrh_interp.core.description.boxes import Box, InvalidBoxError
+from vrh_interp.core.description.families.base import VisualBlock, VisualLayout
+from vrh_interp.core.description.heads import HeadsLike
+from vrh_interp.core.description.model import VLM, GroundingBatch
 
 QUERIES: tuple[str, ...] = ("last_input", "output")
 COMPONENTS: tuple[str, ...] = ("largest", "peak", "full")

@@ -24,11 +24,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from vrh_interp.core.heads import Head, HeadGeometry, HeadSet
-from vrh_interp.core.interventions import condition_ablation, generate_conditions, replicate_encoding, run_forward
-from vrh_interp.core.model import VLM
-from vrh_interp.core.runs import write_atomic
-from vrh_interp.core.templates.ablation import ZERO_ABLATION
+from vrh_interp.core.description.heads import Head, HeadGeometry, HeadSet
+from vrh_interp.core.execution.interventions import (condition_ablation, generate_conditions, replicate_encoding,
+                                                     run_forward)
+from vrh_interp.core.description.model import VLM
+from vrh_interp.core.bookkeeping.runs import write_atomic
+from vrh_interp.core.execution.templates.ablation import ZERO_ABLATION
 
 NORM_FLOOR = 0.25
 EFFECT_FLOOR = 0.01

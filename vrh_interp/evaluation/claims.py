@@ -66,6 +66,9 @@ class ClaimSpec:
     null: float
     minimum: float
     unit: str = "items"  # what more of would decide an inconclusive claim
+    # the declared experiment whose run measures it (``experiments.declared``): the demo, the report and the grid
+    # find a claim's step from here, so a claim is named in this one place
+    experiment: str = ""
     causal: bool = False  # judged by the three-part causal test (module doc)
     # the causal test's words for a claim that is not about masking (redirection: moves, not drops)
     causal_words: str = ("the target more harmful than the control sets including its own draw (rank test) and a "
@@ -88,49 +91,58 @@ def _specs(*specs: ClaimSpec) -> dict[str, ClaimSpec]:
 CLAIMS: dict[str, ClaimSpec] = _specs(
     ClaimSpec("causal", PAPER, "causal: masking the top-k VRHs hurts grounding more than k random heads, against "
               "every control (uniform, layer-matched, live heads)",
-              "accuracy of the control sets minus the top-k's (smallest over the controls)", 0.0, 0.05, causal=True),
+              "accuracy of the control sets minus the top-k's (smallest over the controls)", 0.0, 0.05, causal=True,
+              experiment="sweep"),
     ClaimSpec("causal_curve", PAPER, "causal along the k-curve: averaged over the k grid, masking the top-k hurts "
               "more than every control",
               "mean over k of (control-set accuracy minus top-k accuracy), smallest over the controls", 0.0, 0.05,
-              causal=True),
+              causal=True, experiment="sweep"),
     ClaimSpec("sparse", PAPER, "sparse: a few heads carry the score",
               "share of the total score carried by the top 10 % of heads, beyond its distribution under no "
-              "structure (each sample's head scores permuted)", 0.10, 0.30, unit="detection samples"),
+              "structure (each sample's head scores permuted)", 0.10, 0.30, unit="detection samples",
+              experiment="sparsity"),
     ClaimSpec("design_space", PAPER, "design space: the default design (output, sum, mean) is within 5 points of "
               "the most causal variant", "5 points minus the shortfall of the default's accuracy drop behind the "
-              "best variant's", 0.0, 0.0),
+              "best variant's", 0.0, 0.0, experiment="design_space"),
     ClaimSpec("specific", PAPER, "functionally specific: masking causes mislocation, not parse failure",
-              "increase in mislocation minus increase in parse failure (top-k vs unmasked)", 0.0, 0.05),
+              "increase in mislocation minus increase in parse failure (top-k vs unmasked)", 0.0, 0.05,
+              experiment="sweep"),
     ClaimSpec("stable", PAPER, "stable: 20 detection samples recover the top-k",
               "expected top-k overlap of a 20-sample ranking with the all-sample ranking (detection set "
               "resampled)", 0.0, 0.8,
-              unit="detection samples"),
+              unit="detection samples", experiment="sparsity"),
     ClaimSpec("shared", PAPER, "shared: heads transfer between models sharing the backbone (cross-masking, both "
               "directions)", "accuracy of random sets minus accuracy with the other model's top-k "
-              "(smallest over the directions)", 0.0, 0.05, causal=True),
+              "(smallest over the directions)", 0.0, 0.05, causal=True, experiment="transfer"),
     ClaimSpec("vqa", PAPER, "generalises to VQA: masking the top-k VRHs hurts VQA more than k random heads "
               "(answered kinds)", "accuracy of the control sets minus the top-k's, VQA items (smallest over "
-              "the controls)", 0.0, 0.05, causal=True),
+              "the controls)", 0.0, 0.05, causal=True, experiment="vqa_sweep"),
     ClaimSpec("positive_control", METHOD, "positive control recovered: the pipeline finds toy:planted's planted "
-              "heads and masking them collapses grounding", "categorical", 0.0, 0.0, unit="control scenes"),
+              "heads and masking them collapses grounding", "categorical", 0.0, 0.0, unit="control scenes",
+              experiment="positive_control"),
     ClaimSpec("transfer_control", METHOD, "transfer test calibrated: on the planted pairs it reports transfer where "
               "the backbone is shared (toy:planted-b) and never where no head index is shared (toy:planted-x)",
-              "categorical", 0.0, 0.0, unit="control scenes"),
+              "categorical", 0.0, 0.0, unit="control scenes", experiment="positive_control"),
     ClaimSpec("ablation_kinds", METHOD, "ablation kinds agree: the causal claim at k* holds under zero, mean and "
               "resample ablation alike", "accuracy of the control sets minus the top-k's (smallest over the "
-              "ablation kinds and controls)", 0.0, 0.05, causal=True),
+              "ablation kinds and controls)", 0.0, 0.05, causal=True, experiment="ablation_kinds"),
     ClaimSpec("score_damage", METHOD, "score predicts causal importance: Spearman(score, single-head accuracy "
-              "drop) > 0", "Spearman correlation over the scanned heads", 0.0, 0.2, unit="items"),
+              "drop) > 0", "Spearman correlation over the scanned heads", 0.0, 0.2, unit="items", experiment="scan"),
     ClaimSpec("sufficient", EXTENSION, "sufficient: redirecting the top-k (a pre-softmax bias onto another object) "
               "moves answers to that object more than any control set redirected the same way",
               "move rate of the top-k minus the control sets' at the declared alpha (smallest over the controls)",
               0.0, 0.10, causal=True,
               causal_words="the top-k moving more answers than the control sets including its own draw (rank test) "
-                           "and than alpha = 0, the unsteered run (exact McNemar)"),
+                           "and than alpha = 0, the unsteered run (exact McNemar)", experiment="steer"),
 )
 
 # the claims about toy:planted (the demo's positive-control step), whatever model the run studies
-POSITIVE_CONTROL_CLAIMS = frozenset({"positive_control", "transfer_control"})
+POSITIVE_CONTROL_CLAIMS = frozenset(c for c, spec in CLAIMS.items() if spec.experiment == "positive_control")
+
+
+def claims_of(experiment: str) -> tuple[str, ...]:
+    """The claims the declared experiment ``experiment`` measures (their ``experiment``), in table order."""
+    return tuple(c for c, spec in CLAIMS.items() if spec.experiment == experiment)
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vrh_interp.core.heads import Head, HeadGeometry, HeadSet
+from vrh_interp.core.description.heads import Head, HeadGeometry, HeadSet
 
 
 DEFAULT_RANDOM_SEEDS: tuple[int, ...] = tuple(range(20))

@@ -4,7 +4,7 @@ Outcome categories follow the paper's functional-specificity split: ``correct`` 
 ``mislocation`` (a box was parsed but IoU < threshold), ``parse_failure`` (no box in the native format).
 
 Masking is zero ablation by default; ``ablation=Ablation("mean" | "resample", ablation_values(vlm,
-detection_samples))`` selects the other kinds (``vrh_interp.core.templates.ablation``). Their reference values
+detection_samples))`` selects the other kinds (``vrh_interp.core.execution.templates.ablation``). Their reference values
 are collected with the ground-truth answer teacher-forced (the box in the family's native format appended
 to the prompt): one forward per batch, and the answer segment is what a correct answer looks like, the
 same whatever the model's accuracy.
@@ -18,13 +18,14 @@ from typing import Sequence
 import torch
 from tqdm.auto import tqdm
 
-from vrh_interp.core import interventions as iv
-from vrh_interp.core.backends.select import backend_for
-from vrh_interp.core.boxes import BoxParseFailure
-from vrh_interp.core.heads import HeadSet
-from vrh_interp.core.model import VLM, GroundingBatch
+from vrh_interp.core.execution import interventions as iv
+from vrh_interp.core.execution.backends.select import backend_for
+from vrh_interp.core.description.boxes import BoxParseFailure
+from vrh_interp.core.description.heads import HeadSet
+from vrh_interp.core.description.model import VLM, GroundingBatch
 from vrh_interp.data.checks import GroundingSampleLike, as_box, check_samples
-from vrh_interp.core.templates.ablation import SEGMENTS, ZERO_ABLATION, Ablation, AblationValues, SegmentSumCapture
+from vrh_interp.core.execution.templates.ablation import (SEGMENTS, ZERO_ABLATION, Ablation, AblationValues,
+                                                          SegmentSumCapture)
 
 
 @dataclass(frozen=True)

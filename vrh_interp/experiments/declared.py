@@ -4,21 +4,24 @@ An ``Experiment`` names, in one place, what the rest of the package used to spel
 run folders' manifests write (``name``), its ``vrh`` subcommand, its record log (file stem and the fields naming
 a record's unit, which a resumed run skips and a re-read de-duplicates), the canonical order of its records (what
 a merge of shards restores), whether its folders resume and merge, the function that reads a finished folder
-into its result (``summary``), the claims (``vrh_interp.evaluation.claims.CLAIMS``) it bears on, and for a
-command the CLI does not build itself, the hooks that add its options and run it. Run folders
-(``record_log``), ``experiments.merge``, the CLI (resume hints, run locks, subcommands) and the tests read the
-declarations; ``vrh_interp.core`` knows no experiment's name.
+into its result (``summary``), its spec, runner and printout, and where it appears in a grid and in the demo. A
+claim names the experiment that measures it in its own declaration (``evaluation.claims.ClaimSpec.experiment``).
+Run folders (``record_log``), ``experiments.merge``, the CLI (resume hints, run locks, subcommands), the grid,
+the demo and the tests read the declarations; ``vrh_interp.core`` knows no experiment's name.
 
 This module is imported by ``vrh --help``: it holds data and imports nothing heavy. The built-in declarations name
 their functions as ``"module:function"`` text (``Experiment.resolve``), imported only when used, in the
 experiments layer or below (``tests/test_experiments_declared.py`` checks); a declaration may also hold the
 functions themselves.
 
-Adding an experiment is one module: a runner that writes a run folder (``core.runs.RunFolder``, its log opened
-with ``Experiment.open_log``) and one ``register(Experiment(...))`` call. Declared with ``command``,
-``add_options`` and ``run``, it is a ``vrh`` subcommand; ``resumable``, its ``--out`` is held under the folder's
-lock and an interrupted run names the command that resumes it; ``mergeable``, ``vrh merge`` joins its shard
-folders (docs/architecture.md, "Where new code goes", shows one).
+Adding an experiment is one module: a spec (``experiments.spec``: everything a run takes, checked whole before any
+work), a runner ``run(spec, vlm, folder)`` that writes a run folder (``core.bookkeeping.runs.RunFolder``, its log
+opened with ``Experiment.open_log``), and one ``register(Experiment(...))`` call. Declared with ``command``, ``spec``
+and ``run``, it is a ``vrh`` subcommand whose options come from the spec's fields; with ``grid`` a GRID.toml
+experiment (a cell per model x grounding benchmark, say, the spec read from ``[options]`` and ``[NAME]``);
+with ``demo`` a step of ``vrh demo``. ``resumable``: its ``--out`` is held under the folder's lock and an interrupted
+run names the command that resumes it; ``mergeable``: ``vrh merge`` joins its shard folders. docs/architecture.md,
+"Adding an experiment", shows one end to end.
 """
 
 from __future__ import annotations
@@ -30,9 +33,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Union
 
 if TYPE_CHECKING:
-    from vrh_interp.core.runs import RecordLog, RunFolder
+    from vrh_interp.core.bookkeeping.runs import RecordLog, RunFolder
 
 Reference = Union[str, Callable[..., Any]]  # a function, or its "module:function" name
+# what a GRID.toml experiment's cells are: one per model x grounding benchmark, per model x [vqa.NAME] benchmark,
+# per model (its heads from [NAME] heads_from), per [[transfer]] pair of models
+GRID_SHAPES = (None, "benchmark", "vqa", "model", "pair")
 
 
 @dataclass(frozen=True)
@@ -45,8 +51,12 @@ class Experiment:
     (one of ``order``). ``listed``: (field, manifest entry) pairs whose every value must appear in shard 0's log
     before a merge (a condition nothing was recorded for yet means an unfinished shard). ``merge_files``:
     ``"module:function(staging, shard_folders)"`` copying what a mergeable run keeps beside its log.
-    ``add_options``: ``"module:function(parser)"``, ``run``: ``"module:function(args) -> exit code"``, for a
-    command the CLI does not define itself.
+    ``spec``: its spec class (``experiments.spec``); ``run``: ``"module:function(spec, vlm, folder) -> result"``
+    (``vlm`` is None for a spec that loads no model); ``show``: ``"module:function(result, spec, as_json) -> exit
+    status"``, what the command prints. ``grid``: a GRID.toml experiment whose cells are one of ``GRID_SHAPES``
+    (each cell's spec filled by ``experiments.grid.cell_spec``). ``demo``: ``"module:function(run)"``, a step of
+    ``vrh demo`` (``apps.demo.DemoRun``), placed by ``demo_order``; its claims (``evaluation.claims``, those naming
+    this experiment) read inconclusive when a ``--budget-seconds`` cap skips it.
     """
 
     name: str
@@ -62,9 +72,12 @@ class Experiment:
     mergeable: bool = False
     merge_files: Reference | None = None
     summary: Reference | None = None
-    claims: tuple[str, ...] = ()
-    add_options: Reference | None = None
+    spec: Reference | None = None
     run: Reference | None = None
+    show: Reference | None = None
+    grid: str | None = None
+    demo: Reference | None = None
+    demo_order: float = 0.0
 
     def __post_init__(self) -> None:
         if self.log is not None and not self.record_key:
@@ -72,8 +85,11 @@ class Experiment:
         if self.mergeable and (self.log is None or not self.order or not set(self.order) >= set(self.record_key)):
             raise ValueError(f"experiment {self.name!r}: merging needs a record log and an order naming every "
                              "field of the record key")
-        if (self.add_options is None) != (self.run is None):
-            raise ValueError(f"experiment {self.name!r}: a command of its own needs both add_options and run")
+        if (self.spec is None) != (self.run is None):
+            raise ValueError(f"experiment {self.name!r}: a spec needs its runner and a runner its spec")
+        if self.grid not in GRID_SHAPES:
+            raise ValueError(f"experiment {self.name!r}: grid = {self.grid!r}: the grid's cells are one of "
+                             f"{', '.join(map(repr, GRID_SHAPES[1:]))}")
 
     def resolve(self, field: str) -> Any:
         """The function ``field`` holds, or names as ``"module:function"`` (imported now)."""
@@ -93,7 +109,7 @@ class Experiment:
 
     def read_log(self, run_dir: str | os.PathLike[str]) -> RecordLog:
         """The record log of ``run_dir``, keyed by ``record_key``, for reading (``.read()``)."""
-        from vrh_interp.core.runs import RecordLog
+        from vrh_interp.core.bookkeeping.runs import RecordLog
 
         return RecordLog(self.log_path(run_dir), key_fields=self.record_key)
 
@@ -105,36 +121,54 @@ class Experiment:
         return folder.log(self.log, key_fields=self.record_key)
 
 
+_DEMO, _SPECS = "vrh_interp.apps.demo", "vrh_interp.experiments.builtin_specs"
+
 BUILTIN: tuple[Experiment, ...] = (
     Experiment("detect", "detect", "score every head on grounding samples", log="detect_records",
                record_key=("sample_id",), order=("sample_id",), resumable=True, mergeable=True,
                merge_files="vrh_interp.experiments.merge:copy_detect_stats",
-               summary="vrh_interp.scoring.detect:scores_from_run", claims=("sparse", "stable")),
+               summary="vrh_interp.scoring.detect:scores_from_run", spec=f"{_SPECS}:DetectSpec",
+               run="vrh_interp.experiments.detect:run", show="vrh_interp.apps.show:detect", grid="benchmark",
+               demo=f"{_DEMO}:detect_step", demo_order=2),
     Experiment("sweep", "sweep", "mask top-k vs random heads and measure grounding", log="sweep_records",
                record_key=("sample_id", "condition"), order=("condition", "sample_id"),
                listed=(("condition", "conditions"),), resumable=True, mergeable=True,
-               summary="vrh_interp.experiments.sweep:sweep_from_run", claims=("causal", "causal_curve", "specific")),
-    Experiment("vqa_sweep", None, "mask top-k vs random heads and measure VQA accuracy", log="vqa_records",
+               summary="vrh_interp.experiments.sweep:sweep_from_run", spec=f"{_SPECS}:SweepSpec",
+               run="vrh_interp.experiments.sweep:run", show="vrh_interp.apps.show:sweep", grid="benchmark",
+               demo=f"{_DEMO}:sweep_step", demo_order=3),
+    Experiment("vqa_sweep", "vqa-sweep", "mask top-k vs random heads and measure VQA accuracy", log="vqa_records",
                record_key=("benchmark", "sample_id", "condition"), order=("condition", "benchmark", "sample_id"),
                samples="samples", samples_by="benchmark",
                listed=(("condition", "conditions"), ("benchmark", "samples")),
                resumable=True, mergeable=True, summary="vrh_interp.experiments.vqa_sweep:vqa_sweep_from_run",
-               claims=("vqa",)),
+               spec=f"{_SPECS}:VQASweepSpec", run="vrh_interp.experiments.vqa_sweep:run",
+               show="vrh_interp.apps.show:vqa_sweep", grid="vqa", demo=f"{_DEMO}:vqa_step", demo_order=9),
     Experiment("scan", "scan", "single-head causal scan: each head masked alone; does its score predict damage?",
                resumable=True, summary="vrh_interp.experiments.head_scan:head_scan_from_run",
-               claims=("score_damage",)),
+               spec=f"{_SPECS}:ScanSpec", run="vrh_interp.experiments.head_scan:run",
+               show="vrh_interp.apps.show:scan", grid="benchmark", demo=f"{_DEMO}:scan_step", demo_order=5),
     Experiment("design_space", "design-space", "rank the scoring variants by the drop their top-k causes",
                resumable=True, summary="vrh_interp.experiments.design_space:design_space_from_run",
-               claims=("design_space",)),
+               spec=f"{_SPECS}:DesignSpaceSpec",
+               run="vrh_interp.experiments.design_space:run", show="vrh_interp.apps.show:design_space",
+               grid="benchmark", demo=f"{_DEMO}:design_space_step", demo_order=6),
+    Experiment("ablation_kinds", None, "the causal claim at k* under every ablation kind (zero, mean, resample)",
+               demo=f"{_DEMO}:ablation_kinds_step", demo_order=4),
+    Experiment("sparsity", None, "sparsity and stability of the detection scores", demo=f"{_DEMO}:sparsity_step",
+               demo_order=7),
+    Experiment("transfer", "transfer", "cross-masking: each model masked with its own, the other's and random top-k "
+               "(a shared backbone)", resumable=True, spec=f"{_SPECS}:TransferSpec",
+               run="vrh_interp.experiments.transfer:run", show="vrh_interp.apps.show:transfer", grid="pair",
+               demo=f"{_DEMO}:transfer_step", demo_order=8),
+    Experiment("positive_control", None, "the pipeline on toy:planted, whose retrieval heads are known",
+               demo=f"{_DEMO}:control_step", demo_order=1),
     Experiment("reproduce", "reproduce",
-               "the paper's protocol on benchmark files: detect, k-sweep, failure split, VQA", resumable=True,
-               claims=("causal", "causal_curve", "specific", "vqa")),
+               "the paper's protocol on benchmark files: detect, k-sweep, failure split, VQA", resumable=True),
     Experiment("demo", "demo", "the whole pipeline on the shipped toy model (no network), at fixed sizes",
-               resumable=True, claims=("causal", "causal_curve", "sparse", "design_space", "specific", "stable",
-                                       "shared", "vqa", "positive_control", "transfer_control", "ablation_kinds",
-                                       "score_damage")),
-    Experiment("patch", "patch", "activation patching: what the VRHs read out and write (synthetic pairs)",
                resumable=True),
+    Experiment("patch", "patch", "activation patching: what the VRHs read out and write (synthetic pairs)",
+               resumable=True, spec=f"{_SPECS}:PatchSpec", run="vrh_interp.experiments.patching_study:run",
+               show="vrh_interp.apps.show:patch", grid="model"),
     Experiment("localize", "localize",
                "attention boxes of a head set beside the model's own boxes on the same items (Acc@0.5, four-way)",
                log="localize_records", record_key=("heads", "sample_id"), order=("heads", "sample_id"),
@@ -143,7 +177,7 @@ BUILTIN: tuple[Experiment, ...] = (
                resumable=True),
     Experiment("steer", "steer", "redirect the top-k heads onto another object: does the answer move there?",
                log="steer_records", record_key=("condition", "sample_id"), order=("condition", "sample_id"),
-               resumable=True, summary="vrh_interp.experiments.steer:steer_from_run", claims=("sufficient",)),
+               resumable=True, summary="vrh_interp.experiments.steer:steer_from_run"),
 )
 
 _REGISTRY: dict[str, Experiment] = {experiment.name: experiment for experiment in BUILTIN}
@@ -209,12 +243,22 @@ def record_key(path: str | os.PathLike[str]) -> tuple[str, ...] | None:
 
 def record_log(path: str | os.PathLike[str], *, repair: bool = False) -> RecordLog:
     """The record log at ``path`` keyed as its experiment declares (``record_key``)."""
-    from vrh_interp.core.runs import RecordLog
+    from vrh_interp.core.bookkeeping.runs import RecordLog
 
     return RecordLog(Path(path), key_fields=record_key(path), repair=repair)
 
 
-def commands_with_options() -> tuple[Experiment, ...]:
-    """Declarations that bring their own ``vrh`` subcommand (``add_options`` and ``run``)."""
-    return tuple(e for e in _REGISTRY.values() if e.command is not None and e.run is not None)
+def spec_commands() -> tuple[Experiment, ...]:
+    """Declarations whose ``vrh`` subcommand is made from their spec (``spec``, ``run``, ``show``)."""
+    return tuple(e for e in _REGISTRY.values() if e.command is not None and e.spec is not None)
+
+
+def grid_experiments() -> tuple[Experiment, ...]:
+    """Declarations a GRID.toml may name by their name, with a cell per model x grounding benchmark."""
+    return tuple(e for e in _REGISTRY.values() if e.grid is not None)
+
+
+def demo_steps() -> tuple[Experiment, ...]:
+    """Declarations with a step in ``vrh demo``, in ``demo_order``."""
+    return tuple(sorted((e for e in _REGISTRY.values() if e.demo is not None), key=lambda e: e.demo_order))
 

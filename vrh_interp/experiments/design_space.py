@@ -13,21 +13,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
 
-from vrh_interp.experiments.sweep import Condition, SweepResult, control_conditions, run_conditions
+from vrh_interp.experiments.conditions import Condition, control_conditions
+from vrh_interp.experiments.builtin_specs import DesignSpaceSpec, needs_reference_values
+from vrh_interp.experiments.sweep import SweepResult, run_conditions
 from vrh_interp.evaluation.controls import DEFAULT_RANDOM_SEEDS
-from vrh_interp.core.ablation_kinds import DEFAULT_ABLATION_KIND
-from vrh_interp.core.heads import HeadGeometry, HeadSet
-from vrh_interp.core.model import VLM
+from vrh_interp.core.execution.ablation_kinds import DEFAULT_ABLATION_KIND
+from vrh_interp.core.description.heads import HeadGeometry, HeadSet
+from vrh_interp.core.description.model import VLM
 from vrh_interp.data.checks import GroundingSampleLike
 from vrh_interp.scoring.collect import SampleStats
 from vrh_interp.scoring.design import PRESETS, ScoringDesign, design_space_variants
 from vrh_interp.scoring.detect import scores_from_stats
-from vrh_interp.core.templates.ablation import AblationValues
+from vrh_interp.core.execution.templates.ablation import AblationValues
 
 
 def design_variants(include_presets: bool = True) -> dict[str, ScoringDesign]:
@@ -215,3 +217,33 @@ def token_choice_stability(stats: Sequence[SampleStats], *, k: int = 20,
         rows.append({"query_set": "random_output", "seed": seed, "k": k,
                      "overlap_with_all_output_tokens": topk_overlap(ranking, reference, k)})
     return pd.DataFrame(rows)
+
+
+def run(spec: DesignSpaceSpec, vlm: VLM, folder: Path) -> Any:
+    """``vrh design-space`` / a grid's cell: every variant's top-k masked against random sets, ``design_space.csv``
+    in ``folder``; a shard's records. Every shard collects ALL detection statistics (they pick the heads to mask),
+    or resumes from a merged ``vrh detect --shard`` folder copied to ``folder/detect``."""
+    from vrh_interp.core.bookkeeping.runs import write_atomic
+    from vrh_interp.data.sources import load_data
+    from vrh_interp.evaluation.grounding import ablation_values
+    from vrh_interp.scoring.detect import collect_detection_stats
+
+    detect, evaluate = load_data(spec.data), load_data(spec.eval_data)
+    stats = collect_detection_stats(vlm, detect, batch_size=spec.batch_size, max_new_tokens=spec.max_new_tokens,
+                                    run_dir=folder / "detect", dataset=spec.data)
+    values = None
+    if needs_reference_values(spec.ablation):  # reference outputs from the same detection samples
+        values = ablation_values(vlm, detect, batch_size=spec.batch_size, progress=spec.progress)
+        values.save(folder / "ablation_values.pt")
+    seeds = range(spec.random_sets)
+    if spec.shard is not None:
+        check_disjoint(stats, evaluate)
+        plan = design_space_plan(stats, k=spec.k, random_seeds=seeds, ablation=spec.ablation)
+        return run_conditions(vlm, evaluate, plan.conditions, batch_size=spec.batch_size,
+                              max_new_tokens=spec.max_new_tokens, run_dir=folder / "design_space", shard=spec.shard,
+                              ablation_values=values)
+    table = design_space(vlm, stats, evaluate, k=spec.k, random_seeds=seeds, batch_size=spec.batch_size,
+                         max_new_tokens=spec.max_new_tokens, run_dir=folder, ablation=spec.ablation,
+                         ablation_values=values)
+    write_atomic(folder / "design_space.csv", table.to_csv(index=False))
+    return table

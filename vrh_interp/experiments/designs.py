@@ -4,7 +4,7 @@ The causal claim (``evaluation.claims.causal_test``) has three parts, and each g
 with the fewest answers (``docs/results/calibration.md`` measures the rule and the answers under each):
 
 * **the effect** (mean control-set accuracy minus the top-k's): ``scene_design`` answers ONE fresh set of each
-  kind per scene, on that scene's referents only, where the crossed design (``sweep.sweep_conditions``) answered
+  kind per scene, on that scene's referents only, where the crossed design (``conditions.sweep_conditions``) answered
   every set on every item. Each item's set is a fresh draw, so the mean difference is unbiased for the same
   estimand, and the scenes are independent clusters (``inference.cluster_effect``): the set part of the error
   shrinks with the scenes instead of being fixed by 20 sets, at 1/20 of the answers.
@@ -28,8 +28,9 @@ from typing import Any, Callable, Sequence
 
 import pandas as pd
 
-from vrh_interp.core.heads import HeadSet
-from vrh_interp.experiments.sweep import Condition, SweepResult, control_conditions, run_conditions
+from vrh_interp.core.description.heads import HeadSet
+from vrh_interp.experiments.conditions import Condition, control_conditions
+from vrh_interp.experiments.sweep import SweepResult, run_conditions
 
 RANK_H = 5
 """Besag-Clifford's h: a sequential rank test stops once h sets were at least as harmful as the target."""
@@ -74,7 +75,7 @@ def scene_design(ranking: HeadSet, geometry: Any, ks: Sequence[int], items: Sequ
     ``first_seed + j`` (nested in k, so a scene's sets along the k-curve are prefixes of one draw), answered on
     that scene's items (``items_of``, for ``run_conditions``). Conditions in scene order, so a backend that does
     not cut batches by image still packs a scene's sets into one pass."""
-    from vrh_interp.experiments.sweep import sweep_conditions
+    from vrh_interp.experiments.conditions import sweep_conditions
 
     scenes = scenes_of(items)
     if len(scenes) > SCENE_SEEDS:

@@ -1,23 +1,22 @@
 """``grid``: the paper's grid (models x benchmarks x experiments) from one GRID.toml, run locally or on Ray.
 
-A grid is a plan of *cells*, each an ordinary resumable run folder made by the library's own runners:
+A grid is a plan of *cells*, each an ordinary resumable run folder made by the experiment's own runner: GRID.toml's
+``experiments`` names declared experiments (``experiments.declared``), and a cell runs the declaration's
+``run(spec, vlm, folder)`` on the spec ``vrh NAME`` would build (``cell_spec``: the model, the folder, the
+benchmark's samples and the detection's scores filled in by each field's ``grid`` role, then ``[options]``, then
+the experiment's own ``[NAME]`` table). What a cell is follows from the declaration's ``grid``:
 
-* ``detect`` (model x grounding benchmark): ``scoring.detect.score_heads`` on the benchmark's detection samples
-  into ``cells/MODEL/BENCHMARK/detect`` and the scores file next to it;
-* ``sweep`` (model x grounding benchmark): ``experiments.sweep.sweep`` of those scores on the benchmark's
-  evaluation samples, with the random, layer-matched and (``live = true``, the default) live-head controls (the
-  head census of the first evaluation items, ``census.csv`` in the cell folder; local models only), into
-  ``cells/MODEL/BENCHMARK/sweep``. With
-  ``shards = n`` the sweep runs as n shard cells (``--shard i/n``: batch-aligned, so the merged folder is the
-  unsharded run's byte for byte) and a merge cell (``experiments.merge.merge_runs``);
-* ``vqa`` (model x VQA benchmark): ``experiments.vqa_sweep.vqa_sweep`` of the top ``vqa_k`` heads detected on
-  the benchmark named by ``heads_from``, into ``cells/MODEL/vqa-NAME``;
-* ``transfer`` (a named pair of models on one grounding benchmark): ``experiments.transfer.cross_masking`` of
-  both models' detected heads, into ``transfer/A__B__BENCHMARK``;
-* ``patching`` (model): ``experiments.patching_study.detect_and_study`` (what ``vrh patch`` runs) on the top
-  ``top`` heads detected on the benchmark named by ``[patching] heads_from``, into ``cells/MODEL/patching``: the
-  folder ``vrh patch --vrhs HEADS --top N ...`` writes. Local models only (the study has no remote path), on the
-  nnsight backend (the grid has no backend option; the study refuses TransformerLens).
+* per model x grounding benchmark (``detect``, ``sweep``, ``scan``, ``design_space``), into
+  ``cells/MODEL/BENCHMARK/NAME``; ``detect`` writes the scores the others read. With ``shards = n`` the sweep runs as
+  n shard cells (``--shard i/n``: batch-aligned, so the merged folder is the unsharded run's byte for byte) and a
+  merge cell (``experiments.merge.merge_runs``); its live-head control draws from the census of the first
+  evaluation items (``census.csv``; local models only), shared by the shards;
+* per model x ``[vqa.NAME]`` benchmark (``vqa_sweep``): the top ``vqa_k`` heads detected on ``heads_from``, into
+  ``cells/MODEL/vqa_sweep-NAME``;
+* per model (``patch``): the study of ``vrh patch`` on the top heads detected on ``[patch] heads_from``, into
+  ``cells/MODEL/patch`` (local models only: its spec is ``local_only``; nnsight only);
+* per ``[[transfer]]`` pair (``transfer``): cross-masking of both models' detected heads, into
+  ``transfer/A__B__BENCHMARK``.
 
 A cell's dependencies (a sweep needs its detection, ...) are part of the plan; the executors run a cell only
 after them. The grid folder holds ``grid.json`` (the parsed grid, every cell with its folder, dependencies and
@@ -57,12 +56,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from vrh_interp.core.remote import ENV as REMOTE_TIMEOUT_ENV
-from vrh_interp.core.runs import RunLockedError, lock_run_folder, write_atomic, write_json_atomic
+from vrh_interp.core.execution.remote import ENV as REMOTE_TIMEOUT_ENV
+from vrh_interp.core.bookkeeping.runs import RunLockedError, lock_run_folder, write_atomic, write_json_atomic
 from vrh_interp.experiments.declared import experiment
-from vrh_interp.patching.metrics import PATCH_METRICS
 
-EXPERIMENTS: tuple[str, ...] = ("detect", "sweep", "vqa", "transfer", "patching")
+SECTIONS = ("experiments", "options", "models", "benchmarks", "vqa", "transfer")  # GRID.toml's own tables
+RENAMED = {"vqa": "vqa_sweep", "patching": "patch"}  # GRID.toml names before experiments were named by declaration
+
+
+def experiment_names() -> tuple[str, ...]:
+    """The names GRID.toml's ``experiments`` takes, in plan order: the declared grid experiments
+    (``declared.grid_experiments``)."""
+    from vrh_interp.experiments.declared import grid_experiments
+
+    return tuple(e.name for e in grid_experiments())
+
+
+def shape(name: str) -> str:
+    """What the cells of experiment ``name`` are (``declared.GRID_SHAPES``: benchmark, vqa, model, pair)."""
+    from vrh_interp.experiments.declared import experiment
+
+    return str(experiment(name).grid)
+
 GRID_FILE, STATUS_DIR, SUMMARY_CSV, SUMMARY_MD, HEATMAP = ("grid.json", "status", "grid_summary.csv",
                                                             "grid_summary.md", "grid_drop.png")
 PATCHING_CSV = "grid_patching.csv"
@@ -106,17 +121,6 @@ class TransferPair:
     benchmark: str
 
 
-@dataclass(frozen=True)
-class PatchingOptions:
-    """``[patching]``: the arguments of ``detect_and_study`` (``vrh patch``) in every patching cell."""
-
-    heads_from: str  # the grounding benchmark whose detected heads are studied
-    top: int = 3  # how many of its top-scored heads (``vrh patch --top``)
-    pairs: int = 48  # clean/corrupted pairs per kind (``--pairs``)
-    probe_scenes: int = 120  # ``--probe-scenes``
-    random_sets: int = 20  # control seeds 0 .. N-1 (``--seeds``); default: [options] random_sets
-    targets: str = "greedy"  # ``--targets``
-    metric: str = "answer"  # ``--metric``
 
 
 @dataclass(frozen=True)
@@ -150,13 +154,15 @@ class GridSpec:
     transfer: tuple[TransferPair, ...] = ()
     experiments: tuple[str, ...] = ("detect", "sweep")
     options: GridOptions = GridOptions()
-    patching: PatchingOptions | None = None  # set when "patching" is an experiment
+    # ``[NAME]`` tables of declared experiments: their spec's own fields (``experiments.spec``) as written, and
+    # ``heads_from`` for an experiment with a cell per model
+    tables: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         check_numbers(self)  # grid.json is strict JSON: no NaN / Infinity for other readers to choke on
         data = json.loads(json.dumps(dataclasses.asdict(self), allow_nan=False))
-        if data["patching"] is None:  # grids without patching keep the grid.json they had before it existed
-            del data["patching"]
+        if not data["tables"]:  # grids without them keep the grid.json they had before they existed
+            del data["tables"]
         return data
 
     @classmethod
@@ -166,7 +172,7 @@ class GridSpec:
                    vqa={k: VQABenchmark(**v) for k, v in data["vqa"].items()},
                    transfer=tuple(TransferPair(tuple(t["models"]), t["benchmark"]) for t in data["transfer"]),
                    experiments=tuple(data["experiments"]), options=GridOptions(**data["options"]),
-                   patching=PatchingOptions(**data["patching"]) if data.get("patching") else None)
+                   tables=dict(data.get("tables", {})))
 
 
 # ---------------------------------------------------------------------------------------------- parsing GRID.toml
@@ -289,7 +295,7 @@ def _model(name: str, table: Any) -> GridModel:
         if key in table:
             _typed(table, key, section, (str,), "a string")
     if "dtype" in table:
-        from vrh_interp.core.model_source import parse_dtype
+        from vrh_interp.core.description.model_source import parse_dtype
 
         try:
             parse_dtype(table["dtype"])
@@ -316,17 +322,18 @@ def parse_grid(text: str) -> GridSpec:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise GridSpecError(f"GRID.toml is not valid TOML: {error}") from None
-    _check_keys(data, "top level", ("experiments", "options", "models", "benchmarks", "vqa", "transfer", "patching"),
-                ("models",))
+    names = experiment_names()
+    _check_keys(data, "top level", (*SECTIONS, *(n for n in names if n not in SECTIONS)), ("models",))
     experiments = data.get("experiments", ["detect", "sweep"])
     if not isinstance(experiments, list) or not experiments or not all(isinstance(e, str) for e in experiments):
-        raise GridSpecError(f"GRID.toml: experiments must be a list such as [\"sweep\", \"vqa\"] from "
-                            f"{', '.join(EXPERIMENTS)}")
-    bad = [e for e in experiments if e not in EXPERIMENTS]
+        raise GridSpecError(f"GRID.toml: experiments must be a list such as [\"sweep\", \"vqa_sweep\"] from "
+                            f"{', '.join(names)}")
+    bad = [e for e in experiments if e not in names]
     if bad:
-        raise GridSpecError(f"GRID.toml: unknown experiment {bad[0]!r}: use {', '.join(EXPERIMENTS)}")
+        renamed = f" (now named {RENAMED[bad[0]]!r}, as its declaration)" if bad[0] in RENAMED else ""
+        raise GridSpecError(f"GRID.toml: unknown experiment {bad[0]!r}{renamed}: use {', '.join(names)}")
     # every experiment needs the detected heads
-    experiments = tuple(e for e in EXPERIMENTS if e in experiments or e == "detect")
+    experiments = tuple(e for e in names if e in experiments or e == "detect")
     options = _options(data.get("options", {}))
     models_table = data["models"]
     if not isinstance(models_table, dict) or not models_table:
@@ -350,60 +357,58 @@ def parse_grid(text: str) -> GridSpec:
                                 f"({', '.join(benchmarks)})")
         vqa[_name(name, section)] = VQABenchmark(name, _data(table["data"], section, "data", vqa=True), heads_from)
     transfer = _pairs(data.get("transfer", []), models, benchmarks)
-    if "vqa" in experiments and not vqa:
-        raise GridSpecError("GRID.toml: experiments has \"vqa\" but there is no [vqa.NAME] table")
-    if "transfer" in experiments and not transfer:
-        raise GridSpecError("GRID.toml: experiments has \"transfer\" but there is no [[transfer]] pair")
-    patching = None
-    if "patching" in experiments:
-        patching = _patching(data.get("patching", {}), models, benchmarks, options)
-    elif "patching" in data:
-        raise GridSpecError("GRID.toml: there is a [patching] table but experiments has no \"patching\": add it to "
-                            "experiments, or remove the table")
-    spec = GridSpec(models=models, benchmarks=benchmarks, vqa=vqa if "vqa" in experiments else {},
-                    transfer=transfer if "transfer" in experiments else (), experiments=experiments, options=options,
-                    patching=patching)
-    check_plan(spec)
+    shapes = {e: shape(e) for e in experiments}
+    for name in experiments:
+        _check_local_only(name, models)
+    for needs, what, present in (("vqa", "[vqa.NAME] table", vqa), ("pair", "[[transfer]] pair", transfer)):
+        lacking = [e for e, s in shapes.items() if s == needs]
+        if lacking and not present:
+            raise GridSpecError(f"GRID.toml: experiments has \"{lacking[0]}\" but there is no {what}")
+    # an experiment's own [NAME] table, unless NAME is a section of the grid (the transfer experiment's pairs are
+    # [[transfer]]: its fields come from [options] alone)
+    tables = {name: _experiment_table(data, name, experiments, models, benchmarks) for name in names
+              if name in data and name not in SECTIONS}
+    spec = GridSpec(models=models, benchmarks=benchmarks, vqa=vqa if "vqa" in shapes.values() else {},
+                    transfer=transfer if "pair" in shapes.values() else (), experiments=experiments, options=options,
+                    tables=tables)
+    for cell in check_plan(spec):  # every cell's spec, as it will run (its [NAME] table checked)
+        if cell.kind != "sweep-merge":
+            try:
+                cell_spec(Path("."), spec, cell)
+            except ValueError as error:
+                raise GridSpecError(str(error)) from None
     return spec
 
 
-def _patching(table: Any, models: Mapping[str, GridModel], benchmarks: Mapping[str, GroundingBenchmark],
-              options: GridOptions) -> PatchingOptions:
-    """``[patching]``, checked as ``vrh patch`` checks its options; remote models are refused (the study runs
-    only here)."""
-    from vrh_interp.data.sources import MAX_SYNTHETIC_SCENES
+def _experiment_table(data: Mapping[str, Any], name: str, experiments: Sequence[str],
+                      models: Mapping[str, GridModel], benchmarks: Mapping[str, GroundingBenchmark]) -> dict[str, Any]:
+    """``[NAME]``: a declared experiment's own fields (checked with its cells' specs) and, for one with a cell per
+    model, ``heads_from`` (the benchmark whose detected heads it takes; default the first)."""
+    table = data[name]
+    if name not in experiments:
+        raise GridSpecError(f"GRID.toml: there is a [{name}] table but experiments has no \"{name}\": add it to "
+                            "experiments, or remove the table")
+    if not isinstance(table, dict):
+        raise GridSpecError(f"{_where(name)} must be a table (key = value lines)")
+    heads_from = table.get("heads_from")
+    if heads_from is not None and (shape(name) != "model" or heads_from not in benchmarks):
+        raise GridSpecError(f"{_where(name)}: heads_from = {heads_from!r} " + (
+            f"is not a benchmark of the grid ({', '.join(benchmarks)})" if shape(name) == "model" else
+            "is a key of experiments with a cell per model only"))
+    return dict(table)
 
-    section = "patching"
-    choices = {"targets": ("greedy", "ground_truth"), "metric": tuple(PATCH_METRICS)}
-    fields = [f.name for f in dataclasses.fields(PatchingOptions)]
-    _check_keys(table, section, fields)
-    values: dict[str, Any] = {"heads_from": table.get("heads_from", next(iter(benchmarks))),
-                              "random_sets": options.random_sets}
-    if not isinstance(values["heads_from"], str) or values["heads_from"] not in benchmarks:
-        raise GridSpecError(f"{_where(section)}: heads_from = {values['heads_from']!r} is not a benchmark of the grid "
-                            f"({', '.join(benchmarks)})")
-    for key in ("top", "pairs", "probe_scenes", "random_sets"):
-        if key in table:
-            value = _typed(table, key, section, (int,), "a whole number")
-            if value < 1:
-                raise GridSpecError(f"{_where(section)}: {key} = {value} must be >= 1")
-            if key in ("pairs", "probe_scenes") and value > MAX_SYNTHETIC_SCENES:
-                raise GridSpecError(f"{_where(section)}: {key} = {value} is above the limit of "
-                                    f"{MAX_SYNTHETIC_SCENES} scenes")
-            values[key] = value
-    for key, allowed in choices.items():
-        if key in table:
-            if table[key] not in allowed:
-                raise GridSpecError(f"{_where(section)}: {key} = {table[key]!r}: use "
-                                    + " or ".join(f'"{a}"' for a in allowed))
-            values[key] = table[key]
+
+def _check_local_only(name: str, models: Mapping[str, GridModel]) -> None:
+    """An experiment that runs only here (its spec's ``local_only``) refuses remote models."""
+    from vrh_interp.experiments.declared import experiment
+
+    declared = experiment(name)
     remote = [m for m in models.values() if m.remote]
-    if remote:
+    if remote and getattr(declared.resolve("spec"), "local_only", False):
         shown = "true" if remote[0].remote is True else f'"{remote[0].remote}"'
-        raise GridSpecError(f"{_where('models.' + remote[0].name)}: remote = {shown}: the patching study "
-                            "runs only here (vrh patch has no --remote): set remote = false, or remove \"patching\" "
-                            "from experiments")
-    return PatchingOptions(**values)
+        raise GridSpecError(f"{_where('models.' + remote[0].name)}: remote = {shown}: {name} runs only here (vrh "
+                            f"{declared.command} has no --remote): set remote = false, or remove \"{name}\" from "
+                            "experiments")
 
 
 def _tables(data: Mapping[str, Any], section: str) -> list[tuple[str, Any]]:
@@ -479,36 +484,43 @@ class Cell:
 
 
 def plan_cells(spec: GridSpec) -> list[Cell]:
-    """Every cell, each after its dependencies; per model its detect, sweep and VQA cells together (the local
-    executor keeps one model loaded), then the transfer pairs."""
+    """Every cell, each after its dependencies (the detection of the heads it reads): per model its cells by
+    benchmark, then by VQA benchmark, then its own (the local executor keeps one model loaded), then the transfer
+    pairs. A cell's kind is its experiment's declared name (a sharded sweep: ``sweep-shard`` cells and a
+    ``sweep-merge``); its folder ``cells/MODEL/BENCHMARK/NAME``, ``cells/MODEL/NAME-VQA``, ``cells/MODEL/NAME`` or
+    ``NAME/A__B__BENCHMARK``."""
     cells: list[Cell] = []
     shards = spec.options.shards
+    by_shape = {kind: [e for e in spec.experiments if shape(e) == kind] for kind in ("benchmark", "vqa", "model",
+                                                                                    "pair")}
+
+    def needs(name: str, model: str, benchmark: str) -> tuple[str, ...]:
+        return (f"detect:{model}:{benchmark}",) if name != "detect" and _reads_scores(name) else ()
+
     for m in spec.models:
         for b in spec.benchmarks:
-            base = f"cells/{m}/{b}"
-            detect = f"detect:{m}:{b}"
-            cells.append(Cell(detect, "detect", (m,), b, f"{base}/detect"))
-            if "sweep" not in spec.experiments:
-                continue
-            if shards == 1:
-                cells.append(Cell(f"sweep:{m}:{b}", "sweep", (m,), b, f"{base}/sweep", (detect,)))
-                continue
-            parts = [Cell(f"sweep:{m}:{b}#{i}/{shards}", "sweep-shard", (m,), b, f"{base}/sweep-shards/{i}",
-                          (detect,), (i, shards)) for i in range(shards)]
-            cells += parts + [Cell(f"sweep:{m}:{b}", "sweep-merge", (m,), b, f"{base}/sweep",
-                                   tuple(p.id for p in parts))]
-        for v, bench in spec.vqa.items():
-            cells.append(Cell(f"vqa:{m}:{v}", "vqa", (m,), v, f"cells/{m}/vqa-{v}",
-                              (f"detect:{m}:{bench.heads_from}",)))
-        if spec.patching is not None:
-            heads_from = spec.patching.heads_from
-            cells.append(Cell(f"patching:{m}:{heads_from}", "patching", (m,), heads_from, f"cells/{m}/patching",
-                              (f"detect:{m}:{heads_from}",)))
-    for pair in spec.transfer:
-        a, b = pair.models
-        cells.append(Cell(f"transfer:{a}+{b}:{pair.benchmark}", "transfer", (a, b), pair.benchmark,
-                          f"transfer/{a}__{b}__{pair.benchmark}",
-                          (f"detect:{a}:{pair.benchmark}", f"detect:{b}:{pair.benchmark}")))
+            for name in by_shape["benchmark"]:
+                folder = f"cells/{m}/{b}/{name}"
+                if name != "sweep" or shards == 1:
+                    cells.append(Cell(f"{name}:{m}:{b}", name, (m,), b, folder, needs(name, m, b)))
+                    continue
+                parts = [Cell(f"sweep:{m}:{b}#{i}/{shards}", "sweep-shard", (m,), b,
+                              f"cells/{m}/{b}/sweep-shards/{i}", needs(name, m, b), (i, shards)) for i in range(shards)]
+                cells += parts + [Cell(f"sweep:{m}:{b}", "sweep-merge", (m,), b, folder, tuple(p.id for p in parts))]
+        for name in by_shape["vqa"]:
+            for v, bench in spec.vqa.items():
+                cells.append(Cell(f"{name}:{m}:{v}", name, (m,), v, f"cells/{m}/{name}-{v}",
+                                  needs(name, m, bench.heads_from)))
+        for name in by_shape["model"]:
+            heads_from = spec.tables.get(name, {}).get("heads_from", next(iter(spec.benchmarks)))
+            cells.append(Cell(f"{name}:{m}:{heads_from}", name, (m,), heads_from, f"cells/{m}/{name}",
+                              needs(name, m, heads_from)))
+    for name in by_shape["pair"]:
+        for pair in spec.transfer:
+            a, b = pair.models
+            cells.append(Cell(f"{name}:{a}+{b}:{pair.benchmark}", name, (a, b), pair.benchmark,
+                              f"{name}/{a}__{b}__{pair.benchmark}",
+                              needs(name, a, pair.benchmark) + needs(name, b, pair.benchmark)))
     return cells
 
 
@@ -578,13 +590,12 @@ def check_inputs(spec: GridSpec) -> None:
 
 
 def check_numbers(spec: GridSpec) -> None:
-    """Every number of the spec (options, models, patching) finite and >= 0, and ``summary_k`` among the ks: what
-    ``parse_grid`` checks field by field, for a ``GridSpec`` made in Python."""
-    parts: list[tuple[str, Any]] = [("options", spec.options), ("patching", spec.patching),
+    """Every number of the spec (options, models) finite and >= 0 and ``summary_k`` among the ks (what
+    ``parse_grid`` checks field by field, for a ``GridSpec`` made in Python; an experiment's ``[NAME]`` table is
+    checked by its cells' specs)."""
+    parts: list[tuple[str, Any]] = [("options", spec.options),
                                     *((f"models.{name}", model) for name, model in spec.models.items())]
     for section, part in parts:
-        if part is None:
-            continue
         for item in dataclasses.fields(part):
             value = getattr(part, item.name)
             if isinstance(value, (int, float)) and not isinstance(value, bool) and not (math.isfinite(value)
@@ -622,55 +633,77 @@ def _load(model: GridModel) -> Any:
 
 
 def _scores(grid_dir: Path, spec: GridSpec, model: str, benchmark: str) -> Any:
-    from vrh_interp.scoring.detect import scores_from_run
+    from vrh_interp.scoring.scores import HeadScores
 
-    return scores_from_run(grid_dir / f"cells/{model}/{benchmark}/detect", spec.options.preset)
-
-
-def _run_detect(grid_dir: Path, spec: GridSpec, cell: Cell) -> dict[str, Any]:
-    from vrh_interp.data.sources import load_data
-    from vrh_interp.scoring.detect import score_heads
-
-    o, model, bench = spec.options, spec.models[cell.models[0]], spec.benchmarks[cell.benchmark]
-    scores = score_heads(_load(model), load_data(bench.detect), o.preset, batch_size=o.batch_size,
-                         max_new_tokens=o.max_new_tokens, run_dir=grid_dir / cell.folder, dataset=bench.detect,
-                         progress=False)
-    scores.save((grid_dir / cell.folder).parent / f"scores-{o.preset}.json")
-    return {"top": scores.top(min(5, scores.scores.size)).to_list()}
+    return HeadScores.load(_scores_path(grid_dir, spec, model, benchmark))
 
 
-def _run_sweep(grid_dir: Path, spec: GridSpec, cell: Cell) -> dict[str, Any]:
-    from vrh_interp.core.shards import Shard
-    from vrh_interp.data.sources import load_data
-    from vrh_interp.experiments.sweep import sweep
+def _scores_path(grid_dir: Path, spec: GridSpec, model: str, benchmark: str) -> Path:
+    """The scores file the detection cell of (``model``, ``benchmark``) writes (``experiments.detect.run``)."""
+    from vrh_interp.experiments.detect import scores_path
 
-    o, model, bench = spec.options, spec.models[cell.models[0]], spec.benchmarks[cell.benchmark]
-    vlm, samples, scores = _load(model), load_data(bench.eval), _scores(grid_dir, spec, model.name, cell.benchmark)
-    # a sharded cell's shards share one census (in the folder above theirs): their conditions must be the same
-    census_dir = (grid_dir / cell.folder).parent if cell.shard else grid_dir / cell.folder
-    result = sweep(vlm, samples, scores, ks=o.ks, random_seeds=range(o.random_sets), matched=o.matched,
-                   iou_threshold=o.iou, batch_size=o.batch_size, max_new_tokens=o.max_new_tokens,
-                   run_dir=grid_dir / cell.folder, progress=False, shard=Shard(*cell.shard) if cell.shard else None,
-                   max_batch_rows=o.max_batch_rows, live=_live_pool(vlm, samples, scores, o, census_dir))
-    if cell.shard is None:
-        write_atomic(grid_dir / cell.folder / "sweep_summary.csv", result.summary().to_csv(index=False))
-    return {"records": len(result.records)}
+    return scores_path(grid_dir / f"cells/{model}/{benchmark}/detect", spec.options.preset)
 
 
-def _live_pool(vlm: Any, samples: Any, scores: Any, o: GridOptions, census_dir: Path) -> Any:
-    """The live heads for the cell's live-head control sets (as ``vrh sweep`` draws them: the census of the first
-    evaluation items, kept in ``census_dir`` so a rerun or another shard reads the same pool); None with ``live =
-    false``, on a remote model (the census runs the model here), or when too few live heads lie outside the top k."""
-    if not o.live or vlm.remote:
-        return None
-    from vrh_interp.evaluation.census import live_pool
-    from vrh_interp.experiments.sweep import parse_ks, sweep_conditions
+def _reads_scores(name: str) -> bool:
+    """Whether the declared experiment's cells read the detection's scores (a spec field the grid fills with them)."""
+    from vrh_interp.experiments.declared import experiment
 
-    counts, ranking = parse_ks(o.ks, vlm.geometry.total_heads), scores.ranking()
-    # a k whose random / matched sets cannot be drawn fails here as in `sweep`, before the census runs or writes
-    sweep_conditions(ranking, vlm.geometry, counts, range(o.random_sets), matched=o.matched)
-    return live_pool(vlm, samples, ranking, max(counts, default=0), census_dir,
-                     max_new_tokens=o.max_new_tokens)[1]
+    return any(opt.grid == "scores" for _, opt in experiment(name).resolve("spec").options())
+
+
+def cell_spec(grid_dir: Path, spec: GridSpec, cell: Cell) -> Any:
+    """The spec a declared experiment's cell runs (``experiments.spec``): what the grid fills in (the model, the
+    cell folder, the benchmark's samples, the detection's scores: each field's ``grid`` role), the grid's
+    ``[options]`` that are fields of the spec, then its own ``[NAME]`` table; refused (``SpecError`` naming the
+    table and key) as ``vrh NAME`` would refuse it."""
+    from vrh_interp.core.bookkeeping.shards import Shard
+    from vrh_interp.experiments.declared import experiment
+
+    name = "sweep" if cell.kind == "sweep-shard" else cell.kind
+    spec_class = experiment(name).resolve("spec")
+    model, folder = spec.models[cell.models[0]], grid_dir / cell.folder
+    vqa = spec.vqa.get(cell.benchmark) if shape(name) == "vqa" else None
+    heads_from = vqa.heads_from if vqa is not None else cell.benchmark  # the benchmark whose detection it reads
+    bench = spec.benchmarks[heads_from]
+    fills = {"model": model.spec, "out": str(folder), "detect": bench.detect, "eval": bench.eval,
+             "vqa": (vqa.data,) if vqa is not None else (),
+             "scores": str(_scores_path(grid_dir, spec, model.name, heads_from))}
+    if len(cell.models) == 2:  # a pair: the partner, its scores, and both names for the run folder
+        fills.update(partner=spec.models[cell.models[1]].spec, labels=",".join(cell.models),
+                     partner_scores=str(_scores_path(grid_dir, spec, cell.models[1], heads_from)))
+    given: dict[str, Any] = {}
+    for item, opt in spec_class.options():
+        if opt.grid in fills:
+            given[item.name] = fills[opt.grid]
+        elif hasattr(spec.options, item.name) and item.name != "shard":
+            given[item.name] = getattr(spec.options, item.name)
+    extra = {"device": model.device_map, "dtype": model.dtype, "progress": False,
+             "shard": Shard(*cell.shard) if cell.shard else None,
+             # a sharded cell's shards share one census (in the folder above theirs): their conditions must agree
+             "census": str(folder.parent) if cell.shard else None}
+    fields = {item.name for item, _ in spec_class.options()}
+    given.update({k: v for k, v in extra.items() if k in fields})
+    table = {k: v for k, v in spec.tables.get(name, {}).items() if k != "heads_from"}
+    return spec_class.from_table(table, _where(name), **given)
+
+
+def _run_declared(grid_dir: Path, spec: GridSpec, cell: Cell) -> dict[str, Any]:
+    """A declared experiment's cell: its spec (``cell_spec``) run by the declaration's ``run(spec, vlm, folder)``,
+    exactly as ``vrh NAME`` runs it."""
+    from vrh_interp.experiments.declared import experiment
+    from vrh_interp.experiments.spec import ExperimentSpec
+
+    name = "sweep" if cell.kind == "sweep-shard" else cell.kind
+    run_spec = cell_spec(grid_dir, spec, cell)
+    vlm = _load(spec.models[cell.models[0]]) if isinstance(run_spec, ExperimentSpec) else None
+    result = experiment(name).resolve("run")(run_spec, vlm, grid_dir / cell.folder)
+    if hasattr(result, "top") and hasattr(result, "scores"):  # head scores: the best five, for the status
+        return {"top": result.top(min(5, result.scores.size)).to_list()}
+    if isinstance(getattr(result, "facts", None), dict) and "vrhs" in result.facts:  # a study: the heads it studied
+        return {"heads": list(result.facts["vrhs"])}
+    records = getattr(result, "records", None)
+    return {} if records is None else {"records": len(records)}
 
 
 def _run_merge(grid_dir: Path, spec: GridSpec, cell: Cell) -> dict[str, Any]:
@@ -687,64 +720,12 @@ def _run_merge(grid_dir: Path, spec: GridSpec, cell: Cell) -> dict[str, Any]:
     return {"records": len(result.records)}
 
 
-def _run_vqa(grid_dir: Path, spec: GridSpec, cell: Cell) -> dict[str, Any]:
-    from vrh_interp.data.sources import load_vqa
-    from vrh_interp.experiments.vqa_sweep import vqa_sweep
-
-    o, model, bench = spec.options, spec.models[cell.models[0]], spec.vqa[cell.benchmark]
-    heads = _scores(grid_dir, spec, model.name, bench.heads_from).top(o.vqa_k)
-    result = vqa_sweep(_load(model), list(load_vqa(bench.data)), heads, random_seeds=range(o.random_sets),
-                       matched=o.matched, batch_size=o.batch_size, run_dir=grid_dir / cell.folder, progress=False,
-                       max_batch_rows=o.max_batch_rows)
-    write_atomic(grid_dir / cell.folder / "vqa_summary.csv", result.summary().to_csv(index=False))
-    return {"records": len(result.records)}
 
 
-def _run_transfer(grid_dir: Path, spec: GridSpec, cell: Cell) -> dict[str, Any]:
-    from vrh_interp.data.sources import load_data
-    from vrh_interp.experiments.sweep import parse_ks
-    from vrh_interp.experiments.transfer import cross_masking, masking_drops
-    from vrh_interp.specs import load_spec
-
-    o = spec.options
-    a, b = (spec.models[m] for m in cell.models)
-    vlm_a, vlm_b = (load_spec(m.spec, m.device_map, m.dtype).on(remote=m.remote)  # both at once: not the cache
-                    for m in (a, b))
-    ks = parse_ks(o.ks, vlm_a.geometry.total_heads)
-    result = cross_masking(vlm_a, vlm_b, _scores(grid_dir, spec, a.name, cell.benchmark),
-                           _scores(grid_dir, spec, b.name, cell.benchmark),
-                           load_data(spec.benchmarks[cell.benchmark].eval), ks=ks, random_seeds=range(o.random_sets),
-                           labels=(a.name, b.name), iou_threshold=o.iou, batch_size=o.batch_size,
-                           max_new_tokens=o.max_new_tokens, run_dir=grid_dir / cell.folder, progress=False)
-    summary = result.summary()
-    write_atomic(grid_dir / cell.folder / "cross_masking_summary.csv", summary.to_csv(index=False))
-    write_atomic(grid_dir / cell.folder / "transfer_drops.csv", masking_drops(summary, max(ks)).to_csv(index=False))
-    return {"ks": ks}
 
 
-def _run_patching(grid_dir: Path, spec: GridSpec, cell: Cell) -> dict[str, Any]:
-    """``detect_and_study`` as ``vrh patch --vrhs HEADS --top N --pairs ... --out FOLDER`` calls it, with the top
-    heads of the cell's detection: it resumes an interrupted study part by part and returns a finished one."""
-    from vrh_interp.experiments.patching_study import detect_and_study
-
-    p, model = spec.patching, spec.models[cell.models[0]]
-    if p is None:
-        raise ValueError("this grid has no [patching] options")
-    heads = _scores(grid_dir, spec, model.name, p.heads_from).top(p.top)
-    detect_and_study(_load(model), grid_dir / cell.folder, top=p.top, vrhs=heads, pairs_per_kind=p.pairs,
-                     probe_scenes=p.probe_scenes, random_seeds=list(range(p.random_sets)), targets=p.targets,
-                     metric=p.metric, progress=False)
-    return {"heads": [str(h) for h in heads]}
 
 
-RUNNERS: dict[str, Callable[[Path, GridSpec, Cell], dict[str, Any]]] = {
-    "detect": _run_detect, "sweep": _run_sweep, "sweep-shard": _run_sweep, "sweep-merge": _run_merge,
-    "vqa": _run_vqa, "transfer": _run_transfer, "patching": _run_patching}
-
-# the experiment whose record log each cell kind writes (its declaration names the log)
-CELL_EXPERIMENTS: dict[str, str] = {"detect": "detect", "sweep": "sweep", "sweep-shard": "sweep",
-                                    "sweep-merge": "sweep", "vqa": "vqa_sweep"}
-RECORD_LOGS: dict[str, str] = {cell: experiment(name).log_path("").name for cell, name in CELL_EXPERIMENTS.items()}
 
 
 _PLAIN = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789.-")
@@ -799,12 +780,12 @@ def one_line(error: BaseException) -> str:
 
 
 def _records_in(folder: Path, kind: str) -> int:
-    if kind == "patching":  # the study's finished parts (pair kinds, probes)
+    if kind == "patch":  # the study's finished parts (pair kinds, probes)
         from vrh_interp.experiments.patching_study import PART_DONE
 
         return len(list(folder.glob(f"parts/*/{PART_DONE}")))
-    name = RECORD_LOGS.get(kind)
-    paths = [folder / name] if name else sorted(folder.glob("masked_in_*/sweep_records.jsonl"))
+    declared = experiment({"sweep-shard": "sweep", "sweep-merge": "sweep"}.get(kind, kind))
+    paths = [declared.log_path(folder)] if declared.log else sorted(folder.glob("masked_in_*/sweep_records.jsonl"))
     return sum(p.read_bytes().count(b"\n") for p in paths if p.exists())
 
 
@@ -853,7 +834,7 @@ def run_cell(grid_dir: str | os.PathLike[str], spec: GridSpec | Mapping[str, Any
     threads = torch_threads()
     torch_threads(spec.options.threads)
     try:
-        facts = RUNNERS[cell.kind](grid_dir, spec, cell)
+        facts = (_run_merge if cell.kind == "sweep-merge" else _run_declared)(grid_dir, spec, cell)
     except Exception as error:
         write_status(grid_dir, cell_id, "failed", reason=one_line(error))
         raise
@@ -1007,7 +988,7 @@ def run_grid(grid: str | os.PathLike[str] | GridSpec, out: str | os.PathLike[str
             else:
                 status = run_ray(grid_dir, spec, cells, address=ray, log=log)
             summary = write_summary(grid_dir, spec, cells, status)
-            patching = patching_summary(grid_dir, cells, status) if spec.patching is not None else None
+            patching = patching_summary(grid_dir, cells, status) if "patch" in spec.experiments else None
             return GridResult(grid_dir, cells, status, summary, patching)
         finally:
             del lock
@@ -1178,7 +1159,7 @@ def cell_verdicts(folder: Path, kind: str, benchmark: str | None = None) -> dict
     from vrh_interp.evaluation.claims import judge
     from vrh_interp.experiments import verdicts
 
-    if kind == "vqa":
+    if kind == "vqa_sweep":
         from vrh_interp.experiments.vqa_sweep import vqa_sweep_from_run
 
         result = vqa_sweep_from_run(folder)
@@ -1227,15 +1208,15 @@ def grid_summary(grid_dir: Path, spec: GridSpec, cells: Sequence[Cell],
 
     rows: list[dict[str, Any]] = []
     for cell in cells:
-        if status[cell.id]["status"] != "done" or cell.kind not in ("sweep", "sweep-merge", "vqa"):
+        if status[cell.id]["status"] != "done" or cell.kind not in ("sweep", "sweep-merge", "vqa_sweep"):
             continue
         folder = grid_dir / cell.folder
-        if cell.kind == "vqa":
+        if cell.kind == "vqa_sweep":
             frame = pd.read_csv(folder / "vqa_summary.csv")
             for benchmark, part in frame.groupby("benchmark", sort=False):
                 k = int(part.loc[part["condition"] == "top", "k"].iloc[0])
                 rows += summary_rows(part.reset_index(drop=True), "vqa", cell.models[0],
-                                     f"{cell.benchmark}/{benchmark}", [k], cell_verdicts(folder, "vqa", benchmark))
+                                     f"{cell.benchmark}/{benchmark}", [k], cell_verdicts(folder, cell.kind, benchmark))
         else:
             frame = pd.read_csv(folder / "sweep_summary.csv")
             ks = sorted(int(k) for k in frame.loc[frame["condition"] == "top", "k"].unique())
@@ -1257,7 +1238,7 @@ def patching_summary(grid_dir: Path, cells: Sequence[Cell], status: Mapping[str,
     from vrh_interp.experiments.patching_study import PatchingStudy, headline
 
     frames = [headline(PatchingStudy.load(grid_dir / c.folder)).assign(model=c.models[0], heads_from=c.benchmark)
-              for c in cells if c.kind == "patching" and status[c.id]["status"] == "done"]
+              for c in cells if c.kind == "patch" and status[c.id]["status"] == "done"]
     return pd.concat(frames, ignore_index=True)[PATCHING_COLUMNS] if frames else pd.DataFrame(columns=PATCHING_COLUMNS)
 
 
@@ -1282,13 +1263,15 @@ def write_summary(grid_dir: Path, spec: GridSpec, cells: Sequence[Cell],
                  if c.kind == "transfer" and status[c.id]["status"] == "done"]
     if transfers:
         lines += ["## Transfer (cross-masking at the largest k)", "", markdown_table(pd.concat(transfers).round(3)), ""]
-    if spec.patching is not None:
+    if "patch" in spec.experiments:
         patching = patching_summary(grid_dir, cells, status)
         write_atomic(grid_dir / PATCHING_CSV, patching.to_csv(index=False))
         if len(patching):
+            study = cell_spec(grid_dir, spec, next(c for c in cells if c.kind == "patch"))
+            top = study.top if study.top is not None else "k*"
             lines += ["## Patching (the studied heads' outputs patched clean -> corrupted)", "",
-                      f"Recovery of the metric (`{spec.patching.metric}`) with the top {spec.patching.top} heads of "
-                      "`heads_from` patched, its 95% CI, all heads patched, and the heads' rank among the random "
+                      f"Recovery of the metric (`{study.metric}`) with the top {top} heads of `heads_from` "
+                      "patched, its 95% CI, all heads patched, and the heads' rank among the random "
                       "and layer-matched same-size sets (rank 1 = none recovers as much; p: their tail) with the "
                       "study's verdict (`experiments.patching_study`; the cell's patching.md has every table).", "",
                       markdown_table(patching.drop(columns=["heads"]).round(3)), ""]

@@ -28,14 +28,16 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from vrh_interp.experiments.sweep import Condition, SweepResult, run_conditions, sweep_from_run
-from vrh_interp.core.heads import Head, HeadSet
-from vrh_interp.core.model import VLM
-from vrh_interp.core.provenance import model_provenance
-from vrh_interp.core.runs import write_atomic
+from vrh_interp.experiments.conditions import Condition
+from vrh_interp.experiments.builtin_specs import ScanSpec
+from vrh_interp.experiments.sweep import SweepResult, reference_values, run_conditions, sweep_from_run
+from vrh_interp.core.description.heads import Head, HeadSet
+from vrh_interp.core.description.model import VLM
+from vrh_interp.core.bookkeeping.provenance import model_provenance
+from vrh_interp.core.bookkeeping.runs import write_atomic
 from vrh_interp.data.checks import GroundingSampleLike
 from vrh_interp.scoring.scores import HeadScores, ScoresTransferWarning
-from vrh_interp.core.templates.ablation import ZERO_ABLATION, Ablation
+from vrh_interp.core.execution.templates.ablation import ZERO_ABLATION, Ablation
 from vrh_interp.evaluation.statistics import spearman
 
 SCAN_KIND = "single"
@@ -172,3 +174,19 @@ def write_head_scan(result: Any, out: Path, *, permutations: int = 10000) -> dic
     score_damage_scatter(table).savefig(figure, format="png")
     write_atomic(out / SCAN_PNG, figure.getvalue())
     return facts
+
+
+def run(spec: ScanSpec, vlm: VLM, folder: Path) -> dict[str, Any]:
+    """``vrh scan`` / a grid's scan cell: the scan into ``folder/scan``, its table and figure into ``folder``;
+    returns the facts (``write_head_scan``)."""
+    from vrh_interp.core.description.published import parse_heads
+    from vrh_interp.data.sources import load_data
+    from vrh_interp.experiments.conditions import ablation_for
+
+    scores = HeadScores.load(spec.scores)
+    samples = list(load_data(spec.data))[: spec.limit]
+    ablation = ablation_for(spec.ablation, reference_values(spec, vlm, scores, folder), vlm.geometry)
+    result = head_scan(vlm, samples, scores, heads=parse_heads(spec.heads) if spec.heads else None,
+                       ablation=ablation, iou_threshold=spec.iou, batch_size=spec.batch_size,
+                       max_new_tokens=spec.max_new_tokens, run_dir=folder / "scan", progress=spec.progress)
+    return write_head_scan(result, folder)

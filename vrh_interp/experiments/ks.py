@@ -1,5 +1,5 @@
 """``--ks``: k values as head counts and/or percentages of all heads (``"0,1%,2.5%,5"``), parsed without torch (the
-CLI checks the syntax before a model loads; ``experiments.sweep`` re-exports both names)."""
+CLI checks the syntax before a model loads; import ``parse_ks`` and ``KSpecError`` from here)."""
 
 from __future__ import annotations
 
@@ -58,3 +58,23 @@ def check_ks(ks: Any, argument: str = "ks") -> None:
     if isinstance(ks, (bytes, dict, bool)) or not isinstance(ks, (str, Iterable)):
         raise KSpecError(f"{argument}={ks!r} ({type(ks).__name__}) is not a list of k values: pass e.g. "
                          f"{argument}=[0, 1, 3] or {argument}='0,1%,2.5%'")
+
+
+PAPER_FRACTION_RANGE = (0.017, 0.026)  # 20 of 1152 .. 20 of 784 heads: the paper's top 20 on its models
+DEMO_GRID = ("0.5%", "1%", "1.7%", "2.6%", "5%", "10%")
+
+
+def demo_ks(total_heads: int) -> tuple[list[int], int]:
+    """``(ks, k_star)`` for a model with ``total_heads`` heads: the grid ``DEMO_GRID`` of all heads, capped at a
+    quarter of them, and k*, the count inside the paper's ``PAPER_FRACTION_RANGE`` nearest its middle (at least 1
+    head). The demo judges its claims at k*; ``vrh patch`` studies the top k* heads by default."""
+    low = math.ceil(PAPER_FRACTION_RANGE[0] * total_heads)
+    high = math.floor(PAPER_FRACTION_RANGE[1] * total_heads)
+    middle = sum(PAPER_FRACTION_RANGE) / 2 * total_heads
+    if low <= high:
+        k_star = min(range(low, high + 1), key=lambda k: (abs(k - middle), k))
+    else:
+        k_star = max(1, math.floor(middle + 0.5))
+    cap = max(1, total_heads // 4)
+    ks = sorted({0, k_star, *(k for k in parse_ks(DEMO_GRID, total_heads) if k <= cap)})
+    return ks, k_star

@@ -29,14 +29,14 @@ import pandas as pd
 from vrh_interp.core._display import Card
 from tqdm.auto import tqdm
 
-from vrh_interp.core.backends.base import backend_config
-from vrh_interp.core.backends.select import backend_for
-from vrh_interp.core.heads import HeadSet, HeadsLike
-from vrh_interp.core.limits import check_prompts_fit
-from vrh_interp.core.model import VLM
-from vrh_interp.core.provenance import library_versions, model_provenance
-from vrh_interp.core.runs import RunFolder, whole_run_manifest, write_atomic
-from vrh_interp.core.templates.ablation import ZERO_ABLATION
+from vrh_interp.core.execution.backends.base import backend_config
+from vrh_interp.core.execution.backends.select import backend_for
+from vrh_interp.core.description.heads import HeadSet, HeadsLike
+from vrh_interp.core.execution.limits import check_prompts_fit
+from vrh_interp.core.description.model import VLM
+from vrh_interp.core.bookkeeping.provenance import library_versions, model_provenance
+from vrh_interp.core.bookkeeping.runs import RunFolder, whole_run_manifest, write_atomic
+from vrh_interp.core.execution.templates.ablation import ZERO_ABLATION
 from vrh_interp.data.checks import GroundingSampleLike, as_box, check_samples
 from vrh_interp.evaluation.attention_box import BoxReadout, attention_boxes
 from vrh_interp.evaluation.grounding import _outcomes

@@ -32,11 +32,11 @@ from typing import Any, Callable, Sequence
 
 import pandas as pd
 
-from vrh_interp.core.runs import RunFolder, check_not_running, read_manifest
+from vrh_interp.core.bookkeeping.runs import RunFolder, check_not_running, read_manifest
 from vrh_interp.experiments.declared import Experiment, experiment, mergeable
 from vrh_interp.experiments.design_space import design_space_from_run
 from vrh_interp.scoring.detect import stats_from_run
-from vrh_interp.core.shards import Shard
+from vrh_interp.core.bookkeeping.shards import Shard
 
 
 class ShardMergeError(ValueError):

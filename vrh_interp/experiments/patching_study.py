@@ -40,10 +40,10 @@ import pandas as pd
 from vrh_interp.data import grounding_samples
 from vrh_interp.evaluation.statistics import empirical_p_value
 from vrh_interp.evaluation.controls import DEFAULT_RANDOM_SEEDS
-from vrh_interp.core.backends.base import backend_config, check_supported
-from vrh_interp.core.backends.select import backend_for, backend_type
-from vrh_interp.core.heads import HeadSet
-from vrh_interp.core.model import VLM
+from vrh_interp.core.execution.backends.base import backend_config, check_supported
+from vrh_interp.core.execution.backends.select import backend_for, backend_type
+from vrh_interp.core.description.heads import HeadSet
+from vrh_interp.core.description.model import VLM
 from vrh_interp.viz.tables import markdown_table
 from vrh_interp.patching.attribution import ATTRIBUTION_METHODS, attribution_patching, compare_attribution
 from vrh_interp.patching.batch import GROUPS, METRIC_LABELS, baseline, prepare_pairs
@@ -365,9 +365,9 @@ def detect_and_study(vlm: VLM, out: Path, *, detect_scenes: int = 200, top: int 
     Rerunning with the same arguments returns the finished run from ``out``, or resumes an interrupted one
     (detection batch by batch, the study part by part from ``out/parts``); other arguments are refused.
     """
-    from vrh_interp.core.provenance import library_versions, model_provenance
-    from vrh_interp.core.published import PublishedHeadSet, check_geometry
-    from vrh_interp.core.runs import RunMismatchError
+    from vrh_interp.core.bookkeeping.provenance import library_versions, model_provenance
+    from vrh_interp.core.description.published import PublishedHeadSet, check_geometry
+    from vrh_interp.core.bookkeeping.runs import RunMismatchError
     from vrh_interp.scoring.detect import score_heads
     from vrh_interp.data.sources import synthetic_samples
 
@@ -410,3 +410,17 @@ def detect_and_study(vlm: VLM, out: Path, *, detect_scenes: int = 200, top: int 
     study.save(out, provenance, config)
     (out / "patching.md").write_text(study_markdown(study, f"Activation patching: {vlm.model_id}"), encoding="utf-8")
     return study
+
+
+def run(spec: Any, vlm: VLM, folder: Path) -> PatchingStudy:
+    """``vrh patch`` / a grid's patching cell (``builtin_specs.PatchSpec``): ``detect_and_study`` on the given heads,
+    the top ``top`` of the scores file, or heads detected here (``top`` defaults to the demo's k*)."""
+    from vrh_interp.core.description.published import parse_heads
+    from vrh_interp.experiments.ks import demo_ks
+    from vrh_interp.scoring.scores import HeadScores
+
+    top = spec.top if spec.top is not None else demo_ks(vlm.geometry.total_heads)[1]
+    heads = parse_heads(spec.vrhs) if spec.vrhs else (HeadScores.load(spec.scores).top(top) if spec.scores else None)
+    return detect_and_study(vlm, folder, detect_scenes=spec.detect, top=top, vrhs=heads, pairs_per_kind=spec.pairs,
+                            probe_scenes=spec.probe_scenes, random_seeds=spec.control_seeds(), targets=spec.targets,
+                            metric=spec.metric, progress=spec.progress)

@@ -27,12 +27,12 @@ from typing import Any
 
 import pandas as pd
 
-from vrh_interp.core.backends.select import backend_for
+from vrh_interp.core.execution.backends.select import backend_for
 from vrh_interp.experiments.designs import RANK_H, clustered_sweep
-from vrh_interp.experiments.sweep import Condition
-from vrh_interp.core.heads import HeadSet
-from vrh_interp.core.model import LOCAL, Placement
-from vrh_interp.core.provenance import library_versions, model_provenance, now_utc
+from vrh_interp.experiments.conditions import Condition
+from vrh_interp.core.description.heads import HeadSet
+from vrh_interp.core.description.model import LOCAL, Placement
+from vrh_interp.core.bookkeeping.provenance import library_versions, model_provenance, now_utc
 from vrh_interp.scoring.detect import collect_detection_stats, scores_from_stats
 from vrh_interp.scoring.grading import grade_detection
 from vrh_interp.data.sources import synthetic_samples
@@ -59,10 +59,10 @@ def declared() -> tuple[HeadSet, HeadSet]:
 
 
 def load_planted(device: str | None = None, name: str = "planted") -> Any:
-    from vrh_interp.core.model import wrap
+    from vrh_interp.core.description.model import wrap
     from vrh_interp.toy import load
 
-    from vrh_interp.core.model_source import loading_output
+    from vrh_interp.core.description.model_source import loading_output
 
     with loading_output(True, bars=False):  # a toy loads in a second: transformers' "Loading weights" bar is noise
         model, processor = load(name, device=device or "cpu")
@@ -135,7 +135,7 @@ def run_positive_control(out: Path, *, detect_scenes: int = 20, eval_scenes: int
     """Detect, grade and sweep on ``toy:planted``, then (``transfer``) the transfer test against each shipped
     partner; writes ``out/{grading.csv, sweep_summary.csv, transfer_control.csv, positive_control.json}``
     (resumable through ``out/detect``, ``out/sweep`` and each partner's folders) and returns the summary.
-    ``placement``: where both run (``core.model.Placement``: backend and remote; ``VLM.on``)."""
+    ``placement``: where both run (``core.description.model.Placement``: backend and remote; ``VLM.on``)."""
     started = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     vlm = load_planted(device).on(placement)

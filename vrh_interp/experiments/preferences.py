@@ -38,8 +38,8 @@ from PIL import Image
 
 from vrh_interp.evaluation.grounding import GroundingOutcome, ground_batch
 from vrh_interp.evaluation.controls import random_control
-from vrh_interp.core.heads import HeadSet
-from vrh_interp.core.model import VLM
+from vrh_interp.core.description.heads import HeadSet
+from vrh_interp.core.description.model import VLM
 from vrh_interp.data.checks import GroundingSampleLike, as_box, check_samples
 
 ABLATION_MODE = "zero"  # what ground_batch applies

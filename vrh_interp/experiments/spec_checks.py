@@ -2,8 +2,9 @@
 a mistyped ``toy:NAME`` / ``tiny:FAMILY``, a toy whose checkpoint is not shipped, a local model folder that is not
 one, a k beyond the model's heads (the head grid read from ``config.json`` or the tiny recipe, no weights) and
 detection and evaluation samples that overlap (synthetic specs, whose sample ids follow from the spec). A hub id
-cannot be checked offline: it is left to the loader (``core.model_source``), which asks the hub. Standard library
-only, besides the torch-free name tables it reads (``toy.names``, ``core.families.registry``)."""
+cannot be checked offline: it is left to the loader (``core.description.model_source``), which asks the hub.
+Standard library only, besides the torch-free name tables it reads (``toy.names``,
+``core.description.families.registry``)."""
 
 from __future__ import annotations
 
@@ -22,8 +23,9 @@ def _suggest(name: str, known: Iterable[str]) -> str:
 
 
 def tiny_names() -> list[str]:
-    """Every ``tiny:NAME`` that ``core.tiny.build_tiny`` builds: the families' recipes and their variants."""
-    from vrh_interp.core.families.registry import TINY_RECIPES
+    """Every ``tiny:NAME`` that ``core.description.tiny.build_tiny`` builds: the families' recipes and their
+    variants."""
+    from vrh_interp.core.description.families.registry import TINY_RECIPES
 
     return list(TINY_RECIPES)
 
@@ -31,7 +33,7 @@ def tiny_names() -> list[str]:
 def check_model(spec: str, option: str = "--model") -> None:
     """Refuse (``ValueError``, one line naming ``option``) a ``toy:`` spec that names no toy or one whose checkpoint
     is not shipped and a ``tiny:`` spec that names no fixture; a local folder is checked by
-    ``core.model_source.check_local_model``; a hub id cannot be checked offline and is accepted here."""
+    ``core.description.model_source.check_local_model``; a hub id cannot be checked offline and is accepted here."""
     kind, _, name = spec.partition(":")
     if kind == "toy" and spec.startswith("toy:"):
         shipped = [f"toy:{n}" for n in toys.shipped_names()]
@@ -48,7 +50,7 @@ def check_model(spec: str, option: str = "--model") -> None:
             raise ValueError(f"{option} {spec!r}: no such tiny family{_suggest(spec, ['tiny:' + n for n in known])}: "
                              f"use one of {', '.join('tiny:' + n for n in known)}")
         return
-    from vrh_interp.core.model_source import check_local_model
+    from vrh_interp.core.description.model_source import check_local_model
 
     check_local_model(spec)
 
@@ -61,7 +63,7 @@ def head_grid(spec: str) -> tuple[int, int] | None:
     if kind == "toy":
         return toys.head_grid(name) if name in toys.FAMILIES else None
     if kind == "tiny":
-        from vrh_interp.core.families.registry import TINY_RECIPES
+        from vrh_interp.core.description.families.registry import TINY_RECIPES
 
         recipe = TINY_RECIPES.get(name)
         text = getattr(recipe.text_config, "kwargs", recipe.text_config) if recipe is not None else None
@@ -88,14 +90,16 @@ def check_ks_fit(ks: str, spec: str, option: str = "--ks") -> None:
 
 
 def check_heads_fit(heads: Iterable[object], spec: str, option: str) -> None:
-    """Refuse heads (``core.heads.Head``: ``layer``, ``head``) off the model's grid (known before loading)."""
+    """Refuse heads (``core.description.heads.Head``: ``layer``, ``head``) off the model's grid (known before
+    loading)."""
     grid = head_grid(spec)
     if grid is None:
         return
     off = [h for h in heads if not (0 <= h.layer < grid[0] and 0 <= h.head < grid[1])]  # type: ignore[attr-defined]
     if off:
         verb = "is not a head" if len(off) == 1 else "are not heads"
-        source = getattr(heads, "source", None)  # a published list (``core.published``): say whose grid it is
+        # a published list (``core.description.published``): say whose grid it is
+        source = getattr(heads, "source", None)
         origin = (f"; {source.spec} holds heads of {source.model.name} ({source.model.grid}): published heads "
                   "transfer by index only to a model with the same language backbone"
                   if hasattr(source, "model") and hasattr(source, "spec") else "")

@@ -14,7 +14,7 @@ answer's box is read:
 Conditions: alpha = 0 (the unsteered run, exactly: the template leaves a head of strength 0 untouched), then for
 every alpha > 0 of the grid the top-k of the ranking and control sets redirected the same way: ``random``,
 layer-``matched`` and ``live``-head sets, one per seed, drawn outside the top-k by the sweep's machinery
-(``sweep.control_conditions``, the live pool from the head census, ``evaluation.census.live_pool``), plus named
+(``conditions.control_conditions``, the live pool from the head census, ``evaluation.census.live_pool``), plus named
 sets of the caller's (on toy:planted, its declared ``planted`` heads and ``decoys``). One generation holds many
 conditions: the batch is replicated per condition and each block carries its own heads and alpha.
 
@@ -59,8 +59,8 @@ import pandas as pd
 
 from vrh_interp.core._display import Card
 
-from vrh_interp.core.heads import HeadSet
-from vrh_interp.core.model import VLM
+from vrh_interp.core.description.heads import HeadSet
+from vrh_interp.core.description.model import VLM
 from vrh_interp.experiments.declared import experiment
 
 STEER = experiment("steer")
@@ -129,8 +129,8 @@ def steer_conditions(ranking: HeadSet, geometry: Any, k: int, alphas: Sequence[f
                      *, matched: bool = True, live: HeadSet | None = None,
                      named: Mapping[str, HeadSet] | None = None) -> list[SteerCondition]:
     """alpha = 0 once (the unsteered run), then per alpha > 0 (ascending): the top-k, the named sets, the random,
-    layer-matched and (with ``live``) live-head control sets of ``sweep.control_conditions``."""
-    from vrh_interp.experiments.sweep import control_conditions
+    layer-matched and (with ``live``) live-head control sets of ``conditions.control_conditions``."""
+    from vrh_interp.experiments.conditions import control_conditions
 
     if any(a < 0 for a in alphas) or 0 not in alphas:
         raise ValueError(f"alphas must be >= 0 and include 0 (the unsteered run), got {list(alphas)}")
@@ -146,7 +146,7 @@ def steer_conditions(ranking: HeadSet, geometry: Any, k: int, alphas: Sequence[f
 
 def outcome(vlm: VLM, answer: str, frame: Any, referent: Any, target: Any) -> dict[str, Any]:
     """The answer's outcome (module doc) with the parsed box and its IoUs with the target and the referent."""
-    from vrh_interp.core.boxes import BoxParseFailure
+    from vrh_interp.core.description.boxes import BoxParseFailure
     from vrh_interp.data.checks import as_box
 
     parsed = vlm.adapter.parse_box(answer, frame)
@@ -162,7 +162,7 @@ def _redirected_answers(vlm: VLM, items: Sequence[SteerItem], conditions: Sequen
                         max_new_tokens: int) -> list[list[dict[str, Any]]]:
     """One generation of ``items`` under every condition (the batch replicated per condition, condition-major):
     per condition, one record per item."""
-    from vrh_interp.core import interventions as iv
+    from vrh_interp.core.execution import interventions as iv
     from vrh_interp.data.checks import as_box
 
     batch = vlm.encode_grounding([i.sample.image for i in items], [i.sample.expression for i in items])
@@ -226,7 +226,8 @@ def rank_sweep(records: pd.DataFrame, k: int) -> Any:
     sets at the declared alpha) as the ``sweep.SweepResult`` that ``verdicts.rank_data`` and
     ``designs.sequential_sets`` read, NOT moving as the "correct" outcome (a set at least as harmful as the top-k
     moved at least as many answers); None without records."""
-    from vrh_interp.experiments.sweep import Condition, SweepResult
+    from vrh_interp.experiments.conditions import Condition
+    from vrh_interp.experiments.sweep import SweepResult
 
     if records is None or records.empty:
         return None
@@ -304,10 +305,10 @@ def run_steer(vlm: VLM, items: Sequence[SteerItem], ranking: HeadSet, out: str |
     per kind and its items (``rank_sets=0``: none, the rank test then reads the dose-response sets).
     ``patch_seeds``: the patching form runs the top-k, the named sets and the control sets of the first
     ``patch_seeds`` seeds (it is shown beside the claim, not judged)."""
-    from vrh_interp.core.backends.base import check_supported
-    from vrh_interp.core.backends.select import backend_type
-    from vrh_interp.core.provenance import model_provenance
-    from vrh_interp.core.runs import RunFolder
+    from vrh_interp.core.execution.backends.base import check_supported
+    from vrh_interp.core.execution.backends.select import backend_type
+    from vrh_interp.core.bookkeeping.provenance import model_provenance
+    from vrh_interp.core.bookkeeping.runs import RunFolder
     from vrh_interp.experiments.designs import RANK_H, SCENE_SEEDS, check_subset
 
     check_supported(backend_type(vlm), operations=["steering"] + (["patching"] if patching else []))
@@ -366,10 +367,10 @@ def run_steer(vlm: VLM, items: Sequence[SteerItem], ranking: HeadSet, out: str |
 def _rank_step(vlm: VLM, items: Sequence[SteerItem], top: HeadSet, alpha: float, ids: Sequence[str], log: Any,
                stored: Sequence[dict[str, Any]], *, total: int, matched: bool, live: HeadSet | None, max_rows: int,
                max_new_tokens: int, folder: Path) -> pd.DataFrame:
-    """``steer_rank_test`` with the model: the top-k and the control sets (``sweep.control_conditions``, drawn outside
-    the top-k as the dose-response sets are) redirected at ``alpha`` on the items ``ids``, answers read from the
-    ``log`` where there (``stored``) and generated (one pass per item and chunk of ``max_rows`` sets) where not."""
-    from vrh_interp.experiments.sweep import control_conditions
+    """``steer_rank_test`` with the model: the top-k and the control sets (``conditions.control_conditions``, drawn
+    outside the top-k as the dose-response sets are) redirected at ``alpha`` on the items ``ids``, answers read from
+    the ``log`` where there (``stored``) and generated (one pass per item and chunk of ``max_rows`` sets) where not."""
+    from vrh_interp.experiments.conditions import control_conditions
 
     known = {(r["condition"], r["sample_id"]): r for r in stored}
     by_id = {i.item_id: i for i in items}
@@ -562,7 +563,7 @@ class SteerResult(Card):
                             ("claims.csv", self.claims())):
             frame.to_csv(folder / name, index=False)
             written[name] = str(folder / name)
-        from vrh_interp.core.provenance import library_versions, now_utc
+        from vrh_interp.core.bookkeeping.provenance import library_versions, now_utc
 
         summary = {"verdict": self.verdict(), "claim": self.claims().iloc[0].to_dict(),
                    "provenance": {"model": self.config.get("model"), "versions": library_versions(),
@@ -603,7 +604,7 @@ def _rates(part: pd.DataFrame, kind: str, alpha: float) -> dict[str, Any]:
 
 def steer_from_run(run_dir: str | Path) -> SteerResult:
     """A finished (or partial) steer run folder as a ``SteerResult`` (no model needed)."""
-    from vrh_interp.core.runs import whole_run_manifest
+    from vrh_interp.core.bookkeeping.runs import whole_run_manifest
 
     config = whole_run_manifest(Path(run_dir), STEER.name, "a steer run")
     records = pd.DataFrame(STEER.read_log(run_dir).read())
@@ -628,8 +629,8 @@ def detect_and_steer(vlm: VLM, out: str | Path, *, items: int = 40, detect: int 
     census, kept in ``out/census.csv``) and run ``run_steer`` on ``items`` evaluation items. ``heads``: redirect
     these instead of the detected top-k (no detection pass; k is their number): the calibration, a random set in
     the top-k's place, must not read "holds"."""
-    from vrh_interp.core.provenance import model_provenance
-    from vrh_interp.core.runs import lock_run_folder
+    from vrh_interp.core.bookkeeping.provenance import model_provenance
+    from vrh_interp.core.bookkeeping.runs import lock_run_folder
     from vrh_interp.data.sources import synthetic_samples
     from vrh_interp.evaluation.census import live_pool
     from vrh_interp.scoring.detect import collect_detection_stats, scores_from_stats

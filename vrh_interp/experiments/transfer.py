@@ -21,21 +21,22 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
 
-from vrh_interp.experiments.sweep import Condition, SweepResult, ablation_for, control_conditions, run_conditions
+from vrh_interp.experiments.conditions import Condition, ablation_for, control_conditions
+from vrh_interp.experiments.sweep import SweepResult, run_conditions
 from vrh_interp.evaluation.controls import DEFAULT_RANDOM_SEEDS
-from vrh_interp.core.heads import HeadGeometry, HeadSet
-from vrh_interp.core.model import VLM
-from vrh_interp.core.published import PublishedHeadSet, check_geometry
+from vrh_interp.core.description.heads import HeadGeometry, HeadSet
+from vrh_interp.core.description.model import VLM
+from vrh_interp.core.description.published import PublishedHeadSet, check_geometry
 from vrh_interp.data.checks import GroundingSampleLike
 from vrh_interp.scoring.scores import HeadScores
-from vrh_interp.core.ablation_kinds import ablation_method
-from vrh_interp.core.templates.ablation import AblationValues
-from vrh_interp.core.head_mapping import IncompatibleHeadGridError, TransferMapping, transfer_heads
+from vrh_interp.core.execution.ablation_kinds import ablation_method
+from vrh_interp.core.execution.templates.ablation import AblationValues
+from vrh_interp.core.description.head_mapping import IncompatibleHeadGridError, TransferMapping, transfer_heads
 from vrh_interp.evaluation.statistics import spearman, kendall_tau_b
 
 
@@ -135,8 +136,8 @@ def cross_masking(vlm_a: VLM, vlm_b: VLM, scores_a: HeadScores | HeadSet, scores
     (``masked_in_<label>``). Each model runs where its handle is placed (``vlm.on``). ``ablation`` "mean" or
     "resample" needs each model's own reference outputs, ``ablation_values=(values_a, values_b)``
     (``evaluation.grounding.ablation_values`` of each model on its detection samples). A published ranking
-    (``vrh_interp.core.published``) is checked against its model's grid and recorded in each run folder's manifest
-    (``heads_source``: ``own`` and ``transferred``).
+    (``vrh_interp.core.description.published``) is checked against its model's grid and recorded in each run folder's
+    manifest (``heads_source``: ``own`` and ``transferred``).
     """
     if labels[0] == labels[1]:
         raise ValueError(f"the two models need different labels, got {labels}")
@@ -217,3 +218,25 @@ def _accuracy(part: pd.DataFrame, condition: str, k: int) -> float:
     if len(row) != 1:
         raise ValueError(f"the summary has {len(row)} {condition} rows at k={k} for one model, expected 1")
     return float(row["accuracy"].iloc[0])
+
+
+def run(spec: Any, vlm: VLM, folder: Path) -> CrossMaskingResult:
+    """``vrh transfer`` / a grid's transfer cell (``builtin_specs.TransferSpec``): cross-masking of the pair on the
+    evaluation samples, ``cross_masking_summary.csv`` and ``transfer_drops.csv`` (at the largest k) in ``folder``.
+    The partner is loaded here, placed as ``vlm`` is."""
+    from vrh_interp.core.bookkeeping.runs import write_atomic
+    from vrh_interp.data.sources import load_data
+    from vrh_interp.experiments.ks import parse_ks
+    from vrh_interp.specs import load_spec
+
+    partner = load_spec(spec.partner, spec.device, spec.dtype).on(vlm.placement)
+    ks = parse_ks(spec.ks, vlm.geometry.total_heads)
+    label_a, label_b = spec.labels.split(",")
+    result = cross_masking(vlm, partner, HeadScores.load(spec.scores), HeadScores.load(spec.partner_scores),
+                           load_data(spec.data), ks=ks, random_seeds=range(spec.random_sets),
+                           labels=(label_a, label_b), iou_threshold=spec.iou, batch_size=spec.batch_size,
+                           max_new_tokens=spec.max_new_tokens, run_dir=folder, progress=spec.progress)
+    summary = result.summary()
+    write_atomic(folder / "cross_masking_summary.csv", summary.to_csv(index=False))
+    write_atomic(folder / "transfer_drops.csv", masking_drops(summary, max(ks)).to_csv(index=False))
+    return result

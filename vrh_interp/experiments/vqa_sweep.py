@@ -8,7 +8,7 @@ ablated at every generation step (zero by default; ``ablation="mean" | "resample
 greedy decoding, the model's chat template via ``vqa_prompt``); each response is scored by the sample's
 deterministic scorer (``vrh_interp.data.datasets.vqa``). Conditions masking the same head set are answered once
 (the later ones copy the answers). Conditions are batched like the grounding sweep's
-(``experiments.sweep.condition_passes``): each batch of one benchmark's questions is encoded once and replicated
+(``experiments.passes.condition_passes``): each batch of one benchmark's questions is encoded once and replicated
 across as many conditions as ``max_batch_rows`` allows, each row masked with its own heads, one generation per
 pass; answers equal one condition at a time exactly.
 
@@ -33,23 +33,24 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
-from vrh_interp.core import interventions as iv
-from vrh_interp.core.backends.base import backend_config, check_ablation_kinds
-from vrh_interp.core.backends.select import backend_for, backend_type
+from vrh_interp.core.execution import interventions as iv
+from vrh_interp.core.execution.backends.base import backend_config, check_ablation_kinds
+from vrh_interp.core.execution.backends.select import backend_for, backend_type
 from vrh_interp.data.datasets.samples import VQASample
 from vrh_interp.data.datasets.vqa import score_response
 from vrh_interp.data.datasets.vqa_prompt import vqa_prompt
-from vrh_interp.experiments.sweep import (CONTROL_KINDS, Condition, ablation_for, condition_order, condition_rows,
-                                          conditions_per_pass, control_conditions, run_passes, set_level_rows,
-                                          total_heads_of)
-from vrh_interp.evaluation.controls import DEFAULT_RANDOM_SEEDS
-from vrh_interp.core.heads import HeadGeometry, HeadSet
-from vrh_interp.core.model import VLM
-from vrh_interp.core.provenance import model_provenance
-from vrh_interp.core.runs import RunFolder, whole_run_manifest
+from vrh_interp.evaluation.controls import CONTROL_KINDS, DEFAULT_RANDOM_SEEDS
+from vrh_interp.experiments.conditions import Condition, ablation_for, control_conditions
+from vrh_interp.experiments.sweep import condition_order, total_heads_of
+from vrh_interp.experiments.condition_stats import condition_rows, set_level_rows
+from vrh_interp.experiments.passes import conditions_per_pass, run_passes
+from vrh_interp.core.description.heads import HeadGeometry, HeadSet
+from vrh_interp.core.description.model import VLM
+from vrh_interp.core.bookkeeping.provenance import model_provenance
+from vrh_interp.core.bookkeeping.runs import RunFolder, whole_run_manifest
 from vrh_interp.experiments.declared import experiment
-from vrh_interp.core.shards import Shard, shard_config
-from vrh_interp.core.templates.ablation import ZERO_ABLATION, Ablation, AblationValues
+from vrh_interp.core.bookkeeping.shards import Shard, shard_config
+from vrh_interp.core.execution.templates.ablation import ZERO_ABLATION, Ablation, AblationValues
 
 VQA_SWEEP = experiment("vqa_sweep")  # its declaration: record log, record key, merge order
 
@@ -110,7 +111,7 @@ def answer_conditions(vlm: VLM, samples: Sequence[VQASample], conditions: Sequen
 
 
 class _VQAPasses:
-    """``answer`` / ``per_pass`` of ``experiments.sweep.condition_passes`` for VQA: each chunk encoded once."""
+    """``answer`` / ``per_pass`` of ``experiments.passes.condition_passes`` for VQA: each chunk encoded once."""
 
     def __init__(self, vlm: VLM, ablation: Ablation, *, max_batch_rows: int | None) -> None:
         self.vlm, self.ablation, self.max_batch_rows = vlm, ablation, max_batch_rows
@@ -296,3 +297,23 @@ def vqa_sweep_from_run(run_dir: str | Path) -> VQASweepResult:
     benchmarks = list(dict.fromkeys(r["benchmark"] for r in records))
     return VQASweepResult(records=pd.DataFrame(records, columns=RECORD_COLUMNS), conditions=conditions,
                           benchmarks=benchmarks, total_heads=total_heads_of(config))
+
+
+def run(spec: Any, vlm: VLM, folder: Path) -> VQASweepResult:
+    """``vrh vqa-sweep`` / a grid's VQA cell (``builtin_specs.VQASweepSpec``): the top ``vqa_k`` heads of the scores
+    masked on every benchmark's questions against the control sets, ``vqa_summary.csv`` in ``folder``."""
+    from vrh_interp.core.bookkeeping.runs import write_atomic
+    from vrh_interp.data.sources import load_vqa
+    from vrh_interp.scoring.scores import HeadScores
+
+    samples: list[VQASample] = []
+    for data in spec.vqa:
+        loaded = list(load_vqa(data))
+        samples += loaded[: spec.limit] if spec.limit is not None else loaded
+    heads = HeadScores.load(spec.scores).top(spec.vqa_k)
+    result = vqa_sweep(vlm, samples, heads, random_seeds=range(spec.random_sets), matched=spec.matched,
+                       batch_size=spec.batch_size, run_dir=folder, progress=spec.progress, shard=spec.shard,
+                       max_batch_rows=spec.max_batch_rows)
+    if spec.shard is None:
+        write_atomic(folder / "vqa_summary.csv", result.summary().to_csv(index=False))
+    return result

@@ -32,14 +32,14 @@ import numpy as np
 import pandas as pd
 import torch
 
-from vrh_interp.core import interventions as iv
+from vrh_interp.core.execution import interventions as iv
 from vrh_interp.evaluation.statistics import bootstrap_statistic_ci
-from vrh_interp.core.heads import Head
-from vrh_interp.core.model import VLM
+from vrh_interp.core.description.heads import Head
+from vrh_interp.core.description.model import VLM
 from vrh_interp.patching.batch import Baseline, PairBatch, PatchPositions, baseline, score_rows
 from vrh_interp.core._display import Card
 from vrh_interp.patching.head_patching import HeadPatchingResult, recovery_card, recovery_table
-from vrh_interp.core.templates import module_at
+from vrh_interp.core.execution.templates import module_at
 from vrh_interp.evaluation.statistics import kendall_tau_b, spearman
 
 AttributionMethod = Literal["gradient", "integrated_gradients"]

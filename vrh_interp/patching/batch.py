@@ -43,14 +43,14 @@ import nnsight
 import numpy as np
 import torch
 
-from vrh_interp.core import interventions as iv
+from vrh_interp.core.execution import interventions as iv
 from vrh_interp.core._display import Card, mean_spread, shorten
-from vrh_interp.core.boxes import BoxParseFailure
+from vrh_interp.core.description.boxes import BoxParseFailure
 from vrh_interp.evaluation.statistics import bootstrap_statistic_ci
-from vrh_interp.core.model import VLM, GroundingBatch
+from vrh_interp.core.description.model import VLM, GroundingBatch
 from vrh_interp.patching.pairs import PatchingPair
 from vrh_interp.data.checks import as_box
-from vrh_interp.core.templates import LayerTemplate, apply_in_order
+from vrh_interp.core.execution.templates import LayerTemplate, apply_in_order
 from vrh_interp.patching.metrics import FORMAT, GROUPS, PATCH_METRICS, PatchMetric, patch_metric
 
 PatchPositions = Literal["answer", "all"]

@@ -31,8 +31,8 @@ import pandas as pd
 from vrh_interp.core._display import Card
 from vrh_interp.evaluation.statistics import empirical_p_value, random_set_distribution
 from vrh_interp.evaluation.controls import DEFAULT_RANDOM_SEEDS, layer_matched_control, random_control
-from vrh_interp.core.heads import Head, HeadGeometry, HeadSet
-from vrh_interp.core.model import VLM
+from vrh_interp.core.description.heads import Head, HeadGeometry, HeadSet
+from vrh_interp.core.description.model import VLM
 from vrh_interp.patching.batch import (Baseline, PairBatch, PatchPositions, baseline, per_coordinate, recovery,
                                        recovery_ci)
 from vrh_interp.patching.head_patching import HeadPatchingResult, patch_each_head, patch_sets

@@ -25,16 +25,16 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from vrh_interp.core import interventions as iv
+from vrh_interp.core.execution import interventions as iv
 from vrh_interp.core._display import Card, mean_spread
-from vrh_interp.core.boxes import BoxParseFailure
-from vrh_interp.core.heads import Head, HeadSet
-from vrh_interp.core.model import VLM
+from vrh_interp.core.description.boxes import BoxParseFailure
+from vrh_interp.core.description.heads import Head, HeadSet
+from vrh_interp.core.description.model import VLM
 from vrh_interp.patching.batch import (GROUPS, Baseline, PairBatch, PatchPositions, baseline, measure, per_coordinate,
                                        recovery, recovery_ci)
 from vrh_interp.data.checks import as_box
-from vrh_interp.core.templates import apply_in_order
-from vrh_interp.core.templates.head_outputs import RowPairHeadPatch
+from vrh_interp.core.execution.templates import apply_in_order
+from vrh_interp.core.execution.templates.head_outputs import RowPairHeadPatch
 
 
 def recovery_card(name: str, frame: pd.DataFrame, top: int = 5) -> tuple[str, list[tuple[str, str]]]:

@@ -23,13 +23,13 @@ import nnsight
 import pandas as pd
 import torch
 
-from vrh_interp.core import interventions as iv
-from vrh_interp.core.heads import HeadSet
-from vrh_interp.core.model import VLM
+from vrh_interp.core.execution import interventions as iv
+from vrh_interp.core.description.heads import HeadSet
+from vrh_interp.core.description.model import VLM
 from vrh_interp.patching.batch import Baseline, PairBatch, baseline, measure, recovery, recovery_ci
 from vrh_interp.patching.head_patching import patch_head_set
-from vrh_interp.core.templates import ProjectionTemplate, module_at
-from vrh_interp.core.templates.head_outputs import RowPairHeadPatch
+from vrh_interp.core.execution.templates import ProjectionTemplate, module_at
+from vrh_interp.core.execution.templates.head_outputs import RowPairHeadPatch
 
 
 def mlp_path(vlm: VLM, layer: int) -> str:

@@ -25,12 +25,12 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from vrh_interp.core.heads import Head, HeadLike, HeadSet
-from vrh_interp.core.model import VLM, GroundingBatch
+from vrh_interp.core.description.heads import Head, HeadLike, HeadSet
+from vrh_interp.core.description.model import VLM, GroundingBatch
 from vrh_interp.patching.batch import Baseline, PairBatch, baseline, measure, recovery, recovery_ci
 from vrh_interp.patching.head_patching import patch_head_set
 from vrh_interp.data.checks import as_box
-from vrh_interp.core.templates.position_patch import HeadKeyValuePatch, PatchedStates
+from vrh_interp.core.execution.templates.position_patch import HeadKeyValuePatch, PatchedStates
 
 REGIONS: tuple[str, ...] = ("clean_referent", "corrupted_referent", "distractors", "background", "text")
 

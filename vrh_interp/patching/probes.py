@@ -59,16 +59,16 @@ import numpy as np
 import pandas as pd
 import torch
 
-from vrh_interp.core import interventions as iv
+from vrh_interp.core.execution import interventions as iv
 from vrh_interp.core._display import Card
 from vrh_interp.evaluation.statistics import (bootstrap_ci, bootstrap_statistic_ci, empirical_p_value,
                                               random_set_distribution)
 from vrh_interp.evaluation.controls import layer_matched_control, random_control
-from vrh_interp.core.heads import HeadGeometry, HeadSet
-from vrh_interp.core.model import VLM
+from vrh_interp.core.description.heads import HeadGeometry, HeadSet
+from vrh_interp.core.description.model import VLM
 from vrh_interp.data.checks import GroundingSampleLike, as_box, check_samples
-from vrh_interp.core.templates import module_at
-from vrh_interp.core.templates.head_outputs import HeadOutputCapture
+from vrh_interp.core.execution.templates import module_at
+from vrh_interp.core.execution.templates.head_outputs import HeadOutputCapture
 
 Position = Literal["prompt_end", "answer_mean"]
 AnswerSource = Literal["greedy", "gold"]

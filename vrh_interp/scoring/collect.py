@@ -16,8 +16,8 @@ and image-attention sums of the last prompt row, which answer tokens occur in th
 graded correctness (OCR Heads). Every design in
 ``design.py`` is a pure function of these, so the design-space search scores all variants from one pass.
 
-The model runs through its backend (``vrh_interp.core.backends``): ``Backend.generate_region_stats`` (greedy) or
-``Backend.region_stats`` (teacher-forced) returns those statistics; nnsight computes them inside the generation, a
+The model runs through its backend (``vrh_interp.core.execution.backends``): ``Backend.generate_region_stats`` (greedy)
+or ``Backend.region_stats`` (teacher-forced) returns those statistics; nnsight computes them inside the generation, a
 backend that cannot generates first and reads the rows in one forward over prompt + answer
 (``backends.base.generate_then_read``). This module slices them per sample and never asks which backend runs.
 """
@@ -30,13 +30,13 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
-from vrh_interp.core.backends.base import Backend
-from vrh_interp.core.backends.select import backend_for
-from vrh_interp.core.boxes import Box, BoxParseFailure
-from vrh_interp.core.families.base import VisualLayout
-from vrh_interp.core.model import VLM, GroundingBatch
+from vrh_interp.core.execution.backends.base import Backend
+from vrh_interp.core.execution.backends.select import backend_for
+from vrh_interp.core.description.boxes import Box, BoxParseFailure
+from vrh_interp.core.description.families.base import VisualLayout
+from vrh_interp.core.description.model import VLM, GroundingBatch
 from vrh_interp.data.checks import GroundingSampleLike, as_box
-from vrh_interp.core.templates.ablation import HeadAblation
+from vrh_interp.core.execution.templates.ablation import HeadAblation
 
 
 @dataclass

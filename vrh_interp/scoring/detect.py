@@ -17,18 +17,18 @@ import numpy as np
 from safetensors.numpy import load_file, save
 from tqdm.auto import tqdm
 
-from vrh_interp.core.backends.base import Backend, backend_config
-from vrh_interp.core.backends.select import backend_for
-from vrh_interp.core.model import VLM
-from vrh_interp.core.provenance import library_versions, model_provenance, now_utc, remote_provenance
-from vrh_interp.core.runs import RecordLog, RunFolder, whole_run_manifest, write_atomic
-from vrh_interp.core.limits import check_prompts_fit
+from vrh_interp.core.execution.backends.base import Backend, backend_config
+from vrh_interp.core.execution.backends.select import backend_for
+from vrh_interp.core.description.model import VLM
+from vrh_interp.core.bookkeeping.provenance import library_versions, model_provenance, now_utc, remote_provenance
+from vrh_interp.core.bookkeeping.runs import RecordLog, RunFolder, whole_run_manifest, write_atomic
+from vrh_interp.core.execution.limits import check_prompts_fit
 from vrh_interp.data.checks import GroundingSampleLike, check_samples
 from vrh_interp.scoring.aggregate import aggregate
 from vrh_interp.scoring.collect import SampleStats, batch_stats
 from vrh_interp.scoring.design import ScoringDesign, resolve_design
 from vrh_interp.scoring.scores import HeadScores
-from vrh_interp.core.shards import Shard, shard_config
+from vrh_interp.core.bookkeeping.shards import Shard, shard_config
 
 LOG = "detect_records"  # the record log (LOG.jsonl) of a detection run folder: one record per sample
 RECORD_KEY = ("sample_id",)  # what names a record's unit; the "detect" declaration in experiments.declared

@@ -14,7 +14,7 @@ from typing import Sequence
 
 import pandas as pd
 
-from vrh_interp.core.heads import HeadSet
+from vrh_interp.core.description.heads import HeadSet
 from vrh_interp.scoring.collect import SampleStats
 from vrh_interp.scoring.design import PRESETS, ScoringDesign, design_space_variants
 from vrh_interp.scoring.detect import scores_from_stats

@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 
 from vrh_interp.core._display import card_html, card_text
-from vrh_interp.core.heads import Head, HeadLike, HeadOutOfRangeError, HeadSet, HeadsLike, names_one_head
-from vrh_interp.core.runs import write_atomic
+from vrh_interp.core.description.heads import Head, HeadLike, HeadOutOfRangeError, HeadSet, HeadsLike, names_one_head
+from vrh_interp.core.bookkeeping.runs import write_atomic
 from vrh_interp.scoring.design import ScoringDesign
 
 MODEL_IDENTITY = ("model_id", "revision", "architecture", "geometry")  # what makes two models "the same model"

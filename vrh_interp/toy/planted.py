@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from vrh_interp.core.heads import HeadSet
+from vrh_interp.core.description.heads import HeadSet
 
 # declared before training (middle/late layers, spread over both, all among the NEW head slots of
 # ``embed_donor``, so every planted query and output weight is made by the planting), never chosen after

@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from vrh_interp.core import interventions as iv
-from vrh_interp.core.boxes import Box, BoxParseFailure
-from vrh_interp.core.families.base import VisualBlock
-from vrh_interp.core.heads import HeadSet
-from vrh_interp.core.model import VLM
+from vrh_interp.core.execution import interventions as iv
+from vrh_interp.core.description.boxes import Box, BoxParseFailure
+from vrh_interp.core.description.families.base import VisualBlock
+from vrh_interp.core.description.heads import HeadSet
+from vrh_interp.core.description.model import VLM
 from vrh_interp.data.checks import GroundingSampleLike, as_box
 
 

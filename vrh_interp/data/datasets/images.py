@@ -23,7 +23,7 @@ from typing import Iterator, Protocol, Sequence
 
 from PIL import Image, ImageDraw, UnidentifiedImageError
 
-from vrh_interp.core.boxes import Box
+from vrh_interp.core.description.boxes import Box
 from vrh_interp.data.datasets.errors import DatasetError
 
 ImageData = bytes | Path

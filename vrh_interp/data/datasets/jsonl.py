@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from vrh_interp.core.boxes import Box
+from vrh_interp.core.description.boxes import Box
 from vrh_interp.data.datasets.errors import DatasetError, OnError, RowErrors
 from vrh_interp.data.datasets.images import ImageFile, probe_size
 from vrh_interp.data.datasets.samples import GroundingSample, SampleSet, finish

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from vrh_interp.core.boxes import Box
+from vrh_interp.core.description.boxes import Box
 from vrh_interp.data.datasets.errors import DatasetError, OnError, RowErrors
 from vrh_interp.data.datasets.images import ImageFile, probe_size
 from vrh_interp.data.datasets.parquet import open_tables, split_files

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vrh_interp.core.boxes import Box
+from vrh_interp.core.description.boxes import Box
 from vrh_interp.data.datasets.errors import DatasetError, OnError, RowErrors
 from vrh_interp.data.datasets.parquet import open_tables, split_files
 from vrh_interp.data.datasets.refer import Unit, check_unit

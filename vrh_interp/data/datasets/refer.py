@@ -25,7 +25,7 @@ import pickle
 from pathlib import Path
 from typing import Any, Literal
 
-from vrh_interp.core.boxes import Box
+from vrh_interp.core.description.boxes import Box
 from vrh_interp.data.datasets.errors import DatasetError, OnError, RowErrors
 from vrh_interp.data.datasets.images import ImageFile, probe_size
 from vrh_interp.data.datasets.safe_pickle import load_plain_pickle

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from vrh_interp.core.boxes import Box, BoxParseFailure
+from vrh_interp.core.description.boxes import Box, BoxParseFailure
 from vrh_interp.data.datasets.errors import DatasetError, OnError, RowErrors
 from vrh_interp.data.datasets.images import ImageFile, ImageSource
 from vrh_interp.data.datasets.parquet import open_tables, split_files

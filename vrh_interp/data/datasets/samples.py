@@ -19,7 +19,7 @@ from typing import Any, Iterator, Mapping, Sequence, TypeVar, overload
 
 from PIL import Image
 
-from vrh_interp.core.boxes import Box, InvalidBoxError
+from vrh_interp.core.description.boxes import Box, InvalidBoxError
 from vrh_interp.data.datasets.errors import DatasetError, RowErrors, SkippedRow
 from vrh_interp.data.datasets.images import ImageSource
 from vrh_interp.data.checks import MAX_EXPRESSION_CHARS, as_box

@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from vrh_interp.core.boxes import Box
+from vrh_interp.core.description.boxes import Box
 from vrh_interp.data.datasets.errors import DatasetError, OnError, RowErrors
 from vrh_interp.data.datasets.images import ImageFile, MarkedRegions
 from vrh_interp.data.datasets.samples import SampleSet, VQASample, finish

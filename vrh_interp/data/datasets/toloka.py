@@ -14,7 +14,7 @@ import csv
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from vrh_interp.core.boxes import Box
+from vrh_interp.core.description.boxes import Box
 from vrh_interp.data.datasets.errors import DatasetError, OnError, RowErrors
 from vrh_interp.data.datasets.images import ImageFile, probe_size
 from vrh_interp.data.datasets.samples import GroundingSample, SampleSet, finish

@@ -21,7 +21,7 @@ import random
 from pathlib import Path
 from typing import Any, Mapping
 
-from vrh_interp.core.boxes import Box
+from vrh_interp.core.description.boxes import Box
 from vrh_interp.data.datasets.cvbench import MCQ_INSTRUCTION
 from vrh_interp.data.datasets.errors import DatasetError, OnError, RowErrors
 from vrh_interp.data.datasets.images import ImageFile, MarkedRegions

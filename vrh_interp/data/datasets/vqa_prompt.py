@@ -9,7 +9,7 @@ token followed by the text, its task-prefix convention.
 from __future__ import annotations
 
 from vrh_interp.data.datasets.samples import VQASample
-from vrh_interp.core.model import VLM
+from vrh_interp.core.description.model import VLM
 
 
 def vqa_user_text(sample: VQASample) -> str:

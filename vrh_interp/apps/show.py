@@ -1,0 +1,165 @@
+"""What a finished run prints: one ``show(result, spec, as_json) -> exit status`` per experiment (the declaration's
+``show``), and the table and bullet printers every command shares. Tables fit a 100-column terminal; ``--json``
+prints the machine-readable result instead; the run folder holds everything whole."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+WIDTH = 100
+
+
+def table(frame: pd.DataFrame | list[dict[str, Any]], title: str) -> None:
+    """A table (or its rows) that fits a 100-column terminal: wider tables wrap into column blocks and long text
+    cells end in "..." (the files and ``--json`` hold them whole)."""
+    import pandas as pd
+
+    frame = frame if isinstance(frame, pd.DataFrame) else pd.DataFrame(frame)
+    print(f"\n{title}")
+    with pd.option_context("display.max_columns", 20, "display.precision", 3):
+        print(frame.to_string(index=False, line_width=WIDTH, max_colwidth=48))
+
+
+def bullets(lines: list[str]) -> None:
+    print("\n".join(textwrap.fill(line, WIDTH, initial_indent="- ", subsequent_indent="  ",
+                                   break_on_hyphens=False) for line in lines))
+
+
+def shard_done(spec: Any, done: int, as_json: bool) -> int:
+    """What a shard run prints instead of the tables (they need every shard)."""
+    if as_json:
+        print(json.dumps({"shard": str(spec.shard), "out": spec.out, "done": done}))
+    else:
+        print(f"\nshard {spec.shard} done: {done} units in {spec.out}. When all {spec.shard.count} shards are done: "
+              f"vrh merge MERGED_OUT SHARD_0_OUT ... SHARD_{spec.shard.count - 1}_OUT")
+    return 0
+
+
+def scores(result: Any, path: Path, preset: str, top: int, as_json: bool) -> None:
+    top = min(top, result.scores.size)
+    if as_json:
+        print(json.dumps({"scores_file": str(path), "top": result.top(top).to_list()}))
+    else:
+        table(result.to_frame().head(top), f"Top {top} heads ({preset}); saved {path}")
+
+
+def detect(result: Any, spec: Any, as_json: bool) -> int:
+    """``vrh detect``: the top heads and the scores file (a shard: its sample count)."""
+    from vrh_interp.experiments.detect import scores_path
+
+    if spec.shard is not None:
+        return shard_done(spec, len(result), as_json)
+    scores(result, scores_path(spec.out, spec.preset), spec.preset, spec.top, as_json)
+    return 0
+
+
+def sweep_table(result: Any, as_json: bool, out: str | Path) -> None:
+    """A compact table (each control's distribution row stands for its per-set rows), then one verdict line per
+    k (``report.verdict_lines``: the claims rules); the full summary is ``OUT/sweep_summary.csv``."""
+    from vrh_interp.apps.report import compact_sweep_table, verdict_lines
+    from vrh_interp.evaluation.inference import sets_for
+
+    summary = result.summary()
+    if as_json:
+        print(summary.to_json(orient="records"))
+        return
+    table(compact_sweep_table(summary), "k-sweep: top-k heads vs control head sets (control rows: their sets' "
+                                        "distribution)")
+    pooled = summary[summary["seed"].astype(str) == "all"]
+    if len(pooled):
+        sets = int(pooled["sets"].min())
+        family = max(1, summary["k"].nunique() - 1)
+        floor = (f"p_random / p_matched / p_live: the top-k's rank among {sets} sets of each kind, so no smaller "
+                 f"than 1/{sets + 1} = {1 / (sets + 1):.3f} (more --random-sets lower that floor: Bonferroni over "
+                 f"{family} k values needs about {sets_for(0.05 / family)} for a HOLDS).")
+        print(textwrap.fill(floor, WIDTH))
+    print("\n" + textwrap.fill("Verdict (evaluation.claims: HOLDS = the top-k ranks above the control sets including "
+                               "its own draw, lowers accuracy against the unmasked model (exact McNemar) and the "
+                               "control sets' accuracy minus its own is bounded above 0.05; DOES NOT HOLD = bounded "
+                               "below 0.05; else INCONCLUSIVE; Bonferroni over the k values):", WIDTH))
+    bullets(verdict_lines(result))
+    print(f"\nfull table (per-set rows, failure decomposition):\n  {Path(out) / 'sweep_summary.csv'}")
+
+
+def sweep(result: Any, spec: Any, as_json: bool) -> int:
+    """``vrh sweep``: the compact table and the verdict lines (a shard: its record count)."""
+    if spec.shard is not None:
+        return shard_done(spec, len(result.records), as_json)
+    sweep_table(result, as_json, spec.out)
+    return 0
+
+
+def scan(facts: dict[str, Any], spec: Any, as_json: bool) -> int:
+    """``vrh scan``: the per-head table and the score-damage correlation."""
+    import pandas as pd
+
+    from vrh_interp.experiments.head_scan import SCAN_CSV, SCAN_PNG
+
+    out = Path(spec.out)
+    if as_json:
+        print(json.dumps({**facts, "csv": str(out / SCAN_CSV), "figure": str(out / SCAN_PNG)}))
+        return 0
+    table(pd.read_csv(out / SCAN_CSV), f"Single-head causal scan ({spec.ablation} ablation, {facts['n']} samples, "
+                                       f"baseline accuracy {facts['baseline_accuracy']:.3f})")
+    print(f"\nSpearman(score, accuracy drop) over {facts['heads']} heads: {facts['spearman']:.3f} "
+          f"(one-sided permutation p = {facts['p_value']:.3g}); scatter: {out / SCAN_PNG}")
+    return 0
+
+
+def design_table(frame: pd.DataFrame, k: int, as_json: bool) -> None:
+    if as_json:
+        print(frame.to_json(orient="records"))
+    else:
+        table(frame.drop(columns=["top_heads"]), f"Design space: accuracy drop when masking top-{k}")
+
+
+def design_space(result: Any, spec: Any, as_json: bool) -> int:
+    """``vrh design-space``: the variants ranked (a shard: its record count)."""
+    if spec.shard is not None:
+        return shard_done(spec, len(result.records), as_json)
+    design_table(result, spec.k, as_json)
+    return 0
+
+
+def vqa_sweep(result: Any, spec: Any, as_json: bool) -> int:
+    """``vrh vqa-sweep``: accuracy per benchmark and condition (a shard: its record count)."""
+    if spec.shard is not None:
+        return shard_done(spec, len(result.records), as_json)
+    summary = result.summary()
+    if as_json:
+        print(summary.to_json(orient="records"))
+        return 0
+    table(result.table().xs("accuracy", axis=1, level="stat").round(1).reset_index(names="condition"),
+          f"VQA accuracy (%), top-{spec.vqa_k} VRHs vs control sets of {spec.vqa_k} heads")
+    print(f"\nfull table: {Path(spec.out) / 'vqa_summary.csv'}")
+    return 0
+
+
+def transfer(result: Any, spec: Any, as_json: bool) -> int:
+    """``vrh transfer``: each model's accuracy with its own, the other's and random top-k masked."""
+    summary = result.summary()
+    if as_json:
+        print(summary.to_json(orient="records"))
+        return 0
+    table(summary, "Cross-masking: own, transferred and random heads masked in each model")
+    print(f"\nrun folder: {spec.out} (cross_masking_summary.csv, transfer_drops.csv)")
+    return 0
+
+
+def patch(study: Any, spec: Any, as_json: bool) -> int:
+    """``vrh patch``: one sentence per question of the study, or its facts and tables."""
+    from vrh_interp.experiments.patching_study import answers
+
+    if as_json:
+        print(json.dumps({"out": spec.out, "facts": study.facts,
+                          "tables": {k: v.to_dict(orient="records") for k, v in study.tables.items()}}, default=str))
+        return 0
+    print("\n".join(f"- {line}" for line in answers(study)))
+    print(f"\nrun folder: {spec.out} (patching.md, patching.json and one CSV per table)")
+    return 0
