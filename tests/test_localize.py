@@ -109,12 +109,12 @@ def test_vrh_localize_on_toy_planted(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--heads", "L9H9"], "out of range"),
+    (["--heads", "L9H9"], "L9H9 is not a head of toy:planted"),
     (["--heads", "L0H0", "--scores", "s.json"], "not both"),
     (["--threshold", "1.5"], "quantile"),
     (["--sigma", "-1"], "smoothing width"),
     (["--component", "biggest"], "invalid choice"),
-    (["--data", "synthetic:detect:3", "--detect-data", "synthetic:detect:3"], "also --detect-data"),
+    (["--data", "synthetic:detect:3", "--detect-data", "synthetic:detect:3"], "overlaps --detect-data"),
 ])
 def test_vrh_localize_refuses_in_one_line(tmp_path, capsys, argv, message):
     if "s.json" in argv:

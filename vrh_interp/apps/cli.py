@@ -211,11 +211,6 @@ def cmd_grid(args: argparse.Namespace) -> int:
                       as_json=args.json)
 
 
-def iou_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--iou", type=unit_interval, default=0.5,
-                   help="an answer is correct when its box overlaps the referent's at IoU >= this")
-
-
 def backend_option(p: argparse.ArgumentParser) -> None:
     from vrh_interp.core.execution.backends import BACKENDS  # no torch: `vrh --help` stays fast
 
@@ -393,18 +388,6 @@ def _grid_parser(sub: Any) -> None:
     p.set_defaults(func=cmd_grid)
 
 
-def _localize_parser(sub: Any) -> None:
-    """``vrh localize`` (its own options and runner: ``apps.localize``)."""
-    from vrh_interp.apps.localize import add_options, cmd_localize  # no torch: `vrh --help` stays fast
-
-    p = _experiment_parser(sub, "localize")
-    common(p)
-    iou_option(p)
-    backend_option(p)
-    add_options(p)
-    p.set_defaults(func=cmd_localize)
-
-
 def _experiment_parser(sub: Any, command: str) -> argparse.ArgumentParser:
     """The subparser of ``vrh COMMAND``, an experiment's: its help line is the declaration's
     (``experiments.declared``)."""
@@ -416,16 +399,8 @@ def _experiment_parser(sub: Any, command: str) -> argparse.ArgumentParser:
     return sub.add_parser(command, help=declared.help)
 
 
-def _steer_parser(sub: Any) -> None:
-    """``vrh steer``: its options and runner are ``apps.steer``'s."""
-    from vrh_interp.apps.steer import add_options
-
-    add_options(_experiment_parser(sub, "steer"))
-
-
 # one function per subcommand's parser; `vrh --help` lists them in this order
-SUBCOMMAND_PARSERS = (_merge_parser, _reproduce_parser, _report_parser, _demo_parser, _grid_parser, _localize_parser,
-                      _steer_parser)
+SUBCOMMAND_PARSERS = (_merge_parser, _reproduce_parser, _report_parser, _demo_parser, _grid_parser)
 
 
 def _spec_command(sub: Any, declared: Any) -> None:
@@ -524,8 +499,10 @@ def _check_inputs(args: argparse.Namespace) -> None:
     from vrh_interp.experiments.spec_checks import check_model
 
     if getattr(args, "spec_class", None) is not None:  # a spec command: the spec checks itself, every fault at once
-        args.spec = args.spec_class.from_args(args)
-        args.spec.check()
+        spec = args.spec_class.from_args(args)
+        if args.json and hasattr(spec, "progress"):  # --json: the output is the JSON alone
+            spec = spec.replace(progress=False)
+        args.spec = spec.check()
         return
     checks = {"out": paths.output_folder, "file": paths.input_file, "folder": paths.input_folder}
     for option, path, role in _path_options(args):

@@ -163,3 +163,50 @@ def patch(study: Any, spec: Any, as_json: bool) -> int:
     print("\n".join(f"- {line}" for line in answers(study)))
     print(f"\nrun folder: {spec.out} (patching.md, patching.json and one CSV per table)")
     return 0
+
+
+def localize(result: Any, spec: Any, as_json: bool) -> int:
+    """``vrh localize``: the attention box beside the generated box, Acc@IoU of each and the four-way table."""
+    from vrh_interp.experiments.localize import CSV, JSON
+
+    out = Path(spec.out)
+    if as_json:
+        print(json.dumps({"summary": json.loads(result.summary().to_json(orient="records")), "csv": str(out / CSV),
+                          "json": str(out / JSON)}))
+        return 0
+    row = result.summary().iloc[0]
+    label = row["heads"]
+    print(f"Attention box of {label} ({', '.join(result.head_sets[label])}) beside the generated box, "
+          f"{row['n']} items, Acc@{result.iou_threshold:g}:")
+    print(f"  attention box {row['heads_acc']:.3f}   generated box {row['answer_acc']:.3f}   exact McNemar p = "
+          f"{row['mcnemar_p']:.3g} ({row['heads_only']} heads-only, {row['answer_only']} answer-only)")
+    print(result.four_way(label).to_string())
+    print(f"\nper item: {out / CSV}; summary with provenance: {out / JSON}")
+    return 0
+
+
+def steer(result: Any, spec: Any, as_json: bool) -> int:
+    """``vrh steer``: the dose-response, the rank test and the patching form, then the claim's line."""
+    import pandas as pd
+
+    from vrh_interp.experiments.steer import claim_line
+
+    if as_json:
+        print(json.dumps({"out": spec.out, "verdict": result.verdict(), "claim": result.claims().iloc[0].to_dict(),
+                          "dose_response": result.dose_response().to_dict(orient="records"),
+                          "rank": result.rank().to_dict(orient="records"),
+                          "patching": result.patching().to_dict(orient="records")}, default=str))
+        return 0
+    tables = [("dose-response: share of answers that move to the target / stay / break", result.dose_response()),
+              (f"rank test at alpha {result.config['claim_alpha']:g}: control sets drawn per kind, how many moved as "
+               "many answers as the top-k, p", result.rank()),
+              ("activation patching from the target-as-referent run", result.patching())]
+    for title, frame in tables:
+        if not frame.empty:
+            with pd.option_context("display.max_columns", 20, "display.precision", 3):
+                print(f"\n{title}\n{frame.to_string(index=False, line_width=WIDTH)}")
+    print()
+    print(claim_line(result))
+    print(f"\nrun folder: {spec.out} (records.csv, dose_response.csv, rank.csv, patching.csv, claims.csv, "
+          "steer.json, dose_response.png)")
+    return 0

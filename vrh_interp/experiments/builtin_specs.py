@@ -1,19 +1,22 @@
 """The built-in experiments' specs (``experiments.spec``): what ``vrh detect``, ``sweep``, ``scan``,
-``design-space``, ``vqa-sweep``, ``transfer`` and ``patch`` take, and a grid's cells of them. Torch-free, like the
-framework: the command line is built from these fields and every refusal comes before anything heavy loads. Each
-experiment's runner (``run(spec, vlm, folder)``) is in its own module: ``experiments.detect``, ``sweep``,
-``head_scan``, ``design_space``, ``vqa_sweep``, ``transfer``, ``patching_study``."""
+``design-space``, ``vqa-sweep``, ``transfer``, ``patch``, ``localize`` and ``steer`` take, and a grid's cells of them.
+Torch-free, like the framework: the command line is built from these fields and every refusal comes before anything
+heavy loads. Each experiment's runner (``run(spec, vlm, folder)``) is in its own module: ``experiments.detect``,
+``sweep``, ``head_scan``, ``design_space``, ``vqa_sweep``, ``transfer``, ``patching_study``, ``localize``,
+``steer``."""
 
 from __future__ import annotations
 
+import argparse
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 from vrh_interp.core.execution.ablation_kinds import DEFAULT_ABLATION_KIND
-from vrh_interp.experiments.spec import (ExperimentSpec, ablation_kinds, data_spec, head_spec, ks_spec,
+from vrh_interp.experiments.spec import (ExperimentSpec, ablation_kinds, backends, data_spec, head_spec, ks_spec,
                                          non_negative_int, option, positive_int, preset, scene_count, seed_list,
-                                         unit_interval, vqa_spec)
+                                         unit_interval, vqa_spec, whole_number)
 
 
 def patch_metrics() -> tuple[str, ...]:
@@ -270,3 +273,152 @@ class PatchSpec(ExperimentSpec):
 
     def control_seeds(self) -> list[int]:
         return [int(s) for s in self.seeds.split(",")] if self.seeds else list(range(self.random_sets))
+
+
+COMPONENTS = ("largest", "peak", "full")  # evaluation.attention_box.COMPONENTS (not imported: it loads torch)
+BLOCKS = ("all", "grid")
+QUERIES = ("last_input", "output")
+
+
+def sigma(text: str) -> float:
+    """A smoothing width in canvas cells, 0 (none) to 100."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (math.isfinite(value) and 0 <= value <= 100):
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a smoothing width between 0 (none) and 100 cells")
+    return value
+
+
+def threshold(text: str) -> str:
+    """``mean`` or a quantile strictly between 0 and 1, kept as text."""
+    if text.strip().lower() == "mean":
+        return "mean"
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is neither 'mean' nor a quantile strictly between 0 and 1, "
+                                         "e.g. 0.9")
+    return text
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalizeSpec(ExperimentSpec):
+    """What ``vrh localize`` takes: the head set (``--heads``, the top ``--k`` of ``--scores``, else of a detection
+    run here with ``--preset`` on ``--detect-data``), the items and the readout of the attention box."""
+
+    command: ClassVar[str] = "localize"
+
+    out: str = option("runs/localize", "run folder (rerun to resume)", role="out", grid="out")
+    data: str = option("synthetic:eval:40", DATA_HELP, parse=data_spec, role="data", grid="eval")
+    heads: str | None = option(None, "the head set, e.g. L2H6,L2H7 or published:MODEL/BENCHMARK (default: the top --k "
+                               "of --scores or of a detection run here)", parse=head_spec)
+    scores: str | None = option(None, "scores JSON written by `vrh detect`: its top --k are the heads", role="file",
+                                grid="scores")
+    preset: str = option("vrh", "without --heads or --scores: the scoring preset of the detection run here (vrh, "
+                         "localization_heads, ...)", parse=preset)
+    k: int = option(3, "how many top-scored heads form the set", parse=positive_int)
+    detection_data: str = option("synthetic:detect:40", "without --heads or --scores: the detection samples "
+                                 "(disjoint from --data)", parse=data_spec, role="data", flag="--detect-data",
+                                 grid="detect")
+    sigma: float = option(1.0, "Gaussian smoothing of the attention map, in cells", parse=sigma)
+    threshold: str = option("mean", "cells above the map's mean (Localization Heads) or above this quantile, e.g. "
+                            "0.9", parse=threshold)
+    component: str = option("largest", "which cells above the threshold the box encloses: the largest 8-connected "
+                            "component, the one holding the peak, or all of them", choices=COMPONENTS)
+    blocks: str = option("all", "tiled layouts: paint every block (base view and tiles) or only the whole-image "
+                         "grid", choices=BLOCKS)
+    query: str = option("last_input", "the attention rows read: the last prompt token's, or the mean over the "
+                        "model's answer rows", choices=QUERIES)
+    iou: float = SweepSpec.same_option("iou")
+    progress: bool = option(True, "progress bars", cli=False)
+
+    def reads(self, name: str) -> bool:
+        return name != "detection_data" or (self.heads is None and self.scores is None)
+
+    def plan_faults(self) -> list[Callable[[], None]]:
+        from vrh_interp.experiments import spec_checks
+
+        def whole() -> None:
+            if self.shard is not None:
+                raise ValueError("vrh localize runs unsharded: leave out --shard")
+            if self.heads is not None and self.scores is not None:
+                raise ValueError("give --heads or --scores, not both")
+        checks = [whole]
+        if self.heads is not None:
+            from vrh_interp.core.description.published import parse_heads
+
+            checks.append(lambda: spec_checks.check_heads_fit(parse_heads(self.heads), self.model,
+                                                              f"--heads {self.heads}"))
+        elif self.scores is None:
+            checks.append(lambda: spec_checks.check_disjoint_specs(self.detection_data, self.data, "--detect-data",
+                                                                   "--data"))
+        return checks
+
+
+def alphas(text: str) -> tuple[float, ...]:
+    """Bias strengths: distinct finite numbers >= 0 that include 0 (the unsteered run)."""
+    try:
+        values = tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"alphas are numbers separated by commas, e.g. 0,2,4,8,16; got {text!r}")
+    if not values or 0.0 not in values or any(v < 0 or not math.isfinite(v) for v in values) \
+            or len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"alphas must be distinct finite numbers >= 0 and include 0 (the "
+                                         f"unsteered run), got {text!r}")
+    return values
+
+
+def seed_tuple(text: str) -> tuple[int, ...]:
+    """Distinct whole-number seeds >= 0, ``0,1,2``."""
+    return tuple(int(part) for part in seed_list(text).split(","))
+
+
+@dataclass(frozen=True, kw_only=True)
+class SteerSpec(ExperimentSpec):
+    """What ``vrh steer`` takes: the heads redirected (the detected top ``--k``, or ``--heads``), the bias strengths,
+    the items, the control sets, the sequential rank test and the activation-patching form. Redirection runs on
+    nnsight only (``operations``)."""
+
+    command: ClassVar[str] = "steer"
+
+    model: str = option("toy:planted", "hub id, local folder, toy:NAME or tiny:FAMILY", role="model", grid="model")
+    out: str = option("runs/steer", "run folder (rerun to resume)", role="out", grid="out")
+    k: int = option(3, "how many top-scored heads are redirected", parse=positive_int)
+    alphas: tuple[float, ...] = option((0.0, 2.0, 4.0, 8.0, 16.0), "bias strengths (the claim is judged at the "
+                                       "largest)", parse=alphas)
+    items: int = option(40, "evaluation items (scenes with two referable objects; the target is the other one)",
+                        parse=scene_count(1))
+    detect: int = option(20, "detection scenes that rank the heads", parse=scene_count(1))
+    seeds: tuple[int, ...] = option((0, 1, 2, 3, 4), "dose-response control seeds: one random, one layer-matched and "
+                                    "one live-head set each, redirected at every alpha (default 0-4; the rank test "
+                                    "draws its own sets)", parse=seed_tuple)
+    rank_sets: int = option(199, "the sequential rank test's most control sets per kind at the claim's alpha (drawn "
+                            "in blocks of 20, 40, 80, ...; stopped early once 5 sets move as many answers as the "
+                            "top-k; p reaches 1/(N+1); 0: rank the dose-response sets instead)",
+                            parse=whole_number(0, 10_000))
+    rank_items: int = option(12, "the rank test's fixed items", parse=scene_count(1))
+    heads: str | None = option(None, "redirect these heads (e.g. L1H4,L0H3) instead of the detected top-k: no "
+                               "detection pass, k is their number (a random set here is the claim's calibration: it "
+                               "must not hold)")
+    matched: bool = option(True, "leave the layer-matched control out")
+    live: bool = option(True, "leave the live-head control out (no head census)")
+    patching: bool = option(True, "leave the activation-patching form out")
+    patch_seeds: int = option(5, "control sets of each kind in the patching form (the first seeds)",
+                              parse=positive_int)
+    batch_size: int = option(32, "items per batch", parse=positive_int)
+    max_rows: int = option(512, "rows per generation (items x conditions redirected together)", parse=positive_int)
+    backend: str = option("nnsight", "what runs the model: redirection runs on nnsight only (the transformer-lens "
+                          "backend is refused before the model loads)", choices=backends)
+    # what redirection does not take
+    max_new_tokens: int = option(24, "", cli=False)
+    shard: Any = option(None, "", cli=False)
+    remote: Any = option(False, "", cli=False)
+    progress: bool = option(True, "progress lines", cli=False)
+
+    @property
+    def operations(self) -> tuple[str, ...]:
+        return ("steering", "patching") if self.patching else ("steering",)

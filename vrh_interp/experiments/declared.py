@@ -172,12 +172,15 @@ BUILTIN: tuple[Experiment, ...] = (
     Experiment("localize", "localize",
                "attention boxes of a head set beside the model's own boxes on the same items (Acc@0.5, four-way)",
                log="localize_records", record_key=("heads", "sample_id"), order=("heads", "sample_id"),
-               resumable=True, summary="vrh_interp.experiments.localize:localize_from_run"),
+               resumable=True, summary="vrh_interp.experiments.localize:localize_from_run",
+               spec=f"{_SPECS}:LocalizeSpec", run="vrh_interp.experiments.localize:run",
+               show="vrh_interp.apps.show:localize", grid="benchmark"),
     Experiment("grid", "grid", "models x benchmarks x experiments from GRID.toml, here or on a Ray cluster",
                resumable=True),
     Experiment("steer", "steer", "redirect the top-k heads onto another object: does the answer move there?",
                log="steer_records", record_key=("condition", "sample_id"), order=("condition", "sample_id"),
-               resumable=True, summary="vrh_interp.experiments.steer:steer_from_run"),
+               resumable=True, summary="vrh_interp.experiments.steer:steer_from_run", spec=f"{_SPECS}:SteerSpec",
+               run="vrh_interp.experiments.steer:run", show="vrh_interp.apps.show:steer", grid="model"),
 )
 
 _REGISTRY: dict[str, Experiment] = {experiment.name: experiment for experiment in BUILTIN}

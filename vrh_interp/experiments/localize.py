@@ -231,3 +231,42 @@ def write_localize(result: LocalizeResult, out: str | Path) -> dict[str, Any]:
              "provenance": result.provenance or {}}
     write_atomic(out / JSON, json.dumps(facts, indent=2, default=str) + "\n")
     return facts
+
+
+def _head_sets(spec: Any, vlm: VLM, folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``({label: heads}, how they were chosen)`` from ``heads``, ``scores`` or a detection run here."""
+    from vrh_interp.core.description.published import check_geometry, parse_heads
+    from vrh_interp.data.sources import load_data
+    from vrh_interp.scoring.detect import score_heads
+    from vrh_interp.scoring.scores import HeadScores
+
+    if spec.heads is not None:
+        return {spec.heads: check_geometry(parse_heads(spec.heads), vlm.geometry)}, {"heads": spec.heads}
+    if spec.scores is not None:
+        scores = HeadScores.load(spec.scores)
+        return {f"{scores.design.label} top-{spec.k}": scores.top(spec.k)}, {"scores": str(spec.scores), "k": spec.k}
+    detection = list(load_data(spec.detection_data))
+    evaluation = {s.sample_id for s in load_data(spec.data)}
+    overlap = sorted(evaluation & {s.sample_id for s in detection})
+    if overlap:
+        raise ValueError(f"{len(overlap)} --data samples are also --detect-data samples (e.g. {overlap[:3]}): the "
+                         "heads must be chosen on other items than they are tested on")
+    scores = score_heads(vlm, detection, spec.preset, batch_size=spec.batch_size, max_new_tokens=spec.max_new_tokens,
+                         run_dir=folder / "detect", progress=spec.progress)
+    return ({f"{spec.preset} top-{spec.k}": scores.top(spec.k)},
+            {"preset": spec.preset, "k": spec.k, "detect_data": spec.detection_data})
+
+
+def run(spec: Any, vlm: VLM, folder: Path) -> LocalizeResult:
+    """``vrh localize`` / a grid's cell (``builtin_specs.LocalizeSpec``): the attention box of the head set beside
+    the generated box on every item, ``localize.csv`` and ``localize.json`` in ``folder``."""
+    from vrh_interp.data.sources import load_data
+
+    readout = BoxReadout(sigma=spec.sigma, threshold=spec.threshold, component=spec.component, blocks=spec.blocks,
+                         query=spec.query)
+    sets, source = _head_sets(spec, vlm, folder)
+    result = localize(vlm, list(load_data(spec.data)), sets, readout, iou_threshold=spec.iou,
+                      batch_size=spec.batch_size, max_new_tokens=spec.max_new_tokens, run_dir=folder / "localize",
+                      progress=spec.progress, heads_source=source)
+    write_localize(result, folder)
+    return result

@@ -357,13 +357,27 @@ class RunSpec:
             if opt.role == "model" and getattr(self, item.name):
                 attempt(check_model, getattr(self, item.name), self.flag(item.name))
         if not found:  # the plan's checks read the files named above: only once they are there
-            for check in self.plan_faults():
+            for check in (*self._scores_faults(), *self.plan_faults()):
                 attempt(check)
         if getattr(self, "device", None) is not None and not found:
             from vrh_interp.core.description.model_source import check_device
 
             attempt(check_device, self.device)
         return found
+
+    def _scores_faults(self) -> list[Callable[[], None]]:
+        """Every scores file the spec reads (a ``file`` field named ``*scores``) on the grid of the model it is
+        for (``model``, or ``partner`` for ``partner_scores``)."""
+        from vrh_interp.experiments.spec_checks import check_scores_fit
+
+        checks: list[Callable[[], None]] = []
+        for item, opt in self.options():
+            path = getattr(self, item.name)
+            if opt.role == "file" and item.name.endswith("scores") and path is not None:
+                model = getattr(self, "partner" if item.name.startswith("partner") else "model", None)
+                if model:
+                    checks.append(lambda p=path, m=model, f=self.flag(item.name): check_scores_fit(p, m, f))
+        return checks
 
     def plan_faults(self) -> Sequence[Callable[[], None]]:
         """The experiment's own checks (each raises ``ValueError`` naming its options): none here."""

@@ -107,6 +107,26 @@ def check_heads_fit(heads: Iterable[object], spec: str, option: str) -> None:
                          f"heads: L0H0 .. L{grid[0] - 1}H{grid[1] - 1}){origin}")
 
 
+def scores_grid(path: str) -> tuple[int, int] | None:
+    """``(layers, heads per layer)`` of a scores file (``scoring.scores.HeadScores.save``: its ``scores`` matrix),
+    read as JSON without torch; None for a file that does not say (``HeadScores.load`` judges it later)."""
+    try:
+        matrix = json.loads(Path(path).read_text(encoding="utf-8")).get("scores")
+        return (len(matrix), len(matrix[0])) if matrix and isinstance(matrix[0], list) else None
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None
+
+
+def check_scores_fit(path: str, spec: str, option: str) -> None:
+    """Refuse a scores file of a head grid larger than the model's (both known before loading): its ranking names
+    heads the model does not have, which the sweep would refuse only after the model loads. A grid of the same
+    size is another model's scores by index (a transfer, said by a warning when they load)."""
+    grid, scored = head_grid(spec), scores_grid(path)
+    if grid is not None and scored is not None and (scored[0] > grid[0] or scored[1] > grid[1]):
+        raise ValueError(f"{option} {path}: scores of a {scored[0]} x {scored[1]} head grid, but {spec} has "
+                         f"{grid[0]} layers x {grid[1]} heads: use the scores of `vrh detect` on this model")
+
+
 _SYNTHETIC_ID = re.compile(r"^([a-z]+)-(\d+)-L(\d+)-o\d+$")
 
 

@@ -664,3 +664,23 @@ def claim_line(result: SteerResult) -> str:
     """``sufficient: HOLDS (reason)``: the claim's verdict in one line."""
     row = result.claims().iloc[0]
     return f"sufficient: {str(row['verdict']).upper()} ({row['reason']})"
+
+
+def run(spec: Any, vlm: VLM, folder: Path) -> SteerResult:
+    """``vrh steer`` / a grid's cell (``builtin_specs.SteerSpec``): ``detect_and_steer`` into ``folder`` and its
+    files written. On ``toy:planted`` its planted heads and decoys are redirected too (the positive control)."""
+    named = None
+    if spec.model == "toy:planted":
+        from vrh_interp.experiments.positive_control import declared
+
+        planted, decoys = declared()
+        named = {"planted": planted, "decoys": decoys}
+    heads = vlm.geometry.validate(spec.heads, "--heads") if spec.heads else None
+    result = detect_and_steer(vlm, folder, items=spec.items, detect=spec.detect, k=spec.k, alphas=spec.alphas,
+                              random_seeds=list(spec.seeds), matched=spec.matched, live=spec.live, named=named,
+                              patching=spec.patching, patch_seeds=spec.patch_seeds, rank_sets=spec.rank_sets,
+                              rank_items=spec.rank_items, heads=heads, batch_size=spec.batch_size,
+                              max_rows=spec.max_rows,
+                              say=(lambda line: print(line, flush=True)) if spec.progress else (lambda _: None))
+    result.write(folder)
+    return result
