@@ -84,9 +84,9 @@ MODEL = "[models.a]\nmodel = 'toy:a'\n"
     (MODEL + "[benchmarks.x]\ndetect = 'synthetic:detect:2'\n", "[benchmarks.x]: missing 'eval'"),
     (MODEL + "[benchmarks.x]\ndetect = 'nosuch:1'\neval = 'synthetic:eval:2'\n", "[benchmarks.x]: detect = 'nosuch:1'"),
     ("experiments = ['sweep', 'dance']\n" + MODEL + BENCH, "unknown experiment 'dance'"),
-    ("[options]\nks = '0,x'\n" + MODEL + BENCH, "[options]: ks: k value 'x'"),
-    ("[options]\nrandom_sets = 0\n" + MODEL + BENCH, "random_sets = 0 must be >= 1"),
-    ("[options]\nrandom_sets = 'many'\n" + MODEL + BENCH, "random_sets = 'many' is not a whole number"),
+    ("[options]\nks = '0,x'\n" + MODEL + BENCH, "[options]: ks = '0,x': k value 'x'"),
+    ("[options]\nrandom_sets = 0\n" + MODEL + BENCH, "random_sets = 0: 0 is too small: use a whole number >= 1"),
+    ("[options]\nrandom_sets = 'many'\n" + MODEL + BENCH, "random_sets = 'many': 'many' is not a whole number"),
     (MODEL + "remote = 'yes'\n" + BENCH, "remote = 'yes'"),
     ("[models]\n" + BENCH, "[models] is empty"),
     (MODEL, "no [benchmarks.NAME] tables"),
@@ -473,5 +473,5 @@ def test_a_cell_runs_on_the_threads_its_spec_fixes_whatever_the_process_has(thre
         assert seen == [threads] and torch.get_num_threads() == other
     finally:
         torch.set_num_threads(before)
-    with pytest.raises(GridSpecError, match="threads = 0 must be >= 1"):
+    with pytest.raises(GridSpecError, match="threads = 0: 0 is too small: use a whole number >= 1"):
         parse_grid(MODEL + BENCH + "[options]\nthreads = 0\n")

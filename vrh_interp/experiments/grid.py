@@ -59,6 +59,8 @@ from typing import Any, Callable, Mapping, Sequence
 from vrh_interp.core.execution.remote import ENV as REMOTE_TIMEOUT_ENV
 from vrh_interp.core.bookkeeping.runs import RunLockedError, lock_run_folder, write_atomic, write_json_atomic
 from vrh_interp.experiments.declared import experiment
+from vrh_interp.experiments.spec import (Spec, SpecError, float_in, ks_spec, non_negative_int, option, positive_int,
+                                         preset, unit_interval)
 
 SECTIONS = ("experiments", "options", "models", "benchmarks", "vqa", "transfer")  # GRID.toml's own tables
 RENAMED = {"vqa": "vqa_sweep", "patching": "patch"}  # GRID.toml names before experiments were named by declaration
@@ -123,27 +125,32 @@ class TransferPair:
 
 
 
-@dataclass(frozen=True)
-class GridOptions:
-    """Options of every cell (the runners' own arguments, as ``vrh sweep`` takes them)."""
+@dataclass(frozen=True, kw_only=True)
+class GridOptions(Spec):
+    """``[options]``: what every cell takes (the fields of its spec with these names: ``vrh sweep``'s own options and
+    their parsers, ``experiments.spec``) and how the grid schedules cells."""
 
-    ks: str = "0,1,3,5,10,20"
-    random_sets: int = 20
-    matched: bool = True
-    live: bool = True  # live-head control sets, drawn from the heads the census of the cell's eval items finds live
-    preset: str = "vrh"
-    batch_size: int = 16
-    max_new_tokens: int = 24
-    max_batch_rows: int | None = None
-    iou: float = 0.5
-    vqa_k: int = 20
-    shards: int = 1
-    summary_k: int | None = None  # the k of the heatmap (default: the largest)
-    cpus: float = 1.0
-    retries: int = 2
+    ks: str = option("0,1,3,5,10,20", "k values of the sweep and transfer cells", parse=ks_spec)
+    random_sets: int = option(20, "control sets per k and kind", parse=positive_int)
+    matched: bool = option(True, "the layer-matched control too")
+    # live-head control sets, drawn from the heads the census of the cell's eval items finds live
+    live: bool = option(True, "the live-head control too")
+    preset: str = option("vrh", "scoring preset of the detection", parse=preset)
+    batch_size: int = option(16, "samples per forward pass", parse=positive_int)
+    max_new_tokens: int = option(24, "greedy answer tokens per sample", parse=positive_int)
+    max_batch_rows: int | None = option(None, "rows per forward pass at most", parse=positive_int)
+    iou: float = option(0.5, "correctness threshold", parse=unit_interval)
+    vqa_k: int = option(20, "heads masked in the VQA cells", parse=positive_int)
+    shards: int = option(1, "shard cells per sweep cell", parse=positive_int)
+    summary_k: int | None = option(None, "the k of the heatmap (default: the largest)", parse=positive_int)
+    cpus: float = option(1.0, "CPUs each Ray task declares", parse=float_in(0.0, 1e6))
+    retries: int = option(2, "Ray retries of a failed cell", parse=non_negative_int)
     # torch threads inside every cell, whatever the executor or the worker's environment: CPU reductions depend on
     # the thread count, so a cell gives the same bytes wherever it runs only if its spec fixes it
-    threads: int = 1
+    threads: int = option(1, "torch threads inside every cell", parse=positive_int)
+
+
+GRID_OPTIONS = frozenset(f.name for f in dataclasses.fields(GridOptions))
 
 
 @dataclass(frozen=True)
@@ -220,51 +227,12 @@ def _data(spec: Any, section: str, key: str, *, vqa: bool) -> str:
 
 
 def _options(table: Mapping[str, Any]) -> GridOptions:
-    from vrh_interp.experiments.ks import KSpecError, parse_ks
-    from vrh_interp.scoring.design import resolve_design
-
-    fields = {f.name: f for f in dataclasses.fields(GridOptions)}
-    _check_keys(table, "options", list(fields))
-    positive = ("random_sets", "batch_size", "max_new_tokens", "max_batch_rows", "vqa_k", "shards", "threads")
-    values: dict[str, Any] = {}
-    for key in table:
-        if key in positive:
-            value = _typed(table, key, "options", (int,), "a whole number")
-            if value < 1:
-                raise GridSpecError(f"{_where('options')}: {key} = {value} must be >= 1")
-        elif key == "summary_k":
-            value = _typed(table, key, "options", (int,), "a whole number")
-            if value < 1:
-                raise GridSpecError(f"{_where('options')}: summary_k = {value} must be >= 1 (the heatmap shows the "
-                                    "drop with the top k heads masked; k = 0 masks none)")
-        elif key == "retries":
-            value = _typed(table, key, "options", (int,), "a whole number")
-            if value < 0:
-                raise GridSpecError(f"{_where('options')}: {key} = {value} must be >= 0")
-        elif key in ("matched", "live"):
-            value = _typed(table, key, "options", (bool,), "true or false")
-        elif key in ("iou", "cpus"):
-            value = float(_typed(table, key, "options", (int, float), "a number"))
-            if not (0 < value <= 1 if key == "iou" else 0 <= value < 1e6):  # NaN fails both
-                raise GridSpecError(f"{_where('options')}: {key} = {value} is out of range "
-                                    f"({'0 < iou <= 1' if key == 'iou' else '0 <= cpus < 1e6'})")
-        elif key == "ks":
-            value = table[key]
-            value = ",".join(map(str, value)) if isinstance(value, list) else value
-            if not isinstance(value, str):
-                raise GridSpecError(f"{_where('options')}: ks must be a string such as \"0,1,3\" or \"0,1%,2.5%\"")
-            try:
-                parse_ks(value, total_heads=1_000_000)
-            except KSpecError as error:
-                raise GridSpecError(f"{_where('options')}: ks: {error}") from None
-        else:  # preset
-            value = _typed(table, key, "options", (str,), "a scoring preset name")
-            try:
-                resolve_design(value)
-            except ValueError as error:
-                raise GridSpecError(f"{_where('options')}: preset: {error}") from None
-        values[key] = value
-    options = GridOptions(**values)
+    if not isinstance(table, dict):
+        raise GridSpecError(f"{_where('options')} must be a table (key = value lines), got {type(table).__name__}")
+    try:
+        options = GridOptions.from_table(table, _where("options"))
+    except SpecError as error:
+        raise GridSpecError(str(error)) from None
     _check_summary_k(options)
     return options
 
@@ -676,7 +644,7 @@ def cell_spec(grid_dir: Path, spec: GridSpec, cell: Cell) -> Any:
     for item, opt in spec_class.options():
         if opt.grid in fills:
             given[item.name] = fills[opt.grid]
-        elif hasattr(spec.options, item.name) and item.name != "shard":
+        elif item.name in GRID_OPTIONS:
             given[item.name] = getattr(spec.options, item.name)
     extra = {"device": model.device_map, "dtype": model.dtype, "progress": False,
              "shard": Shard(*cell.shard) if cell.shard else None,

@@ -210,13 +210,12 @@ def _text(value: Any) -> str:
 
 
 @dataclass(frozen=True, kw_only=True)
-class RunSpec:
-    """What every experiment takes: its run folder. Subclasses add their own fields (``option``) and
-    ``plan_faults``; ``ExperimentSpec`` adds the model."""
+class Spec:
+    """Typed fields made by ``option``, read from a command line or a GRID.toml table with the same parsers and
+    checked whole (``faults``, ``check``): the base of every experiment's spec (``RunSpec``) and of the grid's
+    ``[options]`` (``experiments.grid.GridOptions``)."""
 
     command: ClassVar[str] = ""  # the ``vrh`` command (the declaration's), for messages
-
-    out: str = option("runs/vrh", "run folder (rerun to resume)", role="out", grid="out")
 
     # ------------------------------------------------------------------------------------------ the fields
     @classmethod
@@ -275,14 +274,14 @@ class RunSpec:
             target.add_argument(*names, **kwargs)
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> "RunSpec":
+    def from_args(cls, args: argparse.Namespace) -> "Spec":
         """The spec of parsed arguments (fields the command line does not set keep their defaults)."""
         values = {item.name: getattr(args, item.name) for item, opt in cls.options()
                   if opt.cli and hasattr(args, item.name)}
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
 
     @classmethod
-    def from_table(cls, table: Mapping[str, Any], where: str, **given: Any) -> "RunSpec":
+    def from_table(cls, table: Mapping[str, Any], where: str, **given: Any) -> "Spec":
         """The spec of a GRID.toml table (``where`` names it in messages) and the values a grid cell fills in
         (``given``); a key that is no field, a value of the wrong kind or refused by the field's parser is a
         ``SpecError`` naming ``where`` and the key."""
@@ -300,18 +299,17 @@ class RunSpec:
                 continue
             if isinstance(value, float) and not math.isfinite(value):
                 raise SpecError(f"{where}: {key} = {value} must be a finite number")
-            parsed: Any = _text(value)
+            texts = [_text(v) for v in value] if opt.repeat and isinstance(value, list) else [_text(value)]
             try:
-                if opt.parse is not None:
-                    parsed = opt.parse(parsed)
-                if _choices(opt) and parsed not in _choices(opt):
+                parsed = [opt.parse(text) if opt.parse is not None else text for text in texts]
+                if _choices(opt) and any(p not in _choices(opt) for p in parsed):
                     raise argparse.ArgumentTypeError(f"use one of {', '.join(_choices(opt))}")
             except argparse.ArgumentTypeError as error:
                 raise SpecError(f"{where}: {key} = {value!r}: {error}") from None
-            values[key] = parsed
+            values[key] = tuple(parsed) if opt.repeat else parsed[0]
         return cls(**values)
 
-    def replace(self, **changes: Any) -> "RunSpec":
+    def replace(self, **changes: Any) -> "Spec":
         return dataclasses.replace(self, **changes)
 
     # -------------------------------------------------------------------------------------------- the checks
@@ -383,7 +381,7 @@ class RunSpec:
         """The experiment's own checks (each raises ``ValueError`` naming its options): none here."""
         return ()
 
-    def check(self) -> "RunSpec":
+    def check(self) -> "Spec":
         """The spec, or every fault at once: a single fault as it was raised (its type and words), several as one
         ``SpecError`` naming each."""
         found = self.faults()
@@ -392,6 +390,14 @@ class RunSpec:
         if found:
             raise SpecError(f"{len(found)} faults: " + "; ".join(_words(error) for error in found))
         return self
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSpec(Spec):
+    """What every experiment takes: its run folder. Subclasses add their own fields (``option``) and
+    ``plan_faults``; ``ExperimentSpec`` adds the model."""
+
+    out: str = option("runs/vrh", "run folder (rerun to resume)", role="out", grid="out")
 
 
 @dataclass(frozen=True, kw_only=True)
