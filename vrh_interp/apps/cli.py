@@ -500,7 +500,7 @@ def _check_inputs(args: argparse.Namespace) -> None:
 
     if getattr(args, "spec_class", None) is not None:  # a spec command: the spec checks itself, every fault at once
         spec = args.spec_class.from_args(args)
-        if args.json and hasattr(spec, "progress"):  # --json: the output is the JSON alone
+        if args.json and spec.quiet_under_json:  # its progress lines would mix with the JSON on stdout
             spec = spec.replace(progress=False)
         args.spec = spec.check()
         return

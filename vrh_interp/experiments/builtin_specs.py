@@ -311,6 +311,7 @@ class LocalizeSpec(ExperimentSpec):
     run here with ``--preset`` on ``--detect-data``), the items and the readout of the attention box."""
 
     command: ClassVar[str] = "localize"
+    quiet_under_json: ClassVar[bool] = True
 
     out: str = option("runs/localize", "run folder (rerun to resume)", role="out", grid="out")
     data: str = option("synthetic:eval:40", DATA_HELP, parse=data_spec, role="data", grid="eval")
@@ -384,6 +385,7 @@ class SteerSpec(ExperimentSpec):
     nnsight only (``operations``)."""
 
     command: ClassVar[str] = "steer"
+    quiet_under_json: ClassVar[bool] = True
 
     model: str = option("toy:planted", "hub id, local folder, toy:NAME or tiny:FAMILY", role="model", grid="model")
     out: str = option("runs/steer", "run folder (rerun to resume)", role="out", grid="out")

@@ -216,6 +216,8 @@ class Spec:
     ``[options]`` (``experiments.grid.GridOptions``)."""
 
     command: ClassVar[str] = ""  # the ``vrh`` command (the declaration's), for messages
+    # ``--json`` turns the spec's ``progress`` off (a runner whose progress lines go to stdout, where the JSON goes)
+    quiet_under_json: ClassVar[bool] = False
 
     # ------------------------------------------------------------------------------------------ the fields
     @classmethod
