@@ -192,8 +192,8 @@ def test_scores_of_a_larger_head_grid_are_refused_before_the_model_loads(tmp_pat
 
     path = tmp_path / "scores.json"
     path.write_text(json.dumps({"scores": [[0.0] * 16] * 4, "sample_ids": []}))  # toy:planted's 4 x 16 grid
-    assert scores_grid(str(path)) == (4, 16)
-    with pytest.raises(ValueError, match=r"--scores .*scores of a 4 x 16 head grid, but toy:a has 4 layers x 8"):
+    assert scores_grid(str(path)) == (4, 16, "a model the scores file does not name")
+    with pytest.raises(ValueError, match=r"\(4 layers x 16 heads\), but this model \(toy:a\) has 4 layers x 8"):
         SweepSpec(model="toy:a", scores=str(path), out=str(tmp_path / "o")).check()
     assert SweepSpec(model="toy:c", scores=str(path), out=str(tmp_path / "o")).faults() == []  # 8 x 16 holds it
     with pytest.raises(ValueError, match=r"--partner-scores"):

@@ -107,24 +107,32 @@ def check_heads_fit(heads: Iterable[object], spec: str, option: str) -> None:
                          f"heads: L0H0 .. L{grid[0] - 1}H{grid[1] - 1}){origin}")
 
 
-def scores_grid(path: str) -> tuple[int, int] | None:
-    """``(layers, heads per layer)`` of a scores file (``scoring.scores.HeadScores.save``: its ``scores`` matrix),
-    read as JSON without torch; None for a file that does not say (``HeadScores.load`` judges it later)."""
+def scores_grid(path: str) -> tuple[int, int, str] | None:
+    """``(layers, heads per layer, model id)`` of a scores file (``scoring.scores.HeadScores.save``: its ``scores``
+    matrix and provenance), read as JSON without torch; None for a file that does not say (``HeadScores.load``
+    judges it later)."""
     try:
-        matrix = json.loads(Path(path).read_text(encoding="utf-8")).get("scores")
-        return (len(matrix), len(matrix[0])) if matrix and isinstance(matrix[0], list) else None
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        matrix = data.get("scores")
+        if not (matrix and isinstance(matrix[0], list)):
+            return None
+        name = ((data.get("provenance") or {}).get("model") or {}).get("model_id")
+        return len(matrix), len(matrix[0]), str(name or "a model the scores file does not name")
     except (OSError, ValueError, AttributeError, TypeError):
         return None
 
 
 def check_scores_fit(path: str, spec: str, option: str) -> None:
     """Refuse a scores file of a head grid larger than the model's (both known before loading): its ranking names
-    heads the model does not have, which the sweep would refuse only after the model loads. A grid of the same
-    size is another model's scores by index (a transfer, said by a warning when they load)."""
+    heads the model does not have, which ``HeadScores.transfer_to`` would refuse only after the model loads (the same
+    words). A grid the model contains is another model's scores by index (a transfer, said when they load)."""
     grid, scored = head_grid(spec), scores_grid(path)
     if grid is not None and scored is not None and (scored[0] > grid[0] or scored[1] > grid[1]):
-        raise ValueError(f"{option} {path}: scores of a {scored[0]} x {scored[1]} head grid, but {spec} has "
-                         f"{grid[0]} layers x {grid[1]} heads: use the scores of `vrh detect` on this model")
+        layers, heads, name = scored
+        raise ValueError(f"{option} {path}: the scores were computed on {name} ({layers} layers x {heads} heads), but "
+                         f"this model ({spec}) has {grid[0]} layers x {grid[1]} heads: heads up to "
+                         f"L{layers - 1}H{heads - 1} do not exist in it. Use scores computed on this model (vrh "
+                         "detect), or on one whose head grid it contains")
 
 
 _SYNTHETIC_ID = re.compile(r"^([a-z]+)-(\d+)-L(\d+)-o\d+$")
