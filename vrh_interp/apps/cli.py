@@ -423,7 +423,7 @@ def cmd_spec(args: argparse.Namespace) -> int:
     vlm = None
     if isinstance(spec, ExperimentSpec):
         _check_backend(spec.backend, ablation=getattr(spec, "ablation", None),
-                       operations=getattr(spec, "operations", ()))
+                       operations=spec.operations)
         vlm = _load_model(spec.model, spec.device, spec.dtype).on(_placement(spec))
     result = declared.resolve("run")(spec, vlm, Path(spec.out))
     return int(declared.resolve("show")(result, spec, args.json)) if declared.show is not None else 0

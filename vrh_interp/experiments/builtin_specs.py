@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 from vrh_interp.core.execution.ablation_kinds import DEFAULT_ABLATION_KIND
@@ -48,6 +47,11 @@ DETECT_DATA_HELP = ("mean/resample ablation: the --data of the `vrh detect` run 
                     "the reference)")
 LIVE_HELP = ("leave out the live-head control (random sets of the heads a census on the first evaluation samples "
              "finds acting; census.csv in --out)")
+
+
+def control_seeds(seeds: str | None, random_sets: int) -> list[int]:
+    """The control-set seeds of a spec: ``--seeds`` when given, else 0 .. ``--random-sets`` - 1."""
+    return [int(seed) for seed in seeds.split(",")] if seeds else list(range(random_sets))
 
 
 def needs_reference_values(kind: str) -> bool:
@@ -94,8 +98,7 @@ class SweepSpec(ExperimentSpec):
         return name != "detect_data" or needs_reference_values(self.ablation)
 
     def control_seeds(self) -> list[int]:
-        """``seeds`` when given, else 0 .. ``random_sets`` - 1."""
-        return [int(s) for s in self.seeds.split(",")] if self.seeds else list(range(self.random_sets))
+        return control_seeds(self.seeds, self.random_sets)
 
     def plan_faults(self) -> list[Callable[[], None]]:
         from vrh_interp.experiments import spec_checks
@@ -109,22 +112,13 @@ class SweepSpec(ExperimentSpec):
             checks.append(lambda: spec_checks.check_heads_fit(parse_heads(self.vrhs), self.model,
                                                               f"--vrhs {self.vrhs}"))
         if self.scores is not None:
-            checks.append(lambda: spec_checks.check_scores_disjoint(_sample_ids(self.scores), self.data,
-                                                                    f"--scores {self.scores}", "--data"))
+            ids = spec_checks.scores_sample_ids(self.scores)
+            checks.append(lambda: spec_checks.check_scores_disjoint(ids, self.data, f"--scores {self.scores}",
+                                                                    "--data"))
         elif needs_reference_values(self.ablation):
             checks.append(lambda: spec_checks.check_disjoint_specs(self.detect_data, self.data, "--detect-data",
                                                                    "--data"))
         return checks
-
-
-def _sample_ids(path: str) -> list[str]:
-    """The sample ids a scores file lists (none when it is not a scores file: ``HeadScores.load`` says so later)."""
-    import json
-
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8")).get("sample_ids") or []
-    except (OSError, ValueError, AttributeError):
-        return []
 
 
 
@@ -272,7 +266,7 @@ class PatchSpec(ExperimentSpec):
     progress: bool = option(True, "progress bars", cli=False)
 
     def control_seeds(self) -> list[int]:
-        return [int(s) for s in self.seeds.split(",")] if self.seeds else list(range(self.random_sets))
+        return control_seeds(self.seeds, self.random_sets)
 
 
 COMPONENTS = ("largest", "peak", "full")  # evaluation.attention_box.COMPONENTS (not imported: it loads torch)

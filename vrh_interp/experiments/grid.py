@@ -372,7 +372,7 @@ def _check_local_only(name: str, models: Mapping[str, GridModel]) -> None:
 
     declared = experiment(name)
     remote = [m for m in models.values() if m.remote]
-    if remote and getattr(declared.resolve("spec"), "local_only", False):
+    if remote and declared.resolve("spec").local_only:
         shown = "true" if remote[0].remote is True else f'"{remote[0].remote}"'
         raise GridSpecError(f"{_where('models.' + remote[0].name)}: remote = {shown}: {name} runs only here (vrh "
                             f"{declared.command} has no --remote): set remote = false, or remove \"{name}\" from "
@@ -598,12 +598,6 @@ def _load(model: GridModel) -> Any:
         _MODEL_CACHE.clear()
         _MODEL_CACHE[key] = load_spec(model.spec, model.device_map, model.dtype)
     return _MODEL_CACHE[key].on(remote=model.remote)
-
-
-def _scores(grid_dir: Path, spec: GridSpec, model: str, benchmark: str) -> Any:
-    from vrh_interp.scoring.scores import HeadScores
-
-    return HeadScores.load(_scores_path(grid_dir, spec, model, benchmark))
 
 
 def _scores_path(grid_dir: Path, spec: GridSpec, model: str, benchmark: str) -> Path:

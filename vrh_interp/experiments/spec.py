@@ -404,7 +404,12 @@ class RunSpec(Spec):
 
 @dataclass(frozen=True, kw_only=True)
 class ExperimentSpec(RunSpec):
-    """What every model-running experiment takes besides its run folder: the model and where it runs."""
+    """What every model-running experiment takes besides its run folder: the model and where it runs.
+    ``operations``: what its backend must run (``backends.base.check_supported``, before the model loads);
+    ``local_only``: it runs only here (a grid refuses remote models for it)."""
+
+    operations: ClassVar[tuple[str, ...]] = ()
+    local_only: ClassVar[bool] = False
 
     model: str = option("toy:a", "hub id, local folder, toy:a / toy:b / toy:c / toy:d / toy:planted (shipped toy "
                         "models) or tiny:FAMILY (random fixture)", role="model", grid="model")

@@ -107,19 +107,32 @@ def check_heads_fit(heads: Iterable[object], spec: str, option: str) -> None:
                          f"heads: L0H0 .. L{grid[0] - 1}H{grid[1] - 1}){origin}")
 
 
-def scores_grid(path: str) -> tuple[int, int, str] | None:
-    """``(layers, heads per layer, model id)`` of a scores file (``scoring.scores.HeadScores.save``: its ``scores``
-    matrix and provenance), read as JSON without torch; None for a file that does not say (``HeadScores.load``
-    judges it later)."""
+def _scores_json(path: str) -> dict:
+    """A scores file (``scoring.scores.HeadScores.save``) read as JSON without torch; {} for a file that is not one
+    (``HeadScores.load`` says so when the run reads it)."""
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
-        matrix = data.get("scores")
-        if not (matrix and isinstance(matrix[0], list)):
-            return None
-        name = ((data.get("provenance") or {}).get("model") or {}).get("model_id")
-        return len(matrix), len(matrix[0]), str(name or "a model the scores file does not name")
-    except (OSError, ValueError, AttributeError, TypeError):
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def scores_sample_ids(path: str) -> list[str]:
+    """The detection sample ids a scores file lists."""
+    ids = _scores_json(path).get("sample_ids")
+    return [str(i) for i in ids] if isinstance(ids, list) else []
+
+
+def scores_grid(path: str) -> tuple[int, int, str] | None:
+    """``(layers, heads per layer, model id)`` of a scores file (its ``scores`` matrix and provenance); None for a
+    file that does not say."""
+    data = _scores_json(path)
+    matrix = data.get("scores")
+    if not (isinstance(matrix, list) and matrix and isinstance(matrix[0], list)):
         return None
+    model = data.get("provenance", {}).get("model") if isinstance(data.get("provenance"), dict) else None
+    name = model.get("model_id") if isinstance(model, dict) else None
+    return len(matrix), len(matrix[0]), str(name or "a model the scores file does not name")
 
 
 def check_scores_fit(path: str, spec: str, option: str) -> None:
