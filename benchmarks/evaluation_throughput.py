@@ -143,7 +143,7 @@ def main() -> None:
     built = time.perf_counter() - built
     geometry = vlm.geometry
     if args.items == "scenes":
-        from vrh_interp.apps.demo import evaluation_items
+        from vrh_interp.experiments.demo_plan import evaluation_items
 
         samples = evaluation_items(args.samples)[:args.samples]  # >= 1 referent per scene: enough scenes
     else:

@@ -11,9 +11,10 @@ port (Ray alone retried it for over 200 s).
 
 Prints ``time to first error: CASE: MEDIAN s (min MIN s; heavy imports: ...)`` per case, then the plan-level fault
 classes of issue 53 (unknown model or partner, missing file, k out of range, overlapping detection / evaluation
-sets, non-finite number, colliding names, foreign output folder) by command (``vrh detect``, ``sweep``, ``demo``,
-``grid``, the trainer) as a Markdown table: wall seconds, exit status, heavy imports; ``--only-classes`` runs that
-table alone. A class that a command has no input for is left out ("n/a" in the table).
+sets, non-finite number, colliding names, foreign output folder) by command (``vrh detect``, ``sweep``,
+``transfer``, ``reproduce``, ``demo``, ``grid``, the trainer) as a Markdown table: wall seconds, exit status, heavy
+imports; ``--only-classes`` runs that table alone. A class that a command has no input for is left out ("n/a" in
+the table).
 
     python benchmarks/first_error.py --only-classes --repeat 3
 """
@@ -73,11 +74,12 @@ CASES = {
 }
 # issue 53's fault classes x commands: (class, command) -> argv (the trainer's: its own argv); the files they name
 # are written by write_class_files into the folder the cases run in
-COMMANDS = ("detect", "sweep", "transfer", "demo", "grid", "trainer")
+COMMANDS = ("detect", "sweep", "transfer", "reproduce", "demo", "grid", "trainer")
 CLASSES = ("unknown model", "unknown partner", "missing file", "k out of range", "overlapping detect/eval",
            "non-finite number", "colliding names", "foreign --out")
 SWEEP = ["sweep", "--model", "toy:a", "--vrhs", "L0H1"]
 TRANSFER = ["transfer", "--model", "toy:a", "--scores", "scores.json", "--partner-scores", "scores.json"]
+REPRODUCE = ["reproduce", "--data", "synthetic:eval:20"]
 CLASS_CASES: dict[tuple[str, str], list[str]] = {
     ("unknown model", "detect"): ["detect", "--model", "toy:typo", "--out", "X"],
     ("unknown model", "sweep"): ["sweep", "--model", "tiny:typo", "--vrhs", "L0H1", "--out", "X"],
@@ -115,6 +117,11 @@ CLASS_CASES: dict[tuple[str, str], list[str]] = {
     ("foreign --out", "demo"): ["demo", "--model", "toy:a", "--out", "foreign"],
     ("foreign --out", "grid"): ["grid", "ok.toml", "--out", "foreign"],
     ("foreign --out", "trainer"): ["--out", "foreign"],
+    ("unknown model", "reproduce"): [*REPRODUCE, "--model", "toy:typo", "--out", "X"],
+    ("missing file", "reproduce"): ["reproduce", "--data", "jsonl:MISSING.jsonl", "--model", "toy:a", "--out", "X"],
+    ("overlapping detect/eval", "reproduce"): ["reproduce", "--data", "synthetic:eval:20:role=detection", "--model",
+                                               "toy:a", "--out", "X"],
+    ("foreign --out", "reproduce"): [*REPRODUCE, "--model", "toy:a", "--out", "foreign"],
 }
 CLASS_FILES: dict[str, str] = {
     "unknown-model.toml": "[models.a]\nmodel = 'toy:typo'\n" + BENCH,

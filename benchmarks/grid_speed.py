@@ -59,7 +59,8 @@ def main() -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import ray
 
-    from vrh_interp.experiments.grid import parse_grid, run_grid
+    from vrh_interp.experiments.grid import parse_grid
+    from vrh_interp.experiments.grid_execution import run_grid
 
     text = Path(args.grid).read_text(encoding="utf-8") if args.grid else DEFAULT_GRID
     spec = parse_grid(text)

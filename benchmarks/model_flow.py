@@ -86,7 +86,7 @@ def reproduce_flow(folder: Path) -> dict[str, Any]:
     """``run_reproduce`` on the tiny random Qwen2-VL at tests/datasets/test_reproduce.py's sizes."""
     from tests.datasets import fixtures
     from vrh_interp import specs
-    from vrh_interp.apps.reproduce import run_reproduce
+    from vrh_interp.experiments.reproduce import run_reproduce
 
     fixtures.write_lmms_refcoco(folder / "refcoco", fixtures.lmms_rows(14))
     fixtures.write_cvbench(folder / "cv", [{"idx": i, "choices": ["2", "3"], "answer": "(B)"} for i in range(2)])

@@ -4,7 +4,7 @@ The protocol is step 3 of ``vrh demo`` on the default organism (``toy:c``): the 
 with its sweep functions (the crossed design, ``experiments.conditions.sweep_conditions``: the unmasked
 baseline, the top-k heads at every k of ``demo_ks``, and the control sets: uniform random, layer-matched and
 live-head, ``--sets`` of each kind at k*, ``--curve-sets`` of each at the other k), greedy grounding of
-``--items`` evaluation items (every referent of the first evaluation scenes, ``apps.demo.evaluation_items``).
+``--items`` evaluation items (every referent of the first evaluation scenes, ``demo_plan.evaluation_items``).
 
 * library pipeline (timed): ``experiments.sweep.run_conditions``, as the demo calls it (with layer sharing,
   ``core.execution.layer_sharing``, where it applies);
@@ -87,7 +87,7 @@ def library_answers(result: Any) -> dict[tuple[str, str], tuple[str, Any]]:
 def protocol(vlm: Any, args: argparse.Namespace) -> tuple[list[Any], list[Any], dict[str, Any]]:
     """The evaluation items and the demo's k-sweep conditions (ranking from detection, live pool from the census;
     not timed)."""
-    from vrh_interp.apps.demo_plan import evaluation_items
+    from vrh_interp.experiments.demo_plan import evaluation_items
     from vrh_interp.experiments.ks import demo_ks
     from vrh_interp.evaluation.controls import CONTROL_KINDS
     from vrh_interp.experiments.conditions import sweep_conditions
@@ -193,7 +193,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="cpu: process CPU time (steadier on a shared machine)")
     parser.add_argument("--dtype", help="e.g. bfloat16 (default: the model's)")
     args = parser.parse_args(argv)
-    from vrh_interp.apps.demo import DEFAULT_SIZES, evaluation_items
+    from vrh_interp.experiments.demo_plan import DEFAULT_SIZES, evaluation_items
 
     full = {"items": len(evaluation_items(DEFAULT_SIZES.eval_scenes)), "sets": DEFAULT_SIZES.random_sets,
             "curve_sets": 4, "detect_scenes": DEFAULT_SIZES.detect_scenes}

@@ -304,7 +304,7 @@ def _vqa_summary(benchmark, n, base, top, sets, majority):
 
 
 def test_vqa_claim_is_judged_on_the_kinds_the_model_answers():
-    from vrh_interp.apps.demo import vqa_answered
+    from vrh_interp.experiments.vqa_sweep import vqa_answered
     from vrh_interp.evaluation.claims import judge
     from vrh_interp.experiments.verdicts import vqa_evidence
     from vrh_interp.experiments.vqa_sweep import VQASweepResult

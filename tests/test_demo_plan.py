@@ -7,24 +7,30 @@ import dataclasses
 
 import numpy as np
 
-from vrh_interp.apps import demo, demo_plan
-from vrh_interp.apps.demo import resolve_models
+from vrh_interp.experiments import builtin_specs, demo, demo_plan
+from vrh_interp.experiments.builtin_specs import DemoSpec
+from vrh_interp.experiments.head_scan import SCAN_SAMPLED_HEADS, scan_heads
+
+
+def resolve_models(model=None, transfer_model="auto"):
+    return DemoSpec(model=model, transfer_model=transfer_model).models()
 
 
 def test_sizes_are_fixed_and_the_module_has_no_clock_in_its_decisions():
     import inspect
 
-    assert demo.DEFAULT_SIZES == demo.Sizes() and dataclasses.asdict(demo.DEFAULT_SIZES)["random_sets"] >= 20
-    source = inspect.getsource(demo)
+    sizes = demo_plan.DEFAULT_SIZES
+    assert sizes == demo_plan.Sizes() and dataclasses.asdict(sizes)["random_sets"] >= 20
+    source = inspect.getsource(demo) + inspect.getsource(demo_plan)
     for gone in ("calibrate", "choose_sizes", "PLAN_MARGIN", "Rates"):
         assert gone not in source, gone
 
 
 def test_default_models_are_c_and_d_where_shipped_else_a_and_b(monkeypatch):
-    monkeypatch.setattr(demo, "shipped", lambda spec: spec in {"toy:a", "toy:b"})
+    monkeypatch.setattr(builtin_specs, "shipped", lambda spec: spec in {"toy:a", "toy:b"})
     main, transfer, why = resolve_models(None)
     assert (main, transfer) == ("toy:a", "toy:b") and "toy:c is not shipped" in why
-    monkeypatch.setattr(demo, "shipped", lambda spec: True)
+    monkeypatch.setattr(builtin_specs, "shipped", lambda spec: True)
     main, transfer, why = resolve_models(None)
     assert (main, transfer) == ("toy:c", "toy:d") and "128 heads" in why
     assert resolve_models("toy:a")[:2] == ("toy:a", "toy:b")  # A and B stay selectable by name
@@ -37,10 +43,10 @@ def test_scan_heads_sample():
     from vrh_interp.core.description.heads import HeadGeometry, HeadSet
 
     small, wide = HeadGeometry(4, 8, 4, 16), HeadGeometry(8, 16, 4, 16)
-    assert demo.scan_heads(small.all_heads(), small, 1) == small.all_heads()  # up to 48 heads: every head
+    assert scan_heads(small.all_heads(), small, 1) == small.all_heads()  # up to 48 heads: every head
     ranking = HeadSet(sorted(wide.all_heads(), key=lambda h: (-h.head, h.layer)))
-    picked = demo.scan_heads(ranking, wide, 3)
-    assert len(picked) == demo_plan.SCAN_SAMPLED_HEADS and len(set(picked)) == len(picked)
+    picked = scan_heads(ranking, wide, 3)
+    assert len(picked) == SCAN_SAMPLED_HEADS and len(set(picked)) == len(picked)
     assert set(ranking[:3]) <= set(picked)  # the top k* are always scanned
     ranks = sorted(list(ranking).index(h) for h in picked)
     assert ranks[:3] == [0, 1, 2] and ranks[-1] == len(ranking) - 1  # the score range end to end
@@ -59,6 +65,6 @@ def test_claims_text_fits_a_terminal():
     from vrh_interp.evaluation.claims import claims_text
 
     text = claims_text(table)
-    assert max(len(line) for line in text.splitlines()) <= demo.TERMINAL_WIDTH
+    assert max(len(line) for line in text.splitlines()) <= demo_plan.TERMINAL_WIDTH
     assert "DOES NOT HOLD  causal" in text and "HOLDS  sparse" in text
     assert " ".join(text.split()).count("top-k 0.652") == 10  # every number kept, words unbroken

@@ -355,9 +355,10 @@ BUDGET_MENTION = re.compile(r"(?:budget[^.]{0,60}?\(?default|default budget)\s+(
 
 
 def test_no_page_quotes_a_default_demo_budget():
-    """The demo's sizes are fixed (``apps.demo.DEFAULT_SIZES``, never chosen from a clock); ``--budget-seconds`` is
-    an optional cap without a default, so no page may quote a default budget."""
-    from vrh_interp.apps import cli, demo
+    """The demo's sizes are fixed (``experiments.demo_plan.DEFAULT_SIZES``, never chosen from a clock);
+    ``--budget-seconds`` is an optional cap without a default, so no page may quote a default budget."""
+    from vrh_interp.apps import cli
+    from vrh_interp.experiments import demo
 
     assert not hasattr(demo, "DEFAULT_BUDGET_SECONDS") and not hasattr(cli, "DEMO_BUDGET_SECONDS")
     assert "fixed sizes" in cli.START_HERE

@@ -83,8 +83,8 @@ def test_declared_functions_resolve_in_the_experiments_layer_or_below(experiment
             continue
         assert callable(experiment.resolve(field)), reference
         module = reference.partition(":")[0]
-        # what a run prints and the demo's steps are the drivers' (apps); what runs is the experiments layer's
-        top = experiments_layer + (field in ("show", "demo"))
+        # what a run prints is the apps'; what runs, a demo step included, is the experiments layer's
+        top = experiments_layer + (field == "show")
         assert 0 <= layer_of(module) <= top, f"{experiment.name}.{field} = {reference}: above its layer"
 
 
@@ -279,8 +279,9 @@ def test_a_declared_experiment_refuses_its_plan_faults_before_any_work(toy, tmp_
 
 
 def test_a_declared_experiment_is_a_grid_experiment_and_a_demo_step(toy, tmp_path):
-    from vrh_interp.apps.demo import demo_steps
-    from vrh_interp.experiments.grid import GridSpecError, parse_grid, run_grid
+    from vrh_interp.experiments.demo import demo_steps
+    from vrh_interp.experiments.grid import GridSpecError, parse_grid
+    from vrh_interp.experiments.grid_execution import run_grid
 
     text = ('experiments = ["toy_count"]\n[toy_count]\nn = 3\n[models.a]\nmodel = "toy:a"\n'
             '[benchmarks.x]\ndetect = "synthetic:detect:2"\neval = "synthetic:eval:2"\n')

@@ -18,7 +18,8 @@ import pandas as pd
 import pytest
 
 from vrh_interp.experiments.grid import (GRID_FILE, HEATMAP, SUMMARY_CSV, GridSpecError, cell_resources, parse_grid,
-                                         plan_cells, read_status, run_grid, status_path)
+                                         plan_cells)
+from vrh_interp.experiments.grid_execution import read_status, run_grid, status_path
 
 GRID = """
 [options]
@@ -290,15 +291,16 @@ def test_patching_cell_holds_what_vrh_patch_writes(patching_grid: Path, tmp_path
 def test_patching_rerun_repeats_no_work_and_a_killed_cell_resumes_from_its_parts(
         patching_grid: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     from vrh_interp.experiments import patching_study
-    from vrh_interp.experiments.grid import print_grid, write_status
+    from vrh_interp.apps.show import grid as print_grid
+    from vrh_interp.experiments.grid_execution import write_status
 
     cell = patching_grid / "cells/l/patch"
     before = _folder(cell)
     result = run_grid(parse_grid(PATCH_GRID), patching_grid, progress=False)
     assert not result.failed
     assert _folder(cell) == before and len(_attempts(patching_grid, "patch:l:x")) == 1
-    assert print_grid(result) == 0 and "Patching: recovery of the studied heads" in capsys.readouterr().out
-    assert print_grid(result, as_json=True) == 0
+    assert print_grid(result, None, False) == 0 and "Patching: recovery of the studied heads" in capsys.readouterr().out
+    assert print_grid(result, None, True) == 0
     assert len(json.loads(capsys.readouterr().out)["patching"]) == 4  # one row per pair kind
 
     def no_work(*args, **kwargs):
@@ -460,16 +462,16 @@ def test_a_cell_runs_on_the_threads_its_spec_fixes_whatever_the_process_has(thre
     inherits OMP_NUM_THREADS=1, a test process 2), and the process's own count is restored after the cell."""
     import torch
 
-    from vrh_interp.experiments import grid
+    from vrh_interp.experiments import grid_execution
 
     seen = []
-    monkeypatch.setattr(grid, "_run_declared", lambda *_: seen.append(torch.get_num_threads()) or {})
+    monkeypatch.setattr(grid_execution, "_run_declared", lambda *_: seen.append(torch.get_num_threads()) or {})
     spec = parse_grid(MODEL + BENCH + f"[options]\nthreads = {threads}\n")
     before = torch.get_num_threads()
     other = 3 if threads != 3 else 2
     torch.set_num_threads(other)
     try:
-        grid.run_cell(tmp_path, spec, "detect:a:x")
+        grid_execution.run_cell(tmp_path, spec, "detect:a:x")
         assert seen == [threads] and torch.get_num_threads() == other
     finally:
         torch.set_num_threads(before)

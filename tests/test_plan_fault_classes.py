@@ -86,6 +86,15 @@ CASES: dict[tuple[str, str], tuple[list[str], str]] = {
     ("foreign --out", "demo"): (["demo", "--model", "toy:a", "--out", "foreign"], "no vrh run made"),
     ("foreign --out", "grid"): (["grid", "ok.toml", "--out", "foreign"], "no vrh run made"),
     ("foreign --out", "trainer"): (["--out", "foreign"], "--out 'foreign' holds notes.txt but no trainer run"),
+    # vrh reproduce: the list of its steps' specs, each checked with it before the model loads
+    ("unknown model", "reproduce"): (["reproduce", "--data", "synthetic:eval:20", "--model", "toy:typo", "--out", "X"],
+                                     "--model 'toy:typo': no such toy"),
+    ("missing file", "reproduce"): (["reproduce", "--data", "jsonl:MISSING.jsonl", "--model", "toy:a", "--out", "X"],
+                                    "--data jsonl:MISSING.jsonl: 'MISSING.jsonl': the data file does not exist"),
+    ("overlapping detect/eval", "reproduce"): (["reproduce", "--data", "synthetic:eval:20:role=detection", "--model",
+                                                "toy:a", "--out", "X"], "vrh reproduce splits the benchmark itself"),
+    ("foreign --out", "reproduce"): (["reproduce", "--data", "synthetic:eval:20", "--model", "toy:a", "--out",
+                                      "foreign"], "--out 'foreign' is a folder that no vrh run made"),
 }
 # the entry point, then one line saying whether torch was imported, printed on exit whatever happens
 PROBE = ("import atexit, sys\n"

@@ -22,9 +22,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from vrh_interp.experiments import grid
-from vrh_interp.experiments.grid import (GRID_FILE, GridSpecError, load_grid, parse_grid, plan_cells, read_status,
-                                         run_grid, status_name, status_path)
+from vrh_interp.experiments import grid, grid_execution
+from vrh_interp.experiments.grid import GRID_FILE, GridSpecError, load_grid, parse_grid, plan_cells, status_name
+from vrh_interp.experiments.grid_execution import read_status, run_grid, status_path
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "[models.a]\nmodel = 'toy:a'\n"
@@ -44,9 +44,9 @@ def ran(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         seen.append(cell.id)
         return {}
 
-    monkeypatch.setattr(grid, "_run_declared", stub)
-    monkeypatch.setattr(grid, "_run_merge", stub)
-    monkeypatch.setattr(grid, "write_summary", lambda *args: pd.DataFrame())
+    monkeypatch.setattr(grid_execution, "_run_declared", stub)  # looked up by run_cell, run_grid in grid_execution
+    monkeypatch.setattr(grid_execution, "_run_merge", stub)
+    monkeypatch.setattr(grid_execution, "write_summary", lambda *args: pd.DataFrame())
     return seen
 
 
@@ -176,7 +176,7 @@ def test_old_status_files_are_read_only_for_the_cell_they_name(tmp_path: Path) -
     legacy.write_text(json.dumps({"cell": "detect:a:b_c", "status": "done", "seconds": 1.0}))
     assert read_status(tmp_path, "detect:a:b_c")["status"] == "done"  # a grid folder made before: not rerun
     assert read_status(tmp_path, "detect:a_b:c") == {"status": "pending"}  # not the other cell's
-    grid.write_status(tmp_path, "detect:a_b:c", "failed", reason="x")
+    grid_execution.write_status(tmp_path, "detect:a_b:c", "failed", reason="x")
     assert read_status(tmp_path, "detect:a_b:c")["status"] == "failed"
     assert read_status(tmp_path, "detect:a:b_c")["status"] == "done"
 
@@ -266,34 +266,34 @@ def _closed_port() -> int:
 def test_a_ray_address_where_nothing_answers_is_refused_within_the_stated_timeout() -> None:
     port = _closed_port()
     with pytest.raises(RuntimeError, match=rf"cannot reach a Ray cluster at '127.0.0.1:{port}' \(Connection refused"):
-        grid.check_reachable(f"127.0.0.1:{port}", timeout=2)
+        grid_execution.check_reachable(f"127.0.0.1:{port}", timeout=2)
     silent, done = _server(None)  # accepts, then says nothing (a firewall, a hung host)
     start = time.monotonic()
     with pytest.raises(RuntimeError) as caught:
-        grid.check_reachable(f"127.0.0.1:{silent}", timeout=0.5)
+        grid_execution.check_reachable(f"127.0.0.1:{silent}", timeout=0.5)
     done.set()
     assert time.monotonic() - start < 3
     assert str(caught.value) == (f"no Ray cluster answered at '127.0.0.1:{silent}' within 0.5 s: start one with `ray "
                                  "start --head` and pass the address it prints, e.g. --ray 10.0.0.1:6379")
     web, done = _server(b"HTTP/1.1 400 Bad Request\r\n\r\n")  # something else listens there
     with pytest.raises(RuntimeError, match="is not a Ray cluster"):
-        grid.check_reachable(f"127.0.0.1:{web}", timeout=2)
+        grid_execution.check_reachable(f"127.0.0.1:{web}", timeout=2)
     done.set()
     grpc, done = _server(bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))  # a gRPC server's SETTINGS frame: answered
-    grid.check_reachable(f"ray://127.0.0.1:{grpc}", timeout=2)
+    grid_execution.check_reachable(f"ray://127.0.0.1:{grpc}", timeout=2)
     done.set()
     with pytest.raises(RuntimeError, match="'nowhere' is not a cluster address: use auto or HOST:PORT"):
-        grid.check_reachable("nowhere")
-    assert grid.CONNECT_TIMEOUT_S == 10.0  # the timeout docs/recipes/grid.md states
+        grid_execution.check_reachable("nowhere")
+    assert grid_execution.CONNECT_TIMEOUT_S == 10.0  # the timeout docs/recipes/grid.md states
 
 
 def test_auto_probes_only_the_address_that_ray_address_names(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    grid.check_reachable("auto")  # Ray finds this machine's cluster or starts one: nothing to probe
+    grid_execution.check_reachable("auto")  # Ray finds this machine's cluster or starts one: nothing to probe
     port = _closed_port()
     monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
     with pytest.raises(RuntimeError, match="cannot reach a Ray cluster at"):
-        grid.check_reachable("auto")
+        grid_execution.check_reachable("auto")
 
 
 def test_vrh_grid_ray_at_an_unreachable_address_fails_in_one_line_before_the_folder(
@@ -306,7 +306,7 @@ def test_vrh_grid_ray_at_an_unreachable_address_fails_in_one_line_before_the_fol
     port = _closed_port()
     start = time.monotonic()
     code, err = _cli(["grid", str(path), "--out", str(tmp_path / "out"), "--ray", f"127.0.0.1:{port}"], capsys)
-    assert time.monotonic() - start < grid.CONNECT_TIMEOUT_S
+    assert time.monotonic() - start < grid_execution.CONNECT_TIMEOUT_S
     assert code == 2 and err.startswith(f"vrh grid: error: cannot reach a Ray cluster at '127.0.0.1:{port}'")
     assert err.count("\n") == 1 and not (tmp_path / "out").exists() and ran == []
 
@@ -341,9 +341,9 @@ def test_a_confirmed_plan_runs_and_the_estimate_uses_the_done_cells(tmp_path: Pa
     result = run_grid(spec, tmp_path / "grid", confirm_above=3, yes=True)
     assert not result.failed and len(ran) == 4
     assert "grid: 4 cells, 4 to run (0 done); estimate ~20 s one at a time" in capsys.readouterr().err
-    grid.write_status(tmp_path / "grid", "sweep:a:y", "failed", reason="x")
+    grid_execution.write_status(tmp_path / "grid", "sweep:a:y", "failed", reason="x")
     for cell in ("detect:a:x", "sweep:a:x", "detect:a:y"):
-        grid.write_status(tmp_path / "grid", cell, "done", seconds=30.0)
+        grid_execution.write_status(tmp_path / "grid", cell, "done", seconds=30.0)
     run_grid(spec, tmp_path / "grid", confirm_above=3)  # one cell to run: no confirmation needed
     assert ("grid: 4 cells, 1 to run (3 done); estimate ~30 s one at a time (30 s per cell, the mean of the 3 done)"
             in capsys.readouterr().err)

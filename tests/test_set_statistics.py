@@ -263,7 +263,7 @@ def test_failure_decomposition_on_a_hand_built_condition():
     row = SweepResult(pd.DataFrame(old, columns=RECORD_COLUMNS), conditions, 0.5).summary().iloc[1]
     assert row["mislocation_rate"] == 0.5 and np.isnan(row["other_object_rate"]) and np.isnan(row["no_object_rate"])
     # reproduce's failure split counts the same records with the same helper, control sets pooled per k
-    from vrh_interp.apps.reproduce import failure_split
+    from vrh_interp.experiments.reproduce import failure_split
 
     conditions.append(Condition("random", 1, 0, HeadSet([Head(0, 1)])))
     frame = pd.DataFrame(base + top + _records("random", 1, 0, [True, True, False, True]), columns=RECORD_COLUMNS)
@@ -361,7 +361,7 @@ def test_design_space_variants_are_compared_with_the_random_sets_at_their_k():
 
 
 def test_demo_restrict_keeps_exactly_the_records_asked_for():
-    from vrh_interp.apps.demo_plan import restrict
+    from vrh_interp.experiments.sweep import restrict
 
     items = list(range(502))
     subset = check_subset(items, 50)

@@ -34,7 +34,8 @@ def test_a_spec_commands_options_are_its_fields(experiment: declared.Experiment)
     spec_class = experiment.resolve("spec")
     options = {a.dest: a for a in _subparser(experiment.command)._actions if a.option_strings and a.dest != "help"}
     fields = {item.name: opt for item, opt in spec_class.options() if opt.cli}
-    assert set(options) - {"json"} == set(fields), experiment.name
+    flagged = {name for name, opt in fields.items() if not opt.positional}  # a positional has no option string
+    assert set(options) - {"json"} == flagged, experiment.name
     for name, action in options.items():
         if name != "json":
             assert action.option_strings[0] == spec_class.flag(name)
@@ -47,9 +48,10 @@ def test_a_spec_commands_options_are_its_fields(experiment: declared.Experiment)
 def _required(spec_class: type) -> list[str]:
     """Arguments a spec's command cannot go without (a file or a model the spec requires)."""
     needed = {"scores": ["--scores", "s.json"], "partner": ["--partner", "toy:b"],
-              "partner_scores": ["--partner-scores", "p.json"]}
-    return [arg for item, opt in spec_class.options() if opt.required or opt.group
-            for arg in needed.get(item.name, []) if item.name != "vrhs"]
+              "partner_scores": ["--partner-scores", "p.json"], "data": ["--data", "synthetic:eval:3"]}
+    positional = [f"{item.name}.toml" for item, opt in spec_class.options() if opt.positional]
+    return positional + [arg for item, opt in spec_class.options() if opt.required or opt.group
+                         for arg in needed.get(item.name, []) if item.name != "vrhs"]
 
 
 def test_a_true_field_is_a_no_flag_and_the_flag_turns_it_off() -> None:
@@ -119,6 +121,10 @@ def _vrh(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
     (["vqa-sweep", "--model", "toy:a", "--scores", "s.json"], "--vqa is required"),
     (["sweep", "--model", "toy:typo", "--scores", "missing.json"], "2 faults: "),
     (["patch", "--model", "toy:a", "--scores", "missing.json"], "--scores 'missing.json': the file does not exist"),
+    (["demo", "--model", "toy:typo", "--transfer-model", "toy:zz"], "2 faults: "),
+    (["demo", "--model", "toy:a", "--transfer-model", "toy:a"], "--transfer-model 'toy:a' is the main model"),
+    (["grid", "missing.toml"], "grid file missing.toml does not exist"),
+    (["reproduce", "--data", "jsonl:missing.jsonl", "--model", "toy:typo"], "2 faults: "),
 ])
 def test_the_new_commands_refuse_plan_faults_before_torch(argv: list[str], words: str, tmp_path: Path) -> None:
     (tmp_path / "s.json").write_text('{"sample_ids": []}')
@@ -135,7 +141,8 @@ def _files(folder: Path) -> dict[str, bytes]:
 
 def test_a_grid_cell_is_the_commands_run(tmp_path: Path) -> None:
     """The grid's scan cell and ``vrh scan`` on the same spec write the same records and tables, byte for byte."""
-    from vrh_interp.experiments.grid import parse_grid, run_grid
+    from vrh_interp.experiments.grid import parse_grid
+    from vrh_interp.experiments.grid_execution import run_grid
 
     text = ('experiments = ["scan"]\n[options]\nbatch_size = 4\n[scan]\nlimit = 2\nheads = "L0H1,L1H2"\n'
             '[models.a]\nmodel = "toy:a"\n[benchmarks.x]\ndetect = "synthetic:detect:2"\neval = "synthetic:eval:2"\n')
@@ -199,3 +206,21 @@ def test_scores_of_a_larger_head_grid_are_refused_before_the_model_loads(tmp_pat
     with pytest.raises(ValueError, match=r"--partner-scores"):
         TransferSpec(model="toy:c", partner="toy:a", scores=str(path), partner_scores=str(path),
                      out=str(tmp_path / "o")).check()
+
+
+def test_every_command_that_runs_an_experiment_is_made_from_its_spec() -> None:
+    """The drivers are specs too: ``vrh demo``, ``reproduce`` and ``grid`` are declared with a spec and run by
+    ``cmd_spec`` like every experiment; only the commands that run none keep a hand-written parser."""
+    commands = set(next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices)
+    made = {e.command for e in declared.spec_commands()}
+    assert commands - made == {"families", "merge", "report"}
+    assert {"demo", "reproduce", "grid"} <= made
+
+
+def test_a_positional_field_is_an_argument_without_a_flag() -> None:
+    from vrh_interp.experiments.grid import GridRunSpec
+
+    args = build_parser().parse_args(["grid", "G.toml", "--out", "o", "--yes"])
+    spec = GridRunSpec.from_args(args)
+    assert (spec.grid, spec.out, spec.yes, spec.ray) == ("G.toml", "o", True, None)
+    assert GridRunSpec.flag("grid") == "GRID"

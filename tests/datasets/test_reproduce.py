@@ -12,7 +12,7 @@ import pytest
 
 from tests.datasets import fixtures
 from vrh_interp.data.datasets.splits import detection_split
-from vrh_interp.apps.reproduce import capped_ks, run_reproduce
+from vrh_interp.experiments.reproduce import capped_ks, run_reproduce
 from vrh_interp.core.bookkeeping.runs import RunMismatchError
 from vrh_interp.core.description.heads import Head
 from vrh_interp.data.sources import load_data
@@ -79,6 +79,12 @@ def test_reproduce_end_to_end_and_resume(tmp_path: Path, request: pytest.Fixture
     expected = detection_split(load_data(data), 6, seed=0)
     assert split["detection_ids"] == [s.sample_id for s in expected.detection]
     assert len(split["evaluation_ids"]) == 8 and not set(split["detection_ids"]) & set(split["evaluation_ids"])
+    # the steps are the declared experiments' runs (their own files too), on the two parts of the data's split
+    for name in ("detect/scores-vrh.json", "sweep/sweep_summary.csv", "vqa/vqa_summary.csv"):
+        assert (out / name).is_file(), name
+    detected = json.loads((out / "detect" / "manifest.json").read_text())
+    assert detected["dataset"] == data and detected["sample_ids"] == split["detection_ids"]  # as earlier versions
+    assert json.loads((out / "sweep" / "manifest.json").read_text())["sample_ids"] == split["evaluation_ids"]
 
     summary = pd.read_csv(out / "sweep_summary.csv")
     # baseline; per k: top, per control kind (random, matched, live) 3 sets + distribution
@@ -139,7 +145,7 @@ def test_sharded_reproduce_merges_into_the_unsharded_run(tmp_path: Path, capsys:
     """Three shards (the last one with no samples at all), merged by `vrh merge`: the unsharded run's tables."""
     from vrh_interp.apps.cli import main
     from vrh_interp.experiments.merge import ShardMergeError
-    from vrh_interp.apps.reproduce import merge_reproduce_runs
+    from vrh_interp.experiments.reproduce import merge_reproduce_runs
     from vrh_interp.core.bookkeeping.shards import Shard
 
     data, vqa = _reproduce_inputs(tmp_path, cv_rows=3)
@@ -158,9 +164,42 @@ def test_sharded_reproduce_merges_into_the_unsharded_run(tmp_path: Path, capsys:
     merged, unsharded = _folder_bytes(tmp_path / "merged"), _folder_bytes(tmp_path / "whole")
     assert set(merged) == set(unsharded)
     differing = {name for name in merged if merged[name] != unsharded[name]}
-    assert differing <= {"reproduce.json", "scores-vrh.json"}  # run time and creation time only
+    assert differing <= {"reproduce.json", "scores-vrh.json", "detect/scores-vrh.json"}  # run and creation times
     report, reference = (json.loads((tmp_path / d / "reproduce.json").read_text()) for d in ("merged", "whole"))
     assert report.pop("seconds") is None and reference.pop("seconds") > 0 and report == reference
-    scores, reference = (json.loads((tmp_path / d / "scores-vrh.json").read_text()) for d in ("merged", "whole"))
-    scores["provenance"].pop("created"), reference["provenance"].pop("created")
-    assert scores == reference
+    for name in ("scores-vrh.json", "detect/scores-vrh.json"):
+        scores, reference = (json.loads((tmp_path / d / name).read_text()) for d in ("merged", "whole"))
+        scores["provenance"].pop("created"), reference["provenance"].pop("created")
+        assert scores == reference
+
+
+def test_the_whole_plan_is_checked_before_any_work(tmp_path: Path) -> None:
+    """Every step's spec is checked before the first runner: a fault of a step's folder, or a --data that already
+    names a part of a split, is refused before the run folder, the model or the data is touched."""
+    from vrh_interp.core.bookkeeping.paths import PathOptionError
+    from vrh_interp.experiments.builtin_specs import ReproduceSpec
+    from vrh_interp.experiments.spec import SpecError
+
+    data, vqa = _reproduce_inputs(tmp_path)
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "run.lock").touch()  # a run folder (of an interrupted run) whose detection folder is a file
+    (out / "detect").write_text("not a folder")
+    with pytest.raises(PathOptionError, match="detect' is a file"):
+        run_reproduce("tiny:qwen2_vl", data, vqa, out, detect_count=6, progress=False)
+    assert sorted(p.name for p in out.iterdir()) == ["detect", "run.lock"]  # no manifest, no split: nothing ran
+    with pytest.raises(ValueError, match="vrh reproduce splits the benchmark itself"):
+        run_reproduce("tiny:qwen2_vl", f"{data}:role=detection", vqa, tmp_path / "part", progress=False)
+    assert not (tmp_path / "part").exists()
+
+    spec = ReproduceSpec(model="tiny:qwen2_vl", data=data, vqa=tuple(vqa), out=str(out), detect=6, eval=5,
+                         split_seed=3, seeds="0,1", vqa_limit=1, live=False)
+    detection, k_sweep, vqa_test = spec.steps()
+    assert detection.data == f"{data}:role=detection:detect=6:split_seed=3:eval=5" and detection.recorded_data == data
+    assert k_sweep.data == f"{data}:role=evaluation:detect=6:split_seed=3:eval=5" and k_sweep.ks is None
+    assert k_sweep.scores == vqa_test.scores == str(out / "scores-vrh.json") and k_sweep.census == str(out)
+    assert (k_sweep.control_seeds(), vqa_test.control_seeds(), vqa_test.limit, k_sweep.live) == ([0, 1], [0, 1], 1,
+                                                                                                  False)
+    with pytest.raises((SpecError, ValueError), match="--scores"):
+        vqa_test.check()  # the scores are the detection's: not there yet
+    vqa_test.check(pending=("scores",))

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Sequence
 
 import pytest
 
 from tests.datasets import fixtures
 from vrh_interp.core.description.boxes import Box
 from vrh_interp.data.datasets.splits import detection_split, split_rank
-from vrh_interp.data.sources import DataSpecError, load_data, load_vqa, parse_spec
+from vrh_interp.data.sources import DataSpecError, check_spec, load_data, load_split, load_vqa, parse_spec
 
 
 @dataclass(frozen=True)
@@ -112,3 +113,69 @@ def test_option_text_is_converted_for_the_loader(tmp_path: Path) -> None:
     loaded = load_vqa(f"spatialrgpt:{tmp_path}:images={tmp_path / 'images'}:categories=distance_data,direction")
     assert [s.sample_id for s in loaded] == ["spatialrgpt-b", "spatialrgpt-c"]
     assert loaded.selection["categories"] == ["distance_data", "direction"]
+
+
+def test_split_options_give_the_two_disjoint_parts_of_detection_split(tmp_path: Path) -> None:
+    """``role=detection|evaluation`` (with ``detect=``, ``eval=``, ``split_seed=``) of any grounding spec is that
+    part of ``detection_split`` of the loaded samples: disjoint by construction, the loader's skipped rows kept."""
+    rows = fixtures.lmms_rows(20)
+    rows[7]["xywh"] = [60, 6, 20, 10]  # outside the 64 x 48 image: skipped with on_error=skip
+    fixtures.write_lmms_refcoco(tmp_path / "lmms", rows)
+    data = f"lmms-refcoco:{tmp_path / 'lmms'}:on_error=skip"
+    whole = load_data(data)
+    for options, (detect, seed, count) in (("", (200, 0, None)), (":detect=5", (5, 0, None)),
+                                           (":detect=5:split_seed=3:eval=4", (5, 3, 4)),
+                                           (":split_seed=-2:detect=6", (6, -2, None))):
+        if detect >= len(whole):
+            with pytest.raises(ValueError, match=f"cannot take {detect} detection samples from {len(whole)}"):
+                load_data(f"{data}:role=detection{options}")
+            continue
+        expected = detection_split(whole, detect, seed=seed, evaluation_count=count)
+        detection, evaluation = (load_data(f"{data}:role={role}{options}") for role in ("detection", "evaluation"))
+        assert (_ids(detection), _ids(evaluation)) == (_ids(expected.detection), _ids(expected.evaluation))
+        assert not set(_ids(detection)) & set(_ids(evaluation)) and len(detection) == detect
+        assert detection.skipped == evaluation.skipped == whole.skipped and len(whole.skipped) == 1
+        assert evaluation.selection["role"] == "evaluation" and evaluation.selection["split_seed"] == seed
+        split, skipped = load_split(f"{data}:role=evaluation{options}")  # both parts, what split.json records
+        assert split.as_dict() == expected.as_dict() and skipped == whole.skipped
+    synthetic = detection_split(load_data("synthetic:eval:12"), 4, seed=1)
+    part = load_data("synthetic:eval:12:role=evaluation:detect=4:split_seed=1")
+    assert isinstance(part, list) and _ids(part) == _ids(synthetic.evaluation)
+
+
+def _ids(samples: Sequence[Any]) -> list[str]:
+    return [s.sample_id for s in samples]
+
+
+@pytest.mark.parametrize("options, message", [
+    (":detect=5", r"detect= set the seeded detection / evaluation split but no part of it: add role=detection"),
+    (":split_seed=1:eval=3", r"eval=, split_seed= set the seeded .* add role=detection or role=evaluation"),
+    (":role=train", r"role='train' must be detection .* or evaluation"),
+    (":role=detection:detect=0", r"detect='0' must be a whole number >= 1"),
+    (":role=detection:detect=ten", r"detect='ten' must be a whole number >= 1"),
+    (":role=evaluation:eval=-3", r"eval='-3' must be a whole number >= 1"),
+    (":role=evaluation:eval=2.5", r"eval='2.5' must be a whole number >= 1"),
+    (":role=evaluation:split_seed=x", r"split_seed='x' must be a whole number \(the seed of the split\)"),
+    (":role=detection:role=evaluation", "option 'role' given twice"),
+])
+def test_bad_split_options_are_refused_before_loading(options: str, message: str) -> None:
+    for spec in (f"synthetic:eval:20{options}", f"refcoco:/nowhere{options}"):  # checked without reading a file
+        with pytest.raises(DataSpecError, match=message):
+            check_spec(spec)
+    with pytest.raises(DataSpecError, match=r"unknown options \['role'\]"):  # VQA specs have no split
+        load_vqa("cvbench:/nowhere:role=detection")
+
+
+def test_parts_of_one_split_are_checked_disjoint_before_loading() -> None:
+    from vrh_interp.experiments.spec_checks import check_disjoint_specs
+
+    data = "refcoco:/nowhere:val"
+    check_disjoint_specs(f"{data}:role=detection:detect=50", f"{data}:role=evaluation:detect=50:eval=100", "--a", "--b")
+    check_disjoint_specs(f"{data}:role=detection:detect=50", f"{data}:role=evaluation:detect=80", "--a", "--b")
+    check_disjoint_specs(f"{data}:role=detection", "refcoco:/elsewhere:val:role=detection", "--a", "--b")
+    for detect, evaluate in ((f"{data}:role=detection", f"{data}:role=detection"),  # the same part
+                             (f"{data}:role=detection", data),  # the whole holds the part
+                             (f"{data}:role=detection:split_seed=1", f"{data}:role=evaluation"),  # another split
+                             (f"{data}:role=detection:detect=80", f"{data}:role=evaluation:detect=50")):
+        with pytest.raises(ValueError, match="overlaps --a .* give both the same detect= and split_seed="):
+            check_disjoint_specs(detect, evaluate, "--a", "--b")

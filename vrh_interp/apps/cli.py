@@ -1,4 +1,6 @@
-"""The ``vrh`` command line: families, detect, sweep, scan, design-space, merge, reproduce, report, demo, patch, grid.
+"""The ``vrh`` command line: a command per experiment declared with a spec (``experiments.declared``: detect, sweep,
+vqa-sweep, scan, design-space, transfer, reproduce, demo, patch, localize, grid, steer; ``cmd_spec`` runs every one),
+and families, merge and report.
 
 Every long command takes ``--out`` (a run folder: rerunning the same command resumes it), shows progress
 bars, prints a summary table at the end, and ``--json`` prints the machine-readable result instead.
@@ -21,8 +23,7 @@ from pathlib import Path
 from typing import Any, NoReturn, Sequence
 
 from vrh_interp.apps import show
-from vrh_interp.experiments.spec import (data_spec, ks_spec, non_negative_int, positive_int, preset,
-                                         scene_count, seconds, seed_list, shard, unit_interval, vqa_spec)
+from vrh_interp.experiments.spec import positive_int, preset, unit_interval
 from vrh_interp.core.bookkeeping.runs import write_atomic
 
 
@@ -115,10 +116,10 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
     out, shards = Path(args.out), [Path(d) for d in args.shards]
     if all(_run_kind(d) == "reproduce" for d in shards):
-        from vrh_interp.apps.reproduce import merge_reproduce_runs
+        from vrh_interp.experiments.reproduce import merge_reproduce_runs
 
         result = merge_reproduce_runs(out, shards)
-        _print_reproduce(result, _read_manifest(out / "manifest.json")["data"], args.json)
+        show.reproduce_tables(result, _read_manifest(out / "manifest.json")["data"], args.json)
         return 0
     if all((d / "design_space" / "manifest.json").exists() for d in shards):
         table = merge_design_space_runs(out, shards)
@@ -153,72 +154,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_reproduce(args: argparse.Namespace) -> int:
-    from vrh_interp.apps.reproduce import run_reproduce
-
-    result = run_reproduce(
-        args.model, args.data, args.vqa, Path(args.out), detect_count=args.detect, evaluation_count=args.eval,
-        split_seed=args.split_seed, ks=[int(k) for k in args.ks.split(",")],
-        random_seeds=[int(s) for s in args.seeds.split(",")], vqa_k=args.vqa_k, vqa_limit=args.vqa_limit,
-        batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, device=args.device, dtype=args.dtype,
-        progress=not args.json, shard=args.shard, placement=_placement(args), live=not args.no_live)
-    if args.shard is not None:
-        per_condition = result.failure_split[result.failure_split["seed"].astype(str) != "all"]
-        return show.shard_done(args, int(per_condition["n"].sum()), args.json)  # this shard's k-sweep answers
-    _print_reproduce(result, args.data, args.json)
-    return 0
-
-
-def _print_reproduce(result: Any, data: str, as_json: bool) -> None:
-    if as_json:
-        print(json.dumps({"out": str(result.out), "ks": result.ks, "vqa_k": result.vqa_k,
-                          "sweep": result.sweep_summary.to_dict(orient="records"),
-                          "failure_split": result.failure_split.to_dict(orient="records"),
-                          "vqa": None if result.vqa_summary is None else result.vqa_summary.to_dict(orient="records"),
-                          "claims": None if result.claims is None else result.claims.to_dict(orient="records")},
-                         default=str))
-        return
-    show.table(result.sweep_summary.drop(columns=["key"]), f"k-sweep on {data} (ks {result.ks})")
-    show.table(result.failure_split.drop(columns=["key"]),
-                 "Failure split: correct / parse failure / mislocation (boxed another object / no object)")
-    if result.vqa_table is not None:
-        show.table(result.vqa_table.xs("accuracy", axis=1, level="stat").round(1).reset_index(names="condition"),
-                     f"Cross-task VQA accuracy (%), top-{result.vqa_k} VRHs vs {result.vqa_k} random heads")
-    if result.claims is not None:
-        from vrh_interp.apps.report import claim_lines
-
-        print("\nVerdict (evaluation.claims, Bonferroni over the k values):")
-        show.bullets(claim_lines(result.claims))
-    print(f"\nrun folder: {result.out}")
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    from vrh_interp.apps.demo import run_demo
-
-    return run_demo(model_spec=args.model, out=Path(args.out), detect_scenes=args.detect, eval_scenes=args.eval,
-                    device=args.device, dtype=args.dtype, transfer_model=args.transfer_model, as_json=args.json,
-                    random_sets=args.random_sets, check_items=args.check_items,
-                    rank_sets=args.rank_sets, rank_items=args.rank_items, vqa_scenes=args.vqa_scenes,
-                    control_scenes=args.control_scenes, batch_size=args.batch_size,
-                    positive_control=not args.no_positive_control, budget_seconds=args.budget_seconds,
-                    seed=args.seed, placement=_placement(args))
-
-
-def cmd_grid(args: argparse.Namespace) -> int:
-    from vrh_interp.experiments.grid import print_grid, run_grid
-
-    return print_grid(run_grid(args.grid, args.out, ray=args.ray, progress=not args.json, yes=args.yes),
-                      as_json=args.json)
-
-
-def backend_option(p: argparse.ArgumentParser) -> None:
-    from vrh_interp.core.execution.backends import BACKENDS  # no torch: `vrh --help` stays fast
-
-    p.add_argument("--backend", choices=BACKENDS, default="nnsight",
-                   help="what runs the model: nnsight, or a TransformerLens bridge (LLaVA-type families, zero "
-                        "ablation; docs/recipes/transformer-lens.md)")
-
-
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """Help with each option's default (left out when it is None or a flag's False, or the help states it)."""
 
@@ -251,27 +186,6 @@ The whole pipeline at fixed sizes (no clock in any verdict; ~3 minutes on a quie
 machine): vrh demo"""
 
 
-def common(p: argparse.ArgumentParser, *, data: bool = True) -> None:
-    """The options every model-running command shares (``data``: also ``--data``)."""
-    p.add_argument("--model", default="toy:a",
-                   help="hub id, local folder, toy:a / toy:b / toy:c / toy:d / toy:planted (shipped toy models) "
-                        "or tiny:FAMILY (random fixture)")
-    if data:
-        p.add_argument("--data", type=data_spec, default="synthetic:detect:200",
-                       help="synthetic:SPLIT:N, jsonl:PATH, refcoco:ROOT[:SPLIT], lmms-refcoco:DIR, "
-                            "toloka:CSV:IMAGES, ... (docs/datasets.md)")
-    p.add_argument("--out", default="runs/vrh", help="run folder (rerun to resume)")
-    p.add_argument("--device", default=None, help="device or device_map, e.g. cpu, cuda, auto")
-    p.add_argument("--dtype", default=None, help="torch dtype name, e.g. bfloat16")
-    p.add_argument("--batch-size", type=positive_int, default=16, help="samples per forward pass")
-    p.add_argument("--max-new-tokens", type=positive_int, default=24, help="greedy answer tokens per sample")
-    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
-    p.add_argument("--shard", type=shard, default=None, metavar="I/N",
-                   help="run shard I (0-based) of N, into its own --out; join them with `vrh merge`")
-    p.add_argument("--remote", action="store_true",
-                   help="run the model on NDIF (nnsight's configured host and API key; docs/recipes/remote.md)")
-
-
 def _families_parser(sub: Any) -> None:
     """``vrh families``."""
     p = sub.add_parser("families", help="list supported VLM families")
@@ -294,30 +208,6 @@ def _merge_parser(sub: Any) -> None:
     p.set_defaults(func=cmd_merge)
 
 
-def _reproduce_parser(sub: Any) -> None:
-    """``vrh reproduce``."""
-    p = _experiment_parser(sub, "reproduce")
-    common(p, data=False)
-    p.set_defaults(out="runs/reproduce")
-    p.add_argument("--data", type=data_spec, required=True,
-                   help="grounding spec: refcoco:ROOT[:SPLIT], lmms-refcoco:DIR, toloka:CSV:IMAGES, "
-                        "refspatial:PATH, ...")
-    p.add_argument("--vqa", type=vqa_spec, action="append", default=[], metavar="NAME:PATH",
-                   help="VQA benchmark spec, repeatable: cvbench, mmstar, countbench, mathvista, spatial457, "
-                        "spatialrgpt, vaw")
-    p.add_argument("--detect", type=positive_int, default=200, help="seeded detection samples; the rest evaluate")
-    p.add_argument("--eval", type=positive_int, default=None, help="evaluation samples (default: all the rest)")
-    p.add_argument("--split-seed", type=int, default=0, help="seed of the detection / evaluation split")
-    p.add_argument("--ks", type=ks_spec, default="0,1,3,5,10,20", help="k values, capped at half the model's heads")
-    p.add_argument("--seeds", type=seed_list, default="0,1,2", help="random-control seeds")
-    p.add_argument("--vqa-k", type=positive_int, default=20, help="VRHs (and random heads) masked on the VQA suite")
-    p.add_argument("--vqa-limit", type=positive_int, default=None, help="first N questions of each VQA benchmark")
-    p.add_argument("--no-live", action="store_true",
-                   help="leave out the live-head control (random sets of the heads a census on the first "
-                        "evaluation samples finds acting; census.csv in --out)")
-    p.set_defaults(func=cmd_reproduce)
-
-
 def _report_parser(sub: Any) -> None:
     """``vrh report``."""
     p = sub.add_parser("report", help="write an HTML + Markdown report for a run folder")
@@ -325,82 +215,8 @@ def _report_parser(sub: Any) -> None:
     p.set_defaults(func=cmd_report)
 
 
-def _demo_parser(sub: Any) -> None:
-    """``vrh demo``."""
-    p = _experiment_parser(sub, "demo")
-    p.add_argument("--model", default=None,
-                   help="main model (default: toy:c, 128 heads, where its checkpoint is shipped, else toy:a; toy:a and "
-                        "toy:b stay selectable by name)")
-    p.add_argument("--transfer-model", default="auto",
-                   help="second model sharing the backbone (default: the main model's partner, toy:d for toy:c, "
-                        "toy:b for toy:a; '' to skip)")
-    p.add_argument("--out", default="runs/demo", help="run folder (rerun to resume)")
-    p.add_argument("--budget-seconds", type=seconds, default=None,
-                   help="optional cap on the whole demo: steps not begun by then are skipped and their claims read "
-                        "'inconclusive'. Default: no cap; the sizes are fixed, never chosen from a clock")
-    p.add_argument("--seed", type=non_negative_int, default=0,
-                   help="seed of the control-set draws, the scan's head sample and the bootstrap (default 0)")
-    p.add_argument("--detect-scenes", "--detect", dest="detect", type=scene_count(1), default=None,
-                   help="detection scenes (default 200)")
-    p.add_argument("--eval-scenes", "--eval", dest="eval", type=scene_count(1), default=None,
-                   help="evaluation scenes (disjoint from detection); every referent is an item (default 40 "
-                        "scenes, 132 items)")
-    p.add_argument("--random-sets", type=positive_int, default=None,
-                   help="control head sets of each kind (uniform, layer-matched, live heads) answered on every item "
-                        "in the design-space, transfer and VQA steps (default 20; the k-sweep draws one fresh set "
-                        "of each kind per scene instead)")
-    p.add_argument("--rank-sets", type=non_negative_int, default=None,
-                   help="the rank test's control sets of each kind at k* (default 199: 1/200 is under 0.05/8, the "
-                        "paper family's Bonferroni level; drawn in blocks of 20, 40, 80, ..., stopped once 5 are as "
-                        "harmful as the top-k, each set answered only until that is decided; 0: no rank test, so "
-                        "the causal claim cannot hold)")
-    p.add_argument("--rank-items", type=positive_int, default=None,
-                   help="items the rank test's sets are answered on (default 12, spread over the scenes)")
-    p.add_argument("--check-items", type=positive_int, default=None,
-                   help="fixed evaluation items for the ablation-kind check, head scan, design space, cross-masking "
-                        "(default 40)")
-    p.add_argument("--vqa-scenes", type=scene_count(0), default=None,
-                   help="eval scenes whose VQA questions are asked (default 20)")
-    p.add_argument("--control-scenes", type=scene_count(0), default=None,
-                   help="evaluation scenes of the positive control on toy:planted (default 30)")
-    p.add_argument("--batch-size", type=positive_int, default=256, help="rows per forward pass")
-    p.add_argument("--no-positive-control", action="store_true",
-                   help="skip step 1, the positive control on toy:planted")
-    p.add_argument("--device", default=None, help="device or device_map, e.g. cpu, cuda, auto")
-    p.add_argument("--dtype", default=None, help="torch dtype name, e.g. bfloat16")
-    p.add_argument("--json", action="store_true", help="print the verdicts as JSON")
-    backend_option(p)
-    p.set_defaults(func=cmd_demo)
-
-
-def _grid_parser(sub: Any) -> None:
-    """``vrh grid``."""
-    p = _experiment_parser(sub, "grid")
-    p.add_argument("grid", help="the grid file (docs/recipes/grid.md): models, benchmarks, experiments, options")
-    p.add_argument("--out", default="runs/grid", help="grid folder: a run folder per cell, grid.json, the summary "
-                                                      "(rerun to resume)")
-    p.add_argument("--ray", default=None, metavar="auto|ADDRESS",
-                   help="run the cells as Ray tasks: auto (this machine's cluster, or a new local one) or a cluster "
-                        "address; needs pip install 'vrh-interp[ray]' (default: every cell here, in order)")
-    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
-    p.add_argument("--yes", action="store_true",
-                   help="run a plan of more than 500 cells to run (experiments.grid.CONFIRM_ABOVE) without asking")
-    p.set_defaults(func=cmd_grid)
-
-
-def _experiment_parser(sub: Any, command: str) -> argparse.ArgumentParser:
-    """The subparser of ``vrh COMMAND``, an experiment's: its help line is the declaration's
-    (``experiments.declared``)."""
-    from vrh_interp.experiments.declared import by_command  # data only: `vrh --help` stays fast
-
-    declared = by_command(command)
-    if declared is None:
-        raise KeyError(f"no experiment declares the command {command!r}")
-    return sub.add_parser(command, help=declared.help)
-
-
 # one function per subcommand's parser; `vrh --help` lists them in this order
-SUBCOMMAND_PARSERS = (_merge_parser, _reproduce_parser, _report_parser, _demo_parser, _grid_parser)
+SUBCOMMAND_PARSERS = (_merge_parser, _report_parser)
 
 
 def _spec_command(sub: Any, declared: Any) -> None:
@@ -469,68 +285,34 @@ def _resume_hint(args: argparse.Namespace, argv: Sequence[str]) -> str:
 
 def _path_options(args: argparse.Namespace) -> list[tuple[str, str, str]]:
     """Every path the command was given, as (option, path or data spec, role): ``out`` a folder it writes,
-    ``file`` / ``folder`` one it reads, ``data`` a --data-like spec (grounding), ``vqa`` a --vqa spec (a spec
-    command's: its spec's ``inputs``)."""
-    if getattr(args, "spec", None) is not None:
-        return args.spec.inputs()
-    command, found = args.command, []
-    if _resumable(command):
-        found.append(("--out", args.out, "out"))
-    if command == "merge":
-        found += [("OUT", args.out, "out"), *(("SHARD_FOLDER", d, "folder") for d in args.shards)]
-    if command == "report":
-        found.append(("RUN", args.run, "folder"))
-    if getattr(args, "scores", None) is not None:
-        found.append(("--scores", args.scores, "file"))
-    if getattr(args, "data", None) is not None and command != "patch":
-        found.append(("--data", args.data, "data"))
-    found += [("--vqa", spec, "vqa") for spec in getattr(args, "vqa", None) or ()]
-    return found
+    ``file`` / ``folder`` one it reads, ``data`` / ``vqa`` a data spec (a spec command's: its spec's ``inputs``;
+    the others' are their run folders)."""
+    spec = getattr(args, "spec", None)
+    if spec is None and getattr(args, "spec_class", None) is not None:  # not checked yet
+        spec = args.spec_class.from_args(args)
+    if spec is not None:
+        return spec.inputs()
+    if args.command == "merge":
+        return [("OUT", args.out, "out"), *(("SHARD_FOLDER", d, "folder") for d in args.shards)]
+    return [("RUN", args.run, "folder")] if args.command == "report" else []
 
 
 def _check_inputs(args: argparse.Namespace) -> None:
     """Everything that can be checked without a model, before anything heavy loads (a mistyped path fails in well
-    under a second, not after torch and the model): every path option (``core.bookkeeping.paths``: empty, missing, a
-    file where a folder is needed and back, symlink loops, permissions), the paths in data specs, a model folder and
-    the device (``meta`` at once; CUDA's presence imports torch, still before the model loads)."""
+    under a second, not after torch and the model): a spec command's spec, whole (``Spec.check``: every fault at
+    once); the others' folders (``core.bookkeeping.paths``: empty, missing, a file where a folder is needed and
+    back, symlink loops, permissions)."""
     from vrh_interp.core.bookkeeping import paths
-    from vrh_interp.core.description.model_source import check_device
-    from vrh_interp.data.sources import check_paths
-    from vrh_interp.experiments.spec_checks import check_model
 
-    if getattr(args, "spec_class", None) is not None:  # a spec command: the spec checks itself, every fault at once
+    if getattr(args, "spec_class", None) is not None:
         spec = args.spec_class.from_args(args)
         if args.json and spec.quiet_under_json:  # its progress lines would mix with the JSON on stdout
             spec = spec.replace(progress=False)
         args.spec = spec.check()
         return
-    checks = {"out": paths.output_folder, "file": paths.input_file, "folder": paths.input_folder}
+    checks = {"out": paths.output_folder, "folder": paths.input_folder}
     for option, path, role in _path_options(args):
-        if role in ("data", "vqa"):
-            check_paths(path, option, vqa=role == "vqa")
-        else:
-            checks[role](path, option)
-    for option in ("model", "transfer_model"):
-        spec = getattr(args, option, None)
-        if spec is None or (option == "transfer_model" and spec in ("", "auto")):
-            continue
-        check_model(spec, f"--{option.replace('_', '-')}")  # toy:, tiny: by name; a folder; a hub id: not offline
-    _check_plan(args)
-    if getattr(args, "device", None) is not None:
-        check_device(args.device)
-
-
-def _check_plan(args: argparse.Namespace) -> None:
-    """The plan-level faults of a command without a spec found from its options alone, before torch: the demo's
-    transfer model equal to its main model (a spec command's are its spec's ``plan_faults``)."""
-    if args.command == "demo" and args.transfer_model not in (None, "", "auto"):
-        from vrh_interp.toy.names import is_shipped
-
-        main = args.model or ("toy:c" if is_shipped("c") else "toy:a")  # apps.demo.resolve_models' default
-        if args.transfer_model == main:
-            raise ValueError(f"--transfer-model {main!r} is the main model: cross-masking a model with itself says "
-                             "nothing about transfer: pass a second model sharing the backbone, or '' to skip "
-                             "transfer")
+        checks[role](path, option)
 
 
 def _option_of(filename: Any, args: argparse.Namespace) -> str:

@@ -141,6 +141,40 @@ def vqa_sweep(result: Any, spec: Any, as_json: bool) -> int:
     return 0
 
 
+def reproduce_tables(result: Any, data: str, as_json: bool) -> None:
+    """The tables of a whole ``vrh reproduce`` run (or of its shards merged, ``vrh merge``) on the grounding
+    benchmark ``data``: the k-sweep, the failure split, Table 3 and the verdicts."""
+    if as_json:
+        print(json.dumps({"out": str(result.out), "ks": result.ks, "vqa_k": result.vqa_k,
+                          "sweep": result.sweep_summary.to_dict(orient="records"),
+                          "failure_split": result.failure_split.to_dict(orient="records"),
+                          "vqa": None if result.vqa_summary is None else result.vqa_summary.to_dict(orient="records"),
+                          "claims": None if result.claims is None else result.claims.to_dict(orient="records")},
+                         default=str))
+        return
+    table(result.sweep_summary.drop(columns=["key"]), f"k-sweep on {data} (ks {result.ks})")
+    table(result.failure_split.drop(columns=["key"]),
+          "Failure split: correct / parse failure / mislocation (boxed another object / no object)")
+    if result.vqa_table is not None:
+        table(result.vqa_table.xs("accuracy", axis=1, level="stat").round(1).reset_index(names="condition"),
+              f"Cross-task VQA accuracy (%), top-{result.vqa_k} VRHs vs {result.vqa_k} random heads")
+    if result.claims is not None:
+        from vrh_interp.apps.report import claim_lines
+
+        print("\nVerdict (evaluation.claims, Bonferroni over the k values):")
+        bullets(claim_lines(result.claims))
+    print(f"\nrun folder: {result.out}")
+
+
+def reproduce(result: Any, spec: Any, as_json: bool) -> int:
+    """``vrh reproduce``: the k-sweep, the failure split, Table 3 and the verdicts (a shard: its k-sweep answers)."""
+    if spec.shard is not None:
+        per_condition = result.failure_split[result.failure_split["seed"].astype(str) != "all"]
+        return shard_done(spec, int(per_condition["n"].sum()), as_json)  # this shard's k-sweep answers
+    reproduce_tables(result, spec.data, as_json)
+    return 0
+
+
 def transfer(result: Any, spec: Any, as_json: bool) -> int:
     """``vrh transfer``: each model's accuracy with its own, the other's and random top-k masked."""
     summary = result.summary()
@@ -210,3 +244,56 @@ def steer(result: Any, spec: Any, as_json: bool) -> int:
     print(f"\nrun folder: {spec.out} (records.csv, dose_response.csv, rank.csv, patching.csv, claims.csv, "
           "steer.json, dose_response.png)")
     return 0
+
+
+def demo(result: Any, spec: Any, as_json: bool) -> int:
+    """``vrh demo``: the report (``apps.report``, led by the verdicts), then the verdicts (``--json``: with the report's
+    path, the positive control's verdict and the head census)."""
+    import time
+
+    from vrh_interp.apps.report import write_report
+    from vrh_interp.evaluation.claims import claims_lines
+
+    paths = write_report(result.out)
+    elapsed, budget, summary = time.perf_counter() - result.started, result.summary["budget_seconds"], result.summary
+    if as_json:
+        control = summary["positive_control"]
+        print(json.dumps({"verdicts": result.verdicts.to_dict(orient="records"), "report": str(paths["html"]),
+                          "positive_control": None if control is None else control["verdict"],
+                          "census": summary["census"], "seconds": round(elapsed, 1)}, default=str))
+        return 0
+    print(f"\n{claims_lines(result.verdicts, WIDTH)}")  # the reasons and numbers: in the report
+    print(f"\nreport: {paths['html']}  ({elapsed:.0f} s" + (f" of a {budget:.0f} s cap)" if budget else ")"))
+    return 0
+
+
+def grid(result: Any, spec: Any, as_json: bool) -> int:
+    """What ``vrh grid`` prints: the summary table and every cell's status (``as_json``: one JSON object); 0 when
+    every cell is done, 1 otherwise (the failed cells' reasons are printed and kept in grid.json)."""
+    import pandas as pd
+
+    from vrh_interp.experiments.grid import HEATMAP, SUMMARY_MD
+
+    states = [{"cell": c.id, "status": result.status[c.id]["status"], "reason": result.status[c.id].get("reason", "")}
+              for c in result.cells]
+    if as_json:
+        extra = ({"patching": json.loads(result.patching.to_json(orient="records"))}
+                 if result.patching is not None else {})
+        print(json.dumps({"out": str(result.out), "cells": states,
+                          "summary": json.loads(result.summary.to_json(orient="records")), **extra}))
+    else:
+        with pd.option_context("display.max_columns", 20, "display.precision", 3, "display.width", 120):
+            if len(result.summary):
+                print("\nGrid summary: accuracy (baseline, top-k VRHs masked, mean of the random / layer-matched / "
+                      "live-head control sets), drop and verdict")
+                print(result.summary.drop(columns=["reason"]).to_string(index=False))
+            if result.patching is not None and len(result.patching):
+                print("\nPatching: recovery of the studied heads, all heads, their rank among the random / "
+                      "layer-matched sets, verdict")
+                print(result.patching.drop(columns=["heads", "verdict"]).to_string(index=False))
+            done = sum(s["status"] == "done" for s in states)
+            print(f"\n{done} of {len(states)} cells done; folder {result.out} (grid.json, {SUMMARY_MD}, {HEATMAP})")
+            for state in states:
+                if state["status"] != "done":
+                    print(f"- {state['cell']}: {state['status']} {state['reason']}".rstrip())
+    return 0 if not result.failed else 1

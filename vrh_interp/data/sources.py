@@ -25,10 +25,20 @@ VQA samples (``load_vqa``): ``NAME:PATH[:key=value...]`` with NAME one of ``VQA_
 Every file-backed kind also takes ``on_error=skip`` (drop unusable rows, listed in the result's
 ``skipped``) and ``verify_images=true`` (decode every image while loading, to catch truncated files).
 Nothing is downloaded: all paths are local.
+
+Every grounding spec also takes the split options (``SPLIT_OPTIONS``): ``role=detection|evaluation`` keeps one
+part of the paper's seeded split of the loaded samples (``datasets.splits.detection_split``): ``detect=N``
+detection samples (default 200, ``PAPER_DETECTION_COUNT``) ranked by ``split_seed=S`` (default 0), and the
+disjoint rest, or ``eval=M`` of it, for evaluation; the loader's ``skipped`` rows are kept. The split is a
+property of the data, not of the experiment reading it: ``vrh detect --data X:role=detection`` and ``vrh sweep
+--data X:role=evaluation`` (any experiment, a grid cell, ``vrh reproduce``'s steps) get disjoint samples by
+construction. ``detect=``, ``eval=`` and ``split_seed=`` need ``role=``; VQA specs take none of them (``part=``
+is CV-Bench's own option, hence ``role=``).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
@@ -42,6 +52,9 @@ if TYPE_CHECKING:
 # The loaders are imported by the kind that uses them (pyarrow, PIL and numpy cost ~0.5 s): parsing and checking a
 # spec, which the CLI does before anything heavy loads, imports none of them.
 COMMON_OPTIONS: tuple[str, ...] = ("on_error", "verify_images")
+# every grounding spec's split options (module doc), read by ``load_data`` and never passed to a loader
+SPLIT_OPTIONS: tuple[str, ...] = ("role", "detect", "eval", "split_seed")
+SPLIT_ROLES: tuple[str, ...] = ("detection", "evaluation")
 SYNTHETIC_SPLITS: tuple[str, ...] = ("detect", "eval", "train")
 MAX_SYNTHETIC_SCENES = 100_000  # rendered while loading: ~1 ms each, so the largest spec loads in minutes
 TRUE_WORDS, FALSE_WORDS = ("1", "true", "yes"), ("0", "false", "no")
@@ -57,6 +70,7 @@ class ParsedSpec:
     kind: str
     positional: tuple[str, ...]
     options: Mapping[str, str]
+    read_before: tuple[str, ...] = ()  # options read before the loader (a grounding spec's split): named in usages
 
     def args(self, minimum: int, maximum: int, usage: str) -> tuple[str, ...]:
         if not minimum <= len(self.positional) <= maximum or any(not p for p in self.positional):
@@ -70,7 +84,7 @@ class ParsedSpec:
         if unknown or missing:
             problem = f"unknown options {unknown}" if unknown else f"missing options {missing}"
             raise DataSpecError(f"bad spec {self.text!r}: {problem}; use {usage} "
-                                f"[options: {', '.join([*allowed, *COMMON_OPTIONS])}]")
+                                f"[options: {', '.join([*allowed, *COMMON_OPTIONS, *self.read_before])}]")
         options: dict[str, Any] = dict(self.options)
         if "verify_images" in options:
             word = options["verify_images"].lower()
@@ -95,6 +109,80 @@ def parse_spec(spec: str) -> ParsedSpec:
             raise DataSpecError(f"bad spec {spec!r}: option {key!r} given twice")
         options[key] = value
     return ParsedSpec(spec, kind, tuple(p for p in parts if "=" not in p), MappingProxyType(options))
+
+
+@dataclass(frozen=True)
+class SplitPart:
+    """The split options of a grounding spec: which ``role`` (part) of the seeded split, its ``detect`` count,
+    ``eval`` count (None: all the rest) and ``seed``."""
+
+    role: str
+    detect: int
+    eval: int | None
+    seed: int
+
+    def take(self, samples: Any) -> Any:
+        """This part of ``samples``' split: a ``SampleSet`` keeps its source and ``skipped`` rows and records the
+        split in its ``selection``; a list stays a list."""
+        split = self.split(samples)
+        part = split.detection if self.role == "detection" else split.evaluation
+        from vrh_interp.data.datasets.samples import SampleSet
+
+        if not isinstance(samples, SampleSet):
+            return list(part)
+        selection = {**samples.selection, "role": self.role, "detect": self.detect, "eval": self.eval,
+                     "split_seed": self.seed}
+        return SampleSet(tuple(part), samples.source, selection, samples.skipped)
+
+    def split(self, samples: Sequence[Any]) -> Any:
+        """Both parts (``datasets.splits.DetectionSplit``); its ``ValueError`` for counts the samples cannot give."""
+        from vrh_interp.data.datasets.splits import detection_split
+
+        return detection_split(samples, self.detect, seed=self.seed, evaluation_count=self.eval)
+
+
+def _whole_number(spec: ParsedSpec, name: str, what: str, *, minimum: int | None) -> int:
+    text = spec.options[name]
+    pattern = r"-?[0-9]{1,18}" if minimum is None else r"[0-9]{1,18}"
+    if not re.fullmatch(pattern, text) or (minimum is not None and int(text) < minimum):
+        bound = "a whole number" if minimum is None else f"a whole number >= {minimum}"
+        raise DataSpecError(f"bad spec {spec.text!r}: {name}={text!r} must be {bound} ({what})")
+    return int(text)
+
+
+def split_part(spec: ParsedSpec) -> tuple[ParsedSpec, SplitPart | None]:
+    """``spec`` without its split options (what its kind's loader reads; same ``text``) and the part they name,
+    None without ``role=``. Each bad value is a one-line ``DataSpecError``."""
+    given = [name for name in SPLIT_OPTIONS if name in spec.options]
+    rest = ParsedSpec(spec.text, spec.kind, spec.positional,
+                      MappingProxyType({k: v for k, v in spec.options.items() if k not in SPLIT_OPTIONS}),
+                      read_before=SPLIT_OPTIONS)
+    if not given:
+        return rest, None
+    if "role" not in spec.options:
+        raise DataSpecError(f"bad spec {spec.text!r}: {', '.join(f'{n}=' for n in given)} set the seeded "
+                            "detection / evaluation split but no part of it: add role=detection or role=evaluation")
+    role = spec.options["role"]
+    if role not in SPLIT_ROLES:
+        raise DataSpecError(f"bad spec {spec.text!r}: role={role!r} must be detection (the seeded detection "
+                            "samples) or evaluation (the disjoint rest)")
+    from vrh_interp.data.datasets.splits import PAPER_DETECTION_COUNT
+
+    detect = _whole_number(spec, "detect", "the detection samples", minimum=1) if "detect" in spec.options \
+        else PAPER_DETECTION_COUNT
+    count = _whole_number(spec, "eval", "the evaluation samples; leave it out for all the rest", minimum=1) \
+        if "eval" in spec.options else None
+    seed = _whole_number(spec, "split_seed", "the seed of the split", minimum=None) \
+        if "split_seed" in spec.options else 0
+    return rest, SplitPart(role, detect, count, seed)
+
+
+def data_part(spec: str) -> tuple[str, SplitPart | None]:
+    """A grounding spec's text without its split options, and the part they name (None: the whole data); a bad
+    spec is a ``DataSpecError``."""
+    _, part = split_part(check_spec(spec))
+    kept = [p for p in spec.split(":") if p.partition("=")[0] not in SPLIT_OPTIONS or "=" not in p]
+    return ":".join(kept), part
 
 
 def check_synthetic(split: object, count: object, difficulty: object) -> None:
@@ -207,9 +295,23 @@ GROUNDING_KINDS: Mapping[str, Callable[[ParsedSpec], Sequence[Any]]] = MappingPr
 
 
 def load_data(spec: str) -> Sequence[Any]:
-    """Grounding samples for a ``--data`` spec."""
-    parsed = check_spec(spec)
-    return _loaded(GROUNDING_KINDS[parsed.kind], parsed)
+    """Grounding samples for a ``--data`` spec; with ``role=``, that part of the seeded split (``SplitPart``)."""
+    parsed, part = split_part(check_spec(spec))
+    loaded = _loaded(GROUNDING_KINDS[parsed.kind], parsed)
+    return loaded if part is None else part.take(loaded)
+
+
+def load_split(spec: str) -> tuple[Any, tuple[Any, ...]]:
+    """The split a grounding spec's split options name, both parts (``datasets.splits.DetectionSplit``; its
+    ``role=`` picks none, absent options take their defaults), and the rows its loader skipped: what a run records
+    of the split (``vrh reproduce``'s ``split.json``)."""
+    parsed, part = split_part(check_spec(spec))
+    loaded = _loaded(GROUNDING_KINDS[parsed.kind], parsed)
+    if part is None:
+        from vrh_interp.data.datasets.splits import PAPER_DETECTION_COUNT
+
+        part = SplitPart("detection", PAPER_DETECTION_COUNT, None, 0)
+    return part.split(loaded), tuple(getattr(loaded, "skipped", ()))
 
 
 def _loaded(load: Callable[[ParsedSpec], Any], spec: ParsedSpec) -> Any:
@@ -276,7 +378,8 @@ def load_vqa(spec: str) -> SampleSet[VQASample]:
 
 def check_spec(spec: str, *, vqa: bool = False) -> ParsedSpec:
     """Parse a ``--data`` (``--vqa`` with ``vqa``) spec and check what can be checked without reading a file: a
-    known kind, synthetic arguments in range (DataSpecError otherwise). The CLI calls it before loading a model."""
+    known kind, synthetic arguments in range, a grounding spec's split options (``split_part``) (DataSpecError
+    otherwise). The CLI calls it before loading a model."""
     parsed = parse_spec(spec)
     if vqa and parsed.kind not in VQA_BENCHMARKS:
         raise DataSpecError(f"unknown VQA benchmark in {spec!r}: use NAME:PATH with NAME one of "
@@ -284,8 +387,9 @@ def check_spec(spec: str, *, vqa: bool = False) -> ParsedSpec:
     if not vqa and parsed.kind not in GROUNDING_KINDS:
         raise DataSpecError(f"unknown data spec {spec!r}: kinds are {', '.join(GROUNDING_KINDS)} "
                             "(e.g. synthetic:SPLIT:N, jsonl:PATH, refcoco:ROOT[:SPLIT])")
+    base = parsed if vqa else split_part(parsed)[0]  # the split options are checked here
     if parsed.kind == "synthetic":
-        _synthetic_args(parsed)
+        _synthetic_args(base)
     return parsed
 
 

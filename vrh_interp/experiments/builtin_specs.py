@@ -1,21 +1,22 @@
 """The built-in experiments' specs (``experiments.spec``): what ``vrh detect``, ``sweep``, ``scan``,
-``design-space``, ``vqa-sweep``, ``transfer``, ``patch``, ``localize`` and ``steer`` take, and a grid's cells of them.
-Torch-free, like the framework: the command line is built from these fields and every refusal comes before anything
-heavy loads. Each experiment's runner (``run(spec, vlm, folder)``) is in its own module: ``experiments.detect``,
-``sweep``, ``head_scan``, ``design_space``, ``vqa_sweep``, ``transfer``, ``patching_study``, ``localize``,
-``steer``."""
+``design-space``, ``vqa-sweep``, ``transfer``, ``reproduce``, ``patch``, ``localize`` and ``steer`` take, and a grid's
+cells of them. Torch-free, like the framework: the command line is built from these fields and every refusal comes
+before anything heavy loads. Each experiment's runner (``run(spec, vlm, folder)``) is in its own module:
+``experiments.detect``, ``sweep``, ``head_scan``, ``design_space``, ``vqa_sweep``, ``transfer``, ``reproduce``,
+``patching_study``, ``localize``, ``steer``."""
 
 from __future__ import annotations
 
 import argparse
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 from vrh_interp.core.execution.ablation_kinds import DEFAULT_ABLATION_KIND
-from vrh_interp.experiments.spec import (ExperimentSpec, ablation_kinds, backends, data_spec, head_spec, ks_spec,
-                                         non_negative_int, option, positive_int, preset, scene_count, seed_list,
-                                         unit_interval, vqa_spec, whole_number)
+from vrh_interp.experiments.spec import (ExperimentSpec, RunSpec, ablation_kinds, backends, data_spec, head_spec,
+                                         ks_spec, non_negative_int, option, positive_int, preset, scene_count,
+                                         seconds, seed_list, unit_interval, vqa_spec, whole_number)
 
 
 def patch_metrics() -> tuple[str, ...]:
@@ -36,6 +37,9 @@ class DetectSpec(ExperimentSpec):
     data: str = option("synthetic:detect:200", DATA_HELP, parse=data_spec, role="data", grid="detect")
     preset: str = option("vrh", "scoring preset (vrh, retrieval_heads, qrhead, ...)", parse=preset)
     top: int = option(20, "how many of the best-scored heads to print (all are saved)", parse=positive_int)
+    recorded_data: str | None = option(None, "the data as the run folder's manifest and the scores name it (default: "
+                                       "--data); vrh reproduce names its whole benchmark, whose split its own "
+                                       "manifest and split.json record", cli=False)
     progress: bool = option(True, "progress bars", cli=False)
 
 
@@ -92,6 +96,8 @@ class SweepSpec(ExperimentSpec):
     max_batch_rows: int | None = option(None, "rows per forward pass at most", parse=positive_int, cli=False)
     census: str | None = option(None, "the folder of the head census (default: the run folder; a grid's shards "
                                 "share one)", cli=False)
+    note_prefix: str | None = option(None, "where the census lines go: None, stderr (stdout holds the table or "
+                                     "JSON); else stdout after this prefix (vrh reproduce's progress lines)", cli=False)
     progress: bool = option(True, "progress bars", cli=False)
 
     def reads(self, name: str) -> bool:
@@ -182,16 +188,110 @@ class VQASweepSpec(ExperimentSpec):
                                 required=True)
     vqa_k: int = option(20, "VRHs (and random heads) masked: the top k of --scores", parse=positive_int)
     random_sets: int = option(20, "control head sets of each kind (seeds 0 .. N-1)", parse=positive_int)
+    seeds: str | None = SweepSpec.same_option("seeds")
     matched: bool = option(True, "leave out the layer-matched control (only the uniform random sets)")
     limit: int | None = option(None, "the first N questions of each VQA benchmark", parse=positive_int)
     max_batch_rows: int | None = option(None, "rows per forward pass at most", parse=positive_int, cli=False)
     progress: bool = option(True, "progress bars", cli=False)
+
+    def control_seeds(self) -> list[int]:
+        return control_seeds(self.seeds, self.random_sets)
 
     def plan_faults(self) -> list[Callable[[], None]]:
         def some() -> None:
             if not self.vqa:
                 raise ValueError("--vqa is required: name at least one VQA benchmark (e.g. --vqa synthetic:eval:20)")
         return [some]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReproduceSpec(ExperimentSpec):
+    """What ``vrh reproduce`` takes: the grounding benchmark (split into detection and evaluation samples by the
+    data's split options), the VQA benchmarks, the k grid, the control seeds and the VQA test's k: the paper's
+    protocol in one run folder (``experiments.reproduce``), as its steps' specs (``steps``: ``DetectSpec``,
+    ``SweepSpec``, ``VQASweepSpec``), all checked with it (``plan_faults``). Its progress lines go to stdout
+    (``quiet_under_json``)."""
+
+    command: ClassVar[str] = "reproduce"
+    quiet_under_json: ClassVar[bool] = True
+
+    out: str = option("runs/reproduce", "run folder (rerun to resume)", role="out")
+    data: str | None = option(None, "grounding spec: refcoco:ROOT[:SPLIT], lmms-refcoco:DIR, toloka:CSV:IMAGES, "
+                              "refspatial:PATH, ...", parse=data_spec, role="data", required=True)
+    vqa: tuple[str, ...] = option((), "VQA benchmark spec, repeatable: cvbench, mmstar, countbench, mathvista, "
+                                  "spatial457, spatialrgpt, vaw", parse=vqa_spec, role="vqa", repeat=True,
+                                  metavar="NAME:PATH")
+    detect: int = option(200, "seeded detection samples; the rest evaluate", parse=positive_int)
+    eval: int | None = option(None, "evaluation samples (default: all the rest)", parse=positive_int)
+    split_seed: int = option(0, "seed of the detection / evaluation split", parse=int)
+    ks: str = option(DEFAULT_KS, "k values, capped at half the model's heads", parse=ks_spec)
+    seeds: str = option("0,1,2", "random-control seeds", parse=seed_list)
+    vqa_k: int = option(20, "VRHs (and random heads) masked on the VQA suite", parse=positive_int)
+    vqa_limit: int | None = option(None, "first N questions of each VQA benchmark", parse=positive_int)
+    live: bool = option(True, LIVE_HELP)
+    progress: bool = option(True, "progress lines", cli=False)
+
+    def head_counts(self) -> list[int]:
+        """``ks`` as head counts (the protocol's k are counts, capped at half the model's heads when it runs)."""
+        return [int(k) for k in self.ks.split(",") if k]
+
+    def control_seeds(self) -> list[int]:
+        return [int(seed) for seed in self.seeds.split(",") if seed]
+
+    # ------------------------------------------------- the protocol as its steps' specs (``experiments.reproduce``)
+    def part(self, role: str) -> str:
+        """``--data`` narrowed to one part of its seeded split (``data.sources``' split options): the detection and
+        the evaluation samples are disjoint by construction, whichever step reads them."""
+        split = f"{self.data}:role={role}:detect={self.detect}:split_seed={self.split_seed}"
+        return split + (f":eval={self.eval}" if self.eval is not None else "")
+
+    def scores_file(self) -> str:
+        """Where the run keeps the detection's scores (``out/scores-vrh.json``), the file the later steps read."""
+        return str(Path(self.out) / "scores-vrh.json")
+
+    def _step(self, folder: str) -> dict[str, Any]:
+        """What every step takes from this spec: the model and where it runs, the batch and answer sizes, the
+        progress lines, and its folder in ``out``."""
+        return {"model": self.model, "device": self.device, "dtype": self.dtype, "batch_size": self.batch_size,
+                "max_new_tokens": self.max_new_tokens, "remote": self.remote, "backend": self.backend,
+                "progress": self.progress, "out": str(Path(self.out) / folder)}
+
+    def detection(self) -> DetectSpec:
+        """Step 2: the VRH scores on the detection part, unsharded (every shard detects in full, so all shards mask
+        the same heads)."""
+        return DetectSpec(**self._step("detect"), data=self.part("detection"), recorded_data=self.data, preset="vrh")
+
+    def k_sweep(self, ks: str | None = None) -> SweepSpec:
+        """Step 3: the k-sweep on the evaluation part, ranked by ``scores_file``; ``ks``: the k the scores allow
+        (``experiments.reproduce``), None before the detection; the head census in ``out``."""
+        return SweepSpec(**self._step("sweep"), shard=self.shard, data=self.part("evaluation"),
+                         scores=self.scores_file(), ks=ks, seeds=self.seeds, live=self.live, census=self.out,
+                         note_prefix="      ")
+
+    def vqa_test(self, vqa_k: int | None = None) -> VQASweepSpec | None:
+        """Step 5 (None without ``vqa``): the top ``vqa_k`` heads (capped like k once the scores are known) against as
+        many random heads, the same control seeds, the first ``vqa_limit`` questions of each benchmark."""
+        if not self.vqa:
+            return None
+        return VQASweepSpec(**self._step("vqa"), shard=self.shard, vqa=self.vqa, scores=self.scores_file(),
+                            vqa_k=self.vqa_k if vqa_k is None else vqa_k, seeds=self.seeds, limit=self.vqa_limit)
+
+    def steps(self) -> list[ExperimentSpec]:
+        """The plan, as far as it is known before the detection (the sweep's and the VQA test's k follow from its
+        scores, which ``Spec.check(pending=("scores",))`` leaves for then)."""
+        return [step for step in (self.detection(), self.k_sweep(), self.vqa_test()) if step is not None]
+
+    def plan_faults(self) -> list[Callable[[], None]]:
+        def plan() -> None:
+            from vrh_interp.data.sources import SPLIT_OPTIONS, data_part
+
+            if data_part(self.data)[1] is not None:
+                raise ValueError(f"--data {self.data}: vrh reproduce splits the benchmark itself (--detect, --eval, "
+                                 f"--split-seed): pass it without {', '.join(f'{n}=' for n in SPLIT_OPTIONS)}")
+            for step in self.steps():
+                step.check(pending=("scores",))
+
+        return [self.head_counts, plan]  # a percentage (--ks 1%) is refused here, before the model loads
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -418,3 +518,108 @@ class SteerSpec(ExperimentSpec):
     @property
     def operations(self) -> tuple[str, ...]:
         return ("steering", "patching") if self.patching else ("steering",)
+
+
+MODEL_PAIRS = {"toy:a": "toy:b", "toy:b": "toy:a", "toy:c": "toy:d", "toy:d": "toy:c"}  # the demo's transfer partners
+
+
+def shipped(spec: str) -> bool:
+    """A toy model whose checkpoint is in this installation (any non-toy spec counts as available)."""
+    if not spec.startswith("toy:"):
+        return True
+    from vrh_interp.toy.names import FAMILIES, is_shipped
+
+    name = spec.split(":", 1)[1]
+    return name in FAMILIES and is_shipped(name)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DemoSpec(RunSpec):
+    """What ``vrh demo`` takes (``experiments.demo``): the main and transfer models, the seed, the optional cap, and
+    the fixed sizes (None: ``demo_plan.DEFAULT_SIZES``). It loads its own models (the positive control's first)."""
+
+    command: ClassVar[str] = "demo"
+
+    model: str | None = option(None, "main model (default: toy:c, 128 heads, where its checkpoint is shipped, else "
+                               "toy:a; toy:a and toy:b stay selectable by name)", role="model")
+    transfer_model: str = option("auto", "second model sharing the backbone (default: the main model's partner, "
+                                 "toy:d for toy:c, toy:b for toy:a; '' to skip)", role="model", keywords=("auto",))
+    out: str = option("runs/demo", "run folder (rerun to resume)", role="out")
+    budget_seconds: float | None = option(None, "optional cap on the whole demo: steps not begun by then are skipped "
+                                          "and their claims read 'inconclusive'. Default: no cap; the sizes are "
+                                          "fixed, never chosen from a clock", parse=seconds)
+    seed: int = option(0, "seed of the control-set draws, the scan's head sample and the bootstrap (default 0)",
+                       parse=non_negative_int)
+    detect_scenes: int | None = option(None, "detection scenes (default 200)", parse=scene_count(1),
+                                       aliases=("--detect",))
+    eval_scenes: int | None = option(None, "evaluation scenes (disjoint from detection); every referent is an item "
+                                     "(default 40 scenes, 132 items)", parse=scene_count(1), aliases=("--eval",))
+    random_sets: int | None = option(None, "control head sets of each kind (uniform, layer-matched, live heads) "
+                                     "answered on every item in the design-space, transfer and VQA steps (default "
+                                     "20; the k-sweep draws one fresh set of each kind per scene instead)",
+                                     parse=positive_int)
+    rank_sets: int | None = option(None, "the rank test's control sets of each kind at k* (default 199: 1/200 is "
+                                   "under 0.05/8, the paper family's Bonferroni level; drawn in blocks of 20, 40, 80, "
+                                   "..., stopped once 5 are as harmful as the top-k, each set answered only until "
+                                   "that is decided; 0: no rank test, so the causal claim cannot hold)",
+                                   parse=non_negative_int)
+    rank_items: int | None = option(None, "items the rank test's sets are answered on (default 12, spread over the "
+                                    "scenes)", parse=positive_int)
+    check_items: int | None = option(None, "fixed evaluation items for the ablation-kind check, head scan, design "
+                                     "space, cross-masking (default 40)", parse=positive_int)
+    vqa_scenes: int | None = option(None, "eval scenes whose VQA questions are asked (default 20)",
+                                    parse=scene_count(0))
+    control_scenes: int | None = option(None, "evaluation scenes of the positive control on toy:planted (default 30)",
+                                        parse=scene_count(0))
+    batch_size: int = option(256, "rows per forward pass", parse=positive_int)
+    positive_control: bool = option(True, "skip step 1, the positive control on toy:planted")
+    device: str | None = ExperimentSpec.same_option("device")
+    dtype: str | None = ExperimentSpec.same_option("dtype")
+    backend: str = ExperimentSpec.same_option("backend")
+    overlay_items: int = option(3, "attention overlays of the top heads in the report", cli=False)
+
+    def sizes(self) -> dict[str, int]:
+        """The sizes given (the rest are ``demo_plan.DEFAULT_SIZES``')."""
+        names = ("detect_scenes", "eval_scenes", "check_items", "vqa_scenes", "control_scenes", "random_sets",
+                 "rank_sets", "rank_items")
+        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+
+    def main_model(self) -> str:
+        """``model``, or by default ``toy:c`` where shipped, else ``toy:a`` (no torch: a plan fault reads it)."""
+        if self.model is not None:
+            return self.model
+        return "toy:c" if shipped("toy:c") else "toy:a"
+
+    def models(self) -> tuple[str, str | None, str]:
+        """``(main, transfer, why)``: the ``main_model``; ``transfer_model`` "auto" means the main model's partner
+        (``MODEL_PAIRS``), "" no transfer."""
+        main = self.main_model()
+        if self.model is not None:
+            why = "--model"
+        elif main == "toy:c":
+            from vrh_interp.toy import regime_status
+
+            why = f"toy:c is shipped ({regime_status('c')}; the head census below says which act)"
+        else:
+            why = "toy:c is not shipped in this installation, so the 32-head toy:a"
+        if self.transfer_model == "auto":
+            transfer = MODEL_PAIRS.get(main)
+            why += f"; transfer to {transfer}" if transfer else "; no known partner: transfer not measured"
+        elif self.transfer_model:
+            transfer, why = self.transfer_model, why + f"; transfer to {self.transfer_model} (--transfer-model)"
+        else:
+            transfer, why = None, why + "; transfer skipped (--transfer-model '')"
+        return main, transfer, why
+
+    def plan_faults(self) -> list[Callable[[], None]]:
+        """A transfer model equal to the main model (the model cross-masked with itself reads as transfer); one that
+        cannot load is a fault of its own (``role="model"``). A default partner that is not shipped is skipped with a
+        word instead."""
+        def same() -> None:
+            main = self.main_model()
+            if self.transfer_model == main:
+                raise ValueError(f"--transfer-model {main!r} is the main model: cross-masking a model with itself "
+                                 "says nothing about transfer: pass a second model sharing the backbone, or '' to "
+                                 "skip transfer")
+
+        return [same]

@@ -55,8 +55,8 @@ class Experiment:
     (``vlm`` is None for a spec that loads no model); ``show``: ``"module:function(result, spec, as_json) -> exit
     status"``, what the command prints. ``grid``: a GRID.toml experiment whose cells are one of ``GRID_SHAPES``
     (each cell's spec filled by ``experiments.grid.cell_spec``). ``demo``: ``"module:function(run)"``, a step of
-    ``vrh demo`` (``apps.demo.DemoRun``), placed by ``demo_order``; its claims (``evaluation.claims``, those naming
-    this experiment) read inconclusive when a ``--budget-seconds`` cap skips it.
+    ``vrh demo`` (``experiments.demo_plan.DemoRun``), placed by ``demo_order``; its claims (``evaluation.claims``,
+    those naming this experiment) read inconclusive when a ``--budget-seconds`` cap skips it.
     """
 
     name: str
@@ -121,7 +121,7 @@ class Experiment:
         return folder.log(self.log, key_fields=self.record_key)
 
 
-_DEMO, _SPECS = "vrh_interp.apps.demo", "vrh_interp.experiments.builtin_specs"
+_SPECS = "vrh_interp.experiments.builtin_specs"
 
 BUILTIN: tuple[Experiment, ...] = (
     Experiment("detect", "detect", "score every head on grounding samples", log="detect_records",
@@ -129,43 +129,49 @@ BUILTIN: tuple[Experiment, ...] = (
                merge_files="vrh_interp.experiments.merge:copy_detect_stats",
                summary="vrh_interp.scoring.detect:scores_from_run", spec=f"{_SPECS}:DetectSpec",
                run="vrh_interp.experiments.detect:run", show="vrh_interp.apps.show:detect", grid="benchmark",
-               demo=f"{_DEMO}:detect_step", demo_order=2),
+               demo="vrh_interp.experiments.detect:demo_step", demo_order=2),
     Experiment("sweep", "sweep", "mask top-k vs random heads and measure grounding", log="sweep_records",
                record_key=("sample_id", "condition"), order=("condition", "sample_id"),
                listed=(("condition", "conditions"),), resumable=True, mergeable=True,
                summary="vrh_interp.experiments.sweep:sweep_from_run", spec=f"{_SPECS}:SweepSpec",
                run="vrh_interp.experiments.sweep:run", show="vrh_interp.apps.show:sweep", grid="benchmark",
-               demo=f"{_DEMO}:sweep_step", demo_order=3),
+               demo="vrh_interp.experiments.designs:sweep_step", demo_order=3),
     Experiment("vqa_sweep", "vqa-sweep", "mask top-k vs random heads and measure VQA accuracy", log="vqa_records",
                record_key=("benchmark", "sample_id", "condition"), order=("condition", "benchmark", "sample_id"),
                samples="samples", samples_by="benchmark",
                listed=(("condition", "conditions"), ("benchmark", "samples")),
                resumable=True, mergeable=True, summary="vrh_interp.experiments.vqa_sweep:vqa_sweep_from_run",
                spec=f"{_SPECS}:VQASweepSpec", run="vrh_interp.experiments.vqa_sweep:run",
-               show="vrh_interp.apps.show:vqa_sweep", grid="vqa", demo=f"{_DEMO}:vqa_step", demo_order=9),
+               show="vrh_interp.apps.show:vqa_sweep", grid="vqa",
+               demo="vrh_interp.experiments.designs:vqa_step", demo_order=9),
     Experiment("scan", "scan", "single-head causal scan: each head masked alone; does its score predict damage?",
                resumable=True, summary="vrh_interp.experiments.head_scan:head_scan_from_run",
                spec=f"{_SPECS}:ScanSpec", run="vrh_interp.experiments.head_scan:run",
-               show="vrh_interp.apps.show:scan", grid="benchmark", demo=f"{_DEMO}:scan_step", demo_order=5),
+               show="vrh_interp.apps.show:scan", grid="benchmark",
+               demo="vrh_interp.experiments.head_scan:demo_step", demo_order=5),
     Experiment("design_space", "design-space", "rank the scoring variants by the drop their top-k causes",
                resumable=True, summary="vrh_interp.experiments.design_space:design_space_from_run",
                spec=f"{_SPECS}:DesignSpaceSpec",
                run="vrh_interp.experiments.design_space:run", show="vrh_interp.apps.show:design_space",
-               grid="benchmark", demo=f"{_DEMO}:design_space_step", demo_order=6),
+               grid="benchmark", demo="vrh_interp.experiments.design_space:demo_step", demo_order=6),
     Experiment("ablation_kinds", None, "the causal claim at k* under every ablation kind (zero, mean, resample)",
-               demo=f"{_DEMO}:ablation_kinds_step", demo_order=4),
-    Experiment("sparsity", None, "sparsity and stability of the detection scores", demo=f"{_DEMO}:sparsity_step",
+               demo="vrh_interp.experiments.ablation_check:demo_step", demo_order=4),
+    Experiment("sparsity", None, "sparsity and stability of the detection scores",
+               demo="vrh_interp.experiments.design_space:sparsity_step",
                demo_order=7),
     Experiment("transfer", "transfer", "cross-masking: each model masked with its own, the other's and random top-k "
                "(a shared backbone)", resumable=True, spec=f"{_SPECS}:TransferSpec",
                run="vrh_interp.experiments.transfer:run", show="vrh_interp.apps.show:transfer", grid="pair",
-               demo=f"{_DEMO}:transfer_step", demo_order=8),
+               demo="vrh_interp.experiments.transfer:demo_step", demo_order=8),
     Experiment("positive_control", None, "the pipeline on toy:planted, whose retrieval heads are known",
-               demo=f"{_DEMO}:control_step", demo_order=1),
+               demo="vrh_interp.experiments.positive_control:demo_step", demo_order=1),
     Experiment("reproduce", "reproduce",
-               "the paper's protocol on benchmark files: detect, k-sweep, failure split, VQA", resumable=True),
+               "the paper's protocol on benchmark files: detect, k-sweep, failure split, VQA", resumable=True,
+               spec=f"{_SPECS}:ReproduceSpec", run="vrh_interp.experiments.reproduce:run",
+               show="vrh_interp.apps.show:reproduce"),
     Experiment("demo", "demo", "the whole pipeline on the shipped toy model (no network), at fixed sizes",
-               resumable=True),
+               resumable=True, spec=f"{_SPECS}:DemoSpec", run="vrh_interp.experiments.demo:run",
+               show="vrh_interp.apps.show:demo"),
     Experiment("patch", "patch", "activation patching: what the VRHs read out and write (synthetic pairs)",
                resumable=True, spec=f"{_SPECS}:PatchSpec", run="vrh_interp.experiments.patching_study:run",
                show="vrh_interp.apps.show:patch", grid="model"),
@@ -175,12 +181,13 @@ BUILTIN: tuple[Experiment, ...] = (
                resumable=True, summary="vrh_interp.experiments.localize:localize_from_run",
                spec=f"{_SPECS}:LocalizeSpec", run="vrh_interp.experiments.localize:run",
                show="vrh_interp.apps.show:localize", grid="benchmark"),
-    Experiment("grid", "grid", "models x benchmarks x experiments from GRID.toml, here or on a Ray cluster",
-               resumable=True),
     Experiment("steer", "steer", "redirect the top-k heads onto another object: does the answer move there?",
                log="steer_records", record_key=("condition", "sample_id"), order=("condition", "sample_id"),
                resumable=True, summary="vrh_interp.experiments.steer:steer_from_run", spec=f"{_SPECS}:SteerSpec",
                run="vrh_interp.experiments.steer:run", show="vrh_interp.apps.show:steer", grid="model"),
+    Experiment("grid", "grid", "models x benchmarks x experiments from GRID.toml, here or on a Ray cluster",
+               resumable=True, spec="vrh_interp.experiments.grid:GridRunSpec",
+               run="vrh_interp.experiments.grid_execution:run", show="vrh_interp.apps.show:grid"),
 )
 
 _REGISTRY: dict[str, Experiment] = {experiment.name: experiment for experiment in BUILTIN}

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import pandas as pd
@@ -30,6 +30,9 @@ from vrh_interp.scoring.collect import SampleStats
 from vrh_interp.scoring.design import PRESETS, ScoringDesign, design_space_variants
 from vrh_interp.scoring.detect import scores_from_stats
 from vrh_interp.core.execution.templates.ablation import AblationValues
+
+if TYPE_CHECKING:
+    from vrh_interp.experiments.demo_plan import DemoRun
 
 
 def design_variants(include_presets: bool = True) -> dict[str, ScoringDesign]:
@@ -247,3 +250,35 @@ def run(spec: DesignSpaceSpec, vlm: VLM, folder: Path) -> Any:
                          ablation_values=values)
     write_atomic(folder / "design_space.csv", table.to_csv(index=False))
     return table
+
+
+# ------------------------------------------------------------------------------------ its step in `vrh demo`
+
+def demo_step(run: DemoRun) -> None:
+    """Step 6: the scoring design space at k*."""
+    from vrh_interp.experiments import verdicts as ev
+    from vrh_interp.experiments.demo_plan import ANSWER_TOKENS
+    from vrh_interp.experiments.sweep import sweep_from_run
+
+    if not run.steps.open(6, f"design space at k={run.k_star} on the {len(run.checks)} fixed items"):
+        return
+    design = design_space(run.placed, run.stats, run.checks, k=run.k_star, random_seeds=run.seeds,
+                          batch_size=run.batch_size, max_new_tokens=ANSWER_TOKENS, run_dir=run.out)
+    design.to_csv(run.out / "design_space.csv", index=False)
+    plan = design_space_plan(run.stats, k=run.k_star, random_seeds=run.seeds)
+    run.evidence["design_space"] = ev.design_evidence(sweep_from_run(run.out / "design_space").records, plan.key_of,
+                                                      "Q=output, Phi=sum, Omega=mean", seed=run.seed)
+
+
+def sparsity_step(run: DemoRun) -> None:
+    """Step 7: sparsity and stability of the scores."""
+    from vrh_interp.experiments import verdicts as ev
+
+    if not run.steps.open(7, "sparsity and stability"):
+        return
+    stats, out, k_star = run.stats, run.out, run.k_star
+    run.scores.sparsity().to_csv(out / "sparsity.csv", index=False)
+    stability(stats, k=k_star, sizes=(2, 5, 10, 20, 50, 100, 200)).to_csv(out / "stability.csv", index=False)
+    token_choice_stability(stats, k=k_star).to_csv(out / "token_stability.csv", index=False)
+    run.evidence["sparse"] = ev.sparse_evidence(stats, seed=run.seed)
+    run.evidence["stable"] = ev.stability_evidence(stats, k_star, seed=run.seed)

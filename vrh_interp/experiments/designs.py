@@ -24,13 +24,16 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import pandas as pd
 
 from vrh_interp.core.description.heads import HeadSet
 from vrh_interp.experiments.conditions import Condition, control_conditions
 from vrh_interp.experiments.sweep import SweepResult, run_conditions
+
+if TYPE_CHECKING:
+    from vrh_interp.experiments.demo_plan import DemoRun
 
 RANK_H = 5
 """Besag-Clifford's h: a sequential rank test stops once h sets were at least as harmful as the target."""
@@ -272,3 +275,68 @@ def rank_test(vlm: Any, items: Sequence[Any], baseline: Condition, target: Condi
     found = sequential_sets([("grounding", kind) for kind in kinds], answer, folder, k=target.k, target=target.kind,
                             total=total, first=first_seed, block=20, h=RANK_H)
     return None if found is None else found["grounding"]
+
+
+# ---------------------------------------------- the demo's k-sweep and VQA steps: these designs (``vrh demo``)
+# (here rather than in ``sweep`` / ``vqa_sweep``: this module runs on theirs)
+
+
+def sweep_step(run: DemoRun) -> None:
+    """Step 3: the causal k-sweep; evidence of the causal, k-curve and specificity claims."""
+    answers = sum(len(run.items_of.get(c.key, run.evals)) for c in run.conditions)
+    if not run.steps.open(3, f"k-sweep on all {len(run.evals)} referents of {run.sizes.eval_scenes} disjoint scenes, "
+                             f"ks={run.ks} (k*={run.k_star}), one fresh control set of each kind per scene "
+                             f"({answers} answers); the rank test at k*"):
+        return
+    from vrh_interp.experiments import verdicts as ev
+    from vrh_interp.experiments.demo_plan import ANSWER_TOKENS, SEED_STRIDE
+
+    kinds = sorted({c.kind for c in run.conditions if c.kind in ev.CONTROL_KINDS})
+    detected = run.ranking[: max(run.ks)]
+    pool = run.pool.control_pool(detected, max(run.ks)) if run.pool is not None else None  # as the detection step's
+    result, ranks = clustered_sweep(run.placed, run.ranking, run.ks, run.evals, run.out, kinds=kinds, live=pool,
+                                    rank_sets=run.sizes.rank_sets, rank_items=run.sizes.rank_items,
+                                    first_seed=run.seed * SEED_STRIDE, batch_size=run.batch_size,
+                                    max_new_tokens=ANSWER_TOKENS, rank_ks=[run.k_star])
+    run.result = result
+    result.summary(bootstrap_seed=run.seed).to_csv(run.out / "sweep_summary.csv", index=False)
+    rank = ranks.get(run.k_star)
+    if rank is not None:
+        sets = {kind: sum(1 for c in rank.conditions if c.kind == kind) for kind in kinds}
+        print(f"      rank test: {', '.join(f'{n} {kind}' for kind, n in sets.items())} sets on "
+              f"{rank.records['sample_id'].nunique()} items, {len(rank.records)} answers (stopped once {RANK_H} were "
+              "as harmful as the top-k)", flush=True)
+    run.evidence["causal"] = ev.causal_evidence(result.records, run.conditions, run.k_star, seed=run.seed, rank=rank)
+    run.evidence["causal_curve"] = ev.curve_evidence(result.records, run.conditions, seed=run.seed,
+                                                     special=run.evidence["causal"])
+    run.evidence["specific"] = ev.specificity_evidence(result.records, run.k_star)
+
+
+def vqa_step(run: DemoRun) -> None:
+    """Step 9: cross-task VQA with the top k* heads masked, in the clustered design (one fresh control set of each
+    kind per scene, on its questions; specialness from the grounding rank test)."""
+    run.evidence["vqa"] = None
+    if not run.steps.open(9, f"cross-task VQA on the questions of {run.sizes.vqa_scenes} eval scenes, one fresh "
+                             "control set of each kind per scene"):
+        return
+    from vrh_interp.data.datasets.synthetic_vqa import majority_answer_rate, synthetic_vqa
+    from vrh_interp.evaluation.claims import Evidence
+    from vrh_interp.experiments import verdicts as ev
+    from vrh_interp.experiments.demo_plan import SEED_STRIDE
+    from vrh_interp.experiments.vqa_sweep import run_vqa_conditions, vqa_answered
+
+    items = synthetic_vqa("eval", run.sizes.vqa_scenes)
+    detected = run.ranking[: max(run.ks)]
+    pool = run.pool.control_pool(detected, max(run.ks)) if run.pool is not None else None  # as the k-sweep step's
+    conditions, items_of = vqa_scene_design(run.scores.top(run.k_star), run.vlm.geometry, items,
+                                            run.seed * SEED_STRIDE, detected=detected, live=pool)
+    vqa = run_vqa_conditions(run.vlm, items, conditions, items_of=items_of, batch_size=run.batch_size,
+                             run_dir=run.out / "vqa")
+    summary = vqa.summary(bootstrap_seed=run.seed)
+    majority = {b: majority_answer_rate([s for s in items if s.benchmark == b]) for b in vqa.benchmarks}
+    summary["majority_baseline"] = summary["benchmark"].map(majority)
+    summary.to_csv(run.out / "vqa_summary.csv", index=False)
+    answered = vqa_answered(summary)
+    run.evidence["vqa"] = ev.vqa_evidence(vqa, answered, run.k_star, seed=run.seed,
+                                          special=run.evidence.get("causal")) if answered else \
+        Evidence.categorical("not measured", "the model answers no VQA kind above the majority-answer level")

@@ -16,7 +16,8 @@ appends them (detection: sample order; sweep: condition, then sample; VQA: condi
 with the detection statistics files copied under their (already global) names. It is therefore byte for byte
 the folder an unsharded run writes, and everything that reads run folders works on it: ``scores_from_run``,
 ``sweep_from_run``, ``vqa_sweep_from_run``, and rerunning the unsharded command on it (nothing is left to
-do, it just writes its tables). ``vrh_interp.apps.reproduce.merge_reproduce_runs`` merges ``vrh reproduce`` shards.
+do, it just writes its tables). ``vrh_interp.experiments.reproduce.merge_reproduce_runs`` merges ``vrh reproduce``
+shards.
 
 ``merge_design_space_runs`` does the same for ``vrh design-space --shard`` folders: each holds the full
 detection (``detect/``, identical in every shard) and its shard of the evaluation (``design_space/``).

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -36,6 +36,9 @@ from vrh_interp.core.bookkeeping.provenance import library_versions, model_prove
 from vrh_interp.scoring.detect import collect_detection_stats, scores_from_stats
 from vrh_interp.scoring.grading import grade_detection
 from vrh_interp.data.sources import synthetic_samples
+
+if TYPE_CHECKING:
+    from vrh_interp.experiments.demo_plan import DemoRun
 
 SPEC = "toy:planted"
 ANSWER_TOKENS = 24
@@ -243,3 +246,18 @@ def grading_table(grading: pd.DataFrame) -> pd.DataFrame:
     keep["decoy_ranks"] = keep["decoy_ranks"].map(lambda r: ", ".join(str(v) for v in r))
     return keep[["design", "precision_at_p", "exact", "planted_ranks", "decoy_ranks"]].reset_index(drop=True)
 
+
+# ------------------------------------------------------------------------------------ its step in `vrh demo`
+
+CONTROL_DETECT_SCENES = 20  # detection scenes of the control in `vrh demo`
+
+
+def demo_step(run: DemoRun) -> None:
+    """Step 1: the positive control, where it is shipped and asked for (``DemoRun.run_control``)."""
+    if not (run.run_control and run.steps.open(1, "positive control: the same pipeline on toy:planted, whose "
+                                                  "retrieval heads are known")):
+        return
+    run.outcome = run_positive_control(run.out / "positive_control", device=run.device, batch_size=run.batch_size,
+                                       detect_scenes=CONTROL_DETECT_SCENES, eval_scenes=run.sizes.control_scenes,
+                                       random_sets=run.sizes.random_sets, placement=run.placement)
+    print("      " + short_line(run.outcome), flush=True)  # the paragraph and the grading table: in the report

@@ -21,7 +21,7 @@ import argparse
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Collection, Iterator, Mapping, Sequence
 
 SPEC_KEY = "vrh_option"
 
@@ -189,6 +189,8 @@ class Option:
     repeat: bool = False
     required: bool = False
     cli: bool = True
+    positional: bool = False  # a command-line argument without a flag (``vrh grid GRID.toml``)
+    keywords: tuple[str, ...] = ()  # values that name no model or path (``--transfer-model auto``): not checked as one
 
 
 def option(default: Any = None, help: str = "", **details: Any) -> Any:
@@ -240,6 +242,8 @@ class Spec:
         opt = _option(item)
         if opt is not None and opt.flag:
             return opt.flag
+        if opt is not None and opt.positional:
+            return name.upper()
         prefix = "--no-" if item.default is True else "--"
         return prefix + name.replace("_", "-")
 
@@ -255,6 +259,9 @@ class Spec:
                 if opt.group not in groups:
                     groups[opt.group] = parser.add_mutually_exclusive_group(required=True)
                 target = groups[opt.group]
+            if opt.positional:
+                target.add_argument(item.name, help=opt.help, metavar=cls.flag(item.name))
+                continue
             names = [cls.flag(item.name), *opt.aliases]
             if isinstance(item.default, bool):
                 action = "store_false" if item.default else "store_true"
@@ -330,9 +337,10 @@ class Spec:
         ablation, is not checked)."""
         return True
 
-    def faults(self) -> list[BaseException]:
+    def faults(self, pending: Collection[str] = ()) -> list[BaseException]:
         """Every fault found without loading weights, in the order a reader fixes them: paths, the model, the
-        experiment's plan (``plan_faults``), the device."""
+        experiment's plan (``plan_faults``), the device. ``pending``: fields naming files an earlier step of a
+        composed run writes (``vrh reproduce``'s scores, written by its detection): not checked (yet)."""
         from vrh_interp.core.bookkeeping import paths
         from vrh_interp.data.sources import check_paths
         from vrh_interp.experiments.spec_checks import check_model
@@ -346,18 +354,21 @@ class Spec:
                 found.append(error)
 
         checks = {"out": paths.output_folder, "file": paths.input_file, "folder": paths.input_folder}
+        waiting = {self.flag(item.name) for item, _ in self.options() if item.name in pending}
         for flag, path, role in self.inputs():
+            if flag in waiting:
+                continue
             if role in ("data", "vqa"):
                 attempt(check_paths, path, flag, vqa=role == "vqa")
             else:
                 attempt(checks[role], path, flag)
         for item, opt in self.options():
-            if opt.required and getattr(self, item.name) is None:
+            if opt.required and getattr(self, item.name) is None and item.name not in pending:
                 found.append(ValueError(f"{self.flag(item.name)} is required: {opt.help}"))
-            if opt.role == "model" and getattr(self, item.name):
+            if opt.role == "model" and getattr(self, item.name) and getattr(self, item.name) not in opt.keywords:
                 attempt(check_model, getattr(self, item.name), self.flag(item.name))
         if not found:  # the plan's checks read the files named above: only once they are there
-            for check in (*self._scores_faults(), *self.plan_faults()):
+            for check in (*self._scores_faults(pending), *self.plan_faults()):
                 attempt(check)
         if getattr(self, "device", None) is not None and not found:
             from vrh_interp.core.description.model_source import check_device
@@ -365,7 +376,7 @@ class Spec:
             attempt(check_device, self.device)
         return found
 
-    def _scores_faults(self) -> list[Callable[[], None]]:
+    def _scores_faults(self, pending: Collection[str] = ()) -> list[Callable[[], None]]:
         """Every scores file the spec reads (a ``file`` field named ``*scores``) on the grid of the model it is
         for (``model``, or ``partner`` for ``partner_scores``)."""
         from vrh_interp.experiments.spec_checks import check_scores_fit
@@ -373,7 +384,7 @@ class Spec:
         checks: list[Callable[[], None]] = []
         for item, opt in self.options():
             path = getattr(self, item.name)
-            if opt.role == "file" and item.name.endswith("scores") and path is not None:
+            if opt.role == "file" and item.name.endswith("scores") and path is not None and item.name not in pending:
                 model = getattr(self, "partner" if item.name.startswith("partner") else "model", None)
                 if model:
                     checks.append(lambda p=path, m=model, f=self.flag(item.name): check_scores_fit(p, m, f))
@@ -383,10 +394,10 @@ class Spec:
         """The experiment's own checks (each raises ``ValueError`` naming its options): none here."""
         return ()
 
-    def check(self) -> "Spec":
+    def check(self, *, pending: Collection[str] = ()) -> "Spec":
         """The spec, or every fault at once: a single fault as it was raised (its type and words), several as one
-        ``SpecError`` naming each."""
-        found = self.faults()
+        ``SpecError`` naming each (``pending``: as ``faults``)."""
+        found = self.faults(pending)
         if len(found) == 1:
             raise found[0]
         if found:

@@ -1,7 +1,8 @@
 """Model specs and data specs checked before torch loads (``apps.cli._check_inputs``, the demo, ``experiments.grid``):
 a mistyped ``toy:NAME`` / ``tiny:FAMILY``, a toy whose checkpoint is not shipped, a local model folder that is not
 one, a k beyond the model's heads (the head grid read from ``config.json`` or the tiny recipe, no weights) and
-detection and evaluation samples that overlap (synthetic specs, whose sample ids follow from the spec). A hub id
+detection and evaluation samples that overlap (synthetic specs, whose sample ids follow from the spec, and parts of
+one seeded split, ``data.sources.SplitPart``, that are not its two disjoint parts). A hub id
 cannot be checked offline: it is left to the loader (``core.description.model_source``), which asks the hub.
 Standard library only, besides the torch-free name tables it reads (``toy.names``,
 ``core.description.families.registry``)."""
@@ -162,8 +163,32 @@ def synthetic_scenes(spec: str) -> tuple[str, int, int] | None:
         return None
 
 
+def check_disjoint_parts(detect: str, evaluate: str, detect_option: str, eval_option: str) -> None:
+    """Refuse two specs of the same data whose split options (``data.sources.SplitPart``) do not make them
+    disjoint: the detection and the evaluation part of one split (the same ``split_seed=``, the evaluation's
+    ``detect=`` at least the detection's) are; a part and the whole data, two parts of one role or of other seeds
+    are not."""
+    from vrh_interp.data.sources import DataSpecError, data_part
+
+    try:
+        (first, one), (second, other) = data_part(detect), data_part(evaluate)
+    except DataSpecError:
+        return  # the spec's own check says what is wrong with it
+    if first != second or (one is None and other is None):
+        return
+    if one is not None and other is not None and one.role != other.role and one.seed == other.seed:
+        detection, evaluation = (one, other) if one.role == "detection" else (other, one)
+        if evaluation.detect >= detection.detect:
+            return
+    raise ValueError(f"{eval_option} {evaluate} overlaps {detect_option} {detect}: both read {first} and their "
+                     "split options do not keep them apart: give both the same detect= and split_seed=, the first "
+                     "role=detection, the second role=evaluation")
+
+
 def check_disjoint_specs(detect: str, evaluate: str, detect_option: str, eval_option: str) -> None:
-    """Refuse two synthetic specs whose samples overlap (the same split and level: both start at scene 0)."""
+    """Refuse two synthetic specs whose samples overlap (the same split and level: both start at scene 0), and
+    two parts of one data spec that overlap (``check_disjoint_parts``)."""
+    check_disjoint_parts(detect, evaluate, detect_option, eval_option)
     first, second = synthetic_scenes(detect), synthetic_scenes(evaluate)
     if first is None or second is None or (first[0], first[2]) != (second[0], second[2]):
         return

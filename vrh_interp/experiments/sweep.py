@@ -528,10 +528,15 @@ def run(spec: SweepSpec, vlm: VLM, folder: Path) -> SweepResult:
     ks = fitted_ks(spec, ranking, vlm.geometry)
     live = None
     if spec.live:
+        def say(line: str) -> None:  # the census lines: to stderr, or stdout after the spec's prefix
+            if spec.progress and spec.note_prefix is None:
+                print(line, file=sys.stderr)
+            elif spec.progress:
+                print(spec.note_prefix + line)
+
         live = live_pool_for(vlm, samples, ranking, ks, Path(spec.census or folder), random_seeds=spec.control_seeds(),
                              matched=spec.matched, exclude_first_layer=spec.exclude_first_layer,
-                             max_new_tokens=spec.max_new_tokens, say=lambda line: print(line, file=sys.stderr)
-                             if spec.progress else None)
+                             max_new_tokens=spec.max_new_tokens, say=say)
     result = sweep(vlm, samples, heads if heads is not None else scores, ks=ks, random_seeds=spec.control_seeds(),
                    matched=spec.matched, exclude_first_layer=spec.exclude_first_layer, iou_threshold=spec.iou,
                    batch_size=spec.batch_size, max_new_tokens=spec.max_new_tokens, run_dir=folder, shard=spec.shard,
@@ -540,3 +545,14 @@ def run(spec: SweepSpec, vlm: VLM, folder: Path) -> SweepResult:
     if spec.shard is None:
         write_atomic(folder / "sweep_summary.csv", result.summary().to_csv(index=False))
     return result
+
+
+def restrict(result: SweepResult, sample_ids: Sequence[str], keep: Callable[[Condition], bool]) -> SweepResult:
+    """The records of ``result`` on ``sample_ids`` under the conditions ``keep`` accepts (the baseline always); a
+    condition with no records there (a scene's own set, ``designs.scene_design``) is left out."""
+    records = result.records
+    records = records[records["sample_id"].isin(set(sample_ids))]
+    present = set(records["condition"])
+    conditions = [c for c in result.conditions if c.kind == "baseline" or (keep(c) and c.key in present)]
+    records = records[records["condition"].isin({c.key for c in conditions})]
+    return SweepResult(records.reset_index(drop=True), conditions, result.iou_threshold, result.total_heads)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import pandas as pd
@@ -38,6 +38,9 @@ from vrh_interp.core.execution.ablation_kinds import ablation_method
 from vrh_interp.core.execution.templates.ablation import AblationValues
 from vrh_interp.core.description.head_mapping import IncompatibleHeadGridError, TransferMapping, transfer_heads
 from vrh_interp.evaluation.statistics import spearman, kendall_tau_b
+
+if TYPE_CHECKING:
+    from vrh_interp.experiments.demo_plan import DemoRun
 
 
 def compare_scores(a: HeadScores, b: HeadScores, ks: Sequence[int] = (5, 10, 20), *, permutations: int = 1000,
@@ -240,3 +243,66 @@ def run(spec: Any, vlm: VLM, folder: Path) -> CrossMaskingResult:
     write_atomic(folder / "cross_masking_summary.csv", summary.to_csv(index=False))
     write_atomic(folder / "transfer_drops.csv", masking_drops(summary, max(ks)).to_csv(index=False))
     return result
+
+
+# ------------------------------------------------------------------------------------ its step in `vrh demo`
+
+
+def sequential_sets(run: DemoRun, folder: Path, streams: Sequence[tuple[str, str]], target: str,
+                    answer: Any, first: int, block: int) -> dict[str, SweepResult] | None:
+    """``designs.sequential_sets`` at k* with the demo's ``rank_sets`` and ``RANK_H``, saying what it drew."""
+    from vrh_interp.experiments.designs import RANK_H, sequential_sets as drawn
+
+    merged = drawn(streams, answer, folder, k=run.k_star, target=target, total=run.sizes.rank_sets, first=first,
+                   block=block, h=RANK_H)
+    for unit, result in (merged or {}).items():
+        sets = {kind: sum(1 for c in result.conditions if c.kind == kind) for _, kind in streams}
+        print(f"      rank test{'' if unit == 'grounding' else ' (' + unit + ')'}: "
+              f"{', '.join(f'{n} {kind}' for kind, n in sets.items())} sets on "
+              f"{result.records['sample_id'].nunique()} items, {len(result.records)} answers (stopped once "
+              f"{RANK_H} were as harmful as the {target} set)", flush=True)
+    return merged
+
+def demo_step(run: DemoRun) -> None:
+    """Step 8: transfer to the second model (cross-masking at k*), where it shares the head grid."""
+    from vrh_interp.experiments import verdicts as ev
+    from vrh_interp.experiments.demo_plan import ANSWER_TOKENS, SEED_STRIDE, detect_scores, load
+    from vrh_interp.experiments.sweep import restrict
+    from vrh_interp.experiments.designs import check_subset
+
+    run.evidence["shared"] = None
+    if not (run.transfer_ready and run.steps.open(8, f"transfer to {run.transfer_model}: cross-masking at "
+                                                     f"k*={run.k_star}")):
+        return
+    k_star, out = run.k_star, run.out
+    vlm_b = load(run.transfer_model, run.device, run.dtype)
+    if same_grid(run.vlm.geometry, vlm_b.geometry):
+        _, scores_b = detect_scores(vlm_b, run.detect, out / "detect_b", run.batch_size)
+        scores_b.save(out / "scores-vrh-b.json")
+        transfer = compare_scores(run.scores, scores_b, ks=sorted({k_star, 2 * k_star, 3 * k_star}))
+        transfer.to_csv(out / "transfer.csv", index=False)
+        labels = (f"A ({run.model_spec})", f"B ({run.transfer_model})")
+        crossed = cross_masking(run.vlm, vlm_b, run.scores, scores_b, run.checks, ks=[0, k_star],
+                                random_seeds=run.seeds, labels=labels, batch_size=run.batch_size,
+                                max_new_tokens=ANSWER_TOKENS, run_dir=out / "cross")
+
+        def answer(seeds: list[int], _kinds: set[str], folder: Path, partner: Any = vlm_b) -> dict[str, SweepResult]:
+            if set(seeds) <= set(run.seeds):  # the cross-masking's own sets: answered there, on these items too
+                ids = [s.sample_id for s in rank_items]
+                return {label: restrict(result, ids, lambda c: c.k == k_star and (
+                    c.kind == "transferred" or (c.kind == "random" and c.seed in seeds)))
+                        for label, result in crossed.results.items()}
+            return dict(cross_masking(run.vlm, partner, run.scores, scores_b, rank_items, ks=[0, k_star],
+                                      random_seeds=seeds, labels=labels, batch_size=run.batch_size,
+                                      max_new_tokens=ANSWER_TOKENS, run_dir=folder, progress=False).results)
+
+        rank_items = check_subset(run.checks, run.sizes.rank_items)
+        rank = sequential_sets(run, out / "cross_rank", [(label, "random") for label in crossed.results],
+                               "transferred", answer, run.seed * SEED_STRIDE, run.sizes.random_sets)
+        curves = crossed.summary()
+        curves.to_csv(out / "cross_masking.csv", index=False)
+        masking_drops(curves, k_star).to_csv(out / "transfer_masking.csv", index=False)
+        run.evidence["shared"] = ev.transfer_evidence(crossed.results, k_star, seed=run.seed, rank=rank)
+    else:
+        print("      the two models do not share a head grid: transfer skipped")
+    del vlm_b

@@ -105,7 +105,7 @@ def causal_evidence(records: pd.DataFrame, conditions: Sequence[Any], k: int, *,
                     iou_threshold: float = 0.5, seed: int = 0, rank: Any = None,
                     minimum: float | None = None, special: Evidence | None = None) -> Evidence | None:
     """The causal claim at ``k`` (``claims.causal_test`` against each control kind present, intersection-union
-    over the kinds). ``rank``: a sweep of many control sets on a few items for the rank test (``apps.demo``'s
+    over the kinds). ``rank``: a sweep of many control sets on a few items for the rank test (``vrh demo``'s
     rank step); without it the rank test reads the sets of ``records``. ``special``: evidence whose rank test
     stands for this one's (the same top-k under zero ablation, for the other ablation kinds)."""
     frame = _correct(records, iou_threshold)

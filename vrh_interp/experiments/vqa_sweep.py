@@ -300,8 +300,9 @@ def vqa_sweep_from_run(run_dir: str | Path) -> VQASweepResult:
 
 
 def run(spec: Any, vlm: VLM, folder: Path) -> VQASweepResult:
-    """``vrh vqa-sweep`` / a grid's VQA cell (``builtin_specs.VQASweepSpec``): the top ``vqa_k`` heads of the scores
-    masked on every benchmark's questions against the control sets, ``vqa_summary.csv`` in ``folder``."""
+    """``vrh vqa-sweep`` / a grid's VQA cell / ``vrh reproduce``'s Table 3 (``builtin_specs.VQASweepSpec``): the top
+    ``vqa_k`` heads of the scores masked on every benchmark's questions against the control sets (seeds ``seeds``,
+    else 0 .. ``random_sets`` - 1), ``vqa_summary.csv`` in ``folder``."""
     from vrh_interp.core.bookkeeping.runs import write_atomic
     from vrh_interp.data.sources import load_vqa
     from vrh_interp.scoring.scores import HeadScores
@@ -311,9 +312,18 @@ def run(spec: Any, vlm: VLM, folder: Path) -> VQASweepResult:
         loaded = list(load_vqa(data))
         samples += loaded[: spec.limit] if spec.limit is not None else loaded
     heads = HeadScores.load(spec.scores).top(spec.vqa_k)
-    result = vqa_sweep(vlm, samples, heads, random_seeds=range(spec.random_sets), matched=spec.matched,
+    result = vqa_sweep(vlm, samples, heads, random_seeds=spec.control_seeds(), matched=spec.matched,
                        batch_size=spec.batch_size, run_dir=folder, progress=spec.progress, shard=spec.shard,
                        max_batch_rows=spec.max_batch_rows)
     if spec.shard is None:
         write_atomic(folder / "vqa_summary.csv", result.summary().to_csv(index=False))
     return result
+
+
+ANSWERS_VQA_MARGIN = 0.1  # a VQA kind counts as answered when the unmasked model beats the majority answer by this
+
+
+def vqa_answered(summary: pd.DataFrame) -> list[str]:
+    """The VQA kinds whose unmasked accuracy beats the majority answer by ``ANSWERS_VQA_MARGIN``."""
+    base = summary[summary["condition"] == "baseline"]
+    return [r.benchmark for r in base.itertuples() if r.accuracy >= r.majority_baseline + ANSWERS_VQA_MARGIN]
