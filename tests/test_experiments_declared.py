@@ -77,14 +77,15 @@ def test_the_detection_writer_keys_its_log_as_declared():
 @pytest.mark.parametrize("experiment", declared.BUILTIN, ids=lambda e: e.name)
 def test_declared_functions_resolve_in_the_experiments_layer_or_below(experiment: Experiment):
     experiments_layer = [name for name, _ in LAYERS].index("experiments")
-    for field in ("summary", "merge_files", "spec", "run", "show", "demo"):
+    for field in ("summary", "merge_files", "merge", "spec", "run", "show", "demo"):
         reference = getattr(experiment, field)
         if reference is None:
             continue
         assert callable(experiment.resolve(field)), reference
         module = reference.partition(":")[0]
-        # what a run prints is the apps'; what runs, a demo step included, is the experiments layer's
-        top = experiments_layer + (field == "show")
+        # what a run (or a merge of its shards) prints is the apps'; what runs, a demo step included, is the
+        # experiments layer's
+        top = experiments_layer + (field in ("show", "merge"))
         assert 0 <= layer_of(module) <= top, f"{experiment.name}.{field} = {reference}: above its layer"
 
 

@@ -186,3 +186,24 @@ def test_cli_sharded_detect_sweep_and_design_space_merge_like_unsharded(tmp_path
         (tmp_path / "design" / "design_space.csv").read_bytes()
     assert main(["merge", str(tmp_path / "bad"), str(tmp_path / "sweep-0")]) == 2
     assert "shard 1/2 missing" in capsys.readouterr().err
+
+
+def test_cli_sharded_vqa_sweep_merges_into_the_unsharded_summary_and_table(tmp_path, capsys):
+    """`vrh merge` of `vrh vqa-sweep --shard` folders writes and prints what the unsharded command does (it used to
+    join the records only: no vqa_summary.csv, a record count printed)."""
+    common = ["--model", f"tiny:{FAMILY}", "--batch-size", "2", "--max-new-tokens", "3"]
+    scores = _run(capsys, "detect", *common, "--data", "synthetic:detect:4", "--json",
+                  "--out", str(tmp_path / "detect"))["scores_file"]
+    vqa = [*common, "--vqa", "synthetic:eval:3", "--scores", scores, "--vqa-k", "2", "--random-sets", "2"]
+    assert main(["vqa-sweep", *vqa, "--out", str(tmp_path / "whole")]) == 0
+    table = capsys.readouterr().out
+    assert "VQA accuracy (%), top-2 VRHs" in table
+    whole = _run(capsys, "vqa-sweep", *vqa, "--json", "--out", str(tmp_path / "whole-json"))
+    for i in range(2):
+        _run(capsys, "vqa-sweep", *vqa, "--json", "--out", str(tmp_path / f"vqa-{i}"), "--shard", f"{i}/2")
+    assert _run(capsys, "merge", str(tmp_path / "merged"), str(tmp_path / "vqa-0"), str(tmp_path / "vqa-1"),
+                "--json") == whole
+    for name in ("vqa_records.jsonl", "manifest.json", "vqa_summary.csv"):
+        assert (tmp_path / "merged" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
+    assert main(["merge", str(tmp_path / "merged-text"), str(tmp_path / "vqa-0"), str(tmp_path / "vqa-1")]) == 0
+    assert capsys.readouterr().out.replace("merged-text", "whole") == table

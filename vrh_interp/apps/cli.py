@@ -4,8 +4,9 @@ and families, merge and report.
 
 Every long command takes ``--out`` (a run folder: rerunning the same command resumes it), shows progress
 bars, prints a summary table at the end, and ``--json`` prints the machine-readable result instead.
-``detect``, ``sweep``, ``design-space`` and ``reproduce`` take ``--shard i/n`` (one of n machines, its own ``--out``);
-``vrh merge OUT SHARD_FOLDERS...`` joins the shards and writes what the unsharded command writes.
+``detect``, ``sweep``, ``vqa-sweep``, ``design-space`` and ``reproduce`` take ``--shard i/n`` (one of n machines,
+its own ``--out``); ``vrh merge OUT SHARD_FOLDERS...`` joins the shards and writes what the unsharded command
+writes (``apps.merging``, each experiment's declared ``merge``).
 ``detect``, ``sweep``, ``design-space`` and ``reproduce`` take ``--remote``: run the model on NDIF with nnsight's
 configured host and API key (``nnsight.CONFIG``, ``NDIF_HOST`` / ``NDIF_API_KEY``); the key is never printed or stored.
 """
@@ -24,7 +25,6 @@ from typing import Any, NoReturn, Sequence
 
 from vrh_interp.apps import show
 from vrh_interp.experiments.spec import positive_int, preset, unit_interval
-from vrh_interp.core.bookkeeping.runs import write_atomic
 
 
 def _placement(args: argparse.Namespace) -> Any:
@@ -100,49 +100,16 @@ def _text_table(rows: list[dict[str, Any]], width: int = 100) -> str:
     return "\n".join(lines)
 
 
-def _read_manifest(path: Path) -> dict[str, Any]:
-    from vrh_interp.core.bookkeeping.runs import read_manifest
-
-    return read_manifest(path)
-
-
-def _run_kind(folder: Path) -> str | None:
-    manifest = folder / "manifest.json"
-    return _read_manifest(manifest).get("kind") if manifest.exists() else None
-
-
 def cmd_merge(args: argparse.Namespace) -> int:
-    from vrh_interp.experiments.merge import merge_runs, merge_design_space_runs
+    """``vrh merge``: the declared ``merge`` of the experiment the first shard folder holds
+    (``declared.of_shard_folder``; ``apps.merging``)."""
+    from vrh_interp.apps import merging
+    from vrh_interp.experiments.declared import of_shard_folder
 
     out, shards = Path(args.out), [Path(d) for d in args.shards]
-    if all(_run_kind(d) == "reproduce" for d in shards):
-        from vrh_interp.experiments.reproduce import merge_reproduce_runs
-
-        result = merge_reproduce_runs(out, shards)
-        show.reproduce_tables(result, _read_manifest(out / "manifest.json")["data"], args.json)
-        return 0
-    if all((d / "design_space" / "manifest.json").exists() for d in shards):
-        table = merge_design_space_runs(out, shards)
-        write_atomic(out / "design_space.csv", table.to_csv(index=False))
-        show.design_table(table, int(table["k"].iloc[0]), args.json)
-        return 0
-    merged = merge_runs(out, shards)
-    if merged.kind == "detect":
-        from vrh_interp.scoring.detect import scores_from_run
-
-        scores = scores_from_run(out, args.preset)
-        show.scores(scores, scores.save(out / f"scores-{args.preset}.json"), args.preset, args.top, args.json)
-    elif merged.kind != "sweep":  # another declared mergeable experiment: its folder is what its command writes
-        facts = {"out": str(out), "kind": merged.kind, "shards": merged.shards, "records": merged.records}
-        print(json.dumps(facts) if args.json else f"merged {merged.shards} shards of a {merged.kind} run: "
-              f"{merged.records} records in {out}")
-    else:
-        from vrh_interp.experiments.sweep import sweep_from_run
-
-        merged_result = sweep_from_run(out, iou_threshold=args.iou)
-        write_atomic(out / "sweep_summary.csv", merged_result.summary().to_csv(index=False))
-        show.sweep_table(merged_result, args.json, out)
-    return 0
+    declared = of_shard_folder(shards[0])
+    merge = declared.resolve("merge") if declared is not None and declared.merge else merging.records
+    return int(merge(out, shards, args))
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -197,7 +164,11 @@ def _families_parser(sub: Any) -> None:
 
 def _merge_parser(sub: Any) -> None:
     """``vrh merge``."""
-    p = sub.add_parser("merge", help="join the --out folders of a sharded detect, sweep, design-space or reproduce run")
+    from vrh_interp.experiments.declared import merged_commands
+
+    commands = merged_commands()
+    p = sub.add_parser("merge", help=f"join the --out folders of a sharded {', '.join(commands[:-1])} or "
+                                     f"{commands[-1]} run")
     p.add_argument("out", help="new folder for the merged run")
     p.add_argument("shards", nargs="+", help="the --out folders of every shard 0/N .. N-1/N")
     p.add_argument("--preset", type=preset, default="vrh",

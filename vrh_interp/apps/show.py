@@ -127,17 +127,22 @@ def design_space(result: Any, spec: Any, as_json: bool) -> int:
     return 0
 
 
+def vqa_table(result: Any, as_json: bool, out: str | Path) -> None:
+    """Accuracy per benchmark and condition; the full summary is ``OUT/vqa_summary.csv``."""
+    if as_json:
+        print(result.summary().to_json(orient="records"))
+        return
+    k = max(condition.k for condition in result.conditions)
+    table(result.table().xs("accuracy", axis=1, level="stat").round(1).reset_index(names="condition"),
+          f"VQA accuracy (%), top-{k} VRHs vs control sets of {k} heads")
+    print(f"\nfull table: {Path(out) / 'vqa_summary.csv'}")
+
+
 def vqa_sweep(result: Any, spec: Any, as_json: bool) -> int:
     """``vrh vqa-sweep``: accuracy per benchmark and condition (a shard: its record count)."""
     if spec.shard is not None:
         return shard_done(spec, len(result.records), as_json)
-    summary = result.summary()
-    if as_json:
-        print(summary.to_json(orient="records"))
-        return 0
-    table(result.table().xs("accuracy", axis=1, level="stat").round(1).reset_index(names="condition"),
-          f"VQA accuracy (%), top-{spec.vqa_k} VRHs vs control sets of {spec.vqa_k} heads")
-    print(f"\nfull table: {Path(spec.out) / 'vqa_summary.csv'}")
+    vqa_table(result, as_json, spec.out)
     return 0
 
 

@@ -50,7 +50,11 @@ class Experiment:
     records them. ``samples``: the manifest entry holding the sample ids, a list, or a mapping by ``samples_by``
     (one of ``order``). ``listed``: (field, manifest entry) pairs whose every value must appear in shard 0's log
     before a merge (a condition nothing was recorded for yet means an unfinished shard). ``merge_files``:
-    ``"module:function(staging, shard_folders)"`` copying what a mergeable run keeps beside its log.
+    ``"module:function(staging, shard_folders)"`` copying what a mergeable run keeps beside its log. ``merge``:
+    ``"module:function(out, shard_folders, options) -> exit status"``, ``vrh merge`` of its shard folders: joined,
+    then what the unsharded command writes and prints (``apps.merging``; a ``mergeable`` experiment without one
+    gets its records joined and counted). Its shard folders are known by their manifest's kind, or, where a shard
+    keeps its records in a subfolder and no manifest above it, by ``shards_in``, that subfolder (``design_space``).
     ``spec``: its spec class (``experiments.spec``); ``run``: ``"module:function(spec, vlm, folder) -> result"``
     (``vlm`` is None for a spec that loads no model); ``show``: ``"module:function(result, spec, as_json) -> exit
     status"``, what the command prints. ``grid``: a GRID.toml experiment whose cells are one of ``GRID_SHAPES``
@@ -71,6 +75,8 @@ class Experiment:
     resumable: bool = False
     mergeable: bool = False
     merge_files: Reference | None = None
+    merge: Reference | None = None
+    shards_in: str | None = None
     summary: Reference | None = None
     spec: Reference | None = None
     run: Reference | None = None
@@ -126,13 +132,14 @@ _SPECS = "vrh_interp.experiments.builtin_specs"
 BUILTIN: tuple[Experiment, ...] = (
     Experiment("detect", "detect", "score every head on grounding samples", log="detect_records",
                record_key=("sample_id",), order=("sample_id",), resumable=True, mergeable=True,
-               merge_files="vrh_interp.experiments.merge:copy_detect_stats",
+               merge_files="vrh_interp.experiments.merge:copy_detect_stats", merge="vrh_interp.apps.merging:detect",
                summary="vrh_interp.scoring.detect:scores_from_run", spec=f"{_SPECS}:DetectSpec",
                run="vrh_interp.experiments.detect:run", show="vrh_interp.apps.show:detect", grid="benchmark",
                demo="vrh_interp.experiments.detect:demo_step", demo_order=2),
     Experiment("sweep", "sweep", "mask top-k vs random heads and measure grounding", log="sweep_records",
                record_key=("sample_id", "condition"), order=("condition", "sample_id"),
                listed=(("condition", "conditions"),), resumable=True, mergeable=True,
+               merge="vrh_interp.apps.merging:sweep",
                summary="vrh_interp.experiments.sweep:sweep_from_run", spec=f"{_SPECS}:SweepSpec",
                run="vrh_interp.experiments.sweep:run", show="vrh_interp.apps.show:sweep", grid="benchmark",
                demo="vrh_interp.experiments.designs:sweep_step", demo_order=3),
@@ -140,7 +147,8 @@ BUILTIN: tuple[Experiment, ...] = (
                record_key=("benchmark", "sample_id", "condition"), order=("condition", "benchmark", "sample_id"),
                samples="samples", samples_by="benchmark",
                listed=(("condition", "conditions"), ("benchmark", "samples")),
-               resumable=True, mergeable=True, summary="vrh_interp.experiments.vqa_sweep:vqa_sweep_from_run",
+               resumable=True, mergeable=True, merge="vrh_interp.apps.merging:vqa_sweep",
+               summary="vrh_interp.experiments.vqa_sweep:vqa_sweep_from_run",
                spec=f"{_SPECS}:VQASweepSpec", run="vrh_interp.experiments.vqa_sweep:run",
                show="vrh_interp.apps.show:vqa_sweep", grid="vqa",
                demo="vrh_interp.experiments.designs:vqa_step", demo_order=9),
@@ -151,7 +159,8 @@ BUILTIN: tuple[Experiment, ...] = (
                demo="vrh_interp.experiments.head_scan:demo_step", demo_order=5),
     Experiment("design_space", "design-space", "rank the scoring variants by the drop their top-k causes",
                resumable=True, summary="vrh_interp.experiments.design_space:design_space_from_run",
-               spec=f"{_SPECS}:DesignSpaceSpec",
+               spec=f"{_SPECS}:DesignSpaceSpec", merge="vrh_interp.apps.merging:design_space",
+               shards_in="design_space",
                run="vrh_interp.experiments.design_space:run", show="vrh_interp.apps.show:design_space",
                grid="benchmark", demo="vrh_interp.experiments.design_space:demo_step", demo_order=6),
     Experiment("ablation_kinds", None, "the causal claim at k* under every ablation kind (zero, mean, resample)",
@@ -167,6 +176,7 @@ BUILTIN: tuple[Experiment, ...] = (
                demo="vrh_interp.experiments.positive_control:demo_step", demo_order=1),
     Experiment("reproduce", "reproduce",
                "the paper's protocol on benchmark files: detect, k-sweep, failure split, VQA", resumable=True,
+               merge="vrh_interp.apps.merging:reproduce",
                spec=f"{_SPECS}:ReproduceSpec", run="vrh_interp.experiments.reproduce:run",
                show="vrh_interp.apps.show:reproduce"),
     Experiment("demo", "demo", "the whole pipeline on the shipped toy model (no network), at fixed sizes",
@@ -242,6 +252,28 @@ def resumable_commands() -> tuple[str, ...]:
 def mergeable() -> tuple[Experiment, ...]:
     """The experiments whose shard folders ``experiments.merge.merge_runs`` joins."""
     return tuple(e for e in _REGISTRY.values() if e.mergeable)
+
+
+def merged_commands() -> tuple[str, ...]:
+    """The commands whose shard folders ``vrh merge`` joins."""
+    return tuple(e.command for e in _REGISTRY.values() if (e.mergeable or e.merge) and e.command is not None)
+
+
+def of_shard_folder(folder: str | os.PathLike[str]) -> Experiment | None:
+    """The experiment a shard folder holds: the kind its ``manifest.json`` names, or, without one, the experiment
+    whose ``shards_in`` subfolder it has with a manifest (``design_space/``); None when neither says
+    (``experiments.merge`` then names what the folder lacks)."""
+    import json
+
+    folder = Path(folder)
+    try:
+        kind = json.loads((folder / "manifest.json").read_text(encoding="utf-8")).get("kind")
+    except (OSError, ValueError, AttributeError):
+        kind = None
+    if kind in _REGISTRY:
+        return _REGISTRY[kind]
+    return next((e for e in _REGISTRY.values()
+                 if e.shards_in is not None and (folder / e.shards_in / "manifest.json").is_file()), None)
 
 
 def record_key(path: str | os.PathLike[str]) -> tuple[str, ...] | None:
