@@ -268,7 +268,7 @@ def demo(result: Any, spec: Any, as_json: bool) -> int:
                           "census": summary["census"], "seconds": round(elapsed, 1)}, default=str))
         return 0
     print(f"\n{claims_lines(result.verdicts, WIDTH)}")  # the reasons and numbers: in the report
-    print(f"\nreport: {paths['html']}  ({elapsed:.0f} s" + (f" of a {budget:.0f} s cap)" if budget else ")"))
+    print(f"\nreport: {paths['html']}  ({elapsed:.0f} s" + (f" of a {budget:g} s cap)" if budget else ")"))
     return 0
 
 

@@ -121,7 +121,7 @@ def plan(spec: DemoSpec, out: Path, started: float) -> DemoRun:
     _request(out, request)
     shown = ", ".join(f"{k} {v}" for k, v in dataclasses.asdict(sizes).items())
     print(f"      sizes (fixed, not from a clock): {shown}; seed {spec.seed}"
-          + (f"; capped at {budget:.0f} s (claims of skipped steps: inconclusive)" if budget else ""), flush=True)
+          + (f"; capped at {budget:g} s (claims of skipped steps: inconclusive)" if budget else ""), flush=True)
     return DemoRun(out, model_spec, transfer_model, why, sizes, spec.seed, spec.batch_size, spec.device, spec.dtype,
                    placement, run_control, transfer_ready, budget, Steps(started, budget))
 

@@ -60,7 +60,7 @@ class Steps:
         self.close()
         elapsed = time.perf_counter() - self.started
         if self.budget is not None and elapsed >= self.budget:
-            print(f"[{number}/{STEPS}] skipped: --budget-seconds {self.budget:.0f} reached ({text})", flush=True)
+            print(f"[{number}/{STEPS}] skipped: --budget-seconds {self.budget:g} reached ({text})", flush=True)
             self.skipped.append(number)
             return False
         print(f"[{number}/{STEPS}] {text}  ({elapsed:.0f} s elapsed)", flush=True)
