@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Iterator
+from types import MappingProxyType
+from typing import Callable, Iterator
 
 import pandas as pd
 import pytest
@@ -203,3 +204,33 @@ def test_the_whole_plan_is_checked_before_any_work(tmp_path: Path) -> None:
     with pytest.raises((SpecError, ValueError), match="--scores"):
         vqa_test.check()  # the scores are the detection's: not there yet
     vqa_test.check(pending=("scores",))
+
+
+def test_each_benchmark_file_is_read_once_for_all_the_steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The split, the detection and the k-sweep read one grounding file, the VQA count and sweep one file per
+    benchmark: inside ``run_reproduce`` each is read once (``sources.reading_once``; it was read once per step),
+    outside it every load reads the file again."""
+    from vrh_interp.data import sources
+
+    data, vqa = _reproduce_inputs(tmp_path)
+    reads: dict[str, int] = {}
+
+    def counted(name: str, kinds: tuple[str, ...]) -> None:  # the loaders of ``kinds`` in table ``name``, counted
+        table = dict(getattr(sources, name))
+
+        def count(kind: str, real: Callable[..., object]) -> Callable[..., object]:
+            def load(spec: sources.ParsedSpec) -> object:
+                reads[kind] = reads.get(kind, 0) + 1
+                return real(spec)
+            return load
+
+        monkeypatch.setattr(sources, name, MappingProxyType({**table, **{k: count(k, table[k]) for k in kinds}}))
+
+    counted("GROUNDING_KINDS", ("lmms-refcoco",))
+    counted("VQA_BENCHMARKS", ("cvbench", "countbench"))
+    run_reproduce("tiny:qwen2_vl", data, vqa, tmp_path / "run", detect_count=6, batch_size=8, max_new_tokens=4,
+                  progress=False)
+    assert reads == {"lmms-refcoco": 1, "cvbench": 1, "countbench": 1}
+    load_data(data)
+    load_data(data)
+    assert reads["lmms-refcoco"] == 3

@@ -39,9 +39,10 @@ is CV-Bench's own option, hence ``role=``).
 from __future__ import annotations
 
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from vrh_interp.core.bookkeeping import paths
 from vrh_interp.data.checks import DIFFICULTY_LEVELS
@@ -314,15 +315,40 @@ def load_split(spec: str) -> tuple[Any, tuple[Any, ...]]:
     return part.split(loaded), tuple(getattr(loaded, "skipped", ()))
 
 
+_READ: dict[tuple[Any, ...], Any] | None = None  # inside ``reading_once``: what each loader call returned
+
+
+@contextmanager
+def reading_once() -> Iterator[None]:
+    """Inside, each dataset is read once, whatever the split options of the specs naming it: a run whose steps are
+    specs over one file (``vrh reproduce``: the split, the detection, the k-sweep; the VQA count and its sweep)
+    reads it once, not once a step. The samples are frozen and open their images when used, so sharing them costs
+    no memory; a file changed during the run is read as it was first."""
+    global _READ
+    outer = _READ
+    _READ = {} if outer is None else outer
+    try:
+        yield
+    finally:
+        _READ = outer
+
+
 def _loaded(load: Callable[[ParsedSpec], Any], spec: ParsedSpec) -> Any:
     """``load(spec)``; a loader's plain ValueError about an argument (a split or option value it does not know)
     becomes a DataSpecError naming the spec. The library's own errors (DatasetError: a file or row) pass."""
+    key = (load, spec.kind, spec.positional, tuple(sorted(spec.options.items())))
+    if _READ is not None and key in _READ:
+        read = _READ[key]
+        return list(read) if isinstance(read, list) else read  # a caller may change a list, not a frozen SampleSet
     try:
-        return load(spec)
+        loaded = load(spec)
     except ValueError as error:
         if type(error).__module__.startswith("vrh_interp"):
             raise
         raise DataSpecError(f"bad spec {spec.text!r}: {error}") from None
+    if _READ is not None:
+        _READ[key] = loaded
+    return loaded
 
 
 def _comma_list(text: str) -> tuple[str, ...]:

@@ -53,7 +53,7 @@ from vrh_interp.core.bookkeeping.shards import Shard, shard_config
 from vrh_interp.core.description.model import LOCAL, VLM, Placement
 from vrh_interp.data.datasets.samples import VQASample
 from vrh_interp.data.datasets.splits import PAPER_DETECTION_COUNT
-from vrh_interp.data.sources import load_split, load_vqa
+from vrh_interp.data.sources import load_split, load_vqa, reading_once
 from vrh_interp.evaluation.census import CENSUS_CSV
 from vrh_interp.evaluation.controls import CONTROL_KINDS
 from vrh_interp.experiments import detect, sweep, vqa_sweep
@@ -155,7 +155,12 @@ def run(spec: ReproduceSpec, vlm: VLM, folder: Path) -> ReproduceResult:
 def _reproduce(spec: ReproduceSpec, vlm: VLM | None, placement: Placement = LOCAL) -> ReproduceResult:
     """The steps' specs (``ReproduceSpec.steps``), each run by its experiment's runner, then the tables. The whole
     plan is checked before any work; the sweep's and the VQA test's k, which the scores fix, once more before
-    either runs."""
+    either runs. Each benchmark file is read once for all the steps (``data.sources.reading_once``)."""
+    with reading_once():
+        return _steps(spec, vlm, placement)
+
+
+def _steps(spec: ReproduceSpec, vlm: VLM | None, placement: Placement) -> ReproduceResult:
     started = time.perf_counter()
     spec.check()  # with every step's spec (``ReproduceSpec.plan_faults``)
     out = Path(spec.out)
