@@ -349,6 +349,31 @@ def test_a_confirmed_plan_runs_and_the_estimate_uses_the_done_cells(tmp_path: Pa
             in capsys.readouterr().err)
 
 
+def test_a_long_plan_says_its_progress_and_rewrites_grid_json_throttled(tmp_path: Path, ran: list[str],
+                                                                        monkeypatch: pytest.MonkeyPatch,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """Each cell's line names its place and the time left; grid.json is rewritten at most every REFRESH_S while
+    cells run (it was rewritten after every cell: 1-2 s each on a 20,000-cell grid), then once at the end, and it
+    holds every cell's final status."""
+    writes: list[int] = []
+    real = grid_execution.write_manifest
+
+    def counted(*args: object) -> dict:
+        writes.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(grid_execution, "write_manifest", counted)
+    monkeypatch.setattr(grid_execution, "REFRESH_S", 1e9)
+    spec = parse_grid(MODEL + BENCH + "".join(_bench(name) for name in "yzw"))  # 8 cells
+    result = run_grid(spec, tmp_path / "grid")
+    assert len(ran) == 8 and not result.failed
+    assert len(writes) == 3  # before the cells, after the first (due at once), at the end; was 1 + 8 + 1
+    cells = json.loads((tmp_path / "grid" / GRID_FILE).read_text())["cells"]
+    assert [c["status"] for c in cells] == ["done"] * 8
+    err = capsys.readouterr().err
+    assert "grid: [1/8] detect:a:x ..." in err and re.search(r"grid: \[8/8, ~\d+ s left\] sweep:a:w \.\.\.", err)
+
+
 # -------------------------------------------------------------------------------------------- the toy trainer
 
 @pytest.fixture(scope="module")
