@@ -353,7 +353,7 @@ def test_a_long_plan_says_its_progress_and_rewrites_grid_json_throttled(tmp_path
                                                                         monkeypatch: pytest.MonkeyPatch,
                                                                         capsys: pytest.CaptureFixture[str]) -> None:
     """Each cell's line names its place and the time left; grid.json is rewritten at most every REFRESH_S while
-    cells run (it was rewritten after every cell: 1-2 s each on a 20,000-cell grid), then once at the end, and it
+    cells run (it was rewritten after every cell: about 3 s each on a 20,000-cell grid), then once at the end, and it
     holds every cell's final status."""
     writes: list[int] = []
     real = grid_execution.write_manifest

@@ -163,9 +163,9 @@ def write_manifest(grid_dir: Path, spec: GridSpec, cells: Sequence[Cell], execut
 
 REFRESH_S = 2.0
 """``grid.json`` is rewritten while cells run at most every ``REFRESH_S`` seconds, and at most every 20 times its
-last write's seconds: on a 20,000-cell grid one write (every status file read, 5 MB written) takes 1-2 s, which after
-every cell made the bookkeeping cost more than a toy cell. The status files stay exact after every cell; grid.json
-is written once more when the executor ends."""
+last write's seconds: on a 20,000-cell grid one write (every status file read, 5 MB written) takes about 3 s,
+which after every cell cost more than a toy cell (``benchmarks/grid_bookkeeping.py``). The status files stay exact
+after every cell; grid.json is written once more when the executor ends."""
 
 
 class _Refresh:
