@@ -102,12 +102,12 @@ def _text_table(rows: list[dict[str, Any]], width: int = 100) -> str:
 
 def cmd_merge(args: argparse.Namespace) -> int:
     """``vrh merge``: the declared ``merge`` of the experiment the first shard folder holds
-    (``declared.of_shard_folder``; ``apps.merging``)."""
+    (``experiments.merge.shard_experiment``; ``apps.merging``)."""
     from vrh_interp.apps import merging
-    from vrh_interp.experiments.declared import of_shard_folder
+    from vrh_interp.experiments.merge import shard_experiment
 
     out, shards = Path(args.out), [Path(d) for d in args.shards]
-    declared = of_shard_folder(shards[0])
+    declared = shard_experiment(shards[0])
     merge = declared.resolve("merge") if declared is not None and declared.merge else merging.records
     return int(merge(out, shards, args))
 

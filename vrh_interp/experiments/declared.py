@@ -259,23 +259,6 @@ def merged_commands() -> tuple[str, ...]:
     return tuple(e.command for e in _REGISTRY.values() if (e.mergeable or e.merge) and e.command is not None)
 
 
-def of_shard_folder(folder: str | os.PathLike[str]) -> Experiment | None:
-    """The experiment a shard folder holds: the kind its ``manifest.json`` names, or, without one, the experiment
-    whose ``shards_in`` subfolder it has with a manifest (``design_space/``); None when neither says
-    (``experiments.merge`` then names what the folder lacks)."""
-    import json
-
-    folder = Path(folder)
-    try:
-        kind = json.loads((folder / "manifest.json").read_text(encoding="utf-8")).get("kind")
-    except (OSError, ValueError, AttributeError):
-        kind = None
-    if kind in _REGISTRY:
-        return _REGISTRY[kind]
-    return next((e for e in _REGISTRY.values()
-                 if e.shards_in is not None and (folder / e.shards_in / "manifest.json").is_file()), None)
-
-
 def record_key(path: str | os.PathLike[str]) -> tuple[str, ...] | None:
     """The fields naming a record's unit in the log at ``path`` (by its file stem), None for a log no experiment
     declares (keyed by its whole record)."""

@@ -34,7 +34,7 @@ from typing import Any, Callable, Sequence
 import pandas as pd
 
 from vrh_interp.core.bookkeeping.runs import RunFolder, check_not_running, read_manifest
-from vrh_interp.experiments.declared import Experiment, experiment, mergeable
+from vrh_interp.experiments.declared import Experiment, experiment, experiments, mergeable
 from vrh_interp.experiments.design_space import design_space_from_run
 from vrh_interp.scoring.detect import stats_from_run
 from vrh_interp.core.bookkeeping.shards import Shard
@@ -58,6 +58,18 @@ class MergedRun:
     kind: str
     shards: int
     records: int
+
+
+def shard_experiment(folder: str | os.PathLike[str]) -> Experiment | None:
+    """The experiment a shard folder holds (what ``vrh merge`` does with it: its ``merge``): the kind its
+    ``manifest.json`` names (``RunManifestError`` naming the file when it is damaged), or, without one, the
+    experiment whose ``shards_in`` subfolder it has with a manifest (``design_space/``); None when neither says
+    (``merge_runs`` then names what the folder lacks)."""
+    folder = Path(folder)
+    if (folder / "manifest.json").is_file():
+        kind = read_manifest(folder / "manifest.json").get("kind")
+        return next((e for e in experiments() if e.name == kind), None)
+    return next((e for e in experiments() if e.shards_in and (folder / e.shards_in / "manifest.json").is_file()), None)
 
 
 def read_shard_folder(path: str | os.PathLike[str], kinds: Sequence[str] | None = None) -> ShardFolder:
